@@ -1,0 +1,2 @@
+//! redb-limiter: a durable rate limiter in one redb file.
+pub mod time;

@@ -69,16 +69,13 @@ pub fn parse_instant(s: &str) -> Result<Millis, InstantError> {
     if b.len() < 20 || b.len() > 64 {
         return Err(FORM);
     }
-    let num = |from: usize, len: usize| -> Result<i32, InstantError> {
-        let digits = b.get(from..from + len).ok_or(FORM)?;
-        digits.iter().try_fold(0i32, |acc, &c| {
-            if c.is_ascii_digit() {
-                Ok(acc * 10 + i32::from(c - b'0'))
-            } else {
-                Err(FORM)
-            }
-        })
-    };
+    let num =
+        |from: usize, len: usize| -> Result<i32, InstantError> {
+            let digits = b.get(from..from + len).ok_or(FORM)?;
+            digits.iter().try_fold(0i32, |acc, &c| {
+                if c.is_ascii_digit() { Ok(acc * 10 + i32::from(c - b'0')) } else { Err(FORM) }
+            })
+        };
     let sep = |at: usize, allowed: &[u8]| -> Result<(), InstantError> {
         if allowed.contains(&b[at]) { Ok(()) } else { Err(FORM) }
     };
@@ -133,9 +130,7 @@ pub fn parse_instant(s: &str) -> Result<Millis, InstantError> {
     let time = jiff::civil::Time::new(hour as i8, minute as i8, second as i8, 0)
         .map_err(|_| InstantError("has a time of day out of range"))?;
     let offset = jiff::tz::Offset::from_seconds(offset_secs).map_err(|_| FORM)?;
-    let ts = offset
-        .to_timestamp(date.to_datetime(time))
-        .map_err(|_| InstantError("is out of range"))?;
+    let ts = offset.to_timestamp(date.to_datetime(time)).map_err(|_| InstantError("is out of range"))?;
     let ms = ts.as_millisecond() + millis;
     if ms < 0 {
         return Err(InstantError("is before 1970-01-01T00:00:00.000Z"));

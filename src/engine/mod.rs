@@ -1,0 +1,654 @@
+//! The engine: a pure, deterministic state machine that decides `acquire`, `release` and
+//! `throttle` exactly as the wire spec's sections 3 to 5 say.
+//!
+//! It owns the in-memory state (buckets with their windows and places, permits, throttles) and
+//! the timers that forget what has lapsed. It never reads a clock (every call takes `now`),
+//! never does I/O and never draws randomness of its own: permit ids come from a seed.
+//!
+//! Every change is also reported as an [`Effect`] value, so the store can persist exactly those
+//! changes without the engine knowing about redb, and the engine can be rebuilt from what was
+//! persisted (`restore_*` then [`Engine::finish_restore`]).
+
+mod permit;
+mod window;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::sync::Arc;
+
+pub use permit::PermitId;
+use permit::PermitIds;
+use window::Window;
+
+use crate::request::AcquireRequest;
+use crate::time::Millis;
+
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Default interval after which a call refused for concurrency may ask again.
+pub const DEFAULT_RECHECK_MS: u64 = 250;
+
+/// Pruned window entries are deleted from the file in batches of at least this many per bucket
+/// (and all at once when the bucket is forgotten); until then they only cost file space.
+const PRUNE_BATCH: u32 = 32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// A call refused for concurrency is told to retry at most this long after `now`.
+    pub recheck_ms: u64,
+    /// Seeds the permit ids; give each engine start a fresh one so ids are never reused.
+    pub id_seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { recheck_ms: DEFAULT_RECHECK_MS, id_seed: 0 }
+    }
+}
+
+/// Why a call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Rate,
+    Concurrency,
+    Throttle,
+}
+
+impl Reason {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Rate => "rate",
+            Reason::Concurrency => "concurrency",
+            Reason::Throttle => "throttle",
+        }
+    }
+}
+
+/// The answer to an `acquire`. A refusal is an outcome, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Counted in every bucket at `at`; `permit` holds the concurrency places, if any.
+    Granted { at: Millis, permit: Option<PermitId> },
+    /// Counted nowhere. `limit` is the bucket key (for a throttle, the caller key) whose
+    /// `retry_at` stands.
+    Refused { retry_at: Millis, reason: Reason, limit: String },
+}
+
+impl Decision {
+    #[must_use]
+    pub fn is_granted(&self) -> bool {
+        matches!(self, Decision::Granted { .. })
+    }
+}
+
+/// One change to the state, for the store to persist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// The bucket's kept settings changed (or it was created).
+    BucketMeta { bucket: Arc<str>, meta: BucketMeta },
+    /// The total cost recorded in `bucket` at `at` is now `cost`.
+    WindowGrant { bucket: Arc<str>, at: Millis, cost: u64 },
+    /// Every grant of `bucket` at or before `through` is gone.
+    WindowPruned { bucket: Arc<str>, through: Millis },
+    /// The bucket is idle (empty window, no places) and forgotten with all its grants.
+    BucketForgotten { bucket: Arc<str> },
+    /// A permit was granted, holding one place in each of these buckets until its lapse.
+    PermitGranted { id: PermitId, places: Vec<(Arc<str>, Millis)> },
+    /// A permit is gone: released, or every one of its places lapsed.
+    PermitEnded { id: PermitId },
+    /// The caller is throttled until `until`.
+    ThrottleSet { key: Arc<str>, until: Millis },
+    /// The caller's throttle has passed.
+    ThrottleEnded { key: Arc<str> },
+}
+
+/// What a bucket keeps besides its grants and places.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct BucketMeta {
+    /// Grants are kept this long: the longest `perMs` a granted request named.
+    pub retain_ms: u64,
+    /// The `calls` of the latest granted request with a window (for display only).
+    pub last_calls: u64,
+    /// The `concurrent` of the latest granted request with one (for display only).
+    pub last_concurrent: u64,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    key: Arc<str>,
+    window: Window,
+    /// Held places as (lapse, permit), soonest lapse first. A place is held while `now < lapse`.
+    places: BTreeSet<(Millis, PermitId)>,
+    meta: BucketMeta,
+    /// The instant of this bucket's one live timer.
+    timer_at: Millis,
+    /// Grants pruned from memory but not yet from the file: the latest such instant and count.
+    unpersisted_prune: Option<(Millis, u32)>,
+}
+
+impl Bucket {
+    fn new(key: Arc<str>) -> Self {
+        Bucket {
+            key,
+            window: Window::default(),
+            places: BTreeSet::new(),
+            meta: BucketMeta::default(),
+            timer_at: Millis(u64::MAX),
+            unpersisted_prune: None,
+        }
+    }
+
+    /// Drops lapsed places and grants no request can count any more.
+    fn prune(&mut self, now: Millis) {
+        if let Some(through) = self.window.prune(now, self.meta.retain_ms) {
+            let count = self.unpersisted_prune.map_or(0, |(_, n)| n);
+            self.unpersisted_prune = Some((through, count + 1));
+        }
+        while let Some(&(lapse, _)) = self.places.first() {
+            if lapse > now {
+                break;
+            }
+            self.places.pop_first();
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.window.is_empty() && self.places.is_empty()
+    }
+
+    /// When the bucket becomes idle if nothing else happens.
+    fn idle_at(&self) -> Millis {
+        let window_end = self.window.newest().map_or(Millis::ZERO, |t| t.plus(self.meta.retain_ms));
+        let last_lapse = self.places.last().map_or(Millis::ZERO, |&(lapse, _)| lapse);
+        window_end.max(last_lapse)
+    }
+}
+
+#[derive(Debug)]
+struct Permit {
+    places: Vec<(Arc<str>, Millis)>,
+}
+
+impl Permit {
+    fn last_lapse(&self) -> Millis {
+        self.places.iter().map(|&(_, lapse)| lapse).max().unwrap_or(Millis::ZERO)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    Bucket(Arc<str>),
+    Permit(PermitId),
+    Throttle(Arc<str>),
+}
+
+/// The limiter's state and rules. See the module docs.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    buckets: Map<Arc<str>, Bucket>,
+    permits: Map<PermitId, Permit>,
+    throttles: Map<Arc<str>, Millis>,
+    timers: BinaryHeap<Reverse<(Millis, Due)>>,
+    ids: PermitIds,
+    held_places: usize,
+}
+
+/// A read-only view of one bucket, for `/state` and `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketView {
+    pub key: String,
+    pub meta: BucketMeta,
+    /// Cost counted in the window of `meta.retain_ms` ending now.
+    pub window_used: u64,
+    pub oldest_grant: Option<Millis>,
+    pub grant_entries: usize,
+    pub places_held: usize,
+    pub next_lapse: Option<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermitView {
+    pub id: PermitId,
+    /// The places still held, as (bucket, lapse).
+    pub places: Vec<(String, Millis)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThrottleView {
+    pub key: String,
+    pub until: Millis,
+}
+
+/// Everything live at one instant, keys sorted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StateView {
+    pub buckets: Vec<BucketView>,
+    pub permits: Vec<PermitView>,
+    pub throttles: Vec<ThrottleView>,
+}
+
+/// Counts for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Totals {
+    pub buckets: usize,
+    pub permits: usize,
+    pub throttles: usize,
+}
+
+impl Engine {
+    #[must_use]
+    pub fn new(config: EngineConfig) -> Self {
+        Engine {
+            config,
+            buckets: Map::default(),
+            permits: Map::default(),
+            throttles: Map::default(),
+            timers: BinaryHeap::new(),
+            ids: PermitIds::new(config.id_seed),
+            held_places: 0,
+        }
+    }
+
+    #[must_use]
+    pub fn config(&self) -> EngineConfig {
+        self.config
+    }
+
+    /// Decides an `acquire` at `now`: all or nothing over every limit and the caller's throttle.
+    /// A grant pushes its effects; a refusal changes nothing that needs persisting.
+    pub fn acquire(&mut self, req: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) -> Decision {
+        if let Some(refusal) = self.refusal(req, now) {
+            return refusal;
+        }
+        let permit = if req.limits.iter().any(|l| l.concurrent.is_some()) {
+            let mut id = self.ids.next_id();
+            while self.permits.contains_key(&id) {
+                id = self.ids.next_id();
+            }
+            Some(id)
+        } else {
+            None
+        };
+        let mut places = Vec::new();
+        for limit in &req.limits {
+            let cost = limit.window.map_or(0, |w| limit.cost.min(w.calls));
+            if cost == 0 && limit.concurrent.is_none() {
+                // A cost of 0 fills nothing; a window-only bucket has nothing to record.
+                continue;
+            }
+            let bucket = bucket_entry(&mut self.buckets, &limit.key);
+            let key = bucket.key.clone();
+            let mut meta = bucket.meta;
+            if let Some(w) = limit.window
+                && cost > 0
+            {
+                meta.retain_ms = meta.retain_ms.max(w.per_ms);
+                meta.last_calls = w.calls;
+            }
+            if let Some(c) = limit.concurrent {
+                meta.last_concurrent = c;
+            }
+            if meta != bucket.meta {
+                bucket.meta = meta;
+                effects.push(Effect::BucketMeta { bucket: key.clone(), meta });
+            }
+            if let Some((through, count)) = bucket.unpersisted_prune
+                && count >= PRUNE_BATCH
+            {
+                bucket.unpersisted_prune = None;
+                effects.push(Effect::WindowPruned { bucket: key.clone(), through });
+            }
+            if cost > 0 {
+                let total = bucket.window.record(now, cost);
+                effects.push(Effect::WindowGrant { bucket: key.clone(), at: now, cost: total });
+            }
+            if let (Some(_), Some(id)) = (limit.concurrent, permit) {
+                let lapse = now.plus(limit.hold_ms);
+                bucket.places.insert((lapse, id));
+                self.held_places += 1;
+                places.push((key.clone(), lapse));
+            }
+            let idle_at = bucket.idle_at();
+            if idle_at < bucket.timer_at {
+                bucket.timer_at = idle_at;
+                self.timers.push(Reverse((idle_at, Due::Bucket(key))));
+            }
+        }
+        if let Some(id) = permit {
+            let permit = Permit { places };
+            self.timers.push(Reverse((permit.last_lapse(), Due::Permit(id))));
+            effects.push(Effect::PermitGranted { id, places: permit.places.clone() });
+            self.permits.insert(id, permit);
+        }
+        Decision::Granted { at: now, permit }
+    }
+
+    /// The refusal that stands for `req` at `now`, if any (rule 6): the latest `retryAt`; on a
+    /// tie the throttle, else the first tied limit in request order.
+    fn refusal(&mut self, req: &AcquireRequest, now: Millis) -> Option<Decision> {
+        let mut worst: Option<(Millis, Reason, Option<usize>)> = None;
+        let mut consider = |retry_at: Millis, reason: Reason, limit: Option<usize>| {
+            if worst.is_none_or(|(at, _, _)| retry_at > at) {
+                worst = Some((retry_at, reason, limit));
+            }
+        };
+        if let Some(&until) = self.throttles.get(req.key.as_str())
+            && until > now
+        {
+            consider(until, Reason::Throttle, None);
+        }
+        for (i, limit) in req.limits.iter().enumerate() {
+            let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) else {
+                continue; // a new bucket always has room: cost is capped at calls, concurrent >= 1
+            };
+            let before = bucket.places.len();
+            bucket.prune(now);
+            self.held_places -= before - bucket.places.len();
+            if let Some(w) = limit.window
+                && let Some(at) = bucket.window.refused_until(now, w.calls, w.per_ms, limit.cost.min(w.calls))
+            {
+                consider(at, Reason::Rate, Some(i));
+            }
+            if let Some(c) = limit.concurrent {
+                let held = bucket.places.len() as u64;
+                if held >= c {
+                    // Room comes back when held - c + 1 places have lapsed.
+                    let (lapse, _) = bucket.places.iter().nth((held - c) as usize).expect("held > held - c");
+                    consider((*lapse).min(now.plus(self.config.recheck_ms)), Reason::Concurrency, Some(i));
+                }
+            }
+        }
+        worst.map(|(retry_at, reason, limit)| Decision::Refused {
+            retry_at,
+            reason,
+            limit: match limit {
+                Some(i) => req.limits[i].key.clone(),
+                None => req.key.clone(),
+            },
+        })
+    }
+
+    /// Releases a permit. True when it freed at least one place; false for a string that is not
+    /// a permit we hold, or one already released or lapsed.
+    pub fn release(&mut self, permit: &str, now: Millis, effects: &mut Vec<Effect>) -> bool {
+        let Ok(id) = permit.parse::<PermitId>() else {
+            return false;
+        };
+        let Some(permit) = self.permits.remove(&id) else {
+            return false;
+        };
+        let mut freed = false;
+        for (key, lapse) in &permit.places {
+            freed |= *lapse > now;
+            let Some(bucket) = self.buckets.get_mut(key) else { continue };
+            if bucket.places.remove(&(*lapse, id)) {
+                self.held_places -= 1;
+            }
+            self.settle_bucket(key, now, effects);
+        }
+        effects.push(Effect::PermitEnded { id });
+        freed
+    }
+
+    /// After a bucket lost places early: forget it if idle, or bring its timer forward.
+    fn settle_bucket(&mut self, key: &Arc<str>, now: Millis, effects: &mut Vec<Effect>) {
+        let Some(bucket) = self.buckets.get_mut(key) else { return };
+        let before = bucket.places.len();
+        bucket.prune(now);
+        self.held_places -= before - bucket.places.len();
+        if bucket.is_idle() {
+            self.buckets.remove(key);
+            effects.push(Effect::BucketForgotten { bucket: key.clone() });
+            return;
+        }
+        let idle_at = bucket.idle_at();
+        if idle_at < bucket.timer_at {
+            bucket.timer_at = idle_at;
+            self.timers.push(Reverse((idle_at, Due::Bucket(key.clone()))));
+        }
+    }
+
+    /// Throttles `key` until `until` (only ever extends; a past `until` changes nothing).
+    /// Returns the throttle in force afterwards.
+    pub fn throttle(&mut self, key: &str, until: Millis, now: Millis, effects: &mut Vec<Effect>) -> Option<Millis> {
+        let current = self.throttles.get(key).copied().filter(|&u| u > now);
+        if until <= now || current.is_some_and(|u| u >= until) {
+            return current;
+        }
+        let key: Arc<str> = match self.throttles.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(key),
+        };
+        self.throttles.insert(key.clone(), until);
+        self.timers.push(Reverse((until, Due::Throttle(key.clone()))));
+        effects.push(Effect::ThrottleSet { key, until });
+        Some(until)
+    }
+
+    /// The throttle in force for `key` at `now`, if any.
+    #[must_use]
+    pub fn throttled_until(&self, key: &str, now: Millis) -> Option<Millis> {
+        self.throttles.get(key).copied().filter(|&u| u > now)
+    }
+
+    /// The soonest instant at which [`Engine::sweep`] has work (it may find none then).
+    #[must_use]
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Forgets what has lapsed by `now`: idle buckets, permits whose places all lapsed, passed
+    /// throttles. Returns the next deadline.
+    pub fn sweep(&mut self, now: Millis, effects: &mut Vec<Effect>) -> Option<Millis> {
+        while let Some(Reverse((at, _))) = self.timers.peek() {
+            if *at > now {
+                break;
+            }
+            let Reverse((at, due)) = self.timers.pop().expect("peeked");
+            match due {
+                Due::Bucket(key) => {
+                    let Some(bucket) = self.buckets.get_mut(&key) else { continue };
+                    if bucket.timer_at != at {
+                        continue; // a stale timer: the bucket was rescheduled
+                    }
+                    bucket.timer_at = Millis(u64::MAX);
+                    if let Some((through, _)) = bucket.unpersisted_prune.take() {
+                        effects.push(Effect::WindowPruned { bucket: key.clone(), through });
+                    }
+                    self.settle_bucket(&key, now, effects);
+                    if let Some(bucket) = self.buckets.get_mut(&key)
+                        && bucket.timer_at == Millis(u64::MAX)
+                    {
+                        // Not idle yet and no earlier timer: wake when it will be.
+                        bucket.timer_at = bucket.idle_at();
+                        self.timers.push(Reverse((bucket.timer_at, Due::Bucket(key))));
+                    }
+                }
+                Due::Permit(id) => {
+                    if self.permits.get(&id).is_some_and(|p| p.last_lapse() <= now) {
+                        self.permits.remove(&id);
+                        effects.push(Effect::PermitEnded { id });
+                    }
+                }
+                Due::Throttle(key) => {
+                    if self.throttles.get(&key).is_some_and(|&u| u <= now) {
+                        self.throttles.remove(&key);
+                        effects.push(Effect::ThrottleEnded { key });
+                    }
+                }
+            }
+        }
+        self.next_deadline()
+    }
+
+    /// Restores a bucket's settings from the file (before its grants).
+    pub fn restore_bucket(&mut self, key: &str, meta: BucketMeta) {
+        bucket_entry(&mut self.buckets, key).meta = meta;
+    }
+
+    /// Restores one persisted grant. Grants of one bucket must come in time order.
+    pub fn restore_grant(&mut self, key: &str, at: Millis, cost: u64) {
+        bucket_entry(&mut self.buckets, key).window.restore(at, cost);
+    }
+
+    /// Restores a persisted permit with its places.
+    pub fn restore_permit(&mut self, id: PermitId, places: Vec<(String, Millis)>) {
+        let mut kept = Vec::with_capacity(places.len());
+        for (key, lapse) in places {
+            let bucket = bucket_entry(&mut self.buckets, &key);
+            bucket.places.insert((lapse, id));
+            self.held_places += 1;
+            kept.push((bucket.key.clone(), lapse));
+        }
+        self.permits.insert(id, Permit { places: kept });
+    }
+
+    /// Restores a persisted throttle.
+    pub fn restore_throttle(&mut self, key: &str, until: Millis) {
+        self.throttles.insert(Arc::from(key), until);
+    }
+
+    /// After the `restore_*` calls: prunes what lapsed while the file was closed (pushing the
+    /// effects that delete it from the file) and arms every timer.
+    pub fn finish_restore(&mut self, now: Millis, effects: &mut Vec<Effect>) {
+        self.timers.clear();
+        let keys: Vec<Arc<str>> = self.buckets.keys().cloned().collect();
+        for key in keys {
+            let bucket = self.buckets.get_mut(&key).expect("listed");
+            bucket.timer_at = Millis(u64::MAX);
+            bucket.prune(now);
+            if let Some((through, _)) = bucket.unpersisted_prune.take() {
+                effects.push(Effect::WindowPruned { bucket: key.clone(), through });
+            }
+            if bucket.is_idle() {
+                self.buckets.remove(&key);
+                effects.push(Effect::BucketForgotten { bucket: key });
+            } else {
+                bucket.timer_at = bucket.idle_at();
+                self.timers.push(Reverse((bucket.timer_at, Due::Bucket(key))));
+            }
+        }
+        self.held_places = self.buckets.values().map(|b| b.places.len()).sum();
+        let lapsed: Vec<PermitId> =
+            self.permits.iter().filter(|(_, p)| p.last_lapse() <= now).map(|(id, _)| *id).collect();
+        for id in lapsed {
+            self.permits.remove(&id);
+            effects.push(Effect::PermitEnded { id });
+        }
+        for (id, p) in &self.permits {
+            self.timers.push(Reverse((p.last_lapse(), Due::Permit(*id))));
+        }
+        let passed: Vec<Arc<str>> = self.throttles.iter().filter(|(_, u)| **u <= now).map(|(k, _)| k.clone()).collect();
+        for key in passed {
+            self.throttles.remove(&key);
+            effects.push(Effect::ThrottleEnded { key });
+        }
+        for (key, until) in &self.throttles {
+            self.timers.push(Reverse((*until, Due::Throttle(key.clone()))));
+        }
+    }
+
+    /// Counts of live buckets, permits and throttles.
+    #[must_use]
+    pub fn totals(&self) -> Totals {
+        Totals { buckets: self.buckets.len(), permits: self.permits.len(), throttles: self.throttles.len() }
+    }
+
+    /// Places held at the last time each bucket was looked at (lapsed places leave lazily).
+    #[must_use]
+    pub fn held_places(&self) -> usize {
+        self.held_places
+    }
+
+    /// A snapshot of everything live at `now` whose key starts with `prefix`, keys sorted.
+    #[must_use]
+    pub fn view(&self, now: Millis, prefix: &str) -> StateView {
+        let mut buckets: Vec<BucketView> = self
+            .buckets
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(key, b)| {
+                let live = b.places.range((now.plus(1), PermitId(0))..);
+                BucketView {
+                    key: key.to_string(),
+                    meta: b.meta,
+                    window_used: b.window.used(now, b.meta.retain_ms),
+                    oldest_grant: b.window.iter().find(|(at, _)| at.plus(b.meta.retain_ms) > now).map(|(at, _)| at),
+                    grant_entries: b.window.len(),
+                    places_held: live.clone().count(),
+                    next_lapse: live.map(|(lapse, _)| *lapse).next(),
+                }
+            })
+            .filter(|b| b.window_used > 0 || b.places_held > 0)
+            .collect();
+        buckets.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut permits: Vec<PermitView> = self
+            .permits
+            .iter()
+            .map(|(id, p)| PermitView {
+                id: *id,
+                places: p
+                    .places
+                    .iter()
+                    .filter(|(k, lapse)| *lapse > now && k.starts_with(prefix))
+                    .map(|(k, lapse)| (k.to_string(), *lapse))
+                    .collect(),
+            })
+            .filter(|p| !p.places.is_empty())
+            .collect();
+        permits.sort_by_key(|p| p.id);
+        let mut throttles: Vec<ThrottleView> = self
+            .throttles
+            .iter()
+            .filter(|(k, u)| **u > now && k.starts_with(prefix))
+            .map(|(k, u)| ThrottleView { key: k.to_string(), until: *u })
+            .collect();
+        throttles.sort_by(|a, b| a.key.cmp(&b.key));
+        StateView { buckets, permits, throttles }
+    }
+
+    /// Every persisted fact of the engine, for tests that compare a rebuilt engine with a live
+    /// one: per bucket its meta and window entries, the permits' places, the throttles.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn facts(&self, now: Millis) -> Facts {
+        let mut facts = Facts::default();
+        for (key, b) in &self.buckets {
+            let grants: Vec<(Millis, u64)> =
+                b.window.iter().filter(|(at, _)| at.plus(b.meta.retain_ms) > now).collect();
+            let places: Vec<(Millis, PermitId)> = b.places.iter().filter(|(l, _)| *l > now).copied().collect();
+            if !grants.is_empty() || !places.is_empty() {
+                facts.buckets.insert(key.to_string(), (grants, places));
+            }
+        }
+        for (key, until) in &self.throttles {
+            if *until > now {
+                facts.throttles.insert(key.to_string(), *until);
+            }
+        }
+        facts
+    }
+}
+
+/// The bucket named `key`, created empty when missing.
+fn bucket_entry<'a>(buckets: &'a mut Map<Arc<str>, Bucket>, key: &str) -> &'a mut Bucket {
+    if !buckets.contains_key(key) {
+        let key: Arc<str> = Arc::from(key);
+        buckets.insert(key.clone(), Bucket::new(key));
+    }
+    buckets.get_mut(key).expect("inserted above")
+}
+
+/// See [`Engine::facts`].
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Facts {
+    #[allow(clippy::type_complexity)]
+    pub buckets: std::collections::BTreeMap<String, (Vec<(Millis, u64)>, Vec<(Millis, PermitId)>)>,
+    pub throttles: std::collections::BTreeMap<String, Millis>,
+}
+
+#[cfg(test)]
+mod tests;

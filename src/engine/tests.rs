@@ -1,0 +1,608 @@
+//! The engine's named edge cases and its model-based property test against a brute-force
+//! reference that keeps every grant forever and recomputes each decision from scratch.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::request::{AcquireRequest, Limit};
+
+const T0: Millis = Millis(1_000_000);
+
+fn engine() -> Engine {
+    Engine::new(EngineConfig { recheck_ms: 250, id_seed: 1 })
+}
+
+fn req(limits: Vec<Limit>) -> AcquireRequest {
+    AcquireRequest::new("caller", limits).unwrap()
+}
+
+fn acquire(e: &mut Engine, r: &AcquireRequest, now: Millis) -> Decision {
+    e.acquire(r, now, &mut Vec::new())
+}
+
+fn refused(retry_at: Millis, reason: Reason, limit: &str) -> Decision {
+    Decision::Refused { retry_at, reason, limit: limit.to_owned() }
+}
+
+#[test]
+fn a_grant_leaves_the_window_exactly_at_t_plus_per_ms() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("b", 1, 1000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    assert_eq!(acquire(&mut e, &r, T0.plus(999)), refused(T0.plus(1000), Reason::Rate, "b"));
+    assert!(acquire(&mut e, &r, T0.plus(1000)).is_granted());
+}
+
+#[test]
+fn burst_then_steady_never_overruns_a_window() {
+    // A token bucket of 10/s would let a burst of 10 and then one call every 100 ms through,
+    // putting 19 calls in the first second. A rolling window must not.
+    let mut e = engine();
+    let r = req(vec![Limit::window("b", 10, 1000)]);
+    let mut granted = Vec::new();
+    for ms in (0..3000).step_by(50) {
+        let now = T0.plus(ms);
+        if acquire(&mut e, &r, now).is_granted() {
+            granted.push(now);
+        }
+    }
+    assert_eq!(granted.len(), 30);
+    for &start in &granted {
+        let in_window = granted.iter().filter(|&&t| t >= start && t < start.plus(1000)).count();
+        assert!(in_window <= 10, "{in_window} grants in the window from {start:?}");
+    }
+    assert_eq!(granted[10], T0.plus(1000));
+}
+
+#[test]
+fn cost_over_calls_waits_for_an_empty_window() {
+    let mut e = engine();
+    let small = req(vec![Limit::window("b", 5, 1000)]);
+    let big = req(vec![Limit::window("b", 5, 1000).with_cost(50)]);
+    assert!(acquire(&mut e, &small, T0).is_granted());
+    assert!(acquire(&mut e, &small, T0.plus(400)).is_granted());
+    assert_eq!(acquire(&mut e, &big, T0.plus(500)), refused(T0.plus(1400), Reason::Rate, "b"));
+    assert!(acquire(&mut e, &big, T0.plus(1400)).is_granted());
+    // It counted as 5 = calls: the window is full until it leaves.
+    assert_eq!(acquire(&mut e, &small, T0.plus(2399)), refused(T0.plus(2400), Reason::Rate, "b"));
+}
+
+#[test]
+fn cost_zero_always_fits_but_concurrency_still_applies() {
+    let mut e = engine();
+    let full = req(vec![Limit::window("b", 1, 1000)]);
+    assert!(acquire(&mut e, &full, T0).is_granted());
+    let free = req(vec![Limit::window("b", 1, 1000).with_cost(0)]);
+    assert!(acquire(&mut e, &free, T0.plus(1)).is_granted());
+    let conc = req(vec![Limit::window("b", 1, 1000).with_cost(0).with_concurrent(1)]);
+    assert!(acquire(&mut e, &conc, T0.plus(2)).is_granted());
+    assert_eq!(acquire(&mut e, &conc, T0.plus(3)), refused(T0.plus(253), Reason::Concurrency, "b"));
+}
+
+#[test]
+fn all_or_nothing_across_buckets() {
+    let mut e = engine();
+    assert!(acquire(&mut e, &req(vec![Limit::window("b", 1, 1000)]), T0).is_granted());
+    let both = req(vec![Limit::window("a", 1, 1000), Limit::window("b", 1, 1000), Limit::concurrent("c", 1)]);
+    let mut effects = Vec::new();
+    assert_eq!(e.acquire(&both, T0.plus(10), &mut effects), refused(T0.plus(1000), Reason::Rate, "b"));
+    assert!(effects.is_empty(), "a refusal changes nothing: {effects:?}");
+    // `a` and `c` were not touched: a request naming only them is granted.
+    assert!(
+        acquire(&mut e, &req(vec![Limit::window("a", 1, 1000), Limit::concurrent("c", 1)]), T0.plus(20)).is_granted()
+    );
+    assert_eq!(e.totals().buckets, 3);
+}
+
+#[test]
+fn throttle_outranks_rate_when_later_and_on_a_tie() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("b", 1, 1000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    e.throttle("caller", T0.plus(5000), T0, &mut Vec::new());
+    assert_eq!(acquire(&mut e, &r, T0.plus(1)), refused(T0.plus(5000), Reason::Throttle, "caller"));
+    // A later rate refusal stands over an earlier throttle.
+    let long = req(vec![Limit::window("long", 1, 60_000)]);
+    let mut e = engine();
+    assert!(acquire(&mut e, &long, T0).is_granted());
+    e.throttle("caller", T0.plus(5000), T0, &mut Vec::new());
+    assert_eq!(acquire(&mut e, &long, T0.plus(1)), refused(T0.plus(60_000), Reason::Rate, "long"));
+    // On a tie, the throttle is reported.
+    e.throttle("caller", T0.plus(60_000), T0.plus(2), &mut Vec::new());
+    assert_eq!(acquire(&mut e, &long, T0.plus(3)), refused(T0.plus(60_000), Reason::Throttle, "caller"));
+}
+
+#[test]
+fn tie_between_limits_reports_the_first_in_request_order() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("x", 1, 1000), Limit::window("y", 1, 1000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    assert_eq!(acquire(&mut e, &r, T0.plus(1)), refused(T0.plus(1000), Reason::Rate, "x"));
+    let flipped = req(vec![Limit::window("y", 1, 1000), Limit::window("x", 1, 1000)]);
+    assert_eq!(acquire(&mut e, &flipped, T0.plus(1)), refused(T0.plus(1000), Reason::Rate, "y"));
+}
+
+#[test]
+fn a_place_lapses_at_the_exact_instant() {
+    let mut e = engine();
+    let r = req(vec![Limit::concurrent("c", 1).with_hold_ms(1000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    assert_eq!(acquire(&mut e, &r, T0.plus(900)), refused(T0.plus(1000), Reason::Concurrency, "c"));
+    assert_eq!(acquire(&mut e, &r, T0.plus(100)), refused(T0.plus(350), Reason::Concurrency, "c"));
+    assert!(acquire(&mut e, &r, T0.plus(1000)).is_granted());
+}
+
+#[test]
+fn release_frees_the_place_once() {
+    let mut e = engine();
+    let r = req(vec![Limit::concurrent("c", 1), Limit::concurrent("d", 2)]);
+    let Decision::Granted { permit: Some(p), .. } = acquire(&mut e, &r, T0) else { panic!("granted") };
+    assert!(!acquire(&mut e, &r, T0.plus(1)).is_granted());
+    let mut effects = Vec::new();
+    assert!(e.release(&p.to_string(), T0.plus(2), &mut effects));
+    assert!(effects.contains(&Effect::PermitEnded { id: p }));
+    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("c") }));
+    assert!(!e.release(&p.to_string(), T0.plus(3), &mut Vec::new()));
+    assert!(!e.release("p-nonsense", T0.plus(3), &mut Vec::new()));
+    assert!(acquire(&mut e, &r, T0.plus(4)).is_granted());
+    assert_eq!(e.totals().permits, 1);
+}
+
+#[test]
+fn a_lapsed_permit_releases_nothing() {
+    let mut e = engine();
+    let r = req(vec![Limit::concurrent("c", 1).with_hold_ms(100)]);
+    let Decision::Granted { permit: Some(p), .. } = acquire(&mut e, &r, T0) else { panic!("granted") };
+    assert!(!e.release(&p.to_string(), T0.plus(100), &mut Vec::new()));
+}
+
+#[test]
+fn throttles_only_extend_and_past_untils_change_nothing() {
+    let mut e = engine();
+    let mut effects = Vec::new();
+    assert_eq!(e.throttle("k", T0.plus(100), T0, &mut effects), Some(T0.plus(100)));
+    assert_eq!(e.throttle("k", T0.plus(50), T0, &mut effects), Some(T0.plus(100)));
+    assert_eq!(e.throttle("k", T0.minus(50), T0, &mut effects), Some(T0.plus(100)));
+    assert_eq!(e.throttle("other", T0, T0, &mut effects), None);
+    assert_eq!(effects.len(), 1);
+    assert_eq!(e.throttle("k", T0.plus(200), T0, &mut effects), Some(T0.plus(200)));
+    assert_eq!(e.throttled_until("k", T0.plus(199)), Some(T0.plus(200)));
+    assert_eq!(e.throttled_until("k", T0.plus(200)), None);
+}
+
+#[test]
+fn the_window_is_judged_with_the_request_at_hand() {
+    let mut e = engine();
+    let long = req(vec![Limit::window("b", 2, 10_000)]);
+    let short = req(vec![Limit::window("b", 2, 1000)]);
+    assert!(acquire(&mut e, &long, T0).is_granted());
+    assert!(acquire(&mut e, &long, T0.plus(500)).is_granted());
+    // The short window no longer sees the first grant after 1 s; the long one does.
+    assert!(acquire(&mut e, &short, T0.plus(1000)).is_granted());
+    assert_eq!(acquire(&mut e, &long, T0.plus(1001)), refused(T0.plus(10_500), Reason::Rate, "b"));
+    // A larger `calls` on the same bucket has room.
+    assert!(acquire(&mut e, &req(vec![Limit::window("b", 4, 10_000)]), T0.plus(1002)).is_granted());
+}
+
+#[test]
+fn sweep_forgets_idle_buckets_permits_and_throttles() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("w", 1, 1000), Limit::concurrent("c", 1).with_hold_ms(3000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    e.throttle("caller", T0.plus(500), T0, &mut Vec::new());
+    assert_eq!(e.next_deadline(), Some(T0.plus(500)));
+    let mut effects = Vec::new();
+    assert_eq!(e.sweep(T0.plus(500), &mut effects), Some(T0.plus(1000)));
+    assert_eq!(effects, vec![Effect::ThrottleEnded { key: Arc::from("caller") }]);
+    effects.clear();
+    e.sweep(T0.plus(1000), &mut effects);
+    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("w") }));
+    assert_eq!(e.totals(), Totals { buckets: 1, permits: 1, throttles: 0 });
+    effects.clear();
+    assert_eq!(e.sweep(T0.plus(2999), &mut effects), Some(T0.plus(3000)));
+    e.sweep(T0.plus(3000), &mut effects);
+    assert_eq!(e.totals(), Totals::default());
+    assert_eq!(e.next_deadline(), None);
+}
+
+#[test]
+fn a_release_brings_the_forget_forward() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("b", 5, 1000).with_concurrent(1)]);
+    let Decision::Granted { permit: Some(p), .. } = acquire(&mut e, &r, T0) else { panic!("granted") };
+    e.release(&p.to_string(), T0.plus(10), &mut Vec::new());
+    let mut effects = Vec::new();
+    e.sweep(T0.plus(1000), &mut effects);
+    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("b") }), "{effects:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model-based property test.
+
+/// Every bucket key has a fixed window (mixed across keys); requests vary cost, concurrency and
+/// hold. A bucket's `perMs` is fixed so that the reference, which keeps every grant forever,
+/// needs no notion of retention (rule 3 with changing windows has its own named test).
+const SHAPES: [(u64, u64); 4] = [(3, 100), (5, 250), (2, 40), (8, 1000)];
+const CALLERS: [&str; 2] = ["c0", "c1"];
+
+#[derive(Debug, Clone)]
+struct LimitSpec {
+    bucket: usize,
+    window: bool,
+    concurrent: Option<u64>,
+    cost: u64,
+    hold_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire { caller: usize, limits: Vec<LimitSpec> },
+    Release { nth: usize, bogus: bool },
+    Throttle { caller: usize, offset: i64 },
+    Advance(Step),
+    Sweep,
+    Rebuild,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Zero,
+    /// To the instant the nth live grant or place leaves (an exact edge).
+    Edge(usize),
+    By(u64),
+}
+
+fn limit_spec() -> impl Strategy<Value = LimitSpec> {
+    (
+        0..SHAPES.len(),
+        any::<bool>(),
+        prop::option::of(1u64..=3),
+        prop_oneof![Just(0u64), 1u64..=3, 5u64..=20],
+        1u64..=600,
+    )
+        .prop_map(|(bucket, window, concurrent, cost, hold_ms)| {
+            let window = window || concurrent.is_none();
+            LimitSpec { bucket, window, concurrent, cost, hold_ms }
+        })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..CALLERS.len(), prop::collection::vec(limit_spec(), 1..=3)).prop_map(|(caller, mut limits)| {
+            limits.sort_by_key(|l| l.bucket);
+            limits.dedup_by_key(|l| l.bucket);
+            Op::Acquire { caller, limits }
+        }),
+        2 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(nth, bogus)| Op::Release { nth, bogus }),
+        1 => (0..CALLERS.len(), -100i64..400).prop_map(|(caller, offset)| Op::Throttle { caller, offset }),
+        4 => any::<Step>().prop_map(Op::Advance),
+        1 => Just(Op::Sweep),
+        1 => Just(Op::Rebuild),
+    ]
+}
+
+impl Arbitrary for Step {
+    type Parameters = ();
+    type Strategy = BoxedStrategy<Step>;
+    fn arbitrary_with((): ()) -> Self::Strategy {
+        prop_oneof![Just(Step::Zero), any::<usize>().prop_map(Step::Edge), (0u64..=3000).prop_map(Step::By)].boxed()
+    }
+}
+
+fn to_request(caller: usize, limits: &[LimitSpec]) -> AcquireRequest {
+    let limits = limits
+        .iter()
+        .map(|l| {
+            let (calls, per_ms) = SHAPES[l.bucket];
+            Limit {
+                key: format!("b{}", l.bucket),
+                window: l.window.then_some(crate::request::WindowLimit { calls, per_ms }),
+                concurrent: l.concurrent,
+                cost: l.cost,
+                hold_ms: l.hold_ms,
+            }
+        })
+        .collect();
+    AcquireRequest::new(CALLERS[caller], limits).unwrap()
+}
+
+/// The brute-force reference: every grant ever, every permit ever, recomputed from scratch.
+#[derive(Default)]
+struct Reference {
+    grants: BTreeMap<String, Vec<(Millis, u64)>>,
+    /// permit → places (bucket, lapse); removed on release.
+    permits: BTreeMap<PermitId, Vec<(String, Millis)>>,
+    throttles: BTreeMap<String, Millis>,
+}
+
+impl Reference {
+    fn decide(&self, r: &AcquireRequest, now: Millis, recheck_ms: u64) -> Option<(Millis, Reason, String)> {
+        let mut worst: Option<(Millis, Reason, String)> = None;
+        let mut consider = |at: Millis, reason: Reason, key: &str| {
+            if worst.as_ref().is_none_or(|(w, _, _)| at > *w) {
+                worst = Some((at, reason, key.to_owned()));
+            }
+        };
+        if let Some(&until) = self.throttles.get(&r.key)
+            && until > now
+        {
+            consider(until, Reason::Throttle, &r.key);
+        }
+        for l in &r.limits {
+            if let Some(w) = l.window {
+                let cost = l.cost.min(w.calls);
+                let live: Vec<(Millis, u64)> = self
+                    .grants
+                    .get(&l.key)
+                    .map(|g| g.iter().copied().filter(|(t, _)| t.plus(w.per_ms) > now).collect())
+                    .unwrap_or_default();
+                let used: u64 = live.iter().map(|(_, c)| c).sum();
+                if cost > 0 && used + cost > w.calls {
+                    // The first grant whose leaving makes room.
+                    let mut left = used;
+                    let at = live
+                        .iter()
+                        .find_map(|(t, c)| {
+                            left -= c;
+                            (left + cost <= w.calls).then_some(t.plus(w.per_ms))
+                        })
+                        .unwrap();
+                    consider(at, Reason::Rate, &l.key);
+                }
+            }
+            if let Some(c) = l.concurrent {
+                let mut lapses: Vec<Millis> = self
+                    .permits
+                    .values()
+                    .flatten()
+                    .filter(|(b, lapse)| *b == l.key && *lapse > now)
+                    .map(|(_, lapse)| *lapse)
+                    .collect();
+                lapses.sort();
+                let held = lapses.len() as u64;
+                if held >= c {
+                    consider(lapses[(held - c) as usize].min(now.plus(recheck_ms)), Reason::Concurrency, &l.key);
+                }
+            }
+        }
+        worst
+    }
+
+    fn grant(&mut self, r: &AcquireRequest, now: Millis, permit: Option<PermitId>) {
+        let mut places = Vec::new();
+        for l in &r.limits {
+            if let Some(w) = l.window {
+                let cost = l.cost.min(w.calls);
+                if cost > 0 {
+                    self.grants.entry(l.key.clone()).or_default().push((now, cost));
+                }
+            }
+            if l.concurrent.is_some() {
+                places.push((l.key.clone(), now.plus(l.hold_ms)));
+            }
+        }
+        if let Some(id) = permit {
+            self.permits.insert(id, places);
+        }
+    }
+
+    /// The persisted facts the engine must hold at `now`.
+    fn facts(&self, now: Millis) -> Facts {
+        let mut facts = Facts::default();
+        for (i, (_, per_ms)) in SHAPES.iter().enumerate() {
+            let key = format!("b{i}");
+            let mut grants: Vec<(Millis, u64)> = Vec::new();
+            for &(t, c) in self.grants.get(&key).into_iter().flatten() {
+                if t.plus(*per_ms) > now {
+                    match grants.last_mut() {
+                        Some(last) if last.0 == t => last.1 += c,
+                        _ => grants.push((t, c)),
+                    }
+                }
+            }
+            let mut places: Vec<(Millis, PermitId)> = self
+                .permits
+                .iter()
+                .flat_map(|(id, ps)| ps.iter().filter(|(b, l)| *b == key && *l > now).map(|(_, l)| (*l, *id)))
+                .collect();
+            places.sort();
+            if !grants.is_empty() || !places.is_empty() {
+                facts.buckets.insert(key, (grants, places));
+            }
+        }
+        for (k, u) in &self.throttles {
+            if *u > now {
+                facts.throttles.insert(k.clone(), *u);
+            }
+        }
+        facts
+    }
+
+    /// The instants at which something leaves: grant window edges and place lapses.
+    fn edges(&self, now: Millis) -> Vec<Millis> {
+        let mut edges: Vec<Millis> = self
+            .grants
+            .iter()
+            .flat_map(|(k, g)| {
+                let per = SHAPES[k[1..].parse::<usize>().unwrap()].1;
+                g.iter().map(move |(t, _)| t.plus(per))
+            })
+            .chain(self.permits.values().flatten().map(|(_, l)| *l))
+            .chain(self.throttles.values().copied())
+            .filter(|&t| t > now)
+            .collect();
+        edges.sort();
+        edges
+    }
+}
+
+/// What the store would hold: the effects applied to plain maps, as redb's fuzzer keeps a
+/// `BTreeMap` beside the real table.
+#[derive(Default, Debug)]
+struct EffectLog {
+    meta: BTreeMap<String, BucketMeta>,
+    grants: BTreeMap<(String, Millis), u64>,
+    permits: BTreeMap<PermitId, Vec<(String, Millis)>>,
+    throttles: BTreeMap<String, Millis>,
+}
+
+impl EffectLog {
+    fn apply(&mut self, effects: &[Effect]) {
+        for effect in effects {
+            match effect {
+                Effect::BucketMeta { bucket, meta } => {
+                    self.meta.insert(bucket.to_string(), *meta);
+                }
+                Effect::WindowGrant { bucket, at, cost } => {
+                    self.grants.insert((bucket.to_string(), *at), *cost);
+                }
+                Effect::WindowPruned { bucket, through } => {
+                    self.grants.retain(|(b, at), _| b != &**bucket || at > through);
+                }
+                Effect::BucketForgotten { bucket } => {
+                    self.meta.remove(&**bucket);
+                    self.grants.retain(|(b, _), _| b != &**bucket);
+                }
+                Effect::PermitGranted { id, places } => {
+                    self.permits.insert(*id, places.iter().map(|(b, l)| (b.to_string(), *l)).collect());
+                }
+                Effect::PermitEnded { id } => {
+                    self.permits.remove(id);
+                }
+                Effect::ThrottleSet { key, until } => {
+                    self.throttles.insert(key.to_string(), *until);
+                }
+                Effect::ThrottleEnded { key } => {
+                    self.throttles.remove(&**key);
+                }
+            }
+        }
+    }
+
+    fn rebuild(&mut self, config: EngineConfig, now: Millis) -> Engine {
+        let mut e = Engine::new(config);
+        for (k, m) in &self.meta {
+            e.restore_bucket(k, *m);
+        }
+        for ((k, at), cost) in &self.grants {
+            e.restore_grant(k, *at, *cost);
+        }
+        for (id, places) in &self.permits {
+            e.restore_permit(*id, places.clone());
+        }
+        for (k, u) in &self.throttles {
+            e.restore_throttle(k, *u);
+        }
+        let mut effects = Vec::new();
+        e.finish_restore(now, &mut effects);
+        self.apply(&effects);
+        e
+    }
+}
+
+fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
+    let recheck_ms = 250;
+    let mut seed = 1;
+    let mut e = Engine::new(EngineConfig { recheck_ms, id_seed: seed });
+    let mut reference = Reference::default();
+    let mut log = EffectLog::default();
+    let mut now = T0;
+    let mut issued: Vec<PermitId> = Vec::new();
+    let mut effects = Vec::new();
+    for op in ops {
+        effects.clear();
+        match op {
+            Op::Acquire { caller, limits } => {
+                let r = to_request(*caller, limits);
+                let expected = reference.decide(&r, now, recheck_ms);
+                let got = e.acquire(&r, now, &mut effects);
+                match (&got, expected) {
+                    (Decision::Granted { at, permit }, None) => {
+                        prop_assert_eq!(*at, now);
+                        prop_assert_eq!(permit.is_some(), r.limits.iter().any(|l| l.concurrent.is_some()));
+                        if let Some(p) = permit {
+                            prop_assert!(!issued.contains(p), "permit id reused");
+                            issued.push(*p);
+                        }
+                        reference.grant(&r, now, *permit);
+                    }
+                    (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
+                        prop_assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()));
+                        prop_assert!(effects.is_empty());
+                        prop_assert!(*retry_at > now);
+                    }
+                    (got, expected) => prop_assert!(false, "engine {got:?}, reference {expected:?}"),
+                }
+            }
+            Op::Release { nth, bogus } => {
+                let (permit, id) = if *bogus || issued.is_empty() {
+                    ("p-ffffffffffffffffffffffffffffffff".to_owned(), None)
+                } else {
+                    let id = issued[nth % issued.len()];
+                    (id.to_string(), Some(id))
+                };
+                let expected = id
+                    .and_then(|id| reference.permits.remove(&id))
+                    .is_some_and(|places| places.iter().any(|(_, l)| *l > now));
+                prop_assert_eq!(e.release(&permit, now, &mut effects), expected);
+            }
+            Op::Throttle { caller, offset } => {
+                let until = Millis(now.0.saturating_add_signed(*offset));
+                let key = CALLERS[*caller];
+                let current = reference.throttles.get(key).copied().filter(|u| *u > now);
+                let expected = if until > now && current.is_none_or(|c| until > c) { Some(until) } else { current };
+                if until > now && expected == Some(until) {
+                    reference.throttles.insert(key.to_owned(), until);
+                }
+                prop_assert_eq!(e.throttle(key, until, now, &mut effects), expected);
+            }
+            Op::Advance(step) => {
+                now = match step {
+                    Step::Zero => now,
+                    Step::By(ms) => now.plus(*ms),
+                    Step::Edge(n) => {
+                        let edges = reference.edges(now);
+                        if edges.is_empty() { now } else { edges[n % edges.len()] }
+                    }
+                };
+            }
+            Op::Sweep => {
+                let next = e.sweep(now, &mut effects);
+                prop_assert!(next.is_none_or(|t| t > now));
+            }
+            Op::Rebuild => {
+                seed += 1;
+                let before = e.facts(now);
+                e = log.rebuild(EngineConfig { recheck_ms, id_seed: seed }, now);
+                prop_assert_eq!(e.facts(now), before, "rebuilt from the effects");
+            }
+        }
+        log.apply(&effects);
+        prop_assert_eq!(e.facts(now), reference.facts(now));
+        // No window of any bucket ever holds more than its calls.
+        for (i, (calls, per_ms)) in SHAPES.iter().enumerate() {
+            let grants = reference.grants.get(&format!("b{i}")).map(Vec::as_slice).unwrap_or_default();
+            for (start, _) in grants {
+                let sum: u64 =
+                    grants.iter().filter(|(t, _)| t >= start && *t < start.plus(*per_ms)).map(|(_, c)| c).sum();
+                prop_assert!(sum <= *calls, "b{} holds {} > {} from {:?}", i, sum, calls, start);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 10_000,
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn engine_matches_the_brute_force_reference(ops in prop::collection::vec(op(), 1..60)) {
+        run_model(&ops)?;
+    }
+}

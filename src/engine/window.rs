@@ -1,0 +1,169 @@
+//! A bucket's rolling window: its grants in time order with running sums.
+//!
+//! Grants made in the same millisecond are merged. Each entry carries the running total of all
+//! costs up to and including it (wrapping arithmetic: only differences are ever read), so the
+//! use of any window length is one binary search, and the `retryAt` of a refusal another.
+
+use std::collections::VecDeque;
+
+use crate::time::Millis;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    at: Millis,
+    cost: u64,
+    /// Running total of every cost recorded up to and including this entry (wrapping).
+    cum: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Window {
+    entries: VecDeque<Entry>,
+    /// Running total of every cost pruned so far (wrapping).
+    pruned_cum: u64,
+}
+
+impl Window {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn last_cum(&self) -> u64 {
+        self.entries.back().map_or(self.pruned_cum, |e| e.cum)
+    }
+
+    /// Drops the grants that no request can count any more (granted at or before
+    /// `now - retain_ms`). Returns the instant of the last one dropped, if any.
+    pub(crate) fn prune(&mut self, now: Millis, retain_ms: u64) -> Option<Millis> {
+        let mut last = None;
+        while let Some(front) = self.entries.front() {
+            if front.at.plus(retain_ms) > now {
+                break;
+            }
+            self.pruned_cum = front.cum;
+            last = Some(front.at);
+            self.entries.pop_front();
+        }
+        last
+    }
+
+    /// Index of the first grant that still counts in a window of `per_ms` at `now`.
+    fn first_counting(&self, now: Millis, per_ms: u64) -> usize {
+        // A grant at `t` counts while `now < t + per_ms`.
+        self.entries.partition_point(|e| e.at.plus(per_ms) <= now)
+    }
+
+    /// The cost counted in a window of `per_ms` ending at `now`.
+    pub(crate) fn used(&self, now: Millis, per_ms: u64) -> u64 {
+        let i = self.first_counting(now, per_ms);
+        let before = if i == 0 { self.pruned_cum } else { self.entries[i - 1].cum };
+        self.last_cum().wrapping_sub(before)
+    }
+
+    /// When a window of `per_ms`/`calls` will have room for `cost` (already capped at `calls`),
+    /// or `None` when it has room at `now`.
+    pub(crate) fn refused_until(&self, now: Millis, calls: u64, per_ms: u64, cost: u64) -> Option<Millis> {
+        if cost == 0 {
+            return None;
+        }
+        let last = self.last_cum();
+        let i = self.first_counting(now, per_ms);
+        let before = if i == 0 { self.pruned_cum } else { self.entries[i - 1].cum };
+        let used = last.wrapping_sub(before);
+        if used + cost <= calls {
+            return None;
+        }
+        // The earliest entry k (k >= i) such that what remains after it leaves fits:
+        // (last - cum[k]) + cost <= calls, i.e. cum[k] - pruned >= (last - pruned) + cost - calls.
+        let base = self.pruned_cum;
+        let need = last.wrapping_sub(base) + cost - calls;
+        // Entries before `i` are below `need` too (their running totals are smaller still).
+        let k = self.entries.partition_point(|e| e.cum.wrapping_sub(base) < need);
+        let entry = self.entries.get(k).expect("a cost capped at calls fits once every grant has left");
+        Some(entry.at.plus(per_ms))
+    }
+
+    /// Records `cost` at `now` (which is never before the last grant) and returns the total
+    /// recorded at that millisecond.
+    pub(crate) fn record(&mut self, now: Millis, cost: u64) -> u64 {
+        let cum = self.last_cum().wrapping_add(cost);
+        match self.entries.back_mut() {
+            Some(back) if back.at == now => {
+                back.cost += cost;
+                back.cum = cum;
+                back.cost
+            }
+            _ => {
+                self.entries.push_back(Entry { at: now, cost, cum });
+                cost
+            }
+        }
+    }
+
+    /// Restores one persisted grant; entries must arrive in time order.
+    pub(crate) fn restore(&mut self, at: Millis, cost: u64) {
+        let cum = self.last_cum().wrapping_add(cost);
+        match self.entries.back_mut() {
+            Some(back) if back.at >= at => {
+                back.cost += cost;
+                back.cum = cum;
+            }
+            _ => self.entries.push_back(Entry { at, cost, cum }),
+        }
+    }
+
+    pub(crate) fn newest(&self) -> Option<Millis> {
+        self.entries.back().map(|e| e.at)
+    }
+
+    /// Every entry as `(at, cost)`, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Millis, u64)> + '_ {
+        self.entries.iter().map(|e| (e.at, e.cost))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(grants: &[(u64, u64)]) -> Window {
+        let mut w = Window::default();
+        for &(at, cost) in grants {
+            w.record(Millis(at), cost);
+        }
+        w
+    }
+
+    #[test]
+    fn used_counts_until_the_exclusive_edge() {
+        let w = window(&[(100, 2), (150, 3)]);
+        assert_eq!(w.used(Millis(150), 100), 5);
+        assert_eq!(w.used(Millis(199), 100), 5);
+        assert_eq!(w.used(Millis(200), 100), 3);
+        assert_eq!(w.used(Millis(250), 100), 0);
+    }
+
+    #[test]
+    fn refused_until_walks_to_the_grant_that_makes_room() {
+        let w = window(&[(100, 2), (150, 3), (160, 1)]);
+        // calls 6, used 6: cost 1 needs the first grant gone; cost 4 needs the second gone too.
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 1), Some(Millis(200)));
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 4), Some(Millis(250)));
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 6), Some(Millis(260)));
+        assert_eq!(w.refused_until(Millis(170), 7, 100, 1), None);
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 0), None);
+    }
+
+    #[test]
+    fn same_millisecond_merges_and_prune_keeps_sums() {
+        let mut w = window(&[(100, 2), (100, 3), (200, 1)]);
+        assert_eq!(w.len(), 2);
+        assert_eq!(w.prune(Millis(200), 100), Some(Millis(100)));
+        assert_eq!(w.used(Millis(200), 100), 1);
+        assert_eq!(w.refused_until(Millis(200), 1, 100, 1), Some(Millis(300)));
+    }
+}

@@ -2,3 +2,4 @@
 pub mod engine;
 pub mod request;
 pub mod time;
+pub mod vendor;

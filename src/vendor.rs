@@ -28,30 +28,15 @@ const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
 
 /// The `(remaining, reset)` header pairs whose reset is an RFC 3339 instant (Anthropic).
 const INSTANT_BUDGETS: [(&str, &str); 4] = [
-    (
-        "anthropic-ratelimit-requests-remaining",
-        "anthropic-ratelimit-requests-reset",
-    ),
-    (
-        "anthropic-ratelimit-tokens-remaining",
-        "anthropic-ratelimit-tokens-reset",
-    ),
-    (
-        "anthropic-ratelimit-input-tokens-remaining",
-        "anthropic-ratelimit-input-tokens-reset",
-    ),
-    (
-        "anthropic-ratelimit-output-tokens-remaining",
-        "anthropic-ratelimit-output-tokens-reset",
-    ),
+    ("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset"),
+    ("anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset"),
+    ("anthropic-ratelimit-input-tokens-remaining", "anthropic-ratelimit-input-tokens-reset"),
+    ("anthropic-ratelimit-output-tokens-remaining", "anthropic-ratelimit-output-tokens-reset"),
 ];
 
 /// The `(remaining, reset)` header pairs whose reset is a Go duration from now (OpenAI).
 const DURATION_BUDGETS: [(&str, &str); 2] = [
-    (
-        "x-ratelimit-remaining-requests",
-        "x-ratelimit-reset-requests",
-    ),
+    ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
     ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
 ];
 
@@ -89,11 +74,7 @@ pub fn vendor_budget(headers: &HeaderMap, now: Millis) -> Option<Millis> {
         .iter()
         .filter(|(remaining, _)| exhausted(remaining))
         .filter_map(|(_, reset)| Some(now.plus(parse_go_duration(header(headers, reset)?)?)));
-    anthropic
-        .chain(openai)
-        .filter(|&reset| reset > now)
-        .max()
-        .map(|reset| reset.min(now.plus(MAX_WAIT_MS)))
+    anthropic.chain(openai).filter(|&reset| reset > now).max().map(|reset| reset.min(now.plus(MAX_WAIT_MS)))
 }
 
 /// Parses a `Retry-After` value into milliseconds from `now`.
@@ -151,25 +132,16 @@ pub fn parse_go_duration(s: &str) -> Option<u64> {
     while !rest.is_empty() {
         let (whole, frac, after) = number(rest, Dot::Go, usize::MAX)?;
         // The unit is the longest run of non-number characters; it must be a known unit.
-        let unit_len = after
-            .iter()
-            .position(|&b| b.is_ascii_digit() || b == b'.')
-            .unwrap_or(after.len());
+        let unit_len = after.iter().position(|&b| b.is_ascii_digit() || b == b'.').unwrap_or(after.len());
         let (unit, tail) = after.split_at(unit_len);
         let index = UNITS.iter().position(|(name, _)| name.as_bytes() == unit)?;
         if index < next_unit {
             return None;
         }
         // µs and μs share a rank with us: after any of them, only ns may follow.
-        next_unit = if (4..=6).contains(&index) {
-            7
-        } else {
-            index + 1
-        };
+        next_unit = if (4..=6).contains(&index) { 7 } else { index + 1 };
         let unit_ns = UNITS[index].1;
-        let part = whole
-            .checked_mul(unit_ns)?
-            .checked_add(frac.scaled(unit_ns)?)?;
+        let part = whole.checked_mul(unit_ns)?.checked_add(frac.scaled(unit_ns)?)?;
         total = total.checked_add(part)?;
         rest = tail;
     }
@@ -194,9 +166,7 @@ pub fn parse_proto_duration(s: &str) -> Option<u64> {
         return None;
     }
     // Whole seconds are whole milliseconds, so only the fraction needs rounding up.
-    seconds
-        .checked_mul(1_000)?
-        .checked_add(frac.scaled(1_000_000_000)?.div_ceil(1_000_000))
+    seconds.checked_mul(1_000)?.checked_add(frac.scaled(1_000_000_000)?.div_ceil(1_000_000))
 }
 
 /// The value of header `name` as text, without surrounding optional whitespace; `None` when it
@@ -251,9 +221,7 @@ fn digits(s: &[u8]) -> Option<(u64, &[u8])> {
         return None;
     }
     let (run, rest) = s.split_at(len);
-    let n = run.iter().try_fold(0u64, |acc, &b| {
-        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-    })?;
+    let n = run.iter().try_fold(0u64, |acc, &b| acc.checked_mul(10)?.checked_add(u64::from(b - b'0')))?;
     Some((n, rest))
 }
 
@@ -270,9 +238,8 @@ impl Fraction<'_> {
     /// `unit × 10⁻¹⁸`, under a nanosecond for every unit used here.
     fn scaled(self, unit: u64) -> Option<u64> {
         let kept = &self.0[..self.0.len().min(18)];
-        let (numerator, denominator) = kept.iter().fold((0u128, 1u128), |(n, d), &b| {
-            (n * 10 + u128::from(b - b'0'), d * 10)
-        });
+        let (numerator, denominator) =
+            kept.iter().fold((0u128, 1u128), |(n, d), &b| (n * 10 + u128::from(b - b'0'), d * 10));
         u64::try_from(numerator * u128::from(unit) / denominator).ok()
     }
 }
@@ -441,18 +408,10 @@ mod tests {
         assert_eq!(parse_retry_after("120", NOW), Some(120_000));
         assert_eq!(parse_retry_after("0", NOW), Some(0));
         let before = RFC_DATE.minus(30_000);
-        for date in [
-            "Wed, 21 Oct 2015 07:28:00 GMT",
-            "Wednesday, 21-Oct-15 07:28:00 GMT",
-            "Wed Oct 21 07:28:00 2015",
-        ] {
+        for date in ["Wed, 21 Oct 2015 07:28:00 GMT", "Wednesday, 21-Oct-15 07:28:00 GMT", "Wed Oct 21 07:28:00 2015"] {
             assert_eq!(parse_retry_after(date, before), Some(30_000), "{date:?}");
             assert_eq!(parse_retry_after(date, RFC_DATE), Some(0), "{date:?}");
-            assert_eq!(
-                parse_retry_after(date, NOW),
-                Some(0),
-                "{date:?} is in the past"
-            );
+            assert_eq!(parse_retry_after(date, NOW), Some(0), "{date:?} is in the past");
         }
     }
 
@@ -500,18 +459,10 @@ mod tests {
         let cases: [(HeaderMap, &str, u64); 11] = [
             (headers(&[("retry-after-ms", "1500")]), "", 1_500),
             (headers(&[("retry-after-ms", "2500.1")]), "", 2_501),
-            (
-                headers(&[("retry-after-ms", "1500"), ("retry-after", "60")]),
-                "",
-                1_500,
-            ),
+            (headers(&[("retry-after-ms", "1500"), ("retry-after", "60")]), "", 1_500),
             (headers(&[("retry-after", "120")]), "", 120_000),
             (headers(&[("Retry-After", "20")]), RETRY_INFO_38S, 20_000),
-            (
-                headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:45 GMT")]),
-                "",
-                45_000,
-            ),
+            (headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:45 GMT")]), "", 45_000),
             (none.clone(), RETRY_INFO_38S, 38_000),
             (
                 none.clone(),
@@ -520,19 +471,11 @@ mod tests {
             ),
             (none.clone(), &format!("[{RETRY_INFO_38S}]"), 38_000),
             // A source present but unparseable is skipped, not fatal.
-            (
-                headers(&[("retry-after-ms", "soon"), ("retry-after", "7")]),
-                "",
-                7_000,
-            ),
+            (headers(&[("retry-after-ms", "soon"), ("retry-after", "7")]), "", 7_000),
             (headers(&[("retry-after", "-1")]), RETRY_INFO_38S, 38_000),
         ];
         for (map, body, ms) in cases {
-            assert_eq!(
-                vendor_wait(&map, body.as_bytes(), RFC_DATE, 5_000),
-                ms,
-                "{map:?} {body}"
-            );
+            assert_eq!(vendor_wait(&map, body.as_bytes(), RFC_DATE, 5_000), ms, "{map:?} {body}");
         }
     }
 
@@ -542,21 +485,13 @@ mod tests {
         assert_eq!(vendor_wait(&none, b"", NOW, 5_000), 5_000);
         assert_eq!(vendor_wait(&none, b"", NOW, 0), MIN_WAIT_MS);
         assert_eq!(vendor_wait(&none, b"", NOW, u64::MAX), MAX_WAIT_MS);
-        assert_eq!(
-            vendor_wait(&headers(&[("retry-after-ms", "5")]), b"", NOW, 5_000),
-            1_000
-        );
-        assert_eq!(
-            vendor_wait(&headers(&[("retry-after", "0")]), b"", NOW, 5_000),
-            1_000
-        );
-        assert_eq!(
-            vendor_wait(&headers(&[("retry-after", "3600")]), b"", NOW, 5_000),
-            120_000
-        );
+        assert_eq!(vendor_wait(&headers(&[("retry-after-ms", "5")]), b"", NOW, 5_000), 1_000);
+        assert_eq!(vendor_wait(&headers(&[("retry-after", "0")]), b"", NOW, 5_000), 1_000);
+        assert_eq!(vendor_wait(&headers(&[("retry-after", "3600")]), b"", NOW, 5_000), 120_000);
         let past = headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]);
         assert_eq!(vendor_wait(&past, b"", NOW, 5_000), 1_000);
-        let long = r#"{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"86400s"}]}}"#;
+        let long =
+            r#"{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"86400s"}]}}"#;
         assert_eq!(vendor_wait(&none, long.as_bytes(), NOW, 5_000), 120_000);
     }
 
@@ -564,10 +499,7 @@ mod tests {
     fn wait_ignores_what_is_not_a_signal() {
         let none = HeaderMap::new();
         let mut not_utf8 = HeaderMap::new();
-        not_utf8.insert(
-            "retry-after-ms",
-            HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
-        );
+        not_utf8.insert("retry-after-ms", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
         assert_eq!(vendor_wait(&not_utf8, b"", NOW, 5_000), 5_000);
         let padded = headers(&[("retry-after", " 9\t")]);
         assert_eq!(vendor_wait(&padded, b"", NOW, 5_000), 9_000);
@@ -584,11 +516,7 @@ mod tests {
             r#"{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"-38s"}]}}"#,
             r#"{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"38s"}]}"#,
         ] {
-            assert_eq!(
-                vendor_wait(&none, body.as_bytes(), NOW, 5_000),
-                5_000,
-                "{body}"
-            );
+            assert_eq!(vendor_wait(&none, body.as_bytes(), NOW, 5_000), 5_000, "{body}");
         }
         let mut huge = RETRY_INFO_38S.to_string();
         huge.push_str(&" ".repeat(MAX_BODY_BYTES));
@@ -609,15 +537,9 @@ mod tests {
         assert_eq!(vendor_budget(&one, NOW), Some(NOW.plus(30_000)));
         let two = headers(&[
             ("anthropic-ratelimit-input-tokens-remaining", "0"),
-            (
-                "anthropic-ratelimit-input-tokens-reset",
-                "2026-01-01T00:00:12.5Z",
-            ),
+            ("anthropic-ratelimit-input-tokens-reset", "2026-01-01T00:00:12.5Z"),
             ("anthropic-ratelimit-output-tokens-remaining", "0"),
-            (
-                "anthropic-ratelimit-output-tokens-reset",
-                "2026-01-01T01:00:40+01:00",
-            ),
+            ("anthropic-ratelimit-output-tokens-reset", "2026-01-01T01:00:40+01:00"),
         ]);
         assert_eq!(vendor_budget(&two, NOW), Some(at("2026-01-01T00:00:40Z")));
         let far = headers(&[
@@ -644,10 +566,7 @@ mod tests {
             ("x-ratelimit-reset-tokens", "52.8s"),
         ]);
         assert_eq!(vendor_budget(&tokens, NOW), Some(NOW.plus(52_800)));
-        let capped = headers(&[
-            ("x-ratelimit-remaining-tokens", "0"),
-            ("x-ratelimit-reset-tokens", "2m52.8s"),
-        ]);
+        let capped = headers(&[("x-ratelimit-remaining-tokens", "0"), ("x-ratelimit-reset-tokens", "2m52.8s")]);
         assert_eq!(vendor_budget(&capped, NOW), Some(NOW.plus(MAX_WAIT_MS)));
         let mixed = headers(&[
             ("x-ratelimit-remaining-requests", "0"),
@@ -662,31 +581,13 @@ mod tests {
     fn budget_none_unless_exhausted_with_a_future_reset() {
         for pairs in [
             &[][..],
-            &[
-                ("x-ratelimit-remaining-requests", "1"),
-                ("x-ratelimit-reset-requests", "1s"),
-            ],
+            &[("x-ratelimit-remaining-requests", "1"), ("x-ratelimit-reset-requests", "1s")],
             &[("x-ratelimit-remaining-requests", "0")],
-            &[
-                ("x-ratelimit-remaining-requests", "0"),
-                ("x-ratelimit-reset-requests", "0s"),
-            ],
-            &[
-                ("x-ratelimit-remaining-requests", "0"),
-                ("x-ratelimit-reset-requests", "soon"),
-            ],
-            &[
-                ("x-ratelimit-remaining-requests", "-0"),
-                ("x-ratelimit-reset-requests", "1s"),
-            ],
-            &[
-                ("x-ratelimit-remaining-tokens", "0.0"),
-                ("x-ratelimit-reset-tokens", "1s"),
-            ],
-            &[
-                ("x-ratelimit-remaining-tokens", ""),
-                ("x-ratelimit-reset-tokens", "1s"),
-            ],
+            &[("x-ratelimit-remaining-requests", "0"), ("x-ratelimit-reset-requests", "0s")],
+            &[("x-ratelimit-remaining-requests", "0"), ("x-ratelimit-reset-requests", "soon")],
+            &[("x-ratelimit-remaining-requests", "-0"), ("x-ratelimit-reset-requests", "1s")],
+            &[("x-ratelimit-remaining-tokens", "0.0"), ("x-ratelimit-reset-tokens", "1s")],
+            &[("x-ratelimit-remaining-tokens", ""), ("x-ratelimit-reset-tokens", "1s")],
             &[
                 ("anthropic-ratelimit-requests-remaining", "0"),
                 ("anthropic-ratelimit-requests-reset", "2026-01-01T00:00:00Z"),
@@ -695,27 +596,18 @@ mod tests {
                 ("anthropic-ratelimit-requests-remaining", "0"),
                 ("anthropic-ratelimit-requests-reset", "2025-12-31T23:59:59Z"),
             ],
-            &[
-                ("anthropic-ratelimit-requests-remaining", "0"),
-                ("anthropic-ratelimit-requests-reset", "in 30 seconds"),
-            ],
+            &[("anthropic-ratelimit-requests-remaining", "0"), ("anthropic-ratelimit-requests-reset", "in 30 seconds")],
             &[
                 ("anthropic-ratelimit-tokens-remaining", "5"),
                 ("anthropic-ratelimit-tokens-reset", "2026-01-01T00:00:30Z"),
             ],
             // Reset headers crossed between vendors do not count.
-            &[
-                ("anthropic-ratelimit-requests-remaining", "0"),
-                ("anthropic-ratelimit-requests-reset", "30s"),
-            ],
+            &[("anthropic-ratelimit-requests-remaining", "0"), ("anthropic-ratelimit-requests-reset", "30s")],
         ] {
             assert_eq!(vendor_budget(&headers(pairs), NOW), None, "{pairs:?}");
         }
         let mut not_utf8 = headers(&[("x-ratelimit-reset-requests", "1s")]);
-        not_utf8.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_bytes(b"0\xff").unwrap(),
-        );
+        not_utf8.insert("x-ratelimit-remaining-requests", HeaderValue::from_bytes(b"0\xff").unwrap());
         assert_eq!(vendor_budget(&not_utf8, NOW), None);
         // One junk pair does not hide a good one.
         let partly = headers(&[
@@ -727,10 +619,7 @@ mod tests {
         assert_eq!(vendor_budget(&partly, NOW), Some(NOW.plus(2_000)));
         // Near the end of time the cap saturates rather than overflows.
         let late = Millis(u64::MAX - 10);
-        let tokens = headers(&[
-            ("x-ratelimit-remaining-tokens", "0"),
-            ("x-ratelimit-reset-tokens", "1h"),
-        ]);
+        let tokens = headers(&[("x-ratelimit-remaining-tokens", "0"), ("x-ratelimit-reset-tokens", "1h")]);
         assert_eq!(vendor_budget(&tokens, late), Some(Millis(u64::MAX)));
     }
 

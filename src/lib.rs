@@ -1,5 +1,29 @@
 //! redb-limiter: a durable rate limiter in one redb file.
+//!
+//! A host asks before every call to a rate-limited provider; the limiter answers at once,
+//! granted or refused with the instant to ask again, and never forgets a grant across a crash.
+//!
+//! # Layout
+//!
+//! - [`time`]: `Millis`, the wire form of instants, the clock seam.
+//! - [`request`]: the three requests, validated against every bound of the wire spec.
+//! - [`engine`]: the pure state machine (rolling windows, concurrency places, throttles); time
+//!   comes in as `now`, changes go out as effects.
+//! - [`store`]: the effects in one redb file, and the engine rebuilt from it.
+//! - [`limiter`]: engine + store + clock behind one writer thread with group commit; the
+//!   in-process API.
+//! - [`metrics`]: the Prometheus registry the limiter updates.
+//! - [`vendor`]: a provider's 429 and rate-limit headers turned into waits and throttles.
+pub mod cli;
 pub mod engine;
+pub mod limiter;
+pub mod metrics;
 pub mod request;
+pub mod store;
 pub mod time;
 pub mod vendor;
+
+pub use engine::{Decision, PermitId, Reason};
+pub use limiter::{Limiter, LimiterError, LimiterOptions};
+pub use request::{AcquireRequest, BadRequest, Limit, ReleaseRequest, ThrottleRequest};
+pub use time::Millis;

@@ -1,0 +1,78 @@
+//! Metrics: what `/metrics` exposes, in Prometheus text format.
+//!
+//! It owns the registry and the handles the limiter updates (decisions by method, outcome and
+//! reason; commit latency; batch size; live buckets, held places, throttles). Updating a handle
+//! is a few atomic operations; nothing here touches the engine or the store.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `acquire`, `release` or `throttle`.
+    pub method: &'static str,
+    /// `granted`/`refused` (acquire), `released`/`unknown` (release), `set`/`unchanged`
+    /// (throttle), or `unavailable`.
+    pub outcome: &'static str,
+    /// The refusal's reason (`rate`, `concurrency`, `throttle`), else empty.
+    pub reason: &'static str,
+}
+
+/// The limiter's metrics and their registry.
+pub struct Metrics {
+    registry: Registry,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub commit_seconds: Histogram,
+    pub batch_size: Histogram,
+    pub live_buckets: Gauge,
+    pub held_places: Gauge,
+    pub throttles: Gauge,
+    pub permits: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("redb_limiter");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register("decisions", "Decisions by method, outcome and reason", decisions.clone());
+        let commit_seconds =
+            Histogram::new([0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5]);
+        registry.register("commit_seconds", "Time of one durable commit (fsync included)", commit_seconds.clone());
+        let batch_size = Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]);
+        registry.register("batch_size", "Requests decided together and sharing one commit", batch_size.clone());
+        let live_buckets = Gauge::default();
+        registry.register("live_buckets", "Buckets with grants in their window or held places", live_buckets.clone());
+        let held_places = Gauge::default();
+        registry.register("held_places", "Concurrency places held", held_places.clone());
+        let throttles = Gauge::default();
+        registry.register("throttles", "Caller keys throttled", throttles.clone());
+        let permits = Gauge::default();
+        registry.register("permits", "Permits holding places", permits.clone());
+        Metrics { registry, decisions, commit_seconds, batch_size, live_buckets, held_places, throttles, permits }
+    }
+}
+
+impl Metrics {
+    /// Counts one decision.
+    pub fn decided(&self, method: &'static str, outcome: &'static str, reason: &'static str) {
+        self.decisions.get_or_create(&DecisionLabels { method, outcome, reason }).inc();
+    }
+
+    /// The registry in Prometheus text format.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String never fails");
+        out
+    }
+}

@@ -1,0 +1,318 @@
+//! The store: the engine's state in one redb file.
+//!
+//! It owns the file's layout (the tables below), the encoding of its records, opening (create,
+//! refuse, repair), loading the engine back from the file, and committing the engine's
+//! [`Effect`]s with `Durability::Immediate`. It never decides anything: every change it writes
+//! is an effect the engine reported, and a failed commit leaves the file at the last commit.
+//!
+//! # Layout (format version 1)
+//!
+//! | table | key | value |
+//! | --- | --- | --- |
+//! | `meta` | `"format_version"`, `"clock_floor"` | `u64` |
+//! | `buckets` | bucket key | record: [`BucketMeta`] |
+//! | `grants` | (bucket key, instant ms) | total cost granted at that millisecond |
+//! | `permits` | permit id (`u128`) | record: the places, as (bucket key, lapse ms) |
+//! | `throttles` | caller key | `until` ms |
+//!
+//! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
+//! record is an error, never a panic.
+
+pub mod faulty;
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+
+use redb::backends::FileBackend;
+use redb::{
+    Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend,
+    TableDefinition, TableHandle,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{BucketMeta, Effect, Engine, PermitId};
+use crate::time::Millis;
+
+/// The file's layout version; a file of any other version is refused.
+pub const FORMAT_VERSION: u64 = 1;
+/// The first byte of every postcard record.
+const RECORD_SCHEMA: u8 = 1;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
+const GRANTS: TableDefinition<(&str, u64), u64> = TableDefinition::new("grants");
+const PERMITS: TableDefinition<u128, &[u8]> = TableDefinition::new("permits");
+const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
+
+const KEY_FORMAT: &str = "format_version";
+const KEY_FLOOR: &str = "clock_floor";
+
+/// Why the store cannot open or commit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("{path}: the file is held open by another process")]
+    HeldElsewhere { path: PathBuf },
+    #[error("{path}: the file is corrupt or not a redb file: {cause}")]
+    Corrupt { path: PathBuf, cause: String },
+    #[error("{path}: not a redb-limiter file (it holds other tables and no `meta` table)")]
+    Foreign { path: PathBuf },
+    #[error("{path}: unknown format version {found} (this build reads version {FORMAT_VERSION})")]
+    UnknownVersion { path: PathBuf, found: u64 },
+    #[error("{path}: bad record in table `{table}`: {cause}")]
+    BadRecord { path: PathBuf, table: &'static str, cause: String },
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: String },
+    #[error("{path}: commit failed: {cause}")]
+    Commit { path: PathBuf, cause: String },
+}
+
+/// Opens the database: the file backend in production, a fault-injecting one in tests.
+pub type Opener = Box<dyn Fn(&Path) -> Result<Database, DatabaseError> + Send + Sync>;
+
+/// The production opener: the file itself, created when missing.
+#[must_use]
+pub fn file_opener() -> Opener {
+    Box::new(|path| {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        open_backend(FileBackend::new(file)?)
+    })
+}
+
+/// Opens a database on any backend with the store's settings.
+pub fn open_backend(backend: impl StorageBackend) -> Result<Database, DatabaseError> {
+    Database::builder().create_with_backend(backend)
+}
+
+#[derive(Serialize, Deserialize)]
+struct PermitRecord {
+    places: Vec<(String, u64)>,
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = vec![RECORD_SCHEMA];
+    out.extend(postcard::to_allocvec(value).expect("records always serialize"));
+    out
+}
+
+fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+    match bytes.split_first() {
+        Some((&RECORD_SCHEMA, rest)) => {
+            let (value, tail) = postcard::take_from_bytes(rest).map_err(|e| e.to_string())?;
+            if tail.is_empty() { Ok(value) } else { Err(format!("{} trailing bytes", tail.len())) }
+        }
+        Some((other, _)) => Err(format!("unknown record schema {other}")),
+        None => Err("empty record".to_owned()),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Format {
+    Current,
+    Empty,
+}
+
+/// Whether the database is ours at the current version, or empty (new).
+fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<Format, StoreError> {
+    let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt { path: path.to_path_buf(), cause: e.to_string() };
+    let txn = db.begin_read().map_err(|e| corrupt(&e))?;
+    let tables: Vec<String> = txn.list_tables().map_err(|e| corrupt(&e))?.map(|t| t.name().to_owned()).collect();
+    if tables.iter().any(|t| t == "meta") {
+        let meta = txn.open_table(META).map_err(|e| corrupt(&e))?;
+        let found = meta.get(KEY_FORMAT).map_err(|e| corrupt(&e))?.map_or(0, |v| v.value());
+        return if found == FORMAT_VERSION {
+            Ok(Format::Current)
+        } else {
+            Err(StoreError::UnknownVersion { path: path.to_path_buf(), found })
+        };
+    }
+    if tables.is_empty() { Ok(Format::Empty) } else { Err(StoreError::Foreign { path: path.to_path_buf() }) }
+}
+
+/// The store: one open redb file.
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+impl Store {
+    /// Opens (creating when missing) and checks the file. A corrupt file, an unknown format
+    /// version, a foreign redb file or one held by another process is refused unmodified.
+    pub fn open(path: &Path, opener: &Opener) -> Result<Store, StoreError> {
+        let path = path.to_path_buf();
+        let map_err = |e: DatabaseError| match e {
+            DatabaseError::DatabaseAlreadyOpen => StoreError::HeldElsewhere { path: path.clone() },
+            DatabaseError::Storage(redb::StorageError::Io(io)) if io.kind() != std::io::ErrorKind::InvalidData => {
+                StoreError::Io { path: path.clone(), cause: io.to_string() }
+            }
+            other => StoreError::Corrupt { path: path.clone(), cause: other.to_string() },
+        };
+        // Look before writing: a file that is not ours, of another version or busy is refused
+        // through a read-only open, which never modifies it. A file that needs recovery after a
+        // crash cannot be opened read-only; the read-write open below repairs it.
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
+            match Database::builder().open_read_only(&path) {
+                Ok(db) => {
+                    check_format(&db, &path)?;
+                }
+                Err(DatabaseError::RepairAborted) => {}
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        let db = opener(&path).map_err(map_err)?;
+        let store = Store { db, path };
+        if check_format(&store.db, &store.path)? == Format::Empty {
+            store.initialize()?;
+        }
+        Ok(store)
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn corrupt(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Corrupt { path: self.path.clone(), cause: e.to_string() }
+    }
+
+    fn commit_error(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Commit { path: self.path.clone(), cause: e.to_string() }
+    }
+
+    /// Creates the tables and the meta records of a new file.
+    fn initialize(&self) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_FORMAT, FORMAT_VERSION).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_FLOOR, 0).map_err(|e| self.commit_error(e))?;
+            txn.open_table(BUCKETS).map_err(|e| self.commit_error(e))?;
+            txn.open_table(GRANTS).map_err(|e| self.commit_error(e))?;
+            txn.open_table(PERMITS).map_err(|e| self.commit_error(e))?;
+            txn.open_table(THROTTLES).map_err(|e| self.commit_error(e))?;
+        }
+        txn.commit().map_err(|e| self.commit_error(e))
+    }
+
+    /// Loads every persisted fact into `engine` (fresh) and returns the clock floor. The caller
+    /// then runs [`Engine::finish_restore`] and commits its effects to prune the file.
+    pub fn load(&self, engine: &mut Engine) -> Result<Millis, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
+        let bad = |table: &'static str, cause: String| StoreError::BadRecord { path: self.path.clone(), table, cause };
+        let meta = txn.open_table(META).map_err(|e| self.corrupt(e))?;
+        let floor = Millis(meta.get(KEY_FLOOR).map_err(|e| self.corrupt(e))?.map_or(0, |v| v.value()));
+        for row in txn.open_table(BUCKETS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let meta: BucketMeta = decode(v.value()).map_err(|e| bad("buckets", e))?;
+            engine.restore_bucket(k.value(), meta);
+        }
+        for row in txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let (bucket, at) = k.value();
+            engine.restore_grant(bucket, Millis(at), v.value());
+        }
+        for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let record: PermitRecord = decode(v.value()).map_err(|e| bad("permits", e))?;
+            engine.restore_permit(
+                PermitId(k.value()),
+                record.places.into_iter().map(|(b, lapse)| (b, Millis(lapse))).collect(),
+            );
+        }
+        for row in txn.open_table(THROTTLES).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            engine.restore_throttle(k.value(), Millis(v.value()));
+        }
+        Ok(floor)
+    }
+
+    /// Writes `effects` and the clock floor (the caller's `now`, which never runs backwards) in
+    /// one durable commit. On error nothing of it is in
+    /// the file, and the database must be reopened before the next commit.
+    pub fn commit(&mut self, effects: &[Effect], floor: Millis) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
+        self.write_effects(&txn, effects, floor).map_err(|e| self.commit_error(e))?;
+        txn.commit().map_err(|e| self.commit_error(e))
+    }
+
+    fn write_effects(
+        &self,
+        txn: &redb::WriteTransaction,
+        effects: &[Effect],
+        floor: Millis,
+    ) -> Result<(), redb::Error> {
+        let mut meta = txn.open_table(META)?;
+        let mut buckets = txn.open_table(BUCKETS)?;
+        let mut grants = txn.open_table(GRANTS)?;
+        let mut permits = txn.open_table(PERMITS)?;
+        let mut throttles = txn.open_table(THROTTLES)?;
+        for effect in effects {
+            match effect {
+                Effect::BucketMeta { bucket, meta } => {
+                    buckets.insert(&**bucket, encode(meta).as_slice())?;
+                }
+                Effect::WindowGrant { bucket, at, cost } => {
+                    grants.insert((&**bucket, at.0), cost)?;
+                }
+                Effect::WindowPruned { bucket, through } => {
+                    grants.retain_in((&**bucket, 0)..=(&**bucket, through.0), |_, _| false)?;
+                }
+                Effect::BucketForgotten { bucket } => {
+                    grants.retain_in((&**bucket, 0)..=(&**bucket, u64::MAX), |_, _| false)?;
+                    buckets.remove(&**bucket)?;
+                }
+                Effect::PermitGranted { id, places } => {
+                    let record =
+                        PermitRecord { places: places.iter().map(|(b, lapse)| (b.to_string(), lapse.0)).collect() };
+                    permits.insert(id.0, encode(&record).as_slice())?;
+                }
+                Effect::PermitEnded { id } => {
+                    permits.remove(id.0)?;
+                }
+                Effect::ThrottleSet { key, until } => {
+                    throttles.insert(&**key, until.0)?;
+                }
+                Effect::ThrottleEnded { key } => {
+                    throttles.remove(&**key)?;
+                }
+            }
+        }
+        meta.insert(KEY_FLOOR, floor.0)?;
+        Ok(())
+    }
+
+    /// The number of window entries in the file (for tests of file size and pruning).
+    pub fn grant_rows(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
+        let table = txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?;
+        table.len().map_err(|e| self.corrupt(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_bad_records_are_errors() {
+        let meta = BucketMeta { retain_ms: 60_000, last_calls: 50, last_concurrent: 4 };
+        let bytes = encode(&meta);
+        assert_eq!(bytes[0], RECORD_SCHEMA);
+        assert_eq!(decode::<BucketMeta>(&bytes), Ok(meta));
+        assert!(decode::<BucketMeta>(&[]).is_err());
+        assert!(decode::<BucketMeta>(&[9, 1, 2, 3]).unwrap_err().contains("schema 9"));
+        assert!(decode::<BucketMeta>(&bytes[..2]).is_err());
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode::<BucketMeta>(&long).unwrap_err().contains("trailing"));
+    }
+}

@@ -1,0 +1,229 @@
+//! Durability: restarts keep every window, place and throttle; bad files are refused untouched;
+//! a failed commit grants nothing and loses nothing committed; the file follows the live keys;
+//! group commit answers many requesters with few commits.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use redb_limiter::engine::{Engine, EngineConfig, Facts};
+use redb_limiter::limiter::{LimiterOptions, Snapshot};
+use redb_limiter::store::faulty::{FaultPlan, faulty_opener};
+use redb_limiter::store::{Store, StoreError, file_opener};
+use redb_limiter::time::{Clock, FakeClock};
+use redb_limiter::{
+    AcquireRequest, Decision, Limit, Limiter, LimiterError, Millis, Reason, ReleaseRequest, ThrottleRequest,
+};
+
+const T0: Millis = Millis(1_800_000_000_000);
+
+fn options(clock: &Arc<FakeClock>) -> LimiterOptions {
+    LimiterOptions { clock: Some(clock.clone()), id_seed: Some(7), ..LimiterOptions::default() }
+}
+
+fn window(bucket: &str, calls: u64, per_ms: u64) -> AcquireRequest {
+    AcquireRequest::new("caller", vec![Limit::window(bucket, calls, per_ms)]).unwrap()
+}
+
+/// The durable facts of a file, read through a fresh engine.
+fn file_facts(path: &std::path::Path, now: Millis) -> Facts {
+    let store = Store::open(path, &file_opener()).unwrap();
+    let mut engine = Engine::new(EngineConfig::default());
+    store.load(&mut engine).unwrap();
+    engine.facts(now)
+}
+
+#[test]
+fn a_restart_keeps_windows_places_and_throttles_with_their_instants() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    assert!(limiter.acquire_blocking(window("w", 1, 60_000)).unwrap().is_granted());
+    let conc = AcquireRequest::new("caller", vec![Limit::concurrent("c", 1).with_hold_ms(5000)]).unwrap();
+    let Decision::Granted { permit: Some(permit), .. } = limiter.acquire_blocking(conc.clone()).unwrap() else {
+        panic!("granted with a permit")
+    };
+    let until = T0.plus(30_000);
+    assert_eq!(limiter.throttle_blocking(ThrottleRequest::new("throttled", until, T0).unwrap()).unwrap(), Some(until));
+    drop(limiter);
+
+    clock.advance(1000);
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    let retry = |d: Decision| match d {
+        Decision::Refused { retry_at, reason, .. } => (retry_at, reason),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(retry(limiter.acquire_blocking(window("w", 1, 60_000)).unwrap()), (T0.plus(60_000), Reason::Rate));
+    assert_eq!(retry(limiter.acquire_blocking(conc.clone()).unwrap()), (T0.plus(1250), Reason::Concurrency));
+    let as_throttled = AcquireRequest::new("throttled", vec![]).unwrap();
+    assert_eq!(retry(limiter.acquire_blocking(as_throttled).unwrap()), (until, Reason::Throttle));
+    // The permit survives too, and releasing it frees the place.
+    assert!(limiter.release_blocking(ReleaseRequest::new(permit.to_string()).unwrap()).unwrap());
+    assert!(limiter.acquire_blocking(conc).unwrap().is_granted());
+}
+
+#[test]
+fn lapsed_state_is_pruned_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    for i in 0..10 {
+        assert!(limiter.acquire_blocking(window(&format!("w{i}"), 5, 1000)).unwrap().is_granted());
+    }
+    drop(limiter);
+    clock.advance(1000);
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    assert_eq!(limiter.state_blocking("").unwrap().totals.buckets, 0);
+    drop(limiter);
+    assert_eq!(Store::open(&path, &file_opener()).unwrap().grant_rows().unwrap(), 0);
+}
+
+/// A digest of the file's bytes (comparing digests keeps failure output short).
+fn bytes_of(path: &std::path::Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(path).unwrap().hash(&mut h);
+    h.finish()
+}
+
+#[test]
+fn bad_files_are_refused_unmodified() {
+    let dir = tempfile::tempdir().unwrap();
+    // Not a redb file.
+    let junk = dir.path().join("junk.redb");
+    std::fs::write(&junk, vec![0x5a; 10_000]).unwrap();
+    let before = bytes_of(&junk);
+    let err = Limiter::open(&junk).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("junk.redb"), "{err}");
+    assert_eq!(bytes_of(&junk), before);
+
+    // A redb file of some other program.
+    let foreign = dir.path().join("foreign.redb");
+    {
+        let db = redb::Database::create(&foreign).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("theirs")).unwrap().insert("a", 1).unwrap();
+        txn.commit().unwrap();
+    }
+    let before = bytes_of(&foreign);
+    let err = Limiter::open(&foreign).unwrap_err();
+    assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+    assert_eq!(bytes_of(&foreign), before);
+
+    // A later format version.
+    let future = dir.path().join("future.redb");
+    {
+        let db = redb::Database::create(&future).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta")).unwrap().insert("format_version", 99).unwrap();
+        txn.commit().unwrap();
+    }
+    let before = bytes_of(&future);
+    let err = Limiter::open(&future).unwrap_err();
+    assert!(matches!(err, StoreError::UnknownVersion { found: 99, .. }), "{err}");
+    assert!(err.to_string().contains("future.redb") && err.to_string().contains("99"), "{err}");
+    assert_eq!(bytes_of(&future), before);
+
+    // A file some other holder has open.
+    let busy = dir.path().join("busy.redb");
+    let holder = Limiter::open(&busy).unwrap();
+    let err = Limiter::open(&busy).unwrap_err();
+    assert!(matches!(err, StoreError::HeldElsewhere { .. }), "{err}");
+    assert!(err.to_string().contains("held open by another process"), "{err}");
+    drop(holder);
+    Limiter::open(&busy).unwrap();
+}
+
+#[test]
+fn a_failed_commit_grants_nothing_and_loses_nothing_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let plan = FaultPlan::new();
+    let opts = LimiterOptions { opener: faulty_opener(plan.clone()), ..options(&clock) };
+    let limiter = Limiter::open_with(&path, opts).unwrap();
+    // The model of what is durable: bucket → grant instants acknowledged.
+    let mut durable: BTreeMap<String, Vec<Millis>> = BTreeMap::new();
+    let mut failures = 0;
+    let mut in_doubt = 0;
+    for n in 0..40u64 {
+        clock.advance(1);
+        let bucket = format!("b{}", n % 5);
+        plan.fail_after(n % 8);
+        let result = limiter.acquire_blocking(window(&bucket, 1_000, 3_600_000));
+        let fired = plan.fired();
+        plan.disarm();
+        match result {
+            Ok(Decision::Granted { at, .. }) => {
+                assert!(!fired, "a grant was reported although its commit hit a fault");
+                durable.entry(bucket).or_default().push(at);
+            }
+            Err(LimiterError::Unavailable(why)) => {
+                assert!(fired);
+                assert!(why.contains("limiter.redb"), "{why}");
+                failures += 1;
+                // A fault in the last sync of a commit leaves its outcome unknown: the batch may
+                // be in the file after all. Then it counts (conservative: the caller was told
+                // `unavailable` and will not call), but it must be whole, and the engine must
+                // have been rebuilt from the file, not from memory.
+                let used = limiter.state_blocking(&bucket).unwrap().view.buckets.first().map_or(0, |b| b.window_used);
+                let known = durable.get(&bucket).map_or(0, Vec::len) as u64;
+                assert!(used == known || used == known + 1, "{bucket}: {used} used, {known} known");
+                if used == known + 1 {
+                    durable.entry(bucket).or_default().push(clock.now());
+                    in_doubt += 1;
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // The limiter reopens the file by itself; what it now holds is exactly the model.
+        let snapshot: Snapshot = limiter.state_blocking("").unwrap();
+        let live: BTreeMap<String, u64> =
+            snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used)).collect();
+        let model: BTreeMap<String, u64> = durable.iter().map(|(k, v)| (k.clone(), v.len() as u64)).collect();
+        assert_eq!(live, model, "after request {n}");
+    }
+    assert!(failures >= 10, "only {failures} injected faults fired");
+    assert!(in_doubt < failures, "every failed commit reached the file: {in_doubt} of {failures}");
+    drop(limiter);
+    let facts = file_facts(&path, clock.now());
+    for (bucket, ats) in &durable {
+        let grants: Vec<Millis> = facts.buckets[bucket].0.iter().map(|(at, _)| *at).collect();
+        assert_eq!(&grants, ats, "{bucket}");
+    }
+}
+
+#[test]
+fn the_file_follows_the_live_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Arc::new(Limiter::open_with(&path, options(&clock)).unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 100,000 distinct bucket keys through 50 ms windows, 500 at a time (group commit).
+    for round in 0..200u64 {
+        rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..500u64 {
+                let limiter = limiter.clone();
+                let key = format!("space/{round}/{i}/{}", "x".repeat(64));
+                set.spawn(async move { limiter.acquire(window(&key, 10, 50)).await });
+            }
+            while let Some(result) = set.join_next().await {
+                assert!(result.unwrap().unwrap().is_granted());
+            }
+        });
+        clock.advance(60);
+    }
+    // Let the sweeper see the last window pass.
+    clock.advance(60);
+    let snapshot = limiter.state_blocking("").unwrap();
+    assert_eq!(snapshot.totals.buckets, 0);
+    drop(limiter);
+    let size = std::fs::metadata(&path).unwrap().len();
+    // 500 live keys at a time take well under a megabyte; 100,000 kept keys would take ~20 MB.
+    assert!(size < 4 * 1024 * 1024, "the file grew to {size} bytes");
+    assert_eq!(Store::open(&path, &file_opener()).unwrap().grant_rows().unwrap(), 0);
+}

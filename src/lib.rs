@@ -13,10 +13,12 @@
 //! - [`limiter`]: engine + store + clock behind one writer thread with group commit; the
 //!   in-process API.
 //! - [`metrics`]: the Prometheus registry the limiter updates.
+//! - [`loadgen`]: the HTTP load generator behind `redb-limiter bench`.
 //! - [`vendor`]: a provider's 429 and rate-limit headers turned into waits and throttles.
 pub mod cli;
 pub mod engine;
 pub mod limiter;
+pub mod loadgen;
 pub mod metrics;
 pub mod request;
 pub mod store;

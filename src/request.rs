@@ -389,3 +389,109 @@ mod tests {
         );
     }
 }
+
+/// The three methods of the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    Acquire,
+    Release,
+    Throttle,
+}
+
+impl Method {
+    /// The method named on the wire (`acquire`, `release`, `throttle`).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Method> {
+        match name {
+            "acquire" => Some(Method::Acquire),
+            "release" => Some(Method::Release),
+            "throttle" => Some(Method::Throttle),
+            _ => None,
+        }
+    }
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Acquire => "acquire",
+            Method::Release => "release",
+            Method::Throttle => "throttle",
+        }
+    }
+}
+
+/// Any one validated request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Acquire(AcquireRequest),
+    Release(ReleaseRequest),
+    Throttle(ThrottleRequest),
+}
+
+/// Why an envelope (`POST /` with `{method, params}`) is not a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error("{0}")]
+    BadRequest(#[from] BadRequest),
+    /// The envelope names a method the wire does not have (a 404, not a 400).
+    #[error("unknown method {0:?}")]
+    UnknownMethod(String),
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, BadRequest> {
+    serde_json::from_slice(body).map_err(|e| BadRequest::field("body", format_args!("is not valid JSON: {e}")))
+}
+
+impl Request {
+    /// Parses the params of `method` from `params`; `now` bounds a throttle's `until`.
+    pub fn from_params(method: Method, params: &Value, now: Millis) -> Result<Request, BadRequest> {
+        Ok(match method {
+            Method::Acquire => Request::Acquire(AcquireRequest::from_json(params)?),
+            Method::Release => Request::Release(ReleaseRequest::from_json(params)?),
+            Method::Throttle => Request::Throttle(ThrottleRequest::from_json(params, now)?),
+        })
+    }
+
+    /// Parses a direct call's body (`POST /acquire` and the like).
+    pub fn from_body(method: Method, body: &[u8], now: Millis) -> Result<Request, BadRequest> {
+        Request::from_params(method, &parse_json(body)?, now)
+    }
+
+    /// Parses an envelope body `{"method": ..., "params": {...}}`. The params' errors read
+    /// exactly as on the direct path.
+    pub fn from_envelope(body: &[u8], now: Millis) -> Result<Request, EnvelopeError> {
+        let value = parse_json(body)?;
+        let obj = object(&value, "body")?;
+        let name = required_str(obj, "method", "method")?;
+        let method = Method::from_name(name).ok_or_else(|| EnvelopeError::UnknownMethod(name.to_owned()))?;
+        let params = obj.get("params").ok_or_else(|| BadRequest::field("params", "is required"))?;
+        Ok(Request::from_params(method, params, now)?)
+    }
+}
+
+#[cfg(test)]
+mod envelope_tests {
+    use super::*;
+
+    #[test]
+    fn the_envelope_answers_like_the_direct_path() {
+        let now = Millis(1_800_000_000_000);
+        let params = br#"{"key":"k","limits":[{"key":"b","calls":1,"perMs":0}]}"#;
+        let direct = Request::from_body(Method::Acquire, params, now).unwrap_err();
+        let envelope = format!(r#"{{"method":"acquire","params":{}}}"#, std::str::from_utf8(params).unwrap());
+        assert_eq!(Request::from_envelope(envelope.as_bytes(), now), Err(EnvelopeError::BadRequest(direct)));
+        assert_eq!(
+            Request::from_envelope(br#"{"method":"nope","params":{}}"#, now),
+            Err(EnvelopeError::UnknownMethod("nope".into()))
+        );
+        assert_eq!(
+            Request::from_envelope(br#"{"method":"release"}"#, now),
+            Err(EnvelopeError::BadRequest(BadRequest("params is required".into())))
+        );
+        assert!(Request::from_body(Method::Release, b"{", now).unwrap_err().0.starts_with("body is not valid JSON"));
+        assert_eq!(
+            Request::from_envelope(br#"{"method":"release","params":{"permit":"p"}}"#, now),
+            Ok(Request::Release(ReleaseRequest { permit: "p".into() }))
+        );
+    }
+}

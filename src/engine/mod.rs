@@ -9,6 +9,8 @@
 //! changes without the engine knowing about redb, and the engine can be rebuilt from what was
 //! persisted (`restore_*` then [`Engine::finish_restore`]).
 
+#[cfg(any(test, feature = "model"))]
+pub mod model;
 mod permit;
 mod window;
 

@@ -1,10 +1,9 @@
 //! The engine's named edge cases and its model-based property test against a brute-force
 //! reference that keeps every grant forever and recomputes each decision from scratch.
 
-use std::collections::BTreeMap;
-
 use proptest::prelude::*;
 
+use super::model::{EffectLog, Reference};
 use super::*;
 use crate::request::{AcquireRequest, Limit};
 
@@ -308,200 +307,6 @@ fn to_request(caller: usize, limits: &[LimitSpec]) -> AcquireRequest {
     AcquireRequest::new(CALLERS[caller], limits).unwrap()
 }
 
-/// The brute-force reference: every grant ever, every permit ever, recomputed from scratch.
-#[derive(Default)]
-struct Reference {
-    grants: BTreeMap<String, Vec<(Millis, u64)>>,
-    /// permit → places (bucket, lapse); removed on release.
-    permits: BTreeMap<PermitId, Vec<(String, Millis)>>,
-    throttles: BTreeMap<String, Millis>,
-}
-
-impl Reference {
-    fn decide(&self, r: &AcquireRequest, now: Millis, recheck_ms: u64) -> Option<(Millis, Reason, String)> {
-        let mut worst: Option<(Millis, Reason, String)> = None;
-        let mut consider = |at: Millis, reason: Reason, key: &str| {
-            if worst.as_ref().is_none_or(|(w, _, _)| at > *w) {
-                worst = Some((at, reason, key.to_owned()));
-            }
-        };
-        if let Some(&until) = self.throttles.get(&r.key)
-            && until > now
-        {
-            consider(until, Reason::Throttle, &r.key);
-        }
-        for l in &r.limits {
-            if let Some(w) = l.window {
-                let cost = l.cost.min(w.calls);
-                let live: Vec<(Millis, u64)> = self
-                    .grants
-                    .get(&l.key)
-                    .map(|g| g.iter().copied().filter(|(t, _)| t.plus(w.per_ms) > now).collect())
-                    .unwrap_or_default();
-                let used: u64 = live.iter().map(|(_, c)| c).sum();
-                if cost > 0 && used + cost > w.calls {
-                    // The first grant whose leaving makes room.
-                    let mut left = used;
-                    let at = live
-                        .iter()
-                        .find_map(|(t, c)| {
-                            left -= c;
-                            (left + cost <= w.calls).then_some(t.plus(w.per_ms))
-                        })
-                        .unwrap();
-                    consider(at, Reason::Rate, &l.key);
-                }
-            }
-            if let Some(c) = l.concurrent {
-                let mut lapses: Vec<Millis> = self
-                    .permits
-                    .values()
-                    .flatten()
-                    .filter(|(b, lapse)| *b == l.key && *lapse > now)
-                    .map(|(_, lapse)| *lapse)
-                    .collect();
-                lapses.sort();
-                let held = lapses.len() as u64;
-                if held >= c {
-                    consider(lapses[(held - c) as usize].min(now.plus(recheck_ms)), Reason::Concurrency, &l.key);
-                }
-            }
-        }
-        worst
-    }
-
-    fn grant(&mut self, r: &AcquireRequest, now: Millis, permit: Option<PermitId>) {
-        let mut places = Vec::new();
-        for l in &r.limits {
-            if let Some(w) = l.window {
-                let cost = l.cost.min(w.calls);
-                if cost > 0 {
-                    self.grants.entry(l.key.clone()).or_default().push((now, cost));
-                }
-            }
-            if l.concurrent.is_some() {
-                places.push((l.key.clone(), now.plus(l.hold_ms)));
-            }
-        }
-        if let Some(id) = permit {
-            self.permits.insert(id, places);
-        }
-    }
-
-    /// The persisted facts the engine must hold at `now`.
-    fn facts(&self, now: Millis) -> Facts {
-        let mut facts = Facts::default();
-        for (i, (_, per_ms)) in SHAPES.iter().enumerate() {
-            let key = format!("b{i}");
-            let mut grants: Vec<(Millis, u64)> = Vec::new();
-            for &(t, c) in self.grants.get(&key).into_iter().flatten() {
-                if t.plus(*per_ms) > now {
-                    match grants.last_mut() {
-                        Some(last) if last.0 == t => last.1 += c,
-                        _ => grants.push((t, c)),
-                    }
-                }
-            }
-            let mut places: Vec<(Millis, PermitId)> = self
-                .permits
-                .iter()
-                .flat_map(|(id, ps)| ps.iter().filter(|(b, l)| *b == key && *l > now).map(|(_, l)| (*l, *id)))
-                .collect();
-            places.sort();
-            if !grants.is_empty() || !places.is_empty() {
-                facts.buckets.insert(key, (grants, places));
-            }
-        }
-        for (k, u) in &self.throttles {
-            if *u > now {
-                facts.throttles.insert(k.clone(), *u);
-            }
-        }
-        facts
-    }
-
-    /// The instants at which something leaves: grant window edges and place lapses.
-    fn edges(&self, now: Millis) -> Vec<Millis> {
-        let mut edges: Vec<Millis> = self
-            .grants
-            .iter()
-            .flat_map(|(k, g)| {
-                let per = SHAPES[k[1..].parse::<usize>().unwrap()].1;
-                g.iter().map(move |(t, _)| t.plus(per))
-            })
-            .chain(self.permits.values().flatten().map(|(_, l)| *l))
-            .chain(self.throttles.values().copied())
-            .filter(|&t| t > now)
-            .collect();
-        edges.sort();
-        edges
-    }
-}
-
-/// What the store would hold: the effects applied to plain maps, as redb's fuzzer keeps a
-/// `BTreeMap` beside the real table.
-#[derive(Default, Debug)]
-struct EffectLog {
-    meta: BTreeMap<String, BucketMeta>,
-    grants: BTreeMap<(String, Millis), u64>,
-    permits: BTreeMap<PermitId, Vec<(String, Millis)>>,
-    throttles: BTreeMap<String, Millis>,
-}
-
-impl EffectLog {
-    fn apply(&mut self, effects: &[Effect]) {
-        for effect in effects {
-            match effect {
-                Effect::BucketMeta { bucket, meta } => {
-                    self.meta.insert(bucket.to_string(), *meta);
-                }
-                Effect::WindowGrant { bucket, at, cost } => {
-                    self.grants.insert((bucket.to_string(), *at), *cost);
-                }
-                Effect::WindowPruned { bucket, through } => {
-                    self.grants.retain(|(b, at), _| b != &**bucket || at > through);
-                }
-                Effect::BucketForgotten { bucket } => {
-                    self.meta.remove(&**bucket);
-                    self.grants.retain(|(b, _), _| b != &**bucket);
-                }
-                Effect::PermitGranted { id, places } => {
-                    self.permits.insert(*id, places.iter().map(|(b, l)| (b.to_string(), *l)).collect());
-                }
-                Effect::PermitEnded { id } => {
-                    self.permits.remove(id);
-                }
-                Effect::ThrottleSet { key, until } => {
-                    self.throttles.insert(key.to_string(), *until);
-                }
-                Effect::ThrottleEnded { key } => {
-                    self.throttles.remove(&**key);
-                }
-            }
-        }
-    }
-
-    fn rebuild(&mut self, config: EngineConfig, now: Millis) -> Engine {
-        let mut e = Engine::new(config);
-        for (k, m) in &self.meta {
-            e.restore_bucket(k, *m);
-        }
-        for ((k, at), cost) in &self.grants {
-            e.restore_grant(k, *at, *cost);
-        }
-        for (id, places) in &self.permits {
-            e.restore_permit(*id, places.clone());
-        }
-        for (k, u) in &self.throttles {
-            e.restore_throttle(k, *u);
-        }
-        let mut effects = Vec::new();
-        e.finish_restore(now, &mut effects);
-        self.apply(&effects);
-        e
-    }
-}
-
 fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
     let recheck_ms = 250;
     let mut seed = 1;
@@ -543,19 +348,13 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
                     let id = issued[nth % issued.len()];
                     (id.to_string(), Some(id))
                 };
-                let expected = id
-                    .and_then(|id| reference.permits.remove(&id))
-                    .is_some_and(|places| places.iter().any(|(_, l)| *l > now));
+                let expected = reference.release(id, now);
                 prop_assert_eq!(e.release(&permit, now, &mut effects), expected);
             }
             Op::Throttle { caller, offset } => {
                 let until = Millis(now.0.saturating_add_signed(*offset));
                 let key = CALLERS[*caller];
-                let current = reference.throttles.get(key).copied().filter(|u| *u > now);
-                let expected = if until > now && current.is_none_or(|c| until > c) { Some(until) } else { current };
-                if until > now && expected == Some(until) {
-                    reference.throttles.insert(key.to_owned(), until);
-                }
+                let expected = reference.throttle(key, until, now);
                 prop_assert_eq!(e.throttle(key, until, now, &mut effects), expected);
             }
             Op::Advance(step) => {
@@ -583,12 +382,8 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
         prop_assert_eq!(e.facts(now), reference.facts(now));
         // No window of any bucket ever holds more than its calls.
         for (i, (calls, per_ms)) in SHAPES.iter().enumerate() {
-            let grants = reference.grants.get(&format!("b{i}")).map(Vec::as_slice).unwrap_or_default();
-            for (start, _) in grants {
-                let sum: u64 =
-                    grants.iter().filter(|(t, _)| t >= start && *t < start.plus(*per_ms)).map(|(_, c)| c).sum();
-                prop_assert!(sum <= *calls, "b{} holds {} > {} from {:?}", i, sum, calls, start);
-            }
+            let most = reference.max_window_use(&format!("b{i}"), *per_ms);
+            prop_assert!(most <= *calls, "b{} held {} > {}", i, most, calls);
         }
     }
     Ok(())

@@ -21,9 +21,11 @@ pub mod limiter;
 pub mod loadgen;
 pub mod metrics;
 pub mod request;
+pub mod server;
 pub mod store;
 pub mod time;
 pub mod vendor;
+pub mod wire;
 
 pub use engine::{Decision, PermitId, Reason};
 pub use limiter::{Limiter, LimiterError, LimiterOptions};

@@ -1,15 +1,20 @@
 //! The binary: parses arguments, sets up tracing, and hands over to the library.
 
 use clap::Parser;
-use redb_limiter::cli::{Cli, Command};
+use redb_limiter::cli::{self, Cli, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     match Cli::parse().command {
-        Command::Grind(args) => redb_limiter::cli::grind::run(args).await,
+        Command::Serve(args) => cli::serve::run(args).await,
+        Command::Status(args) => cli::status::run(args).await,
+        Command::Check(args) => tokio::task::spawn_blocking(move || cli::check::run(args)).await?,
+        Command::Bench(args) => cli::bench::run(args).await,
+        Command::Grind(args) => cli::grind::run(args).await,
     }
 }

@@ -1,7 +1,11 @@
 //! The command line: argument types and each subcommand's body. The binary only parses and
 //! dispatches; everything a subcommand does lives here, testable like the rest of the library.
 
+pub mod bench;
+pub mod check;
 pub mod grind;
+pub mod serve;
+pub mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +18,14 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Serve the limiter over HTTP (the listen-fire limiter slot).
+    Serve(serve::ServeArgs),
+    /// Show buckets, places and throttles, from a server or straight from the file.
+    Status(status::StatusArgs),
+    /// Open (creating when missing) and validate the file; fail with the reason if unusable.
+    Check(check::CheckArgs),
+    /// Load a server with acquires and report requests/s and latency percentiles.
+    Bench(crate::loadgen::BenchArgs),
     /// Grants under load and prints each answered grant (for the crash test).
     #[command(hide = true)]
     Grind(grind::GrindArgs),

@@ -1,0 +1,254 @@
+//! The slot server: the wire spec over HTTP/1.1, on top of a [`Limiter`].
+//!
+//! It owns routing, the order of checks (token first, then 404/405, then the 64 KiB body
+//! limit, then parsing), the mapping of every error to its status and code, and draining on
+//! shutdown. It decides nothing itself: every request goes to the limiter, and a reply is
+//! written only after the limiter answered (which is after the commit).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method as HttpMethod, Request as HttpRequest, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::limiter::{Limiter, LimiterError};
+use crate::request::{EnvelopeError, Method, Request};
+use crate::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, ReleaseReply, StateReply, ThrottleReply};
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What the server needs besides the limiter.
+#[derive(Debug, Clone, Default)]
+pub struct ServerConfig {
+    /// When set, every path but `GET /health` needs `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+struct App {
+    limiter: Arc<Limiter>,
+    token: Option<Vec<u8>>,
+    draining: AtomicBool,
+}
+
+/// Serves the wire on `listener` until `shutdown` completes, then stops accepting, finishes the
+/// requests in flight (answering any that arrive meanwhile `unavailable`) and returns. The
+/// caller then drops the limiter, which commits and closes the file.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    limiter: Arc<Limiter>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Arc::new(App {
+        limiter,
+        token: config.token.map(|t| t.trim().as_bytes().to_vec()).filter(|t| !t.is_empty()),
+        draining: AtomicBool::new(false),
+    });
+    let router = axum::Router::new().fallback(handle).with_state(app.clone());
+    let draining = app.clone();
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            draining.draining.store(true, Ordering::SeqCst);
+        })
+        .await
+}
+
+/// An error reply: status, code and a message naming the field at fault.
+#[derive(Debug)]
+struct Failure {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Failure { status, code, message: message.into() }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Failure::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    fn unavailable(message: impl Into<String>) -> Self {
+        Failure::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+}
+
+impl From<LimiterError> for Failure {
+    fn from(e: LimiterError) -> Self {
+        match e {
+            LimiterError::BadRequest(bad) => Failure::bad_request(bad.0),
+            LimiterError::Unavailable(why) => Failure::unavailable(why),
+        }
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        let body = ErrorReply { error: ErrorBody { code: self.code.to_owned(), message: self.message } };
+        (self.status, json_body(&body)).into_response()
+    }
+}
+
+fn json_body<T: Serialize>(value: &T) -> ([(header::HeaderName, &'static str); 1], Vec<u8>) {
+    ([(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(value).expect("replies always serialize"))
+}
+
+fn json<T: Serialize>(value: &T) -> Response {
+    json_body(value).into_response()
+}
+
+/// Compares without an early exit, so the time taken does not tell how much of a guess matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(token: &[u8], headers: &HeaderMap) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|given| constant_time_eq(given, token))
+}
+
+#[derive(serde::Deserialize)]
+struct StateQuery {
+    #[serde(default)]
+    prefix: String,
+}
+
+/// What a path serves and with which HTTP method.
+enum Route {
+    Call(Option<Method>), // None: the envelope
+    Health,
+    State,
+    Metrics,
+}
+
+fn route(path: &str) -> Option<(Route, HttpMethod)> {
+    Some(match path {
+        "/acquire" => (Route::Call(Some(Method::Acquire)), HttpMethod::POST),
+        "/release" => (Route::Call(Some(Method::Release)), HttpMethod::POST),
+        "/throttle" => (Route::Call(Some(Method::Throttle)), HttpMethod::POST),
+        "/" => (Route::Call(None), HttpMethod::POST),
+        "/health" => (Route::Health, HttpMethod::GET),
+        "/state" => (Route::State, HttpMethod::GET),
+        "/metrics" => (Route::Metrics, HttpMethod::GET),
+        _ => return None,
+    })
+}
+
+async fn handle(State(app): State<Arc<App>>, req: HttpRequest<Body>) -> Response {
+    match dispatch(&app, req).await {
+        Ok(response) => response,
+        Err(failure) => failure.into_response(),
+    }
+}
+
+async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure> {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path();
+    let is_health = path == "/health" && parts.method == HttpMethod::GET;
+    if let Some(token) = &app.token
+        && !is_health
+        && !authorized(token, &parts.headers)
+    {
+        return Err(Failure::new(StatusCode::UNAUTHORIZED, "unauthorized", "Authorization: Bearer <token> is required"));
+    }
+    let Some((route, method)) = route(path) else {
+        return Err(Failure::new(StatusCode::NOT_FOUND, "not_found", format!("no such path: {path}")));
+    };
+    if parts.method != method {
+        return Err(Failure::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{path} takes {method}, not {}", parts.method),
+        ));
+    }
+    if app.draining.load(Ordering::SeqCst) {
+        return Err(Failure::unavailable("the server is shutting down"));
+    }
+    let limiter = &app.limiter;
+    match route {
+        Route::Health => Ok(json(&HealthReply {
+            ok: true,
+            path: limiter.path().display().to_string(),
+            uptime_ms: limiter.uptime().as_millis() as u64,
+        })),
+        Route::Metrics => Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], limiter.metrics().encode())
+            .into_response()),
+        Route::State => {
+            let query = axum::extract::Query::<StateQuery>::try_from_uri(&parts.uri)
+                .map_err(|e| Failure::bad_request(format!("prefix must be a string: {e}")))?;
+            let prefix = query.0.prefix;
+            let snapshot = limiter.state(&prefix).await?;
+            Ok(json(&StateReply::new(snapshot.now, &snapshot.view, snapshot.totals)))
+        }
+        Route::Call(method) => {
+            let body = read_body(&parts.headers, body).await?;
+            let now = limiter.now();
+            let request = match method {
+                Some(method) => Request::from_body(method, &body, now).map_err(|e| {
+                    limiter.metrics().decided(method.name(), "bad_request", "");
+                    Failure::bad_request(e.0)
+                })?,
+                None => Request::from_envelope(&body, now).map_err(|e| match e {
+                    EnvelopeError::BadRequest(bad) => Failure::bad_request(bad.0),
+                    EnvelopeError::UnknownMethod(name) => {
+                        Failure::new(StatusCode::NOT_FOUND, "not_found", format!("method {name:?} is not acquire, release or throttle"))
+                    }
+                })?,
+            };
+            call(limiter, request).await
+        }
+    }
+}
+
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
+    let too_large = || {
+        Failure::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("body is over {MAX_BODY_BYTES} bytes"))
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())
+}
+
+async fn call(limiter: &Limiter, request: Request) -> Result<Response, Failure> {
+    Ok(match request {
+        Request::Acquire(req) => json(&AcquireReply::from(&limiter.acquire(req).await?)),
+        Request::Release(req) => json(&ReleaseReply { released: limiter.release(req).await? }),
+        Request::Throttle(req) => {
+            let key = req.key.clone();
+            let until = limiter.throttle(req).await?;
+            json(&ThrottleReply { key, until: until.map(crate::wire::Instant) })
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, "Bearer secret".parse().unwrap());
+        assert!(authorized(b"secret", &headers));
+        headers.insert(header::AUTHORIZATION, "bearer secret".parse().unwrap());
+        assert!(!authorized(b"secret", &headers));
+    }
+}

@@ -1,0 +1,259 @@
+//! The wire's reply bodies, shared by the server (which writes them) and the HTTP client
+//! (which reads them). Field names and forms are the spec's: camelCase, instants in
+//! `toISOString` form, `permit` only when the grant holds places.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Decision, Reason, StateView, Totals};
+use crate::time::{Millis, format_instant, parse_instant};
+
+/// An instant as the wire writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instant(pub Millis);
+
+impl Serialize for Instant {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_instant(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Instant {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        parse_instant(&s).map(Instant).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The reply to `acquire`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AcquireReply {
+    Granted {
+        granted: True,
+        at: Instant,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        permit: Option<String>,
+    },
+    Refused {
+        granted: False,
+        #[serde(rename = "retryAt")]
+        retry_at: Instant,
+        reason: String,
+        limit: String,
+    },
+}
+
+/// `true` on the wire, and only `true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct True;
+/// `false` on the wire, and only `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct False;
+
+macro_rules! literal_bool {
+    ($ty:ident, $value:literal) => {
+        impl Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bool($value)
+            }
+        }
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                if bool::deserialize(d)? == $value {
+                    Ok($ty)
+                } else {
+                    Err(serde::de::Error::custom(concat!("expected ", stringify!($value))))
+                }
+            }
+        }
+    };
+}
+literal_bool!(True, true);
+literal_bool!(False, false);
+
+impl From<&Decision> for AcquireReply {
+    fn from(d: &Decision) -> Self {
+        match d {
+            Decision::Granted { at, permit } => {
+                AcquireReply::Granted { granted: True, at: Instant(*at), permit: permit.map(|p| p.to_string()) }
+            }
+            Decision::Refused { retry_at, reason, limit } => AcquireReply::Refused {
+                granted: False,
+                retry_at: Instant(*retry_at),
+                reason: reason.as_str().to_owned(),
+                limit: limit.clone(),
+            },
+        }
+    }
+}
+
+impl AcquireReply {
+    /// The decision this reply carries (the permit stays a string: it is opaque to hosts).
+    #[must_use]
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            AcquireReply::Granted { .. } => None,
+            AcquireReply::Refused { reason, .. } => match reason.as_str() {
+                "rate" => Some(Reason::Rate),
+                "concurrency" => Some(Reason::Concurrency),
+                _ => Some(Reason::Throttle),
+            },
+        }
+    }
+}
+
+/// The reply to `release`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseReply {
+    pub released: bool,
+}
+
+/// The reply to `throttle`: the throttle now in force, or `null`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThrottleReply {
+    pub key: String,
+    pub until: Option<Instant>,
+}
+
+/// Every error: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub error: ErrorBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+}
+
+/// `GET /health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthReply {
+    pub ok: bool,
+    pub path: String,
+    pub uptime_ms: u64,
+}
+
+/// `GET /state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateReply {
+    pub now: Instant,
+    pub buckets: Vec<BucketState>,
+    pub permits: Vec<PermitState>,
+    pub throttles: Vec<ThrottleState>,
+    pub totals: TotalsState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BucketState {
+    pub key: String,
+    /// Cost counted in the window of `perMs` ending now.
+    pub window_used: u64,
+    /// The `calls` of the latest granted request with a window (0: none).
+    pub calls: u64,
+    /// The longest `perMs` granted (grants are kept this long; 0: no window).
+    pub per_ms: u64,
+    /// The `concurrent` of the latest granted request with one (0: none).
+    pub concurrent: u64,
+    pub oldest_grant: Option<Instant>,
+    pub places_held: u64,
+    pub next_lapse: Option<Instant>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermitState {
+    pub permit: String,
+    pub places: Vec<PlaceState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlaceState {
+    pub bucket: String,
+    pub lapse: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThrottleState {
+    pub key: String,
+    pub until: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TotalsState {
+    pub buckets: u64,
+    pub permits: u64,
+    pub throttles: u64,
+}
+
+impl StateReply {
+    #[must_use]
+    pub fn new(now: Millis, view: &StateView, totals: Totals) -> Self {
+        StateReply {
+            now: Instant(now),
+            buckets: view
+                .buckets
+                .iter()
+                .map(|b| BucketState {
+                    key: b.key.clone(),
+                    window_used: b.window_used,
+                    calls: b.meta.last_calls,
+                    per_ms: b.meta.retain_ms,
+                    concurrent: b.meta.last_concurrent,
+                    oldest_grant: b.oldest_grant.map(Instant),
+                    places_held: b.places_held as u64,
+                    next_lapse: b.next_lapse.map(Instant),
+                })
+                .collect(),
+            permits: view
+                .permits
+                .iter()
+                .map(|p| PermitState {
+                    permit: p.id.to_string(),
+                    places: p
+                        .places
+                        .iter()
+                        .map(|(bucket, lapse)| PlaceState { bucket: bucket.clone(), lapse: Instant(*lapse) })
+                        .collect(),
+                })
+                .collect(),
+            throttles: view
+                .throttles
+                .iter()
+                .map(|t| ThrottleState { key: t.key.clone(), until: Instant(t.until) })
+                .collect(),
+            totals: TotalsState {
+                buckets: totals.buckets as u64,
+                permits: totals.permits as u64,
+                throttles: totals.throttles as u64,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::PermitId;
+
+    #[test]
+    fn replies_have_the_spec_form() {
+        let at = Millis(1_795_921_869_123);
+        let granted = AcquireReply::from(&Decision::Granted { at, permit: None });
+        assert_eq!(serde_json::to_string(&granted).unwrap(), r#"{"granted":true,"at":"2026-11-29T03:11:09.123Z"}"#);
+        let with_permit = AcquireReply::from(&Decision::Granted { at, permit: Some(PermitId(1)) });
+        assert_eq!(
+            serde_json::to_string(&with_permit).unwrap(),
+            r#"{"granted":true,"at":"2026-11-29T03:11:09.123Z","permit":"p-00000000000000000000000000000001"}"#
+        );
+        let refused = AcquireReply::from(&Decision::Refused { retry_at: at, reason: Reason::Rate, limit: "b".into() });
+        let text = serde_json::to_string(&refused).unwrap();
+        assert_eq!(text, r#"{"granted":false,"retryAt":"2026-11-29T03:11:09.123Z","reason":"rate","limit":"b"}"#);
+        assert_eq!(serde_json::from_str::<AcquireReply>(&text).unwrap(), refused);
+        let throttle = ThrottleReply { key: "k".into(), until: None };
+        assert_eq!(serde_json::to_string(&throttle).unwrap(), r#"{"key":"k","until":null}"#);
+    }
+}

@@ -162,7 +162,11 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
         && !is_health
         && !authorized(token, &parts.headers)
     {
-        return Err(Failure::new(StatusCode::UNAUTHORIZED, "unauthorized", "Authorization: Bearer <token> is required"));
+        return Err(Failure::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Authorization: Bearer <token> is required",
+        ));
     }
     let Some((route, method)) = route(path) else {
         return Err(Failure::new(StatusCode::NOT_FOUND, "not_found", format!("no such path: {path}")));
@@ -184,8 +188,10 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
             path: limiter.path().display().to_string(),
             uptime_ms: limiter.uptime().as_millis() as u64,
         })),
-        Route::Metrics => Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], limiter.metrics().encode())
-            .into_response()),
+        Route::Metrics => {
+            Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], limiter.metrics().encode())
+                .into_response())
+        }
         Route::State => {
             let query = axum::extract::Query::<StateQuery>::try_from_uri(&parts.uri)
                 .map_err(|e| Failure::bad_request(format!("prefix must be a string: {e}")))?;
@@ -203,9 +209,11 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
                 })?,
                 None => Request::from_envelope(&body, now).map_err(|e| match e {
                     EnvelopeError::BadRequest(bad) => Failure::bad_request(bad.0),
-                    EnvelopeError::UnknownMethod(name) => {
-                        Failure::new(StatusCode::NOT_FOUND, "not_found", format!("method {name:?} is not acquire, release or throttle"))
-                    }
+                    EnvelopeError::UnknownMethod(name) => Failure::new(
+                        StatusCode::NOT_FOUND,
+                        "not_found",
+                        format!("method {name:?} is not acquire, release or throttle"),
+                    ),
                 })?,
             };
             call(limiter, request).await
@@ -217,7 +225,8 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
     let too_large = || {
         Failure::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("body is over {MAX_BODY_BYTES} bytes"))
     };
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }

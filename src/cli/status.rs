@@ -88,7 +88,11 @@ pub fn render(state: &StateReply) -> String {
     let now = state.now.0.0;
     let mut out = String::new();
     let width = state.buckets.iter().map(|b| b.key.len()).max().unwrap_or(6).max(6);
-    let _ = writeln!(out, "{:width$}  {:>21}  {:>10}  {:>14}  {:>9}", "BUCKET", "WINDOW USE", "PER", "OLDEST GRANT", "PLACES");
+    let _ = writeln!(
+        out,
+        "{:width$}  {:>21}  {:>10}  {:>14}  {:>9}",
+        "BUCKET", "WINDOW USE", "PER", "OLDEST GRANT", "PLACES"
+    );
     for b in &state.buckets {
         let window = if b.per_ms > 0 { format!("{}/{}", b.window_used, b.calls) } else { "-".into() };
         let per = if b.per_ms > 0 { format!("{}ms", b.per_ms) } else { "-".into() };

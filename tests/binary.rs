@@ -1,0 +1,110 @@
+//! The real binary: restart after `kill -9` keeps every window, place and throttle with its
+//! original instants; a second server on the same file is refused; SIGTERM drains and exits 0;
+//! `check` validates a file.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+fn start(path: &Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--path"])
+        .arg(path)
+        .env_remove("REDB_LIMITER_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    assert_eq!(ready["ready"], true);
+    assert_eq!(ready["path"], json!(std::path::absolute(path).unwrap().display().to_string()));
+    Server { child, url: ready["url"].as_str().unwrap().to_owned() }
+}
+
+async fn post(url: &str, path: &str, body: Value) -> Value {
+    reqwest::Client::new().post(format!("{url}{path}")).json(&body).send().await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test]
+async fn kill_9_keeps_windows_places_and_throttles_with_their_instants() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let window = json!({"key": "caller", "limits": [{"key": "rpm", "calls": 1, "perMs": 3_600_000}]});
+    let granted = post(&server.url, "/acquire", window.clone()).await;
+    assert_eq!(granted["granted"], true);
+    let conc = json!({"key": "caller", "holdMs": 3_600_000, "limits": [{"key": "conc", "concurrent": 1}]});
+    let held = post(&server.url, "/acquire", conc.clone()).await;
+    assert_eq!(held["granted"], true);
+    let until = "2099-01-01T00:00:00.000Z";
+    let now = redb_limiter::time::format_instant(redb_limiter::time::wall_clock_now().plus(3_600_000));
+    let throttle = post(&server.url, "/throttle", json!({"key": "throttled", "until": now})).await;
+    assert_eq!(throttle["until"], json!(now));
+    assert_ne!(now, until);
+    let before = post(&server.url, "/acquire", window.clone()).await;
+    server.child.kill().unwrap(); // SIGKILL
+    server.child.wait().unwrap();
+
+    let mut server = start(&path);
+    let after = post(&server.url, "/acquire", window).await;
+    assert_eq!(after, before, "the window and its retryAt survive");
+    let at = held["at"].as_str().unwrap();
+    let lapse = redb_limiter::time::parse_instant(at).unwrap().plus(3_600_000);
+    let state: Value =
+        reqwest::Client::new().get(format!("{}/state", server.url)).send().await.unwrap().json().await.unwrap();
+    let permit = &state["permits"][0];
+    assert_eq!(permit["permit"], held["permit"]);
+    assert_eq!(permit["places"][0]["lapse"], json!(redb_limiter::time::format_instant(lapse)));
+    assert_eq!(post(&server.url, "/acquire", conc).await["reason"], "concurrency");
+    let throttled = post(&server.url, "/acquire", json!({"key": "throttled", "limits": []})).await;
+    assert_eq!((throttled["reason"].as_str(), &throttled["retryAt"]), (Some("throttle"), &json!(now)));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_second_server_on_the_same_file_is_refused_and_sigterm_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut first = start(&path);
+    let second = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--path"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("limiter.redb") && err.contains("held open by another process"), "{err}");
+    assert!(second.stdout.is_empty(), "no ready line for a refused start");
+
+    assert_eq!(post(&first.url, "/acquire", json!({"key": "c", "limits": []})).await["granted"], true);
+    let status = Command::new("kill").args(["-TERM", &first.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let exit = first.child.wait().unwrap();
+    assert!(exit.success(), "SIGTERM must drain and exit 0, got {exit:?}");
+}
+
+#[test]
+fn check_validates_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh.redb");
+    let ok = Command::new(env!("CARGO_BIN_EXE_redb-limiter")).args(["check", "--path"]).arg(&fresh).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(out.starts_with("ok: ") && out.contains("fresh.redb") && out.contains("0 live buckets"), "{out}");
+    let junk = dir.path().join("junk.redb");
+    std::fs::write(&junk, b"this is not a database, just some text that is long enough").unwrap();
+    let bad = Command::new(env!("CARGO_BIN_EXE_redb-limiter")).args(["check", "--path"]).arg(&junk).output().unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("junk.redb") && err.contains("corrupt"), "{err}");
+}

@@ -1,0 +1,325 @@
+//! The wire over real HTTP on 127.0.0.1:0: every rule and every error row of the spec, with an
+//! injected clock.
+
+use std::sync::Arc;
+
+use redb_limiter::limiter::LimiterOptions;
+use redb_limiter::server::{ServerConfig, serve};
+use redb_limiter::store::faulty::{FaultPlan, faulty_opener};
+use redb_limiter::time::{FakeClock, format_instant};
+use redb_limiter::{Limiter, Millis};
+use serde_json::{Value, json};
+
+const T0: Millis = Millis(1_800_000_000_000);
+
+struct TestServer {
+    url: String,
+    clock: Arc<FakeClock>,
+    http: reqwest::Client,
+    token: Option<String>,
+    _dir: tempfile::TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl TestServer {
+    async fn start() -> Self {
+        Self::start_with(None, None).await
+    }
+
+    async fn start_with(token: Option<&str>, plan: Option<Arc<FaultPlan>>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(T0));
+        let mut options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
+        if let Some(plan) = plan {
+            options.opener = faulty_opener(plan);
+        }
+        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let config = ServerConfig { token: token.map(str::to_owned) };
+        tokio::spawn(serve(listener, limiter, config, async move {
+            let _ = stopped.await;
+        }));
+        TestServer { url, clock, http: reqwest::Client::new(), token: token.map(str::to_owned), _dir: dir, _stop: stop }
+    }
+
+    async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let mut req = self.http.post(format!("{}{path}", self.url)).body(body);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap())
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string()).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let mut req = self.http.get(format!("{}{path}", self.url));
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        let resp = req.send().await.unwrap();
+        (resp.status().as_u16(), resp.text().await.unwrap())
+    }
+
+    async fn state(&self) -> Value {
+        let (status, body) = self.get("/state").await;
+        assert_eq!(status, 200, "{body}");
+        let mut v: Value = serde_json::from_str(&body).unwrap();
+        v.as_object_mut().unwrap().remove("now");
+        v
+    }
+}
+
+fn at(ms: u64) -> String {
+    format_instant(T0.plus(ms))
+}
+
+fn window(bucket: &str, calls: u64, per_ms: u64) -> Value {
+    json!({"key": "caller", "limits": [{"key": bucket, "calls": calls, "perMs": per_ms}]})
+}
+
+#[tokio::test]
+async fn rolling_window_rules() {
+    let s = TestServer::start().await;
+    assert_eq!(s.post("/acquire", window("w", 2, 1000)).await, (200, json!({"granted": true, "at": at(0)})));
+    s.clock.advance(400);
+    assert_eq!(s.post("/acquire", window("w", 2, 1000)).await.1["granted"], true);
+    s.clock.advance(100);
+    assert_eq!(
+        s.post("/acquire", window("w", 2, 1000)).await,
+        (200, json!({"granted": false, "retryAt": at(1000), "reason": "rate", "limit": "w"}))
+    );
+    // At t + perMs the first grant no longer counts.
+    s.clock.set(T0.plus(1000));
+    assert_eq!(s.post("/acquire", window("w", 2, 1000)).await.1["granted"], true);
+    // A cost over calls counts as calls: it waits for an empty window.
+    let big = json!({"key": "caller", "cost": 9, "limits": [{"key": "w", "calls": 2, "perMs": 1000}]});
+    assert_eq!(s.post("/acquire", big.clone()).await.1["retryAt"], at(2000));
+    s.clock.set(T0.plus(2000));
+    assert_eq!(s.post("/acquire", big).await.1["granted"], true);
+    // A cost of 0 always fits in the window.
+    let free = json!({"key": "caller", "limits": [{"key": "w", "calls": 2, "perMs": 1000, "cost": 0}]});
+    assert_eq!(s.post("/acquire", free).await.1["granted"], true);
+}
+
+#[tokio::test]
+async fn all_or_nothing_and_rule_six_ties() {
+    let s = TestServer::start().await;
+    assert_eq!(s.post("/acquire", window("full", 1, 1000)).await.1["granted"], true);
+    let both = json!({"key": "caller", "limits": [
+        {"key": "fresh", "calls": 1, "perMs": 1000},
+        {"key": "full", "calls": 1, "perMs": 1000},
+    ]});
+    let before = s.state().await;
+    let (_, refused) = s.post("/acquire", both).await;
+    assert_eq!(refused, json!({"granted": false, "retryAt": at(1000), "reason": "rate", "limit": "full"}));
+    assert_eq!(s.state().await, before, "a refused call counts in none of its buckets");
+    // Throttle until the same instant: the throttle is reported on a tie.
+    s.post("/throttle", json!({"key": "caller", "until": at(1000)})).await;
+    let (_, tie) = s.post("/acquire", window("full", 1, 1000)).await;
+    assert_eq!(tie, json!({"granted": false, "retryAt": at(1000), "reason": "throttle", "limit": "caller"}));
+}
+
+#[tokio::test]
+async fn concurrency_permits_and_release() {
+    let s = TestServer::start().await;
+    let conc = json!({"key": "caller", "holdMs": 5000, "limits": [{"key": "c", "concurrent": 1}]});
+    let (_, granted) = s.post("/acquire", conc.clone()).await;
+    let permit = granted["permit"].as_str().unwrap().to_owned();
+    assert!(permit.starts_with("p-"));
+    // Refused for concurrency: the next recheck (250 ms) is sooner than the lapse.
+    assert_eq!(
+        s.post("/acquire", conc.clone()).await.1,
+        json!({"granted": false, "retryAt": at(250), "reason": "concurrency", "limit": "c"})
+    );
+    s.clock.advance(4900);
+    assert_eq!(s.post("/acquire", conc.clone()).await.1["retryAt"], at(5000));
+    assert_eq!(s.post("/release", json!({"permit": permit})).await, (200, json!({"released": true})));
+    assert_eq!(s.post("/release", json!({"permit": permit})).await, (200, json!({"released": false})));
+    assert_eq!(s.post("/release", json!({"permit": "not-ours"})).await, (200, json!({"released": false})));
+    let (_, again) = s.post("/acquire", conc.clone()).await;
+    assert_ne!(again["permit"], json!(permit), "permits are never reused");
+    // A place lapses holdMs after its grant, at the exact instant.
+    s.clock.advance(5000);
+    assert_eq!(s.post("/acquire", conc).await.1["granted"], true);
+}
+
+#[tokio::test]
+async fn throttles_extend_only() {
+    let s = TestServer::start().await;
+    assert_eq!(
+        s.post("/throttle", json!({"key": "k", "until": at(5000)})).await,
+        (200, json!({"key": "k", "until": at(5000)}))
+    );
+    assert_eq!(s.post("/throttle", json!({"key": "k", "until": at(1000)})).await.1["until"], at(5000));
+    // An offset is accepted on input, and written back in UTC.
+    let later = "2027-01-15T09:30:00+01:00";
+    assert_eq!(format_instant(T0), "2027-01-15T08:00:00.000Z");
+    assert_eq!(s.post("/throttle", json!({"key": "x", "until": later})).await.1["until"], at(1_800_000));
+    assert_eq!(s.post("/throttle", json!({"key": "k", "until": "2020-01-01T00:00:00Z"})).await.1["until"], at(5000));
+    assert_eq!(
+        s.post("/throttle", json!({"key": "new", "until": at(0)})).await.1,
+        json!({"key": "new", "until": null})
+    );
+    let refused = s.post("/acquire", json!({"key": "k", "limits": []})).await.1;
+    assert_eq!(refused, json!({"granted": false, "retryAt": at(5000), "reason": "throttle", "limit": "k"}));
+    s.clock.advance(5000);
+    assert_eq!(s.post("/acquire", json!({"key": "k", "limits": []})).await.1["granted"], true);
+}
+
+#[tokio::test]
+async fn the_envelope_answers_like_the_direct_path() {
+    let direct = TestServer::start().await;
+    let envelope = TestServer::start().await;
+    let calls = [
+        ("acquire", window("w", 1, 1000)),
+        ("acquire", window("w", 1, 1000)),
+        ("throttle", json!({"key": "caller", "until": at(3000)})),
+        ("acquire", window("x", 1, 1000)),
+        ("release", json!({"permit": "p-00000000000000000000000000000000"})),
+        ("acquire", json!({"key": "caller", "limits": [{"key": "w", "calls": 0, "perMs": 1}]})),
+        ("throttle", json!({"key": "caller"})),
+    ];
+    for (method, params) in calls {
+        let a = direct.post(&format!("/{method}"), params.clone()).await;
+        let b = envelope.post("/", json!({"method": method, "params": params})).await;
+        assert_eq!(a, b, "{method}");
+    }
+    assert_eq!(direct.state().await, envelope.state().await);
+}
+
+#[tokio::test]
+async fn every_error_row() {
+    let s = TestServer::start().await;
+    let code = |v: &Value| v["error"]["code"].as_str().unwrap().to_owned();
+    let message = |v: &Value| v["error"]["message"].as_str().unwrap().to_owned();
+    let cases = [
+        (
+            json!({"key": "c", "limits": [{"key": "a", "calls": 1, "perMs": 0}]}),
+            "limits[0].perMs must be an integer from 1 to 2678400000",
+        ),
+        (
+            json!({"key": "c", "limits": [{"key": "a", "calls": 5.0, "perMs": 10}]}),
+            "limits[0].calls must be an integer",
+        ),
+        (
+            json!({"key": "c", "limits": [{"key": "a", "calls": 1e3, "perMs": 10}]}),
+            "limits[0].calls must be an integer",
+        ),
+        (json!({"key": "c", "limits": [{"key": "a", "concurrent": "2"}]}), "limits[0].concurrent must be an integer"),
+        (json!({"key": "c", "cost": -1, "limits": []}), "cost must be an integer from 0 to 1000000000"),
+        (json!({"limits": []}), "key is required"),
+        (json!({"key": "c", "limits": [{"key": "a", "calls": 3}]}), "limits[0].perMs is required with calls"),
+        (json!({"key": "c", "limits": [{"key": "a"}]}), "limits[0] must have a window"),
+        (json!({"key": "c", "holdMs": 86400001, "limits": []}), "holdMs must be an integer from 1 to 86400000"),
+    ];
+    for (body, want) in cases {
+        let (status, reply) = s.post("/acquire", body.clone()).await;
+        assert_eq!((status, code(&reply).as_str()), (400, "bad_request"), "{body}");
+        assert!(message(&reply).starts_with(want), "{body}: {}", message(&reply));
+    }
+    let (status, reply) = s.post_raw("/acquire", "{not json").await;
+    assert_eq!((status, code(&reply).as_str()), (400, "bad_request"));
+    assert!(message(&reply).starts_with("body is not valid JSON"));
+    assert_eq!(s.post("/release", json!({"permit": ""})).await.0, 400);
+    assert_eq!(s.post("/release", json!({"permit": "p".repeat(129)})).await.0, 400);
+    assert_eq!(s.post("/release", json!({"permit": 7})).await.0, 400);
+    let (status, reply) = s.post("/throttle", json!({"key": "k", "until": at(86_400_001)})).await;
+    assert_eq!((status, message(&reply).as_str()), (400, "until must be at most 24 hours ahead"));
+    assert_eq!(s.post("/throttle", json!({"key": "k", "until": "soon"})).await.0, 400);
+
+    let (status, reply) = s.post("/nope", json!({})).await;
+    assert_eq!((status, code(&reply).as_str()), (404, "not_found"));
+    let (status, reply) = s.post("/", json!({"method": "nope", "params": {}})).await;
+    assert_eq!((status, code(&reply).as_str()), (404, "not_found"));
+    let (status, body) = s.get("/acquire").await;
+    assert_eq!(status, 405);
+    assert!(body.contains("method_not_allowed"));
+    let (status, reply) = s.post_raw("/acquire", vec![b' '; 64 * 1024 + 1]).await;
+    assert_eq!((status, code(&reply).as_str()), (413, "payload_too_large"));
+
+    // None of it changed anything.
+    assert_eq!(s.state().await["totals"], json!({"buckets": 0, "permits": 0, "throttles": 0}));
+}
+
+#[tokio::test]
+async fn a_bad_limit_changes_nothing_even_after_good_ones() {
+    let s = TestServer::start().await;
+    let body = json!({"key": "c", "limits": [
+        {"key": "good", "calls": 1, "perMs": 1000},
+        {"key": "bad", "calls": 1, "perMs": 1000, "holdMs": 0},
+    ]});
+    let (status, reply) = s.post("/acquire", body).await;
+    assert_eq!(status, 400);
+    assert!(reply["error"]["message"].as_str().unwrap().starts_with("limits[1].holdMs"));
+    assert_eq!(s.post("/acquire", window("good", 1, 1000)).await.1["granted"], true);
+}
+
+#[tokio::test]
+async fn a_token_is_checked_first() {
+    let s = TestServer::start_with(Some("s3cret"), None).await;
+    let anon = reqwest::Client::new();
+    for (method, path, body) in [
+        ("POST", "/acquire", window("w", 1, 1000).to_string()),
+        ("POST", "/nope", String::new()),
+        ("GET", "/acquire", String::new()),
+        ("POST", "/acquire", " ".repeat(70_000)),
+        ("POST", "/acquire", "{bad".to_owned()),
+        ("GET", "/state", String::new()),
+        ("GET", "/metrics", String::new()),
+    ] {
+        let req = anon.request(method.parse().unwrap(), format!("{}{path}", s.url)).body(body.clone());
+        let resp = req.bearer_auth("wrong").send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{method} {path}");
+        let reply: Value = resp.json().await.unwrap();
+        assert_eq!(reply["error"]["code"], "unauthorized");
+    }
+    let health = anon.get(format!("{}/health", s.url)).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.1["granted"], true);
+}
+
+#[tokio::test]
+async fn reads_health_state_and_metrics() {
+    let s = TestServer::start().await;
+    s.post("/acquire", window("team/a", 3, 1000)).await;
+    s.post("/acquire", window("other/b", 3, 1000)).await;
+    s.post("/acquire", window("team/a", 1, 1000)).await; // refused
+    let (status, health) = s.get("/health").await;
+    assert_eq!(status, 200);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["ok"], true);
+    assert!(health["path"].as_str().unwrap().ends_with("limiter.redb"));
+    let (_, state) = s.get("/state?prefix=team%2F").await;
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["buckets"].as_array().unwrap().len(), 1);
+    assert_eq!(state["buckets"][0]["key"], "team/a");
+    assert_eq!(state["buckets"][0]["windowUsed"], 1);
+    assert_eq!(state["buckets"][0]["calls"], 3);
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics.contains(r#"redb_limiter_decisions_total{method="acquire",outcome="granted",reason=""} 2"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"redb_limiter_decisions_total{method="acquire",outcome="refused",reason="rate"} 1"#));
+    assert!(metrics.contains("redb_limiter_live_buckets 2"));
+    assert!(metrics.contains("redb_limiter_commit_seconds_count"));
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_commit_answers_unavailable() {
+    let plan = FaultPlan::new();
+    let s = TestServer::start_with(None, Some(plan.clone())).await;
+    plan.fail_after(0);
+    let (status, reply) = s.post("/acquire", window("w", 1, 1000)).await;
+    assert_eq!((status, reply["error"]["code"].as_str().unwrap()), (503, "unavailable"));
+    plan.disarm();
+    // Nothing was granted: the window is still empty.
+    assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.1["granted"], true);
+}

@@ -16,6 +16,8 @@
 //! - [`loadgen`]: the HTTP load generator behind `redb-limiter bench`.
 //! - [`vendor`]: a provider's 429 and rate-limit headers turned into waits and throttles.
 pub mod cli;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod engine;
 pub mod limiter;
 pub mod loadgen;

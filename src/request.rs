@@ -495,3 +495,48 @@ mod envelope_tests {
         );
     }
 }
+
+impl AcquireRequest {
+    /// The request in the wire's JSON form (every default written out).
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let limits: Vec<Value> = self
+            .limits
+            .iter()
+            .map(|l| {
+                let mut m = Map::new();
+                m.insert("key".into(), Value::from(l.key.clone()));
+                if let Some(w) = l.window {
+                    m.insert("calls".into(), Value::from(w.calls));
+                    m.insert("perMs".into(), Value::from(w.per_ms));
+                }
+                if let Some(c) = l.concurrent {
+                    m.insert("concurrent".into(), Value::from(c));
+                }
+                m.insert("cost".into(), Value::from(l.cost));
+                m.insert("holdMs".into(), Value::from(l.hold_ms));
+                Value::Object(m)
+            })
+            .collect();
+        serde_json::json!({ "key": self.key, "limits": limits })
+    }
+}
+
+#[cfg(test)]
+mod to_json_tests {
+    use super::*;
+
+    #[test]
+    fn to_json_round_trips() {
+        let req = AcquireRequest::new(
+            "c",
+            vec![
+                Limit::window("w", 5, 1000).with_cost(3),
+                Limit::concurrent("k", 2).with_hold_ms(9),
+                Limit::window("both", 1, 2).with_concurrent(4),
+            ],
+        )
+        .unwrap();
+        assert_eq!(AcquireRequest::from_json(&req.to_json()), Ok(req));
+    }
+}

@@ -30,7 +30,7 @@ async fn provider(
     tokio::time::sleep(Duration::from_millis(40)).await;
     in_flight.fetch_sub(1, Ordering::SeqCst);
     let mut headers = HeaderMap::new();
-    if n % 9 == 0 {
+    if n.is_multiple_of(9) {
         headers.insert("retry-after", HeaderValue::from_static("1"));
         return (StatusCode::TOO_MANY_REQUESTS, headers);
     }

@@ -8,6 +8,22 @@
 //! Every change is also reported as an [`Effect`] value, so the store can persist exactly those
 //! changes without the engine knowing about redb, and the engine can be rebuilt from what was
 //! persisted (`restore_*` then [`Engine::finish_restore`]).
+//!
+//! ```
+//! use redb_limiter::engine::{Decision, Engine, EngineConfig, Reason};
+//! use redb_limiter::{AcquireRequest, Limit, Millis};
+//!
+//! let mut engine = Engine::new(EngineConfig::default());
+//! let mut effects = Vec::new();
+//! let req = AcquireRequest::new("caller", vec![Limit::window("bucket", 1, 1000)]).unwrap();
+//! assert!(engine.acquire(&req, Millis(5_000), &mut effects).is_granted());
+//! assert!(!effects.is_empty()); // what the store must persist before answering
+//! effects.clear();
+//! let refused = engine.acquire(&req, Millis(5_999), &mut effects);
+//! assert_eq!(refused, Decision::Refused { retry_at: Millis(6_000), reason: Reason::Rate, limit: "bucket".into() });
+//! assert!(effects.is_empty()); // a refusal changes nothing
+//! assert!(engine.acquire(&req, Millis(6_000), &mut effects).is_granted());
+//! ```
 
 #[cfg(any(test, feature = "model"))]
 pub mod model;

@@ -28,14 +28,15 @@
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod permit;
+mod timers;
 mod window;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 pub use permit::PermitId;
 use permit::PermitIds;
+use timers::{Due, Timers};
 use window::Window;
 
 use crate::request::AcquireRequest;
@@ -194,13 +195,6 @@ impl Permit {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    Bucket(Arc<str>),
-    Permit(PermitId),
-    Throttle(Arc<str>),
-}
-
 /// The limiter's state and rules. See the module docs.
 #[derive(Debug)]
 pub struct Engine {
@@ -208,7 +202,7 @@ pub struct Engine {
     buckets: Map<Arc<str>, Bucket>,
     permits: Map<PermitId, Permit>,
     throttles: Map<Arc<str>, Millis>,
-    timers: BinaryHeap<Reverse<(Millis, Due)>>,
+    timers: Timers,
     ids: PermitIds,
     held_places: usize,
 }
@@ -263,7 +257,7 @@ impl Engine {
             buckets: Map::default(),
             permits: Map::default(),
             throttles: Map::default(),
-            timers: BinaryHeap::new(),
+            timers: Timers::default(),
             ids: PermitIds::new(config.id_seed),
             held_places: 0,
         }
@@ -331,12 +325,12 @@ impl Engine {
             let idle_at = bucket.idle_at();
             if idle_at < bucket.timer_at {
                 bucket.timer_at = idle_at;
-                self.timers.push(Reverse((idle_at, Due::Bucket(key))));
+                self.timers.push(idle_at, Due::Bucket(key));
             }
         }
         if let Some(id) = permit {
             let permit = Permit { places };
-            self.timers.push(Reverse((permit.last_lapse(), Due::Permit(id))));
+            self.timers.push(permit.last_lapse(), Due::Permit(id));
             effects.push(Effect::PermitGranted { id, places: permit.places.clone() });
             self.permits.insert(id, permit);
         }
@@ -424,7 +418,7 @@ impl Engine {
         let idle_at = bucket.idle_at();
         if idle_at < bucket.timer_at {
             bucket.timer_at = idle_at;
-            self.timers.push(Reverse((idle_at, Due::Bucket(key.clone()))));
+            self.timers.push(idle_at, Due::Bucket(key.clone()));
         }
     }
 
@@ -440,7 +434,7 @@ impl Engine {
             None => Arc::from(key),
         };
         self.throttles.insert(key.clone(), until);
-        self.timers.push(Reverse((until, Due::Throttle(key.clone()))));
+        self.timers.push(until, Due::Throttle(key.clone()));
         effects.push(Effect::ThrottleSet { key, until });
         Some(until)
     }
@@ -454,17 +448,13 @@ impl Engine {
     /// The soonest instant at which [`Engine::sweep`] has work (it may find none then).
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.timers.peek().map(|Reverse((at, _))| *at)
+        self.timers.next_at()
     }
 
     /// Forgets what has lapsed by `now`: idle buckets, permits whose places all lapsed, passed
     /// throttles. Returns the next deadline.
     pub fn sweep(&mut self, now: Millis, effects: &mut Vec<Effect>) -> Option<Millis> {
-        while let Some(Reverse((at, _))) = self.timers.peek() {
-            if *at > now {
-                break;
-            }
-            let Reverse((at, due)) = self.timers.pop().expect("peeked");
+        while let Some((at, due)) = self.timers.pop_due(now) {
             match due {
                 Due::Bucket(key) => {
                     let Some(bucket) = self.buckets.get_mut(&key) else { continue };
@@ -481,7 +471,7 @@ impl Engine {
                     {
                         // Not idle yet and no earlier timer: wake when it will be.
                         bucket.timer_at = bucket.idle_at();
-                        self.timers.push(Reverse((bucket.timer_at, Due::Bucket(key))));
+                        self.timers.push(bucket.timer_at, Due::Bucket(key));
                     }
                 }
                 Due::Permit(id) => {
@@ -545,7 +535,7 @@ impl Engine {
                 effects.push(Effect::BucketForgotten { bucket: key });
             } else {
                 bucket.timer_at = bucket.idle_at();
-                self.timers.push(Reverse((bucket.timer_at, Due::Bucket(key))));
+                self.timers.push(bucket.timer_at, Due::Bucket(key));
             }
         }
         self.held_places = self.buckets.values().map(|b| b.places.len()).sum();
@@ -556,7 +546,7 @@ impl Engine {
             effects.push(Effect::PermitEnded { id });
         }
         for (id, p) in &self.permits {
-            self.timers.push(Reverse((p.last_lapse(), Due::Permit(*id))));
+            self.timers.push(p.last_lapse(), Due::Permit(*id));
         }
         let passed: Vec<Arc<str>> = self.throttles.iter().filter(|(_, u)| **u <= now).map(|(k, _)| k.clone()).collect();
         for key in passed {
@@ -564,7 +554,7 @@ impl Engine {
             effects.push(Effect::ThrottleEnded { key });
         }
         for (key, until) in &self.throttles {
-            self.timers.push(Reverse((*until, Due::Throttle(key.clone()))));
+            self.timers.push(*until, Due::Throttle(key.clone()));
         }
     }
 

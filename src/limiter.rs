@@ -26,6 +26,10 @@ use crate::time::{Clock, Millis, SystemClock};
 
 /// Most requests decided together and sharing one commit.
 const MAX_BATCH: usize = 4096;
+/// Sweep effects wait for a request's commit until there are this many...
+const MAX_DEFERRED_EFFECTS: usize = 4096;
+/// ...or they are this old (ms).
+const MAX_DEFERRED_MS: u64 = 1000;
 /// How long the writer waits before trying to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -147,6 +151,7 @@ impl Limiter {
             metrics: metrics.clone(),
             ack_before_commit: options.ack_before_commit,
             effects: Vec::new(),
+            deferred_since: None,
         };
         // The engine is rebuilt with the floor as `now`; pruning at the real now happens on the
         // first batch or deadline.
@@ -339,6 +344,8 @@ struct Writer {
     metrics: Arc<Metrics>,
     ack_before_commit: bool,
     effects: Vec<Effect>,
+    /// Since when `effects` holds sweep effects waiting for a commit.
+    deferred_since: Option<Millis>,
 }
 
 impl Writer {
@@ -350,7 +357,12 @@ impl Writer {
     fn run(mut self, rx: Receiver<Command>) {
         let mut batch = Vec::new();
         loop {
-            let first = match self.engine.next_deadline() {
+            let deferred_due = self.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
+            let wake = match (self.engine.next_deadline(), deferred_due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let first = match wake {
                 Some(deadline) => {
                     let wait = deadline.since(self.now());
                     match rx.recv_timeout(Duration::from_millis(wait)) {
@@ -371,13 +383,15 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.run_batch(&mut batch);
+            self.run_batch(&mut batch, false);
         }
         // Every handle is gone: commit what the sweep has left and close the file.
-        self.run_batch(&mut batch);
+        self.run_batch(&mut batch, true);
     }
 
-    fn run_batch(&mut self, batch: &mut Vec<Command>) {
+    /// Decides `batch` at one `now` and commits what it changed before answering. `closing`
+    /// commits whatever the sweep left, too.
+    fn run_batch(&mut self, batch: &mut Vec<Command>, closing: bool) {
         if self.store.is_none() && !self.reopen() {
             let why = format!("{}: the file cannot be reopened after a failed commit", self.path.display());
             for cmd in batch.drain(..) {
@@ -387,17 +401,34 @@ impl Writer {
             return;
         }
         let now = self.now();
-        self.effects.clear();
+        if self.deferred_since.is_none() {
+            self.effects.clear();
+        }
         self.engine.sweep(now, &mut self.effects);
         if !batch.is_empty() {
             self.metrics.batch_size.observe(batch.len() as f64);
         }
+        let swept = self.effects.len();
         let mut answers: Vec<Answer> = batch.drain(..).map(|cmd| self.decide(cmd, now, true)).collect();
         if self.ack_before_commit {
             for answer in answers.drain(..) {
                 answer.send(&self.metrics);
             }
         }
+        // What the sweep forgot only prunes lapsed state, which a reopen prunes again: it waits
+        // for the next commit a request needs (within bounds) instead of costing an fsync alone,
+        // which a grant arriving meanwhile would queue behind.
+        let requested = self.effects.len() > swept;
+        let deferred_since = *self.deferred_since.get_or_insert(now);
+        let sweep_due =
+            closing || self.effects.len() >= MAX_DEFERRED_EFFECTS || now.since(deferred_since) >= MAX_DEFERRED_MS;
+        if !requested && !sweep_due && !self.effects.is_empty() {
+            for answer in answers {
+                answer.send(&self.metrics);
+            }
+            return;
+        }
+        self.deferred_since = None;
         if !self.effects.is_empty() {
             let started = Instant::now();
             let store = self.store.as_mut().expect("checked above");

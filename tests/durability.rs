@@ -227,3 +227,31 @@ fn the_file_follows_the_live_keys() {
     assert!(size < 4 * 1024 * 1024, "the file grew to {size} bytes");
     assert_eq!(Store::open(&path, &file_opener()).unwrap().grant_rows().unwrap(), 0);
 }
+
+fn commits(limiter: &Limiter) -> u64 {
+    let text = limiter.metrics().encode();
+    let line = text.lines().find(|l| l.starts_with("redb_limiter_commit_seconds_count")).unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn forgetting_waits_for_a_commit_a_request_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    assert!(limiter.acquire_blocking(window("old", 5, 50)).unwrap().is_granted());
+    assert_eq!(commits(&limiter), 1);
+    clock.advance(100);
+    // The sweep forgets `old`, but a refusal-free read needs no commit: none is made for it.
+    assert_eq!(limiter.state_blocking("").unwrap().totals.buckets, 0);
+    assert_eq!(commits(&limiter), 1);
+    // The next grant's commit carries the forgetting along.
+    assert!(limiter.acquire_blocking(window("new", 5, 60_000)).unwrap().is_granted());
+    assert_eq!(commits(&limiter), 2);
+    drop(limiter);
+    let facts = file_facts(&path, clock.now());
+    assert_eq!(facts.buckets.keys().collect::<Vec<_>>(), vec!["new"]);
+    let store = Store::open(&path, &file_opener()).unwrap();
+    assert_eq!(store.grant_rows().unwrap(), 1);
+}

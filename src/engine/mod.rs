@@ -48,8 +48,9 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub const DEFAULT_RECHECK_MS: u64 = 250;
 
 /// Pruned window entries are deleted from the file in batches of at least this many per bucket
-/// (and all at once when the bucket is forgotten); until then they only cost file space.
-const PRUNE_BATCH: u32 = 32;
+/// (and all at once when the bucket is forgotten or its timer fires); until then they only cost
+/// file space, and a reopen prunes them again.
+const PRUNE_BATCH: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -108,10 +109,11 @@ pub enum Effect {
     BucketMeta { bucket: Arc<str>, meta: BucketMeta },
     /// The total cost recorded in `bucket` at `at` is now `cost`.
     WindowGrant { bucket: Arc<str>, at: Millis, cost: u64 },
-    /// Every grant of `bucket` at or before `through` is gone.
-    WindowPruned { bucket: Arc<str>, through: Millis },
-    /// The bucket is idle (empty window, no places) and forgotten with all its grants.
-    BucketForgotten { bucket: Arc<str> },
+    /// These grants of `bucket` are gone (no request can count them any more).
+    WindowPruned { bucket: Arc<str>, grants: Vec<Millis> },
+    /// The bucket is idle (empty window, no places) and forgotten; `grants` are those of its
+    /// grants still in the file.
+    BucketForgotten { bucket: Arc<str>, grants: Vec<Millis> },
     /// A permit was granted, holding one place in each of these buckets until its lapse.
     PermitGranted { id: PermitId, places: Vec<(Arc<str>, Millis)> },
     /// A permit is gone: released, or every one of its places lapsed.
@@ -142,8 +144,8 @@ struct Bucket {
     meta: BucketMeta,
     /// The instant of this bucket's one live timer.
     timer_at: Millis,
-    /// Grants pruned from memory but not yet from the file: the latest such instant and count.
-    unpersisted_prune: Option<(Millis, u32)>,
+    /// Grants pruned from memory but not yet reported to the file, oldest first.
+    unpersisted_prune: Vec<Millis>,
 }
 
 impl Bucket {
@@ -154,16 +156,13 @@ impl Bucket {
             places: BTreeSet::new(),
             meta: BucketMeta::default(),
             timer_at: Millis(u64::MAX),
-            unpersisted_prune: None,
+            unpersisted_prune: Vec::new(),
         }
     }
 
     /// Drops lapsed places and grants no request can count any more.
     fn prune(&mut self, now: Millis) {
-        if let Some(through) = self.window.prune(now, self.meta.retain_ms) {
-            let count = self.unpersisted_prune.map_or(0, |(_, n)| n);
-            self.unpersisted_prune = Some((through, count + 1));
-        }
+        self.window.prune(now, self.meta.retain_ms, &mut self.unpersisted_prune);
         while let Some(&(lapse, _)) = self.places.first() {
             if lapse > now {
                 break;
@@ -306,11 +305,9 @@ impl Engine {
                 bucket.meta = meta;
                 effects.push(Effect::BucketMeta { bucket: key.clone(), meta });
             }
-            if let Some((through, count)) = bucket.unpersisted_prune
-                && count >= PRUNE_BATCH
-            {
-                bucket.unpersisted_prune = None;
-                effects.push(Effect::WindowPruned { bucket: key.clone(), through });
+            if bucket.unpersisted_prune.len() >= PRUNE_BATCH {
+                let grants = std::mem::take(&mut bucket.unpersisted_prune);
+                effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
             }
             if cost > 0 {
                 let total = bucket.window.record(now, cost);
@@ -411,8 +408,9 @@ impl Engine {
         bucket.prune(now);
         self.held_places -= before - bucket.places.len();
         if bucket.is_idle() {
+            let grants = std::mem::take(&mut bucket.unpersisted_prune);
             self.buckets.remove(key);
-            effects.push(Effect::BucketForgotten { bucket: key.clone() });
+            effects.push(Effect::BucketForgotten { bucket: key.clone(), grants });
             return;
         }
         let idle_at = bucket.idle_at();
@@ -462,8 +460,9 @@ impl Engine {
                         continue; // a stale timer: the bucket was rescheduled
                     }
                     bucket.timer_at = Millis(u64::MAX);
-                    if let Some((through, _)) = bucket.unpersisted_prune.take() {
-                        effects.push(Effect::WindowPruned { bucket: key.clone(), through });
+                    if !bucket.unpersisted_prune.is_empty() && !bucket.is_idle() {
+                        let grants = std::mem::take(&mut bucket.unpersisted_prune);
+                        effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
                     }
                     self.settle_bucket(&key, now, effects);
                     if let Some(bucket) = self.buckets.get_mut(&key)
@@ -527,13 +526,15 @@ impl Engine {
             let bucket = self.buckets.get_mut(&key).expect("listed");
             bucket.timer_at = Millis(u64::MAX);
             bucket.prune(now);
-            if let Some((through, _)) = bucket.unpersisted_prune.take() {
-                effects.push(Effect::WindowPruned { bucket: key.clone(), through });
-            }
             if bucket.is_idle() {
+                let grants = std::mem::take(&mut bucket.unpersisted_prune);
                 self.buckets.remove(&key);
-                effects.push(Effect::BucketForgotten { bucket: key });
+                effects.push(Effect::BucketForgotten { bucket: key, grants });
             } else {
+                if !bucket.unpersisted_prune.is_empty() {
+                    let grants = std::mem::take(&mut bucket.unpersisted_prune);
+                    effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
+                }
                 bucket.timer_at = bucket.idle_at();
                 self.timers.push(bucket.timer_at, Due::Bucket(key));
             }

@@ -5,15 +5,19 @@
 //! [`Effect`]s with `Durability::Immediate`. It never decides anything: every change it writes
 //! is an effect the engine reported, and a failed commit leaves the file at the last commit.
 //!
-//! # Layout (format version 1)
+//! # Layout (format version 2)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
 //! | `meta` | `"format_version"`, `"clock_floor"` | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
-//! | `grants` | (bucket key, instant ms) | total cost granted at that millisecond |
+//! | `grants_by_time` | (instant ms, bucket key) | total cost granted in that bucket at that millisecond |
 //! | `permits` | permit id (`u128`) | record: the places, as (bucket key, lapse ms) |
 //! | `throttles` | caller key | `until` ms |
+//!
+//! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
+//! in one leaf of the tree and the pruned ones (all old) in another, whatever buckets they
+//! belong to: a commit writes a few pages, not one per bucket touched.
 //!
 //! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
 //! record is an error, never a panic.
@@ -34,13 +38,13 @@ use crate::engine::{BucketMeta, Effect, Engine, PermitId};
 use crate::time::Millis;
 
 /// The file's layout version; a file of any other version is refused.
-pub const FORMAT_VERSION: u64 = 1;
+pub const FORMAT_VERSION: u64 = 2;
 /// The first byte of every postcard record.
 const RECORD_SCHEMA: u8 = 1;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
-const GRANTS: TableDefinition<(&str, u64), u64> = TableDefinition::new("grants");
+const GRANTS: TableDefinition<(u64, &str), u64> = TableDefinition::new("grants_by_time");
 const PERMITS: TableDefinition<u128, &[u8]> = TableDefinition::new("permits");
 const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
 
@@ -228,7 +232,7 @@ impl Store {
         }
         for row in txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
-            let (bucket, at) = k.value();
+            let (at, bucket) = k.value();
             engine.restore_grant(bucket, Millis(at), v.value());
         }
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
@@ -273,13 +277,17 @@ impl Store {
                     buckets.insert(&**bucket, encode(meta).as_slice())?;
                 }
                 Effect::WindowGrant { bucket, at, cost } => {
-                    grants.insert((&**bucket, at.0), cost)?;
+                    grants.insert((at.0, &**bucket), cost)?;
                 }
-                Effect::WindowPruned { bucket, through } => {
-                    grants.retain_in((&**bucket, 0)..=(&**bucket, through.0), |_, _| false)?;
+                Effect::WindowPruned { bucket, grants: ats } => {
+                    for at in ats {
+                        grants.remove((at.0, &**bucket))?;
+                    }
                 }
-                Effect::BucketForgotten { bucket } => {
-                    grants.retain_in((&**bucket, 0)..=(&**bucket, u64::MAX), |_, _| false)?;
+                Effect::BucketForgotten { bucket, grants: ats } => {
+                    for at in ats {
+                        grants.remove((at.0, &**bucket))?;
+                    }
                     buckets.remove(&**bucket)?;
                 }
                 Effect::PermitGranted { id, places } => {

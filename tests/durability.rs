@@ -136,6 +136,19 @@ fn bad_files_are_refused_unmodified() {
     Limiter::open(&busy).unwrap();
 }
 
+/// The state once the limiter has reopened its file after a fault (it retries in the
+/// background while the fault lasts).
+fn until_available(limiter: &Limiter, prefix: &str) -> Snapshot {
+    for _ in 0..500 {
+        match limiter.state_blocking(prefix) {
+            Ok(snapshot) => return snapshot,
+            Err(LimiterError::Unavailable(_)) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("the limiter did not recover from the fault");
+}
+
 #[test]
 fn a_failed_commit_grants_nothing_and_loses_nothing_committed() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +181,7 @@ fn a_failed_commit_grants_nothing_and_loses_nothing_committed() {
                 // be in the file after all. Then it counts (conservative: the caller was told
                 // `unavailable` and will not call), but it must be whole, and the engine must
                 // have been rebuilt from the file, not from memory.
-                let used = limiter.state_blocking(&bucket).unwrap().view.buckets.first().map_or(0, |b| b.window_used);
+                let used = until_available(&limiter, &bucket).view.buckets.first().map_or(0, |b| b.window_used);
                 let known = durable.get(&bucket).map_or(0, Vec::len) as u64;
                 assert!(used == known || used == known + 1, "{bucket}: {used} used, {known} known");
                 if used == known + 1 {
@@ -179,7 +192,7 @@ fn a_failed_commit_grants_nothing_and_loses_nothing_committed() {
             other => panic!("unexpected {other:?}"),
         }
         // The limiter reopens the file by itself; what it now holds is exactly the model.
-        let snapshot: Snapshot = limiter.state_blocking("").unwrap();
+        let snapshot: Snapshot = until_available(&limiter, "");
         let live: BTreeMap<String, u64> =
             snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used)).collect();
         let model: BTreeMap<String, u64> = durable.iter().map(|(k, v)| (k.clone(), v.len() as u64)).collect();

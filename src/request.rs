@@ -494,6 +494,22 @@ mod envelope_tests {
             Ok(Request::Release(ReleaseRequest { permit: "p".into() }))
         );
     }
+
+    #[test]
+    fn params_nested_to_the_depth_limit_are_bad_requests_on_both_paths() {
+        // The `wire_decode` fuzz target allows for this. The envelope nests the params one level
+        // deeper, so at serde_json's depth limit only the envelope's body is too deep: the
+        // messages differ, but both are bad requests and neither panics.
+        let now = Millis(1_800_000_000_000);
+        let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+        let direct = Request::from_body(Method::Acquire, deep.as_bytes(), now).unwrap_err();
+        assert_eq!(direct.0, "params must be a JSON object");
+        let envelope = format!(r#"{{"method":"acquire","params":{deep}}}"#);
+        match Request::from_envelope(envelope.as_bytes(), now) {
+            Err(EnvelopeError::BadRequest(e)) => assert!(e.0.starts_with("body is not valid JSON"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 impl AcquireRequest {

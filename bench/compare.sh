@@ -124,36 +124,32 @@ print(json.dumps({"rep": rep, "system": "ours", "variant": v, "c": c, "rps": j["
 PY
 }
 
-run_redis() { # $1 rep $2 variant $3 clients
-  local out line
-  out=$(CLIENTS=$3 SECS=$SECS KEYS=$KEYS VARIANTS=$2 "$PEERS/run_redis.sh" always 2>&1) \
-    || { echo "$out" >&2; exit 1; }
-  echo "$out"
-  line=$(grep "^redis $2 " <<<"$out" | tail -1)
-  python3 - "$1" "$2" "$3" "$line" <<'PY' | record
+# Records a peer's summary line ("<prefix> <variant> ... key=value ...") as one JSON object.
+record_peer() { # $1 system $2 throughput field $3 rep $4 variant $5 clients $6 line
+  python3 - "$@" <<'PY' | record
 import json, re, sys
-rep, v, c, line = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+system, field, rep, v, c, line = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
 f = dict(re.findall(r"(\w+)=([^\s]+)", line))
-print(json.dumps({"rep": rep, "system": "redis", "variant": v, "c": c, "rps": float(f["rps"]),
+print(json.dumps({"rep": rep, "system": system, "variant": v, "c": c, "rps": float(f[field]),
                   "p50_ms": float(f["p50_ms"]), "p99_ms": float(f["p99_ms"]),
                   "granted_fraction": float(f["granted"])}))
 PY
 }
 
+run_redis() { # $1 rep $2 variant $3 clients
+  local out
+  out=$(CLIENTS=$3 SECS=$SECS KEYS=$KEYS VARIANTS=$2 "$PEERS/run_redis.sh" always 2>&1) \
+    || { echo "$out" >&2; exit 1; }
+  echo "$out"
+  record_peer redis rps "$1" "$2" "$3" "$(grep "^redis $2 " <<<"$out" | tail -1)"
+}
+
 run_pg() { # $1 rep $2 variant $3 clients
-  local out line
+  local out
   out=$(CLIENTS=$3 SECS=$SECS NBUCKETS=$KEYS VARIANTS=$2 "$PEERS/run_pg.sh" 2>&1) \
     || { echo "$out" >&2; exit 1; }
   echo "$out"
-  line=$(grep "^pg $2 " <<<"$out" | tail -1)
-  python3 - "$1" "$2" "$3" "$line" <<'PY' | record
-import json, re, sys
-rep, v, c, line = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-f = dict(re.findall(r"(\w+)=([^\s]+)", line))
-print(json.dumps({"rep": rep, "system": "pg", "variant": v, "c": c, "rps": float(f["tps"]),
-                  "p50_ms": float(f["p50_ms"]), "p99_ms": float(f["p99_ms"]),
-                  "granted_fraction": float(f["granted"])}))
-PY
+  record_peer pg tps "$1" "$2" "$3" "$(grep "^pg $2 " <<<"$out" | tail -1)"
 }
 
 run_fsync() { # $1 rep

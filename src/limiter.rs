@@ -6,13 +6,24 @@
 //! is in flight, new requests queue and share the next one, so throughput under concurrency is
 //! not one fsync per request. Refusals change nothing and need no commit.
 //!
+//! What the sweep finds at a deadline with no request waiting (lapsed grants, places, permits,
+//! throttles, idle buckets) is deleted from the engine at once but committed with the next batch,
+//! or [`SWEEP_COMMIT_DELAY`] later when none comes: such a commit would only make requests that
+//! arrive during it wait, and a lapse missing from the file is found again when the file is
+//! loaded.
+//!
+//! Answers to async calls go back through one task (the replier) on the runtime of the first
+//! async call: the writer hands it each batch's answers at once, which wakes that runtime once
+//! per batch instead of once per answer. Blocking calls, and async calls made outside a Tokio
+//! runtime, are answered by the writer itself.
+//!
 //! Fail closed: when a commit fails, every request of that batch is answered `Unavailable`, the
 //! file is reopened and the engine rebuilt from it (the last committed state); nothing that was
 //! not committed is ever granted. The same thread sweeps lapsed state at the engine's deadlines.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -26,6 +37,10 @@ use crate::time::{Clock, Millis, SystemClock};
 
 /// Most requests decided together and sharing one commit.
 const MAX_BATCH: usize = 4096;
+/// Fewest async answers of one batch handed to the replier (fewer are sent one by one).
+const REPLIER_MIN_ANSWERS: usize = 4;
+/// Longest a sweep's deletions wait for a batch to share its commit.
+const SWEEP_COMMIT_DELAY: Duration = Duration::from_millis(250);
 /// How long the writer waits before trying to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -91,10 +106,36 @@ enum Command {
     State { prefix: String, reply: Reply<Snapshot> },
 }
 
+/// A command on its way to the writer, and whether the writer answers it itself (`direct`) or
+/// through the replier.
+struct Queued {
+    cmd: Command,
+    direct: bool,
+}
+
+/// Hands batches of answers to the replier task.
+type Replier = tokio::sync::mpsc::UnboundedSender<Vec<Answer>>;
+
+/// Spawns the replier on `runtime`: it sends every answer of every batch it is handed, and ends
+/// when the writer is gone.
+fn spawn_replier(runtime: &tokio::runtime::Handle, metrics: Arc<Metrics>) -> Replier {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Answer>>();
+    runtime.spawn(async move {
+        while let Some(answers) = rx.recv().await {
+            for answer in answers {
+                answer.send(&metrics);
+            }
+        }
+    });
+    tx
+}
+
 /// The durable limiter. Cheap to share behind an `Arc`; dropping the last handle (or
 /// [`Limiter::close`]) finishes queued requests, commits and closes the file.
 pub struct Limiter {
-    tx: Option<Sender<Command>>,
+    tx: Option<Sender<Queued>>,
+    /// Set by the first async call made on a Tokio runtime.
+    replier: Arc<OnceLock<Replier>>,
     worker: Option<JoinHandle<()>>,
     path: PathBuf,
     clock: Arc<dyn Clock>,
@@ -136,6 +177,7 @@ impl Limiter {
         };
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel();
+        let replier = Arc::new(OnceLock::new());
         let writer = Writer {
             engine,
             store: Some(store),
@@ -147,6 +189,7 @@ impl Limiter {
             metrics: metrics.clone(),
             ack_before_commit: options.ack_before_commit,
             effects: Vec::new(),
+            replier: replier.clone(),
         };
         // The engine is rebuilt with the floor as `now`; pruning at the real now happens on the
         // first batch or deadline.
@@ -154,7 +197,7 @@ impl Limiter {
             .name("redb-limiter-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| StoreError::Io { path: path.clone(), cause: e.to_string() })?;
-        Ok(Limiter { tx: Some(tx), worker: Some(worker), path, clock, metrics, started: Instant::now() })
+        Ok(Limiter { tx: Some(tx), replier, worker: Some(worker), path, clock, metrics, started: Instant::now() })
     }
 
     /// The file this limiter serves (absolute).
@@ -179,21 +222,32 @@ impl Limiter {
         self.started.elapsed()
     }
 
-    fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> oneshot::Receiver<Result<T, LimiterError>> {
+    fn send<T>(
+        &self,
+        direct: bool,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> oneshot::Receiver<Result<T, LimiterError>> {
         let (reply, rx) = oneshot::channel();
         if let Some(tx) = &self.tx {
             // A send error drops the command and its reply: the receiver then reports Unavailable.
-            let _ = tx.send(make(reply));
+            let _ = tx.send(Queued { cmd: make(reply), direct });
         }
         rx
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        self.send(make).await.unwrap_or_else(|_| Err(closed()))
+        if self.replier.get().is_none()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            // Two first calls racing may both spawn one; the loser's ends at once.
+            let _ = self.replier.set(spawn_replier(&runtime, self.metrics.clone()));
+        }
+        let direct = self.replier.get().is_none();
+        self.send(direct, make).await.unwrap_or_else(|_| Err(closed()))
     }
 
     fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        self.send(make).blocking_recv().unwrap_or_else(|_| Err(closed()))
+        self.send(true, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
     }
 
     /// Decides an acquire; a grant is answered only once it is durable.
@@ -339,6 +393,7 @@ struct Writer {
     metrics: Arc<Metrics>,
     ack_before_commit: bool,
     effects: Vec<Effect>,
+    replier: Arc<OnceLock<Replier>>,
 }
 
 impl Writer {
@@ -347,24 +402,40 @@ impl Writer {
         self.last_now
     }
 
-    fn run(mut self, rx: Receiver<Command>) {
+    fn run(mut self, rx: Receiver<Queued>) {
         let mut batch = Vec::new();
+        // When the sweep's uncommitted deletions are committed even if no request comes.
+        let mut flush_at: Option<Instant> = None;
         loop {
-            let first = match self.engine.next_deadline() {
-                Some(deadline) => {
-                    let wait = deadline.since(self.now());
-                    match rx.recv_timeout(Duration::from_millis(wait)) {
-                        Ok(cmd) => Some(cmd),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => break,
-                    }
-                }
+            let deadline = self.engine.next_deadline().map(|d| Duration::from_millis(d.since(self.now())));
+            let flush = flush_at.map(|at| at.saturating_duration_since(Instant::now()));
+            let first = match deadline.into_iter().chain(flush).min() {
+                Some(wait) => match rx.recv_timeout(wait) {
+                    Ok(cmd) => Some(cmd),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
                 None => match rx.recv() {
                     Ok(cmd) => Some(cmd),
                     Err(_) => break,
                 },
             };
-            batch.extend(first);
+            let Some(first) = first else {
+                // A deadline or the flush is due and no request waits.
+                if self.store.is_some() {
+                    let now = self.now();
+                    self.engine.sweep(now, &mut self.effects);
+                    self.update_gauges();
+                }
+                if self.effects.is_empty() {
+                    flush_at = None;
+                } else if *flush_at.get_or_insert_with(|| Instant::now() + SWEEP_COMMIT_DELAY) <= Instant::now() {
+                    self.run_batch(&mut batch);
+                    flush_at = None;
+                }
+                continue;
+            };
+            batch.push(first);
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
                     Ok(cmd) => batch.push(cmd),
@@ -372,29 +443,67 @@ impl Writer {
                 }
             }
             self.run_batch(&mut batch);
+            flush_at = None;
         }
         // Every handle is gone: commit what the sweep has left and close the file.
         self.run_batch(&mut batch);
+        let floor = self.last_now;
+        if let Some(store) = &mut self.store
+            && let Err(e) = store.finish(floor)
+        {
+            tracing::error!(error = %e, "deleting lapsed window entries at close failed");
+        }
     }
 
-    fn run_batch(&mut self, batch: &mut Vec<Command>) {
+    /// Sends the answers of a committed batch: the async ones through the replier when there
+    /// are enough of them, the rest (or all, when the replier is gone) from this thread.
+    fn deliver(&self, answers: Vec<(Answer, bool)>) {
+        let replier = self.replier.get();
+        let via_replier = answers.iter().filter(|(_, direct)| !direct).count();
+        let (answers, direct) = match replier {
+            Some(replier) if via_replier >= REPLIER_MIN_ANSWERS => {
+                let (handed, direct): (Vec<_>, Vec<_>) = answers.into_iter().partition(|(_, direct)| !direct);
+                let handed: Vec<Answer> = handed.into_iter().map(|(answer, _)| answer).collect();
+                match replier.send(handed) {
+                    Ok(()) => (Vec::new(), direct),
+                    // The replier's runtime is gone: answer here.
+                    Err(e) => (e.0, direct),
+                }
+            }
+            _ => (Vec::new(), answers),
+        };
+        for answer in answers.into_iter().chain(direct.into_iter().map(|(answer, _)| answer)) {
+            answer.send(&self.metrics);
+        }
+    }
+
+    fn update_gauges(&self) {
+        let totals = self.engine.totals();
+        self.metrics.live_buckets.set(totals.buckets as i64);
+        self.metrics.permits.set(totals.permits as i64);
+        self.metrics.throttles.set(totals.throttles as i64);
+        self.metrics.held_places.set(self.engine.held_places() as i64);
+    }
+
+    fn run_batch(&mut self, batch: &mut Vec<Queued>) {
         if self.store.is_none() && !self.reopen() {
             let why = format!("{}: the file cannot be reopened after a failed commit", self.path.display());
-            for cmd in batch.drain(..) {
-                self.decide(cmd, Millis::ZERO, false).fail(&why, &self.metrics);
+            for queued in batch.drain(..) {
+                self.decide(queued.cmd, Millis::ZERO, false).fail(&why, &self.metrics);
             }
             std::thread::sleep(REOPEN_BACKOFF);
             return;
         }
         let now = self.now();
-        self.effects.clear();
+        // `effects` may already hold a sweep's deletions, waiting for this commit.
         self.engine.sweep(now, &mut self.effects);
         if !batch.is_empty() {
             self.metrics.batch_size.observe(batch.len() as f64);
         }
-        let mut answers: Vec<Answer> = batch.drain(..).map(|cmd| self.decide(cmd, now, true)).collect();
+        let mut answers: Vec<(Answer, bool)> =
+            batch.drain(..).map(|queued| (self.decide(queued.cmd, now, true), queued.direct)).collect();
         if self.ack_before_commit {
-            for answer in answers.drain(..) {
+            for (answer, _) in answers.drain(..) {
                 answer.send(&self.metrics);
             }
         }
@@ -403,10 +512,11 @@ impl Writer {
             let store = self.store.as_mut().expect("checked above");
             let result = store.commit(&self.effects, now);
             self.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+            self.effects.clear();
             if let Err(e) = result {
                 tracing::error!(error = %e, "commit failed; answering the batch unavailable and reopening the file");
                 let why = e.to_string();
-                for answer in answers {
+                for (answer, _) in answers {
                     answer.fail(&why, &self.metrics);
                 }
                 self.store = None;
@@ -414,14 +524,8 @@ impl Writer {
                 return;
             }
         }
-        for answer in answers {
-            answer.send(&self.metrics);
-        }
-        let totals = self.engine.totals();
-        self.metrics.live_buckets.set(totals.buckets as i64);
-        self.metrics.permits.set(totals.permits as i64);
-        self.metrics.throttles.set(totals.throttles as i64);
-        self.metrics.held_places.set(self.engine.held_places() as i64);
+        self.deliver(answers);
+        self.update_gauges();
     }
 
     fn decide(&mut self, cmd: Command, now: Millis, live: bool) -> Answer {
@@ -459,6 +563,8 @@ impl Writer {
 
     /// Reopens the file and rebuilds the engine from its last commit. False when it cannot.
     fn reopen(&mut self) -> bool {
+        // Effects of the engine being replaced mean nothing to the rebuilt one.
+        self.effects.clear();
         let attempt = Store::open(&self.path, &self.opener).and_then(|mut store| {
             let now = self.now();
             let config = EngineConfig { id_seed: random_seed(), ..self.config };

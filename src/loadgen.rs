@@ -16,6 +16,12 @@
 //! The run is bounded: it stops by time, a reply still missing a few seconds after the end is cut
 //! off and counted as an error, and a connection that keeps failing gives up after a few
 //! consecutive reconnect attempts.
+//!
+//! The generator shares the machine with what it loads, so it reports its own CPU time in the
+//! measured window (Linux: read from `/proc/self/task`). `--sink` points it at a built-in no-op
+//! server instead (a minimal HTTP/1.1 responder on its own thread, whose CPU is not counted as
+//! the generator's): the requests per second the generator reaches when the server costs
+//! next to nothing.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -113,6 +119,11 @@ pub struct BenchArgs {
     /// Seed of the per-connection key pickers (the same seed replays the same key sequence).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Load a built-in no-op server instead of `--url`: a minimal HTTP/1.1 responder on its own
+    /// thread that answers every request with the same grant, deciding and storing nothing. It
+    /// measures the generator's own ceiling (`--mix granted` only).
+    #[arg(long)]
+    pub sink: bool,
 }
 
 /// The outcome of a run. Latencies are in microseconds, from writing an acquire to having read
@@ -161,6 +172,15 @@ pub struct Report {
     pub prefill_seconds: f64,
     /// The first error seen, to tell a wrong token from a dead server.
     pub first_error: Option<String>,
+    /// Whether the requests went to the built-in no-op server (`--sink`).
+    pub sink: bool,
+    /// CPU time (user + system) the generator's threads used in the measured window, the
+    /// sink's thread excluded. `None` where `/proc/self/task` cannot be read.
+    pub cpu_seconds: Option<f64>,
+    /// `cpu_seconds` per answered acquire, in microseconds.
+    pub cpu_us_per_request: Option<f64>,
+    /// `cpu_seconds` as a share of all the machine's cores over the measured window (0 to 1).
+    pub cpu_share: Option<f64>,
 }
 
 impl Report {
@@ -180,6 +200,9 @@ impl fmt::Display for Report {
         )?;
         if let Some(c) = self.concurrent {
             write!(f, "  concurrent {c}")?;
+        }
+        if self.sink {
+            write!(f, "  (built-in no-op server)")?;
         }
         writeln!(f)?;
         if self.prefill_requests > 0 {
@@ -214,6 +237,13 @@ impl fmt::Display for Report {
             "               {:>8} {:>8.0} {:>8} {:>8} {:>8} {:>8} {:>8}",
             self.min_us, self.mean_us, self.p50_us, self.p95_us, self.p99_us, self.p999_us, self.max_us
         )?;
+        if let (Some(cpu), Some(per), Some(share)) = (self.cpu_seconds, self.cpu_us_per_request, self.cpu_share) {
+            writeln!(
+                f,
+                "  generator    {cpu:>12.2} CPU s  ({per:.1} µs per request, {:.1}% of the machine)",
+                share * 100.0
+            )?;
+        }
         if let Some(e) = &self.first_error {
             writeln!(f, "  first error: {e}")?;
         }
@@ -238,7 +268,18 @@ const MAX_BODY: usize = 1024 * 1024;
 /// clock starts; failing to connect at that point is an error. Tasks are spawned on the current
 /// Tokio runtime.
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
-    let plan = Arc::new(Plan::new(args).await?);
+    let mut plan = Plan::new(args).await?;
+    let sink = if args.sink {
+        if plan.mix != Mix::Granted {
+            bail!("--sink grants everything: it takes --mix granted only");
+        }
+        let sink = Sink::start().context("starting the no-op server")?;
+        plan.addr = sink.addr;
+        Some(sink)
+    } else {
+        None
+    };
+    let plan = Arc::new(plan);
 
     let mut conns = Vec::with_capacity(plan.connections);
     for id in 0..plan.connections {
@@ -270,6 +311,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let measure_from = Instant::now() + plan.warmup;
     let end = measure_from + plan.duration;
     let hard_end = end + GRACE;
+    let cpu_at_start = tokio::spawn(async move {
+        tokio::time::sleep_until(measure_from.into()).await;
+        thread_cpu_ticks()
+    });
     let mut tasks = Vec::with_capacity(conns.len());
     for mut conn in conns {
         let plan = plan.clone();
@@ -287,8 +332,161 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     for task in tasks {
         total.merge(task.await.context("connection task panicked")?);
     }
+    let cpu_at_end = thread_cpu_ticks();
     let seconds = Instant::now().saturating_duration_since(measure_from).as_secs_f64();
-    Ok(total.into_report(&plan, args, seconds, prefill_requests, prefill_seconds))
+    let cpu_at_start = cpu_at_start.await.context("CPU sampling task panicked")?;
+    let mut report = total.into_report(&plan, args, seconds, prefill_requests, prefill_seconds);
+    report.sink = sink.is_some();
+    if let Some(sink) = &sink {
+        report.url = format!("http://{}", sink.addr);
+    }
+    if let (Some(start), Some(end)) = (cpu_at_start, cpu_at_end) {
+        let skip = sink.as_ref().and_then(|s| s.tid);
+        let ticks: u64 = end
+            .iter()
+            .filter(|(tid, _)| Some(**tid) != skip)
+            .map(|(tid, t)| t.saturating_sub(start.get(tid).copied().unwrap_or(0)))
+            .sum();
+        let cpu = ticks as f64 / PROC_TICKS_PER_SECOND;
+        let answered = report.granted + report.refused + report.other;
+        let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        report.cpu_seconds = Some(cpu);
+        report.cpu_us_per_request = Some(if answered > 0 { cpu * 1e6 / answered as f64 } else { 0.0 });
+        report.cpu_share = Some(if seconds > 0.0 { cpu / (seconds * cores) } else { 0.0 });
+    }
+    Ok(report)
+}
+
+/// The unit of the CPU times in `/proc/<pid>/task/<tid>/stat` (Linux's `USER_HZ`).
+const PROC_TICKS_PER_SECOND: f64 = 100.0;
+
+/// CPU time (user + system, in `USER_HZ` ticks) of each of this process's threads, by thread
+/// id; `None` where `/proc/self/task` cannot be read.
+fn thread_cpu_ticks() -> Option<std::collections::HashMap<u32, u64>> {
+    let mut out = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(entry) = entry else { continue };
+        let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        // A thread may exit between listing and reading: skip it.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // Fields after the command name (which may hold spaces) start with the state (field 3);
+        // utime and stime are fields 14 and 15.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+        let (Some(utime), Some(stime)) =
+            (fields.get(11).and_then(|v| v.parse::<u64>().ok()), fields.get(12).and_then(|v| v.parse::<u64>().ok()))
+        else {
+            continue;
+        };
+        out.insert(tid, utime + stime);
+    }
+    Some(out)
+}
+
+/// This thread's id, where `/proc/thread-self` tells it.
+fn current_tid() -> Option<u32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// The built-in no-op server of `--sink`: a current-thread runtime on its own OS thread that
+/// answers every request with the same granted reply. It lives until the process exits.
+struct Sink {
+    addr: SocketAddr,
+    /// Its thread, whose CPU time is left out of the generator's.
+    tid: Option<u32>,
+}
+
+/// The body of every sink reply: a grant, as the real server words it.
+const SINK_BODY: &str = r#"{"granted":true,"at":"2026-01-01T00:00:00.000Z"}"#;
+/// Largest request the sink buffers.
+const SINK_MAX_REQUEST: usize = 1024 * 1024;
+
+impl Sink {
+    fn start() -> anyhow::Result<Sink> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new().name("bench-sink".into()).spawn(move || {
+            let _ = tid_tx.send(current_tid());
+            runtime.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+                loop {
+                    if let Ok((stream, _)) = listener.accept().await {
+                        let _ = stream.set_nodelay(true);
+                        tokio::spawn(sink_connection(stream));
+                    }
+                }
+            });
+        })?;
+        let tid = tid_rx.recv().ok().flatten();
+        Ok(Sink { addr, tid })
+    }
+}
+
+/// Answers every complete request on `stream` (pipelined ones together) until it closes or
+/// sends something that is not a request.
+async fn sink_connection(mut stream: TcpStream) {
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{SINK_BODY}",
+        SINK_BODY.len()
+    )
+    .into_bytes();
+    let mut buf = vec![0u8; RECV_BUF];
+    let (mut start, mut end) = (0, 0);
+    let mut out = Vec::with_capacity(reply.len());
+    loop {
+        while let Some(head) = find(&buf[start..end], b"\r\n\r\n") {
+            let Some(body) = request_content_length(&buf[start..start + head]) else { return };
+            let total = head + 4 + body;
+            if end - start < total {
+                break;
+            }
+            start += total;
+            out.extend_from_slice(&reply);
+        }
+        if !out.is_empty() {
+            if stream.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if start == end {
+            (start, end) = (0, 0);
+        } else if end == buf.len() {
+            if start > 0 {
+                buf.copy_within(start..end, 0);
+                (start, end) = (0, end - start);
+            } else if buf.len() < SINK_MAX_REQUEST {
+                buf.resize(buf.len() * 2, 0);
+            } else {
+                return;
+            }
+        }
+        match stream.read(&mut buf[end..]).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => end += n,
+        }
+    }
+}
+
+/// The `Content-Length` of a request head (0 when absent); `None` when malformed.
+fn request_content_length(head: &[u8]) -> Option<usize> {
+    let mut length = 0;
+    for line in head.split(|&b| b == b'\n').skip(1) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
+        if line[..colon].eq_ignore_ascii_case(b"content-length") {
+            let value = line[colon + 1..].trim_ascii();
+            if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            length = value.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0'));
+        }
+    }
+    (length <= SINK_MAX_REQUEST).then_some(length)
 }
 
 /// `args` checked and resolved, shared by every connection.
@@ -1036,6 +1234,10 @@ impl Stats {
             prefill_requests,
             prefill_seconds,
             first_error: self.first_error,
+            sink: false,
+            cpu_seconds: None,
+            cpu_us_per_request: None,
+            cpu_share: None,
         }
     }
 }
@@ -1551,6 +1753,39 @@ mod tests {
         assert_eq!(r.prefill_requests, 50 * 11, "{r}");
         assert_eq!(r.granted, 0, "{r}");
         assert_eq!(r.refused, r.requests);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_against_the_built_in_sink() {
+        let r = run(&args("http://127.0.0.1:1", &["--sink", "--connections", "4", "--seconds", "0.5"])).await.unwrap();
+        check_report(&r);
+        assert!(r.sink && r.url.starts_with("http://127.0.0.1:"), "{r}");
+        assert_eq!(r.granted, r.requests);
+        assert!(r.to_string().contains("no-op server"));
+        if cfg!(target_os = "linux") {
+            let (cpu, per, share) = (r.cpu_seconds.unwrap(), r.cpu_us_per_request.unwrap(), r.cpu_share.unwrap());
+            assert!(cpu >= 0.0 && per >= 0.0 && (0.0..=1.0).contains(&share), "{r}");
+            assert!(r.to_string().contains("µs per request"));
+        }
+        let err = run(&args("http://127.0.0.1:1", &["--sink", "--mix", "refused"])).await.unwrap_err();
+        assert!(err.to_string().contains("--mix granted"), "{err}");
+    }
+
+    #[test]
+    fn sink_reads_request_lengths() {
+        assert_eq!(request_content_length(b"POST / HTTP/1.1\r\nHost: h\r\ncontent-LENGTH:  12 "), Some(12));
+        assert_eq!(request_content_length(b"GET /health HTTP/1.1\r\nHost: h"), Some(0));
+        assert_eq!(request_content_length(b"POST / HTTP/1.1\r\nContent-Length: x"), None);
+        assert_eq!(request_content_length(b"POST / HTTP/1.1\r\nContent-Length: 99999999999"), None);
+    }
+
+    #[test]
+    fn thread_cpu_is_read_where_proc_is() {
+        if cfg!(target_os = "linux") {
+            let ticks = thread_cpu_ticks().unwrap();
+            assert!(!ticks.is_empty());
+            assert!(ticks.contains_key(&current_tid().unwrap()));
+        }
     }
 
     #[tokio::test]

@@ -3,6 +3,24 @@
 //! A host asks before every call to a rate-limited provider; the limiter answers at once,
 //! granted or refused with the instant to ask again, and never forgets a grant across a crash.
 //!
+//! # Example
+//!
+//! The limiter in-process, with no HTTP: a grant is durable in the file when it is answered.
+//!
+//! ```
+//! use redb_limiter::{AcquireRequest, Decision, Limit, Limiter, Reason};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let limiter = Limiter::open(dir.path().join("limiter.redb"))?;
+//! let rpm = AcquireRequest::new("cred:42", vec![Limit::window("team:7/rpm", 1, 60_000)])?;
+//! assert!(limiter.acquire_blocking(rpm.clone())?.is_granted());
+//! match limiter.acquire_blocking(rpm)? {
+//!     Decision::Refused { reason, limit, .. } => assert_eq!((reason, limit.as_str()), (Reason::Rate, "team:7/rpm")),
+//!     granted => panic!("a second call in the same minute: {granted:?}"),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Layout
 //!
 //! - [`time`]: `Millis`, the wire form of instants, the clock seam.
@@ -16,6 +34,8 @@
 //! - [`loadgen`]: the HTTP load generator behind `redb-limiter bench`.
 //! - [`vendor`]: a provider's 429 and rate-limit headers turned into waits and throttles.
 pub mod cli;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod engine;
 pub mod limiter;
 pub mod loadgen;

@@ -1,29 +1,22 @@
-//! The limiter: engine + store + clock behind one writer thread, usable in-process with no HTTP.
+//! The limiter: engine + store + clock, usable in-process with no HTTP.
 //!
-//! One thread owns the engine and the redb file. Requests queue on a channel; the thread takes
-//! every request that has arrived, decides them in arrival order at one `now`, commits all their
-//! effects in one durable transaction (group commit), and only then answers them. While a commit
-//! is in flight, new requests queue and share the next one, so throughput under concurrency is
-//! not one fsync per request. Refusals change nothing and need no commit.
+//! Requests are decided at once, in the caller's thread, under one lock around the engine.
+//! A decision that changes nothing (a refusal, a read) is answered there and then. A decision
+//! that changes something leaves its effects in a queue and waits: one writer thread takes every
+//! effect queued so far, commits them all in one durable transaction (group commit), and only
+//! then answers the requests that made them. While that commit is in flight, new requests are
+//! decided on top of it and queue for the next one, so throughput under concurrency is not one
+//! fsync per request, and a refusal never waits for an fsync.
 //!
-//! What the sweep finds at a deadline with no request waiting (lapsed grants, places, permits,
-//! throttles, idle buckets) is deleted from the engine at once but committed with the next batch,
-//! or [`SWEEP_COMMIT_DELAY`] later when none comes: such a commit would only make requests that
-//! arrive during it wait, and a lapse missing from the file is found again when the file is
-//! loaded.
-//!
-//! Answers to async calls go back through one task (the replier) on the runtime of the first
-//! async call: the writer hands it each batch's answers at once, which wakes that runtime once
-//! per batch instead of once per answer. Blocking calls, and async calls made outside a Tokio
-//! runtime, are answered by the writer itself.
-//!
-//! Fail closed: when a commit fails, every request of that batch is answered `Unavailable`, the
-//! file is reopened and the engine rebuilt from it (the last committed state); nothing that was
-//! not committed is ever granted. The same thread sweeps lapsed state at the engine's deadlines.
+//! Fail closed: when a commit fails, every request waiting for it, and every request decided on
+//! top of it since, is answered `Unavailable`; the file is reopened and the engine rebuilt from
+//! it (the last committed state). Nothing that was not committed is ever granted. A refusal
+//! decided on top of an uncommitted grant errs on the safe side. The writer also sweeps lapsed
+//! state at the engine's deadlines; what a sweep alone forgets rides along with the next commit
+//! a request needs (or waits at most [`MAX_DEFERRED_MS`]), since a reopen prunes it again.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -35,13 +28,11 @@ use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest
 use crate::store::{Opener, Store, StoreError, file_opener};
 use crate::time::{Clock, Millis, SystemClock};
 
-/// Most requests decided together and sharing one commit.
-const MAX_BATCH: usize = 4096;
-/// Fewest async answers of one batch handed to the replier (fewer are sent one by one).
-const REPLIER_MIN_ANSWERS: usize = 4;
-/// Longest a sweep's deletions wait for a batch to share its commit.
-const SWEEP_COMMIT_DELAY: Duration = Duration::from_millis(250);
-/// How long the writer waits before trying to reopen a file whose commit failed.
+/// Sweep effects wait for a request's commit until there are this many...
+const MAX_DEFERRED_EFFECTS: usize = 4096;
+/// ...or they are this old (ms).
+pub const MAX_DEFERRED_MS: u64 = 1000;
+/// How long the writer waits before trying again to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Why a request got no answer from the limiter.
@@ -106,40 +97,119 @@ enum Command {
     State { prefix: String, reply: Reply<Snapshot> },
 }
 
-/// A command on its way to the writer, and whether the writer answers it itself (`direct`) or
-/// through the replier.
-struct Queued {
-    cmd: Command,
-    direct: bool,
+/// What the engine's lock guards: the engine and what it decided but the file does not hold yet.
+struct Core {
+    engine: Engine,
+    /// Effects decided and not yet handed to a commit.
+    effects: Vec<Effect>,
+    /// Answers held until `effects` are committed.
+    waiting: Vec<Answer>,
+    /// The latest `now` used; never runs backwards, and is the floor the next commit records.
+    last_now: Millis,
+    /// Since when `effects` holds only a sweep's effects, waiting to ride a request's commit.
+    deferred_since: Option<Millis>,
+    /// Why nothing can be decided now (a failed commit, until the file is reopened).
+    broken: Option<String>,
+    closing: bool,
 }
 
-/// Hands batches of answers to the replier task.
-type Replier = tokio::sync::mpsc::UnboundedSender<Vec<Answer>>;
-
-/// Spawns the replier on `runtime`: it sends every answer of every batch it is handed, and ends
-/// when the writer is gone.
-fn spawn_replier(runtime: &tokio::runtime::Handle, metrics: Arc<Metrics>) -> Replier {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Answer>>();
-    runtime.spawn(async move {
-        while let Some(answers) = rx.recv().await {
-            for answer in answers {
-                answer.send(&metrics);
-            }
-        }
-    });
-    tx
-}
-
-/// The durable limiter. Cheap to share behind an `Arc`; dropping the last handle (or
-/// [`Limiter::close`]) finishes queued requests, commits and closes the file.
-pub struct Limiter {
-    tx: Option<Sender<Queued>>,
-    /// Set by the first async call made on a Tokio runtime.
-    replier: Arc<OnceLock<Replier>>,
-    worker: Option<JoinHandle<()>>,
-    path: PathBuf,
+struct Shared {
+    core: Mutex<Core>,
+    /// Wakes the writer: effects are queued, or the limiter is closing.
+    wake: Condvar,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
+    ack_before_commit: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn now(&self, core: &mut Core) -> Millis {
+        core.last_now = core.last_now.max(self.clock.now());
+        core.last_now
+    }
+
+    /// Decides `cmd`; answers it at once when it changed nothing, else queues the answer for
+    /// the commit that will hold its effects.
+    fn submit(&self, cmd: Command) {
+        let mut core = self.lock();
+        if let Some(why) = core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned())) {
+            drop(core);
+            decided_nothing(cmd).fail(&why, &self.metrics);
+            return;
+        }
+        let now = self.now(&mut core);
+        // Forget what has lapsed before deciding, so reads never list it; what that changes in
+        // the file waits for a commit a request needs.
+        let mut swept = false;
+        if core.engine.next_deadline().is_some_and(|at| at <= now) {
+            let Core { engine, effects, .. } = &mut *core;
+            let before = effects.len();
+            engine.sweep(now, effects);
+            if effects.len() > before && core.waiting.is_empty() {
+                core.deferred_since.get_or_insert(now);
+                swept = true;
+            }
+        }
+        let before = core.effects.len();
+        let answer = decide(&mut core, cmd, now);
+        if core.effects.len() == before {
+            drop(core);
+            if swept {
+                self.wake.notify_one(); // so the writer knows when the sweep's effects are due
+            }
+            answer.send(&self.metrics);
+        } else if self.ack_before_commit {
+            core.deferred_since = None;
+            drop(core);
+            self.wake.notify_one();
+            answer.send(&self.metrics);
+        } else {
+            core.deferred_since = None;
+            core.waiting.push(answer);
+            drop(core);
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// An answer for a command that could not be decided (it is only ever failed).
+fn decided_nothing(cmd: Command) -> Answer {
+    match cmd {
+        Command::Acquire(_, reply) => Answer::Acquire(reply, Decision::Granted { at: Millis::ZERO, permit: None }),
+        Command::Release(_, reply) => Answer::Release(reply, false),
+        Command::Throttle { reply, .. } => Answer::Throttle(reply, Ok(None)),
+        Command::State { reply, .. } => {
+            Answer::State(reply, Snapshot { now: Millis::ZERO, view: StateView::default(), totals: Totals::default() })
+        }
+    }
+}
+
+fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
+    let Core { engine, effects, .. } = core;
+    match cmd {
+        Command::Acquire(req, reply) => Answer::Acquire(reply, engine.acquire(&req, now, effects)),
+        Command::Release(req, reply) => Answer::Release(reply, engine.release(&req.permit, now, effects)),
+        Command::Throttle { key, until, reply } => {
+            let result =
+                ThrottleRequest::new(key, until, now).map(|req| engine.throttle(&req.key, req.until, now, effects));
+            Answer::Throttle(reply, result)
+        }
+        Command::State { prefix, reply } => {
+            Answer::State(reply, Snapshot { now, view: engine.view(now, &prefix), totals: engine.totals() })
+        }
+    }
+}
+
+/// The durable limiter. Cheap to share behind an `Arc`; dropping it (or [`Limiter::close`])
+/// commits what is queued, answers every waiting request and closes the file.
+pub struct Limiter {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+    path: PathBuf,
     started: Instant,
 }
 
@@ -170,34 +240,36 @@ impl Limiter {
         let mut store = Store::open(&path, &options.opener)?;
         let config =
             EngineConfig { recheck_ms: options.recheck_ms, id_seed: options.id_seed.unwrap_or_else(random_seed) };
-        let (engine, floor) = rebuild(&mut store, config, None)?;
+        let mut engine = Engine::new(config);
+        let floor = store.load(&mut engine)?;
         let clock: Arc<dyn Clock> = match options.clock {
             Some(clock) => clock,
             None => Arc::new(SystemClock::new(floor)),
         };
-        let metrics = Arc::new(Metrics::default());
-        let (tx, rx) = mpsc::channel();
-        let replier = Arc::new(OnceLock::new());
-        let writer = Writer {
-            engine,
-            store: Some(store),
-            path: path.clone(),
-            opener: options.opener,
-            config,
-            clock: clock.clone(),
-            last_now: floor,
-            metrics: metrics.clone(),
+        let floor = floor.max(clock.now());
+        finish_restore(&mut store, &mut engine, floor)?;
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                engine,
+                effects: Vec::new(),
+                waiting: Vec::new(),
+                last_now: floor,
+                deferred_since: None,
+                broken: None,
+                closing: false,
+            }),
+            wake: Condvar::new(),
+            clock,
+            metrics: Arc::new(Metrics::default()),
             ack_before_commit: options.ack_before_commit,
-            effects: Vec::new(),
-            replier: replier.clone(),
-        };
-        // The engine is rebuilt with the floor as `now`; pruning at the real now happens on the
-        // first batch or deadline.
+        });
+        let writer =
+            Writer { shared: shared.clone(), store: Some(store), path: path.clone(), opener: options.opener, config };
         let worker = std::thread::Builder::new()
             .name("redb-limiter-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || writer.run())
             .map_err(|e| StoreError::Io { path: path.clone(), cause: e.to_string() })?;
-        Ok(Limiter { tx: Some(tx), replier, worker: Some(worker), path, clock, metrics, started: Instant::now() })
+        Ok(Limiter { shared, worker: Some(worker), path, started: Instant::now() })
     }
 
     /// The file this limiter serves (absolute).
@@ -209,12 +281,12 @@ impl Limiter {
     /// The limiter's clock reading (never behind the file's last commit).
     #[must_use]
     pub fn now(&self) -> Millis {
-        self.clock.now()
+        self.shared.clock.now()
     }
 
     #[must_use]
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        &self.shared.metrics
     }
 
     #[must_use]
@@ -222,32 +294,18 @@ impl Limiter {
         self.started.elapsed()
     }
 
-    fn send<T>(
-        &self,
-        direct: bool,
-        make: impl FnOnce(Reply<T>) -> Command,
-    ) -> oneshot::Receiver<Result<T, LimiterError>> {
+    fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> oneshot::Receiver<Result<T, LimiterError>> {
         let (reply, rx) = oneshot::channel();
-        if let Some(tx) = &self.tx {
-            // A send error drops the command and its reply: the receiver then reports Unavailable.
-            let _ = tx.send(Queued { cmd: make(reply), direct });
-        }
+        self.shared.submit(make(reply));
         rx
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        if self.replier.get().is_none()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            // Two first calls racing may both spawn one; the loser's ends at once.
-            let _ = self.replier.set(spawn_replier(&runtime, self.metrics.clone()));
-        }
-        let direct = self.replier.get().is_none();
-        self.send(direct, make).await.unwrap_or_else(|_| Err(closed()))
+        self.send(make).await.unwrap_or_else(|_| Err(closed()))
     }
 
     fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        self.send(true, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
+        self.send(make).blocking_recv().unwrap_or_else(|_| Err(closed()))
     }
 
     /// Decides an acquire; a grant is answered only once it is durable.
@@ -291,13 +349,14 @@ impl Limiter {
         self.ask_blocking(|reply| Command::State { prefix: prefix.to_owned(), reply })
     }
 
-    /// Finishes every queued request, commits, and closes the file.
+    /// Commits what is queued, answers every waiting request, and closes the file.
     pub fn close(mut self) {
         self.shutdown();
     }
 
     fn shutdown(&mut self) {
-        self.tx.take();
+        self.shared.lock().closing = true;
+        self.shared.wake.notify_one();
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();
         }
@@ -314,20 +373,23 @@ fn closed() -> LimiterError {
     LimiterError::Unavailable("the limiter is closed".into())
 }
 
-/// A fresh engine loaded from the store, with what lapsed while closed pruned from the file.
-fn rebuild(store: &mut Store, config: EngineConfig, now: Option<Millis>) -> Result<(Engine, Millis), StoreError> {
+/// A fresh engine loaded from the store at `now`, with what lapsed while closed pruned from the
+/// file.
+fn rebuild(store: &mut Store, config: EngineConfig, now: Millis) -> Result<Engine, StoreError> {
     let mut engine = Engine::new(config);
     let floor = store.load(&mut engine)?;
-    let now = now.unwrap_or(floor).max(floor);
-    let mut effects = Vec::new();
-    engine.finish_restore(now, &mut effects);
-    if !effects.is_empty() {
-        store.commit(&effects, now)?;
-    }
-    Ok((engine, floor))
+    finish_restore(store, &mut engine, now.max(floor))?;
+    Ok(engine)
 }
 
-/// A decided request waiting for its commit.
+/// Prunes what lapsed before `now` from a freshly loaded engine and from the file.
+fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis) -> Result<(), StoreError> {
+    let mut effects = Vec::new();
+    engine.finish_restore(now, &mut effects);
+    if effects.is_empty() { Ok(()) } else { store.commit(&effects, now) }
+}
+
+/// A decided request, answered at once or after the commit that holds its effects.
 enum Answer {
     Acquire(Reply<Decision>, Decision),
     Release(Reply<bool>, bool),
@@ -350,6 +412,12 @@ impl Answer {
                 let _ = reply.send(Ok(released));
             }
             Answer::Throttle(reply, result) => {
+                let outcome = match &result {
+                    Ok(Some(_)) => "in_force",
+                    Ok(None) => "none",
+                    Err(_) => "bad_request",
+                };
+                metrics.decided("throttle", outcome, "");
                 let _ = reply.send(result.map_err(LimiterError::from));
             }
             Answer::State(reply, snapshot) => {
@@ -380,209 +448,153 @@ impl Answer {
     }
 }
 
-/// The writer thread's state: the only owner of the engine and the file.
+/// The writer thread: the only owner of the file.
 struct Writer {
-    engine: Engine,
+    shared: Arc<Shared>,
     /// `None` after a failed commit until the file is reopened.
     store: Option<Store>,
     path: PathBuf,
     opener: Opener,
     config: EngineConfig,
-    clock: Arc<dyn Clock>,
-    last_now: Millis,
-    metrics: Arc<Metrics>,
-    ack_before_commit: bool,
+}
+
+/// What one commit carries.
+struct Batch {
     effects: Vec<Effect>,
-    replier: Arc<OnceLock<Replier>>,
+    answers: Vec<Answer>,
+    now: Millis,
 }
 
 impl Writer {
-    fn now(&mut self) -> Millis {
-        self.last_now = self.last_now.max(self.clock.now());
-        self.last_now
+    fn run(mut self) {
+        loop {
+            let Some(batch) = self.next_batch() else { break };
+            self.commit(batch);
+        }
     }
 
-    fn run(mut self, rx: Receiver<Queued>) {
-        let mut batch = Vec::new();
-        // When the sweep's uncommitted deletions are committed even if no request comes.
-        let mut flush_at: Option<Instant> = None;
+    /// Waits until there is something to commit: effects a request waits for, a sweep's effects
+    /// that may wait no longer, or the close. `None` once closed with nothing left.
+    fn next_batch(&mut self) -> Option<Batch> {
+        let shared = self.shared.clone();
+        let mut core = shared.lock();
         loop {
-            let deadline = self.engine.next_deadline().map(|d| Duration::from_millis(d.since(self.now())));
-            let flush = flush_at.map(|at| at.saturating_duration_since(Instant::now()));
-            let first = match deadline.into_iter().chain(flush).min() {
-                Some(wait) => match rx.recv_timeout(wait) {
-                    Ok(cmd) => Some(cmd),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                },
-                None => match rx.recv() {
-                    Ok(cmd) => Some(cmd),
-                    Err(_) => break,
-                },
-            };
-            let Some(first) = first else {
-                // A deadline or the flush is due and no request waits.
-                if self.store.is_some() {
-                    let now = self.now();
-                    self.engine.sweep(now, &mut self.effects);
-                    self.update_gauges();
-                }
-                if self.effects.is_empty() {
-                    flush_at = None;
-                } else if *flush_at.get_or_insert_with(|| Instant::now() + SWEEP_COMMIT_DELAY) <= Instant::now() {
-                    self.run_batch(&mut batch);
-                    flush_at = None;
+            if core.broken.is_some() {
+                drop(core);
+                std::thread::sleep(REOPEN_BACKOFF);
+                self.reopen();
+                core = shared.lock();
+                if core.closing && core.broken.is_some() {
+                    return None;
                 }
                 continue;
+            }
+            let now = shared.now(&mut core);
+            let Core { engine, effects, .. } = &mut *core;
+            let swept_before = effects.len();
+            let next_deadline = engine.sweep(now, effects);
+            if effects.len() > swept_before && core.waiting.is_empty() {
+                core.deferred_since.get_or_insert(now);
+            }
+            update_gauges(&shared.metrics, &core.engine);
+            let deferred_due = core.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
+            let sweep_due = deferred_due.is_some_and(|due| due <= now) || core.effects.len() >= MAX_DEFERRED_EFFECTS;
+            let requested = !core.waiting.is_empty()
+                || (shared.ack_before_commit && core.deferred_since.is_none() && !core.effects.is_empty());
+            if requested || sweep_due || (core.closing && !core.effects.is_empty()) {
+                core.deferred_since = None;
+                return Some(Batch {
+                    effects: std::mem::take(&mut core.effects),
+                    answers: std::mem::take(&mut core.waiting),
+                    now: core.last_now,
+                });
+            }
+            if core.closing {
+                return None;
+            }
+            let wake = [next_deadline, deferred_due].into_iter().flatten().min();
+            core = match wake {
+                Some(at) => {
+                    let wait = Duration::from_millis(at.since(now).max(1));
+                    shared.wake.wait_timeout(core, wait).unwrap_or_else(std::sync::PoisonError::into_inner).0
+                }
+                None => shared.wake.wait(core).unwrap_or_else(std::sync::PoisonError::into_inner),
             };
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
+        }
+    }
+
+    fn commit(&mut self, batch: Batch) {
+        let metrics = &self.shared.metrics;
+        if !batch.answers.is_empty() {
+            metrics.batch_size.observe(batch.answers.len() as f64);
+        }
+        let store = self.store.as_mut().expect("a store while not broken");
+        let started = Instant::now();
+        let result = store.commit(&batch.effects, batch.now);
+        metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(()) => {
+                for answer in batch.answers {
+                    answer.send(metrics);
                 }
             }
-            self.run_batch(&mut batch);
-            flush_at = None;
-        }
-        // Every handle is gone: commit what the sweep has left and close the file.
-        self.run_batch(&mut batch);
-        let floor = self.last_now;
-        if let Some(store) = &mut self.store
-            && let Err(e) = store.finish(floor)
-        {
-            tracing::error!(error = %e, "deleting lapsed window entries at close failed");
-        }
-    }
-
-    /// Sends the answers of a committed batch: the async ones through the replier when there
-    /// are enough of them, the rest (or all, when the replier is gone) from this thread.
-    fn deliver(&self, answers: Vec<(Answer, bool)>) {
-        let replier = self.replier.get();
-        let via_replier = answers.iter().filter(|(_, direct)| !direct).count();
-        let (answers, direct) = match replier {
-            Some(replier) if via_replier >= REPLIER_MIN_ANSWERS => {
-                let (handed, direct): (Vec<_>, Vec<_>) = answers.into_iter().partition(|(_, direct)| !direct);
-                let handed: Vec<Answer> = handed.into_iter().map(|(answer, _)| answer).collect();
-                match replier.send(handed) {
-                    Ok(()) => (Vec::new(), direct),
-                    // The replier's runtime is gone: answer here.
-                    Err(e) => (e.0, direct),
-                }
-            }
-            _ => (Vec::new(), answers),
-        };
-        for answer in answers.into_iter().chain(direct.into_iter().map(|(answer, _)| answer)) {
-            answer.send(&self.metrics);
-        }
-    }
-
-    fn update_gauges(&self) {
-        let totals = self.engine.totals();
-        self.metrics.live_buckets.set(totals.buckets as i64);
-        self.metrics.permits.set(totals.permits as i64);
-        self.metrics.throttles.set(totals.throttles as i64);
-        self.metrics.held_places.set(self.engine.held_places() as i64);
-    }
-
-    fn run_batch(&mut self, batch: &mut Vec<Queued>) {
-        if self.store.is_none() && !self.reopen() {
-            let why = format!("{}: the file cannot be reopened after a failed commit", self.path.display());
-            for queued in batch.drain(..) {
-                self.decide(queued.cmd, Millis::ZERO, false).fail(&why, &self.metrics);
-            }
-            std::thread::sleep(REOPEN_BACKOFF);
-            return;
-        }
-        let now = self.now();
-        // `effects` may already hold a sweep's deletions, waiting for this commit.
-        self.engine.sweep(now, &mut self.effects);
-        if !batch.is_empty() {
-            self.metrics.batch_size.observe(batch.len() as f64);
-        }
-        let mut answers: Vec<(Answer, bool)> =
-            batch.drain(..).map(|queued| (self.decide(queued.cmd, now, true), queued.direct)).collect();
-        if self.ack_before_commit {
-            for (answer, _) in answers.drain(..) {
-                answer.send(&self.metrics);
-            }
-        }
-        if !self.effects.is_empty() {
-            let started = Instant::now();
-            let store = self.store.as_mut().expect("checked above");
-            let result = store.commit(&self.effects, now);
-            self.metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
-            self.effects.clear();
-            if let Err(e) = result {
-                tracing::error!(error = %e, "commit failed; answering the batch unavailable and reopening the file");
+            Err(e) => {
+                tracing::error!(error = %e, "commit failed; answering unavailable and reopening the file");
                 let why = e.to_string();
-                for (answer, _) in answers {
-                    answer.fail(&why, &self.metrics);
-                }
-                self.store = None;
+                // Everything decided since was decided on top of this batch: it fails too.
+                let later = {
+                    let mut core = self.shared.lock();
+                    core.broken = Some(why.clone());
+                    core.effects.clear();
+                    core.deferred_since = None;
+                    std::mem::take(&mut core.waiting)
+                };
+                // Reopen before answering, so a caller that asks again at once meets the
+                // rebuilt limiter rather than the failure.
                 self.reopen();
-                return;
-            }
-        }
-        self.deliver(answers);
-        self.update_gauges();
-    }
-
-    fn decide(&mut self, cmd: Command, now: Millis, live: bool) -> Answer {
-        let effects = &mut self.effects;
-        match cmd {
-            Command::Acquire(req, reply) => {
-                let decision = if live {
-                    self.engine.acquire(&req, now, effects)
-                } else {
-                    Decision::Granted { at: now, permit: None } // never sent: the answer fails
-                };
-                Answer::Acquire(reply, decision)
-            }
-            Command::Release(req, reply) => {
-                Answer::Release(reply, live && self.engine.release(&req.permit, now, effects))
-            }
-            Command::Throttle { key, until, reply } => {
-                let result = match ThrottleRequest::new(key, until, now) {
-                    Ok(req) if live => {
-                        let set = self.engine.throttle(&req.key, req.until, now, effects);
-                        self.metrics.decided("throttle", if set == Some(req.until) { "set" } else { "unchanged" }, "");
-                        Ok(set)
-                    }
-                    Ok(_) => Ok(None),
-                    Err(e) => Err(e),
-                };
-                Answer::Throttle(reply, result)
-            }
-            Command::State { prefix, reply } => {
-                let snapshot = Snapshot { now, view: self.engine.view(now, &prefix), totals: self.engine.totals() };
-                Answer::State(reply, snapshot)
+                let metrics = &self.shared.metrics;
+                for answer in batch.answers.into_iter().chain(later) {
+                    answer.fail(&why, metrics);
+                }
             }
         }
     }
 
-    /// Reopens the file and rebuilds the engine from its last commit. False when it cannot.
-    fn reopen(&mut self) -> bool {
-        // Effects of the engine being replaced mean nothing to the rebuilt one.
-        self.effects.clear();
-        let attempt = Store::open(&self.path, &self.opener).and_then(|mut store| {
-            let now = self.now();
-            let config = EngineConfig { id_seed: random_seed(), ..self.config };
-            rebuild(&mut store, config, Some(now)).map(|(engine, _)| (store, engine))
-        });
+    /// Reopens the file and rebuilds the engine from its last commit; until that succeeds the
+    /// limiter answers `Unavailable`.
+    fn reopen(&mut self) {
+        self.store = None;
+        let now = {
+            let mut core = self.shared.lock();
+            self.shared.now(&mut core)
+        };
+        let config = EngineConfig { id_seed: random_seed(), ..self.config };
+        let attempt = Store::open(&self.path, &self.opener)
+            .and_then(|mut store| rebuild(&mut store, config, now).map(|engine| (store, engine)));
+        let mut core = self.shared.lock();
         match attempt {
             Ok((store, engine)) => {
                 self.store = Some(store);
-                self.engine = engine;
-                true
+                core.engine = engine;
+                core.broken = None;
+                for answer in std::mem::take(&mut core.waiting) {
+                    answer.fail("the file was reopened after a failed commit", &self.shared.metrics);
+                }
+                core.effects.clear();
             }
             Err(e) => {
                 tracing::error!(error = %e, "reopening the file failed");
-                // The in-memory state may hold uncommitted grants: replace it with nothing, and
-                // refuse service until the file opens again.
-                self.engine = Engine::new(self.config);
-                false
+                core.broken =
+                    Some(format!("{}: the file cannot be reopened after a failed commit: {e}", self.path.display()));
             }
         }
     }
+}
+
+fn update_gauges(metrics: &Metrics, engine: &Engine) {
+    let totals = engine.totals();
+    metrics.live_buckets.set(totals.buckets as i64);
+    metrics.permits.set(totals.permits as i64);
+    metrics.throttles.set(totals.throttles as i64);
+    metrics.held_places.set(engine.held_places() as i64);
 }

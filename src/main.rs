@@ -14,6 +14,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => cli::serve::run(args).await,
         Command::Status(args) => cli::status::run(args).await,
         Command::Check(args) => tokio::task::spawn_blocking(move || cli::check::run(args)).await?,
+        #[cfg(feature = "client")]
+        Command::Contract(args) => cli::contract::run(args).await,
         Command::Bench(args) => cli::bench::run(args).await,
         Command::Grind(args) => cli::grind::run(args).await,
     }

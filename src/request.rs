@@ -494,4 +494,65 @@ mod envelope_tests {
             Ok(Request::Release(ReleaseRequest { permit: "p".into() }))
         );
     }
+
+    #[test]
+    fn params_nested_to_the_depth_limit_are_bad_requests_on_both_paths() {
+        // The `wire_decode` fuzz target allows for this. The envelope nests the params one level
+        // deeper, so at serde_json's depth limit only the envelope's body is too deep: the
+        // messages differ, but both are bad requests and neither panics.
+        let now = Millis(1_800_000_000_000);
+        let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+        let direct = Request::from_body(Method::Acquire, deep.as_bytes(), now).unwrap_err();
+        assert_eq!(direct.0, "params must be a JSON object");
+        let envelope = format!(r#"{{"method":"acquire","params":{deep}}}"#);
+        match Request::from_envelope(envelope.as_bytes(), now) {
+            Err(EnvelopeError::BadRequest(e)) => assert!(e.0.starts_with("body is not valid JSON"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+impl AcquireRequest {
+    /// The request in the wire's JSON form (every default written out).
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let limits: Vec<Value> = self
+            .limits
+            .iter()
+            .map(|l| {
+                let mut m = Map::new();
+                m.insert("key".into(), Value::from(l.key.clone()));
+                if let Some(w) = l.window {
+                    m.insert("calls".into(), Value::from(w.calls));
+                    m.insert("perMs".into(), Value::from(w.per_ms));
+                }
+                if let Some(c) = l.concurrent {
+                    m.insert("concurrent".into(), Value::from(c));
+                }
+                m.insert("cost".into(), Value::from(l.cost));
+                m.insert("holdMs".into(), Value::from(l.hold_ms));
+                Value::Object(m)
+            })
+            .collect();
+        serde_json::json!({ "key": self.key, "limits": limits })
+    }
+}
+
+#[cfg(test)]
+mod to_json_tests {
+    use super::*;
+
+    #[test]
+    fn to_json_round_trips() {
+        let req = AcquireRequest::new(
+            "c",
+            vec![
+                Limit::window("w", 5, 1000).with_cost(3),
+                Limit::concurrent("k", 2).with_hold_ms(9),
+                Limit::window("both", 1, 2).with_concurrent(4),
+            ],
+        )
+        .unwrap();
+        assert_eq!(AcquireRequest::from_json(&req.to_json()), Ok(req));
+    }
 }

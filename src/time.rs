@@ -42,15 +42,17 @@ impl fmt::Display for Millis {
     }
 }
 
-/// The latest instant the wire can carry: 9999-12-31T23:59:59.999Z.
-pub const MAX_INSTANT: Millis = Millis(253_402_300_799_999);
+/// The latest instant the wire can carry, the last millisecond `jiff` can represent:
+/// 9999-12-30T22:00:00.999Z. Later instants are written as this one.
+pub const MAX_INSTANT: Millis = Millis(253_402_207_200_999);
 
 /// Formats an instant exactly as JavaScript's `Date.prototype.toISOString()` does:
 /// `2026-11-30T03:11:09.123Z`.
 #[must_use]
 pub fn format_instant(at: Millis) -> String {
     let ms = at.0.min(MAX_INSTANT.0) as i64;
-    let ts = jiff::Timestamp::from_millisecond(ms).expect("instants up to year 9999 are in range");
+    // Not `from_millisecond`: it refuses the last 999 ms of `jiff`'s range.
+    let ts = jiff::Timestamp::new(ms / 1000, (ms % 1000) as i32 * 1_000_000).expect("instants up to MAX_INSTANT");
     format!("{ts:.3}")
 }
 
@@ -219,6 +221,17 @@ mod tests {
         assert_eq!(format_instant(Millis(0)), "1970-01-01T00:00:00.000Z");
         assert_eq!(format_instant(Millis(1_795_921_869_123)), "2026-11-29T03:11:09.123Z");
         assert_eq!(format_instant(Millis(1_795_921_869_000)), "2026-11-29T03:11:09.000Z");
+    }
+
+    #[test]
+    fn the_end_of_time_formats_and_round_trips() {
+        // Found by the `instants` fuzz target: instants after 9999-12-30T22:00:00.000Z panicked.
+        assert_eq!(format_instant(MAX_INSTANT), "9999-12-30T22:00:00.999Z");
+        assert_eq!(format_instant(Millis(u64::MAX)), "9999-12-30T22:00:00.999Z");
+        assert_eq!(parse_instant("9999-12-30T22:00:00.999Z"), Ok(MAX_INSTANT));
+        assert_eq!(parse_instant("9999-12-31T00:00:00.999+02:00"), Ok(MAX_INSTANT));
+        assert!(parse_instant("9999-12-30T22:00:01Z").is_err());
+        assert!(parse_instant("9999-12-31T23:59:59.999Z").is_err());
     }
 
     #[test]

@@ -108,3 +108,36 @@ fn check_validates_a_file() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("junk.redb") && err.contains("corrupt"), "{err}");
 }
+
+#[tokio::test]
+async fn status_reads_a_server_or_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let body = json!({"key": "caller", "limits": [{"key": "team/rpm", "calls": 5, "perMs": 60_000}, {"key": "team/conc", "concurrent": 2}]});
+    assert_eq!(post(&server.url, "/acquire", body).await["granted"], true);
+    let until = redb_limiter::time::format_instant(redb_limiter::time::wall_clock_now().plus(90_000));
+    post(&server.url, "/throttle", json!({"key": "caller", "until": until})).await;
+    let status = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_redb-limiter")).arg("status").args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = status(&["--url", &server.url]);
+    let rpm = table.lines().find(|l| l.starts_with("team/rpm")).unwrap_or_else(|| panic!("{table}"));
+    assert!(rpm.contains("1/5") && rpm.contains("60000ms"), "{rpm}");
+    let conc = table.lines().find(|l| l.starts_with("team/conc")).unwrap();
+    assert!(conc.trim_end().ends_with("1/2"), "{conc}");
+    assert!(table.lines().any(|l| l.starts_with("caller") && l.trim_end().ends_with('s')), "{table}");
+    assert!(table.contains("2 buckets, 1 permits holding 1 places, 1 throttles"), "{table}");
+    // While the server holds the file, reading it directly is refused with a pointer to --url.
+    let held = Command::new(env!("CARGO_BIN_EXE_redb-limiter")).args(["status", "--path"]).arg(&path).output().unwrap();
+    assert!(!held.status.success());
+    assert!(String::from_utf8_lossy(&held.stderr).contains("--url"));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let json: Value = serde_json::from_str(&status(&["--json", "--path", path.to_str().unwrap()])).unwrap();
+    assert_eq!(json["totals"], json!({"buckets": 2, "permits": 1, "throttles": 1}));
+    assert_eq!(json["buckets"][1]["key"], "team/rpm");
+    assert_eq!(json["buckets"][1]["windowUsed"], 1);
+}

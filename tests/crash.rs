@@ -46,13 +46,20 @@ fn run_rounds(path: &Path, rounds: u32, broken: bool, seed: u64) -> Verdict {
         let mut ready = String::new();
         out.read_line(&mut ready).unwrap();
         assert_eq!(ready.trim(), "ready", "the child did not start");
+        // Drain the pipe while the child runs: a full pipe would stall it, and a stalled child
+        // has nothing uncommitted to lose when it is killed.
+        let reader = std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = out.read_to_string(&mut rest);
+            rest
+        });
         std::thread::sleep(Duration::from_millis(20 + next() % 200));
         child.kill().unwrap();
         child.wait().unwrap();
-        let mut rest = String::new();
-        out.read_to_string(&mut rest).unwrap();
+        let mut rest = reader.join().unwrap();
+        // A line cut by the kill has no newline: it was never fully printed, so it does not count.
+        rest.truncate(rest.rfind('\n').map_or(0, |i| i + 1));
         for line in rest.lines() {
-            // A line cut by the kill has no newline; `lines` yields it too, so parse strictly.
             let mut parts = line.split(' ');
             if let (Some("G"), Some(bucket), Some(at), None) = (parts.next(), parts.next(), parts.next(), parts.next())
                 && let Ok(at) = at.parse::<u64>()

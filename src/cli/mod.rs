@@ -3,6 +3,8 @@
 
 pub mod bench;
 pub mod check;
+#[cfg(feature = "client")]
+pub mod contract;
 pub mod grind;
 pub mod serve;
 pub mod status;
@@ -24,6 +26,9 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Open (creating when missing) and validate the file; fail with the reason if unusable.
     Check(check::CheckArgs),
+    /// Run the contract suite (every rule of the wire) against a limiter.
+    #[cfg(feature = "client")]
+    Contract(contract::ContractArgs),
     /// Load a server with acquires and report requests/s and latency percentiles.
     Bench(crate::loadgen::BenchArgs),
     /// Grants under load and prints each answered grant (for the crash test).

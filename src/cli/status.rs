@@ -43,6 +43,7 @@ async fn from_server(url: &str, token: Option<&str>, prefix: &str) -> anyhow::Re
 }
 
 fn from_file(path: PathBuf, prefix: &str) -> anyhow::Result<StateReply> {
+    anyhow::ensure!(path.exists(), "{}: no such file (is the server's --path elsewhere?)", path.display());
     let limiter = match Limiter::open(&path) {
         Ok(limiter) => limiter,
         Err(e @ StoreError::HeldElsewhere { .. }) => {

@@ -8,18 +8,35 @@
 //! Every change is also reported as an [`Effect`] value, so the store can persist exactly those
 //! changes without the engine knowing about redb, and the engine can be rebuilt from what was
 //! persisted (`restore_*` then [`Engine::finish_restore`]).
+//!
+//! ```
+//! use redb_limiter::engine::{Decision, Engine, EngineConfig, Reason};
+//! use redb_limiter::{AcquireRequest, Limit, Millis};
+//!
+//! let mut engine = Engine::new(EngineConfig::default());
+//! let mut effects = Vec::new();
+//! let req = AcquireRequest::new("caller", vec![Limit::window("bucket", 1, 1000)]).unwrap();
+//! assert!(engine.acquire(&req, Millis(5_000), &mut effects).is_granted());
+//! assert!(!effects.is_empty()); // what the store must persist before answering
+//! effects.clear();
+//! let refused = engine.acquire(&req, Millis(5_999), &mut effects);
+//! assert_eq!(refused, Decision::Refused { retry_at: Millis(6_000), reason: Reason::Rate, limit: "bucket".into() });
+//! assert!(effects.is_empty()); // a refusal changes nothing
+//! assert!(engine.acquire(&req, Millis(6_000), &mut effects).is_granted());
+//! ```
 
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod permit;
+mod timers;
 mod window;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 pub use permit::PermitId;
 use permit::PermitIds;
+use timers::{Due, Timers};
 use window::Window;
 
 use crate::request::AcquireRequest;
@@ -31,8 +48,9 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub const DEFAULT_RECHECK_MS: u64 = 250;
 
 /// Pruned window entries are deleted from the file in batches of at least this many per bucket
-/// (and all at once when the bucket is forgotten); until then they only cost file space.
-const PRUNE_BATCH: u32 = 32;
+/// (and all at once when the bucket is forgotten or its timer fires); until then they only cost
+/// file space, and a reopen prunes them again.
+const PRUNE_BATCH: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -91,10 +109,11 @@ pub enum Effect {
     BucketMeta { bucket: Arc<str>, meta: BucketMeta },
     /// The total cost recorded in `bucket` at `at` is now `cost`.
     WindowGrant { bucket: Arc<str>, at: Millis, cost: u64 },
-    /// Every grant of `bucket` at or before `through` is gone.
-    WindowPruned { bucket: Arc<str>, through: Millis },
-    /// The bucket is idle (empty window, no places) and forgotten with all its grants.
-    BucketForgotten { bucket: Arc<str> },
+    /// These grants of `bucket` are gone (no request can count them any more).
+    WindowPruned { bucket: Arc<str>, grants: Vec<Millis> },
+    /// The bucket is idle (empty window, no places) and forgotten; `grants` are those of its
+    /// grants still in the file.
+    BucketForgotten { bucket: Arc<str>, grants: Vec<Millis> },
     /// A permit was granted, holding one place in each of these buckets until its lapse.
     PermitGranted { id: PermitId, places: Vec<(Arc<str>, Millis)> },
     /// A permit is gone: released, or every one of its places lapsed.
@@ -125,8 +144,8 @@ struct Bucket {
     meta: BucketMeta,
     /// The instant of this bucket's one live timer.
     timer_at: Millis,
-    /// Grants pruned from memory but not yet from the file: the latest such instant and count.
-    unpersisted_prune: Option<(Millis, u32)>,
+    /// Grants pruned from memory but not yet reported to the file, oldest first.
+    unpersisted_prune: Vec<Millis>,
 }
 
 impl Bucket {
@@ -137,16 +156,13 @@ impl Bucket {
             places: BTreeSet::new(),
             meta: BucketMeta::default(),
             timer_at: Millis(u64::MAX),
-            unpersisted_prune: None,
+            unpersisted_prune: Vec::new(),
         }
     }
 
     /// Drops lapsed places and grants no request can count any more.
     fn prune(&mut self, now: Millis) {
-        if let Some(through) = self.window.prune(now, self.meta.retain_ms) {
-            let count = self.unpersisted_prune.map_or(0, |(_, n)| n);
-            self.unpersisted_prune = Some((through, count + 1));
-        }
+        self.window.prune(now, self.meta.retain_ms, &mut self.unpersisted_prune);
         while let Some(&(lapse, _)) = self.places.first() {
             if lapse > now {
                 break;
@@ -178,13 +194,6 @@ impl Permit {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    Bucket(Arc<str>),
-    Permit(PermitId),
-    Throttle(Arc<str>),
-}
-
 /// The limiter's state and rules. See the module docs.
 #[derive(Debug)]
 pub struct Engine {
@@ -192,7 +201,7 @@ pub struct Engine {
     buckets: Map<Arc<str>, Bucket>,
     permits: Map<PermitId, Permit>,
     throttles: Map<Arc<str>, Millis>,
-    timers: BinaryHeap<Reverse<(Millis, Due)>>,
+    timers: Timers,
     ids: PermitIds,
     held_places: usize,
 }
@@ -247,7 +256,7 @@ impl Engine {
             buckets: Map::default(),
             permits: Map::default(),
             throttles: Map::default(),
-            timers: BinaryHeap::new(),
+            timers: Timers::default(),
             ids: PermitIds::new(config.id_seed),
             held_places: 0,
         }
@@ -296,11 +305,9 @@ impl Engine {
                 bucket.meta = meta;
                 effects.push(Effect::BucketMeta { bucket: key.clone(), meta });
             }
-            if let Some((through, count)) = bucket.unpersisted_prune
-                && count >= PRUNE_BATCH
-            {
-                bucket.unpersisted_prune = None;
-                effects.push(Effect::WindowPruned { bucket: key.clone(), through });
+            if bucket.unpersisted_prune.len() >= PRUNE_BATCH {
+                let grants = std::mem::take(&mut bucket.unpersisted_prune);
+                effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
             }
             if cost > 0 {
                 let total = bucket.window.record(now, cost);
@@ -315,12 +322,12 @@ impl Engine {
             let idle_at = bucket.idle_at();
             if idle_at < bucket.timer_at {
                 bucket.timer_at = idle_at;
-                self.timers.push(Reverse((idle_at, Due::Bucket(key))));
+                self.timers.push(idle_at, Due::Bucket(key));
             }
         }
         if let Some(id) = permit {
             let permit = Permit { places };
-            self.timers.push(Reverse((permit.last_lapse(), Due::Permit(id))));
+            self.timers.push(permit.last_lapse(), Due::Permit(id));
             effects.push(Effect::PermitGranted { id, places: permit.places.clone() });
             self.permits.insert(id, permit);
         }
@@ -401,14 +408,15 @@ impl Engine {
         bucket.prune(now);
         self.held_places -= before - bucket.places.len();
         if bucket.is_idle() {
+            let grants = std::mem::take(&mut bucket.unpersisted_prune);
             self.buckets.remove(key);
-            effects.push(Effect::BucketForgotten { bucket: key.clone() });
+            effects.push(Effect::BucketForgotten { bucket: key.clone(), grants });
             return;
         }
         let idle_at = bucket.idle_at();
         if idle_at < bucket.timer_at {
             bucket.timer_at = idle_at;
-            self.timers.push(Reverse((idle_at, Due::Bucket(key.clone()))));
+            self.timers.push(idle_at, Due::Bucket(key.clone()));
         }
     }
 
@@ -424,7 +432,7 @@ impl Engine {
             None => Arc::from(key),
         };
         self.throttles.insert(key.clone(), until);
-        self.timers.push(Reverse((until, Due::Throttle(key.clone()))));
+        self.timers.push(until, Due::Throttle(key.clone()));
         effects.push(Effect::ThrottleSet { key, until });
         Some(until)
     }
@@ -438,17 +446,13 @@ impl Engine {
     /// The soonest instant at which [`Engine::sweep`] has work (it may find none then).
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.timers.peek().map(|Reverse((at, _))| *at)
+        self.timers.next_at()
     }
 
     /// Forgets what has lapsed by `now`: idle buckets, permits whose places all lapsed, passed
     /// throttles. Returns the next deadline.
     pub fn sweep(&mut self, now: Millis, effects: &mut Vec<Effect>) -> Option<Millis> {
-        while let Some(Reverse((at, _))) = self.timers.peek() {
-            if *at > now {
-                break;
-            }
-            let Reverse((at, due)) = self.timers.pop().expect("peeked");
+        while let Some((at, due)) = self.timers.pop_due(now) {
             match due {
                 Due::Bucket(key) => {
                     let Some(bucket) = self.buckets.get_mut(&key) else { continue };
@@ -456,8 +460,9 @@ impl Engine {
                         continue; // a stale timer: the bucket was rescheduled
                     }
                     bucket.timer_at = Millis(u64::MAX);
-                    if let Some((through, _)) = bucket.unpersisted_prune.take() {
-                        effects.push(Effect::WindowPruned { bucket: key.clone(), through });
+                    if !bucket.unpersisted_prune.is_empty() && !bucket.is_idle() {
+                        let grants = std::mem::take(&mut bucket.unpersisted_prune);
+                        effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
                     }
                     self.settle_bucket(&key, now, effects);
                     if let Some(bucket) = self.buckets.get_mut(&key)
@@ -465,7 +470,7 @@ impl Engine {
                     {
                         // Not idle yet and no earlier timer: wake when it will be.
                         bucket.timer_at = bucket.idle_at();
-                        self.timers.push(Reverse((bucket.timer_at, Due::Bucket(key))));
+                        self.timers.push(bucket.timer_at, Due::Bucket(key));
                     }
                 }
                 Due::Permit(id) => {
@@ -521,15 +526,17 @@ impl Engine {
             let bucket = self.buckets.get_mut(&key).expect("listed");
             bucket.timer_at = Millis(u64::MAX);
             bucket.prune(now);
-            if let Some((through, _)) = bucket.unpersisted_prune.take() {
-                effects.push(Effect::WindowPruned { bucket: key.clone(), through });
-            }
             if bucket.is_idle() {
+                let grants = std::mem::take(&mut bucket.unpersisted_prune);
                 self.buckets.remove(&key);
-                effects.push(Effect::BucketForgotten { bucket: key });
+                effects.push(Effect::BucketForgotten { bucket: key, grants });
             } else {
+                if !bucket.unpersisted_prune.is_empty() {
+                    let grants = std::mem::take(&mut bucket.unpersisted_prune);
+                    effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
+                }
                 bucket.timer_at = bucket.idle_at();
-                self.timers.push(Reverse((bucket.timer_at, Due::Bucket(key))));
+                self.timers.push(bucket.timer_at, Due::Bucket(key));
             }
         }
         self.held_places = self.buckets.values().map(|b| b.places.len()).sum();
@@ -540,7 +547,7 @@ impl Engine {
             effects.push(Effect::PermitEnded { id });
         }
         for (id, p) in &self.permits {
-            self.timers.push(Reverse((p.last_lapse(), Due::Permit(*id))));
+            self.timers.push(p.last_lapse(), Due::Permit(*id));
         }
         let passed: Vec<Arc<str>> = self.throttles.iter().filter(|(_, u)| **u <= now).map(|(k, _)| k.clone()).collect();
         for key in passed {
@@ -548,7 +555,7 @@ impl Engine {
             effects.push(Effect::ThrottleEnded { key });
         }
         for (key, until) in &self.throttles {
-            self.timers.push(Reverse((*until, Due::Throttle(key.clone()))));
+            self.timers.push(*until, Due::Throttle(key.clone()));
         }
     }
 

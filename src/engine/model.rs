@@ -205,12 +205,21 @@ impl EffectLog {
                 Effect::WindowGrant { bucket, at, cost } => {
                     self.grants.insert((bucket.to_string(), *at), *cost);
                 }
-                Effect::WindowPruned { bucket, through } => {
-                    self.grants.retain(|(b, at), _| b != &**bucket || at > through);
+                Effect::WindowPruned { bucket, grants } => {
+                    for at in grants {
+                        self.grants.remove(&(bucket.to_string(), *at));
+                    }
                 }
-                Effect::BucketForgotten { bucket } => {
+                Effect::BucketForgotten { bucket, grants } => {
                     self.meta.remove(&**bucket);
-                    self.grants.retain(|(b, _), _| b != &**bucket);
+                    for at in grants {
+                        self.grants.remove(&(bucket.to_string(), *at));
+                    }
+                    // Whatever is left of the bucket was never reported: a leak in the file.
+                    assert!(
+                        !self.grants.keys().any(|(b, _)| b == &**bucket),
+                        "forgetting {bucket} left grants in the file"
+                    );
                 }
                 Effect::PermitGranted { id, places } => {
                     self.permits.insert(*id, places.iter().map(|(b, l)| (b.to_string(), *l)).collect());

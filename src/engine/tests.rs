@@ -142,7 +142,7 @@ fn release_frees_the_place_once() {
     let mut effects = Vec::new();
     assert!(e.release(&p.to_string(), T0.plus(2), &mut effects));
     assert!(effects.contains(&Effect::PermitEnded { id: p }));
-    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("c") }));
+    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("c"), grants: vec![] }));
     assert!(!e.release(&p.to_string(), T0.plus(3), &mut Vec::new()));
     assert!(!e.release("p-nonsense", T0.plus(3), &mut Vec::new()));
     assert!(acquire(&mut e, &r, T0.plus(4)).is_granted());
@@ -197,7 +197,7 @@ fn sweep_forgets_idle_buckets_permits_and_throttles() {
     assert_eq!(effects, vec![Effect::ThrottleEnded { key: Arc::from("caller") }]);
     effects.clear();
     e.sweep(T0.plus(1000), &mut effects);
-    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("w") }));
+    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("w"), grants: vec![T0] }));
     assert_eq!(e.totals(), Totals { buckets: 1, permits: 1, throttles: 0 });
     effects.clear();
     assert_eq!(e.sweep(T0.plus(2999), &mut effects), Some(T0.plus(3000)));
@@ -214,7 +214,7 @@ fn a_release_brings_the_forget_forward() {
     e.release(&p.to_string(), T0.plus(10), &mut Vec::new());
     let mut effects = Vec::new();
     e.sweep(T0.plus(1000), &mut effects);
-    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("b") }), "{effects:?}");
+    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("b"), grants: vec![T0] }), "{effects:?}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -37,18 +37,16 @@ impl Window {
     }
 
     /// Drops the grants that no request can count any more (granted at or before
-    /// `now - retain_ms`). Returns the instant of the last one dropped, if any.
-    pub(crate) fn prune(&mut self, now: Millis, retain_ms: u64) -> Option<Millis> {
-        let mut last = None;
+    /// `now - retain_ms`), appending their instants to `dropped`.
+    pub(crate) fn prune(&mut self, now: Millis, retain_ms: u64, dropped: &mut Vec<Millis>) {
         while let Some(front) = self.entries.front() {
             if front.at.plus(retain_ms) > now {
                 break;
             }
             self.pruned_cum = front.cum;
-            last = Some(front.at);
+            dropped.push(front.at);
             self.entries.pop_front();
         }
-        last
     }
 
     /// Index of the first grant that still counts in a window of `per_ms` at `now`.
@@ -162,7 +160,9 @@ mod tests {
     fn same_millisecond_merges_and_prune_keeps_sums() {
         let mut w = window(&[(100, 2), (100, 3), (200, 1)]);
         assert_eq!(w.len(), 2);
-        assert_eq!(w.prune(Millis(200), 100), Some(Millis(100)));
+        let mut dropped = Vec::new();
+        w.prune(Millis(200), 100, &mut dropped);
+        assert_eq!(dropped, vec![Millis(100)]);
         assert_eq!(w.used(Millis(200), 100), 1);
         assert_eq!(w.refused_until(Millis(200), 1, 100, 1), Some(Millis(300)));
     }

@@ -1,0 +1,422 @@
+//! The engine and the real store against the brute-force reference, in redb's fuzzing style: an
+//! arbitrary sequence of operations, each applied to the engine (committing its effects to a redb
+//! file) and to `Reference`, then compared. Restarts rebuild the engine from the file; a crash
+//! fails the Nth write or sync of a commit, and the engine rebuilt from the file must hold
+//! exactly the state before that commit or after it, whole.
+//!
+//! Checked after every operation: identical decisions and `retryAt`s, no window over its
+//! `calls`, no committed change lost (`facts`), and nothing held past its instant.
+
+#![no_main]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use arbitrary::{Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use redb_limiter::Millis;
+use redb_limiter::engine::model::Reference;
+use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, PermitId};
+use redb_limiter::request::{AcquireRequest, Limit, ThrottleRequest, WindowLimit};
+use redb_limiter::store::faulty::{FaultPlan, faulty_opener};
+use redb_limiter::store::{Store, file_opener};
+
+/// Every bucket key has a fixed `(calls, perMs)`, as the reference requires (see tests.rs).
+const SHAPES: [(u64, u64); 4] = [(3, 100), (5, 250), (2, 40), (8, 1000)];
+const CALLERS: [&str; 2] = ["c0", "c1"];
+const RECHECK_MS: u64 = 250;
+const T0: Millis = Millis(1_800_000_000_000);
+/// Operations per run beyond this are ignored, to keep runs fast.
+const MAX_OPS: usize = 64;
+/// Limits per request beyond this are ignored.
+const MAX_LIMITS: usize = 4;
+/// A commit of a few effects makes about 8 to 16 writes and syncs.
+const MAX_CRASH_OPS: u64 = 16;
+
+/// An integer in `MIN..=MAX`.
+#[derive(Debug, Clone, Copy)]
+struct Between<const MIN: u64, const MAX: u64>(u64);
+
+impl<'a, const MIN: u64, const MAX: u64> Arbitrary<'a> for Between<MIN, MAX> {
+    fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
+        Ok(Between(u.int_in_range(MIN..=MAX)?))
+    }
+
+    fn size_hint(_depth: usize) -> (usize, Option<usize>) {
+        (0, Some(size_of::<u64>()))
+    }
+}
+
+/// A cost: 0 (fills nothing), small, or over every shape's `calls` for some buckets.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Cost {
+    Zero,
+    Small(Between<1, 3>),
+    Over(Between<5, 20>),
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+struct LimitSpec {
+    bucket: Between<0, 3>,
+    window: bool,
+    concurrent: Option<Between<1, 3>>,
+    cost: Cost,
+    hold_ms: Between<1, 2000>,
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+struct AcquireOp {
+    caller: Between<0, 1>,
+    limits: Vec<LimitSpec>,
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+enum PermitChoice {
+    /// One of the permits issued so far (released, lapsed or lost ones included).
+    Issued(u8),
+    /// Any string: almost never one of ours.
+    Text(String),
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+struct ThrottleOp {
+    caller: Between<0, 1>,
+    /// `until` relative to now; in the past changes nothing.
+    offset: Between<0, 6000>,
+}
+
+/// A change to the state, which commits its effects.
+#[derive(Arbitrary, Debug, Clone)]
+enum Change {
+    Acquire(AcquireOp),
+    Release(PermitChoice),
+    Throttle(ThrottleOp),
+    Sweep,
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+enum Step {
+    Zero,
+    /// To the nth instant at which a grant, place or throttle leaves (an exact edge).
+    Edge(u8),
+    By(Between<0, 3000>),
+    Jump(u32),
+}
+
+#[derive(Arbitrary, Debug, Clone)]
+enum FuzzOperation {
+    Acquire(AcquireOp),
+    Release(PermitChoice),
+    Throttle(ThrottleOp),
+    Sweep,
+    Advance(Step),
+    /// The same acquire again and again, `step` apart: long windows, many prunes.
+    Burst {
+        acquire: AcquireOp,
+        times: Between<2, 48>,
+        step: Between<0, 40>,
+    },
+    /// Close the file and rebuild the engine from it.
+    Restart,
+    /// Apply the change, then fail its commit after `after` writes or syncs: a crash.
+    CrashAfter {
+        after: Between<0, MAX_CRASH_OPS>,
+        change: Change,
+    },
+}
+
+impl FuzzOperation {
+    fn change(&self) -> Option<Change> {
+        match self {
+            FuzzOperation::Acquire(op) => Some(Change::Acquire(op.clone())),
+            FuzzOperation::Release(p) => Some(Change::Release(p.clone())),
+            FuzzOperation::Throttle(op) => Some(Change::Throttle(op.clone())),
+            FuzzOperation::Sweep => Some(Change::Sweep),
+            FuzzOperation::Advance(_)
+            | FuzzOperation::Burst { .. }
+            | FuzzOperation::Restart
+            | FuzzOperation::CrashAfter { .. } => None,
+        }
+    }
+}
+
+fn to_request(op: &AcquireOp) -> AcquireRequest {
+    let mut limits: Vec<Limit> = Vec::new();
+    for spec in op.limits.iter().take(MAX_LIMITS) {
+        let key = format!("b{}", spec.bucket.0);
+        if limits.iter().any(|l| l.key == key) {
+            continue; // bucket keys are unique within a request; the first stays, in order
+        }
+        let (calls, per_ms) = SHAPES[spec.bucket.0 as usize];
+        let concurrent = spec.concurrent.map(|c| c.0);
+        limits.push(Limit {
+            key,
+            window: (spec.window || concurrent.is_none()).then_some(WindowLimit { calls, per_ms }),
+            concurrent,
+            cost: match spec.cost {
+                Cost::Zero => 0,
+                Cost::Small(c) => c.0,
+                Cost::Over(c) => c.0,
+            },
+            hold_ms: spec.hold_ms.0,
+        });
+    }
+    AcquireRequest::new(CALLERS[op.caller.0 as usize], limits).expect("within the wire's bounds")
+}
+
+/// Where the per-run files go: memory when the machine has a tmpfs there.
+fn scratch_root() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() }
+    })
+}
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    plan: Arc<FaultPlan>,
+    store: Option<Store>,
+    /// Whether `store` was opened through the fault-injecting backend.
+    faulty: bool,
+    engine: Engine,
+    seed: u64,
+    reference: Reference,
+    now: Millis,
+    /// The clock floor the file holds: the `now` of its latest commit.
+    durable_floor: Millis,
+    issued: Vec<PermitId>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("engine_model").tempdir_in(scratch_root()).expect("temp dir");
+        let path = dir.path().join("limiter.redb");
+        let store = Store::open(&path, &file_opener()).expect("a new file opens");
+        let seed = 1;
+        Harness {
+            _dir: dir,
+            path,
+            plan: FaultPlan::new(),
+            store: Some(store),
+            faulty: false,
+            engine: Engine::new(EngineConfig { recheck_ms: RECHECK_MS, id_seed: seed }),
+            seed,
+            reference: Reference::default(),
+            now: T0,
+            durable_floor: Millis::ZERO,
+            issued: Vec::new(),
+        }
+    }
+
+    fn store(&mut self) -> &mut Store {
+        self.store.as_mut().expect("the store is open between operations")
+    }
+
+    /// Commits `effects` as the limiter does: only when there are some.
+    fn commit(&mut self, effects: &[Effect]) {
+        if effects.is_empty() {
+            return;
+        }
+        let now = self.now;
+        self.store().commit(effects, now).expect("commit");
+        self.durable_floor = now;
+    }
+
+    fn run(&mut self, op: &FuzzOperation) {
+        match op {
+            FuzzOperation::Advance(step) => {
+                self.now = match step {
+                    Step::Zero => self.now,
+                    Step::Edge(n) => {
+                        let edges = self.reference.edges(self.now);
+                        if edges.is_empty() { self.now } else { edges[usize::from(*n) % edges.len()] }
+                    }
+                    Step::By(ms) => self.now.plus(ms.0),
+                    Step::Jump(ms) => self.now.plus(u64::from(*ms)),
+                };
+            }
+            FuzzOperation::Restart => {
+                self.store = None;
+                let store = Store::open(&self.path, &file_opener()).expect("reopen after a clean close");
+                self.faulty = false;
+                let before = self.engine.facts(self.now);
+                let latest = self.durable_floor;
+                let floor = self.rebuild(store);
+                assert_eq!(floor, latest, "the floor is the now of the latest commit");
+                assert_eq!(self.engine.facts(self.now), before, "rebuilt from the file");
+                self.check_forgotten();
+            }
+            FuzzOperation::Burst { acquire, times, step } => {
+                for _ in 0..times.0 {
+                    let mut effects = Vec::new();
+                    self.apply(&Change::Acquire(acquire.clone()), &mut effects);
+                    self.commit(&effects);
+                    self.check();
+                    self.now = self.now.plus(step.0);
+                }
+            }
+            FuzzOperation::CrashAfter { after, change } => self.crash_after(after.0, change),
+            other => {
+                let change = other.change().expect("every other operation is a change");
+                let mut effects = Vec::new();
+                self.apply(&change, &mut effects);
+                self.commit(&effects);
+            }
+        }
+        self.check();
+    }
+
+    /// A fresh engine loaded from `store`, with what lapsed pruned and committed; returns the
+    /// clock floor the file held.
+    fn rebuild(&mut self, store: Store) -> Millis {
+        self.seed += 1;
+        let mut engine = Engine::new(EngineConfig { recheck_ms: RECHECK_MS, id_seed: self.seed });
+        let floor = store.load(&mut engine).expect("load");
+        assert!(floor <= self.now, "the floor {floor:?} is ahead of now {:?}", self.now);
+        self.durable_floor = floor;
+        let mut effects = Vec::new();
+        engine.finish_restore(self.now, &mut effects);
+        self.engine = engine;
+        self.store = Some(store);
+        self.commit(&effects);
+        // The restore pruned the file too: it keeps exactly the grants that still count.
+        let live: usize = self.engine.facts(self.now).buckets.values().map(|(grants, _)| grants.len()).sum();
+        assert_eq!(self.store().grant_rows().expect("count the grants"), live as u64, "stale grants in the file");
+        floor
+    }
+
+    fn crash_after(&mut self, after: u64, change: &Change) {
+        if !self.faulty {
+            // The same file through the fault-injecting backend; the engine already matches it.
+            self.store = None;
+            self.store =
+                Some(Store::open(&self.path, &faulty_opener(self.plan.clone())).expect("reopen through the plan"));
+            self.faulty = true;
+        }
+        let before = self.reference.clone();
+        let floor_before = self.durable_floor;
+        let mut effects = Vec::new();
+        self.apply(change, &mut effects);
+        if effects.is_empty() {
+            return; // nothing to commit, as in the limiter
+        }
+        self.plan.fail_after(after);
+        let now = self.now;
+        let result = self.store().commit(&effects, now);
+        let fired = self.plan.fired();
+        if result.is_ok() {
+            assert!(!fired, "a commit succeeded although a fault fired in it");
+            self.plan.disarm();
+            self.durable_floor = now;
+            return;
+        }
+        assert!(fired, "a commit failed with no fault: {result:?}");
+        // The process dies here: the database is dropped with its backend still failing.
+        self.store = None;
+        self.plan.disarm();
+        let store = Store::open(&self.path, &file_opener()).expect("reopen after a crash");
+        self.faulty = false;
+        let floor = self.rebuild(store);
+        // A fault in the final sync may leave the whole batch in the file; a fault before it
+        // leaves none of it. Nothing in between.
+        let facts = self.engine.facts(now);
+        let landed = facts == self.reference.facts(now);
+        let lost = facts == before.facts(now);
+        assert!(landed || lost, "after a failed commit the file holds neither the state before nor after it");
+        if !landed {
+            self.reference = before;
+            assert_eq!(floor, floor_before, "a lost commit left its floor");
+        } else if !lost {
+            assert_eq!(floor, now, "a landed commit lost its floor");
+        }
+        self.check_forgotten();
+    }
+
+    /// Applies `change` to the engine and the reference and compares their answers.
+    fn apply(&mut self, change: &Change, effects: &mut Vec<Effect>) {
+        let now = self.now;
+        match change {
+            Change::Acquire(op) => {
+                let r = to_request(op);
+                let expected = self.reference.decide(&r, now, RECHECK_MS);
+                let got = self.engine.acquire(&r, now, effects);
+                match (&got, expected) {
+                    (Decision::Granted { at, permit }, None) => {
+                        assert_eq!(*at, now);
+                        assert_eq!(permit.is_some(), r.limits.iter().any(|l| l.concurrent.is_some()));
+                        if let Some(p) = permit {
+                            assert!(!self.issued.contains(p), "permit id {p} reused");
+                            self.issued.push(*p);
+                        }
+                        self.reference.grant(&r, now, *permit);
+                    }
+                    (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
+                        assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()), "{r:?}");
+                        assert!(effects.is_empty(), "a refusal changed something: {effects:?}");
+                        assert!(*retry_at > now);
+                    }
+                    (got, expected) => panic!("engine {got:?}, reference {expected:?} for {r:?}"),
+                }
+            }
+            Change::Release(choice) => {
+                let permit = match choice {
+                    PermitChoice::Issued(n) if !self.issued.is_empty() => {
+                        self.issued[usize::from(*n) % self.issued.len()].to_string()
+                    }
+                    PermitChoice::Issued(_) => "p-ffffffffffffffffffffffffffffffff".to_owned(),
+                    PermitChoice::Text(s) => s.clone(),
+                };
+                let expected = self.reference.release(permit.parse::<PermitId>().ok(), now);
+                assert_eq!(self.engine.release(&permit, now, effects), expected, "release {permit:?}");
+            }
+            Change::Throttle(op) => {
+                let key = CALLERS[op.caller.0 as usize];
+                let until = now.plus(op.offset.0).minus(1000);
+                let req = ThrottleRequest::new(key, until, now).expect("within 24 hours");
+                let expected = self.reference.throttle(&req.key, req.until, now);
+                assert_eq!(self.engine.throttle(&req.key, req.until, now, effects), expected);
+            }
+            Change::Sweep => {
+                let next = self.engine.sweep(now, effects);
+                assert!(next.is_none_or(|t| t > now), "the next deadline {next:?} is not after {now:?}");
+                self.check_forgotten();
+            }
+        }
+    }
+
+    /// After a sweep or a restore: nothing lapsed is still kept.
+    fn check_forgotten(&self) {
+        let now = self.now;
+        let totals = self.engine.totals();
+        let permits = self.reference.permits.values().filter(|ps| ps.iter().any(|(_, l)| *l > now)).count();
+        let throttles = self.reference.throttles.values().filter(|u| **u > now).count();
+        let buckets = self.reference.facts(now).buckets.len();
+        assert_eq!(
+            (totals.buckets, totals.permits, totals.throttles),
+            (buckets, permits, throttles),
+            "live at {now:?}"
+        );
+    }
+
+    fn check(&self) {
+        let now = self.now;
+        assert_eq!(self.engine.facts(now), self.reference.facts(now), "a committed change was lost");
+        for caller in CALLERS {
+            let live = self.reference.throttles.get(caller).copied().filter(|u| *u > now);
+            assert_eq!(self.engine.throttled_until(caller, now), live, "throttle of {caller}");
+        }
+        for (i, (calls, per_ms)) in SHAPES.iter().enumerate() {
+            let most = self.reference.max_window_use(&format!("b{i}"), *per_ms);
+            assert!(most <= *calls, "b{i} held {most} > {calls} in one window");
+        }
+    }
+}
+
+fuzz_target!(|ops: Vec<FuzzOperation>| {
+    let mut harness = Harness::new();
+    for op in ops.iter().take(MAX_OPS) {
+        harness.run(op);
+    }
+});

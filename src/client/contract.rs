@@ -1,0 +1,366 @@
+//! The contract suite: every rule of the wire spec as a case that any limiter serving the wire
+//! must pass. Each case uses fresh unique keys, so it can run against a live limiter that
+//! already holds other state. `redb-limiter contract --url URL` runs it; so do our tests.
+//!
+//! Cases whose rule is about time use the instants the limiter itself reports (a grant's `at`)
+//! and, where an edge must be crossed, sleep past it on the wall clock.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::time::{Millis, format_instant, parse_instant, wall_clock_now};
+
+/// One case's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaseResult {
+    pub name: &'static str,
+    pub outcome: Result<(), String>,
+}
+
+/// Every case, by name, in the order they run.
+pub const CASES: &[&str] = &[
+    "window: grants up to calls, then refuses until the oldest grant leaves",
+    "window: a grant no longer counts at exactly t + perMs",
+    "window: costs weigh, over calls counts as calls, 0 always fits",
+    "window: judged with the request's own calls",
+    "all or nothing: a refused call counts in none of its buckets",
+    "retryAt: the latest refusal stands; ties go to the first limit",
+    "concurrency: a permit holds a place until released",
+    "concurrency: a place lapses holdMs after its grant",
+    "concurrency: a cost of 0 still takes a place",
+    "release: unknown and repeated permits are not released",
+    "throttle: refuses the caller until its instant; only ever extends",
+    "throttle: wins a tie with a rate refusal",
+    "throttle: a past until changes nothing; more than 24 h ahead is refused",
+    "envelope: POST / answers like the direct path",
+    "errors: every bad field is a 400 naming it, and changes nothing",
+    "errors: unknown path 404, wrong method 405, body over 64 KiB 413",
+    "instants: every instant is written in toISOString form",
+];
+
+struct Contract {
+    http: reqwest::Client,
+    url: String,
+    token: Option<String>,
+    prefix: String,
+}
+
+type Check = Result<(), String>;
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+impl Contract {
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<String>) -> Result<(u16, Value), String> {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body);
+        }
+        let resp = req.send().await.map_err(|e| format!("{path}: {e}"))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(|e| format!("{path}: {e}"))?;
+        let value =
+            serde_json::from_str(&text).map_err(|e| format!("{path} answered {status} with non-JSON {text:?}: {e}"))?;
+        Ok((status, value))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, String> {
+        match self.send(reqwest::Method::POST, path, Some(body.to_string())).await? {
+            (200, v) => Ok(v),
+            (status, v) => Err(format!("{path} answered {status}: {v}")),
+        }
+    }
+
+    async fn acquire(&self, body: Value) -> Result<Value, String> {
+        self.post("/acquire", body).await
+    }
+
+    fn window(&self, bucket: &str, calls: u64, per_ms: u64) -> Value {
+        json!({"key": self.key("caller"), "limits": [{"key": self.key(bucket), "calls": calls, "perMs": per_ms}]})
+    }
+}
+
+fn instant(v: &Value, field: &str) -> Result<Millis, String> {
+    let s = v[field].as_str().ok_or_else(|| format!("{field} missing in {v}"))?;
+    let at = parse_instant(s).map_err(|e| format!("{field} {s:?} {e}"))?;
+    ensure!(format_instant(at) == s, "{field} {s:?} is not in toISOString form");
+    Ok(at)
+}
+
+fn granted(v: &Value) -> Result<Millis, String> {
+    ensure!(v["granted"] == true, "expected a grant, got {v}");
+    instant(v, "at")
+}
+
+fn refused(v: &Value, reason: &str, limit: &str) -> Result<Millis, String> {
+    ensure!(v["granted"] == false, "expected a refusal, got {v}");
+    ensure!(v["reason"] == reason && v["limit"] == limit, "expected {reason} by {limit}, got {v}");
+    instant(v, "retryAt")
+}
+
+async fn sleep_past(at: Millis) {
+    let ms = at.since(wall_clock_now()) + 20;
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+async fn run_case(c: &Contract, case: usize) -> Check {
+    match case {
+        0 => {
+            let w = c.window("w0", 2, 60_000);
+            let first = granted(&c.acquire(w.clone()).await?)?;
+            granted(&c.acquire(w.clone()).await?)?;
+            let retry = refused(&c.acquire(w).await?, "rate", &c.key("w0"))?;
+            ensure!(retry == first.plus(60_000), "retryAt {retry} is not the first grant {first} + perMs");
+            Ok(())
+        }
+        1 => {
+            let w = c.window("w1", 1, 400);
+            let at = granted(&c.acquire(w.clone()).await?)?;
+            let retry = refused(&c.acquire(w.clone()).await?, "rate", &c.key("w1"))?;
+            ensure!(retry == at.plus(400), "retryAt {retry} != {}", at.plus(400));
+            sleep_past(retry).await;
+            granted(&c.acquire(w).await?)?;
+            Ok(())
+        }
+        2 => {
+            let caller = c.key("caller");
+            let weighted = |cost: u64, calls: u64, bucket: &str| json!({"key": caller, "cost": cost, "limits": [{"key": c.key(bucket), "calls": calls, "perMs": 60_000}]});
+            let at = granted(&c.acquire(weighted(3, 5, "w2")).await?)?;
+            let retry = refused(&c.acquire(weighted(3, 5, "w2")).await?, "rate", &c.key("w2"))?;
+            ensure!(retry == at.plus(60_000), "cost 3 after 3 of 5: retryAt {retry}");
+            granted(&c.acquire(weighted(2, 5, "w2")).await?)?;
+            granted(&c.acquire(weighted(0, 5, "w2")).await?)?;
+            // Over calls: fits an empty window, then fills it.
+            granted(&c.acquire(weighted(50, 5, "w2b")).await?)?;
+            refused(&c.acquire(weighted(1, 5, "w2b")).await?, "rate", &c.key("w2b"))?;
+            Ok(())
+        }
+        3 => {
+            granted(&c.acquire(c.window("w3", 1, 60_000)).await?)?;
+            refused(&c.acquire(c.window("w3", 1, 60_000)).await?, "rate", &c.key("w3"))?;
+            granted(&c.acquire(c.window("w3", 2, 60_000)).await?)?;
+            Ok(())
+        }
+        4 => {
+            granted(&c.acquire(c.window("full", 1, 60_000)).await?)?;
+            let both = json!({"key": c.key("caller"), "limits": [
+                {"key": c.key("free"), "calls": 1, "perMs": 60_000},
+                {"key": c.key("full"), "calls": 1, "perMs": 60_000},
+                {"key": c.key("conc"), "concurrent": 1},
+            ]});
+            refused(&c.acquire(both).await?, "rate", &c.key("full"))?;
+            granted(&c.acquire(c.window("free", 1, 60_000)).await?)?;
+            let conc = json!({"key": c.key("caller"), "limits": [{"key": c.key("conc"), "concurrent": 1}]});
+            granted(&c.acquire(conc).await?)?;
+            Ok(())
+        }
+        5 => {
+            granted(&c.acquire(c.window("long", 1, 60_000)).await?)?;
+            granted(&c.acquire(c.window("short", 1, 30_000)).await?)?;
+            let pair = |a: &str, b: &str, pa: u64, pb: u64| {
+                json!({"key": c.key("caller"), "limits": [
+                    {"key": c.key(a), "calls": 1, "perMs": pa}, {"key": c.key(b), "calls": 1, "perMs": pb}]})
+            };
+            refused(&c.acquire(pair("short", "long", 30_000, 60_000)).await?, "rate", &c.key("long"))?;
+            // Two limits granted together leave together: the first in request order is reported.
+            granted(&c.acquire(pair("tieA", "tieB", 60_000, 60_000)).await?)?;
+            refused(&c.acquire(pair("tieB", "tieA", 60_000, 60_000)).await?, "rate", &c.key("tieB"))?;
+            let dup = pair("tieA", "tieA", 60_000, 60_000);
+            let (status, _) = c.send(reqwest::Method::POST, "/acquire", Some(dup.to_string())).await?;
+            ensure!(status == 400, "duplicate bucket keys in one request must be a 400, got {status}");
+            Ok(())
+        }
+        6 => {
+            let conc =
+                json!({"key": c.key("caller"), "holdMs": 60_000, "limits": [{"key": c.key("c6"), "concurrent": 1}]});
+            let g = c.acquire(conc.clone()).await?;
+            let at = granted(&g)?;
+            let permit = g["permit"].as_str().ok_or("a concurrency grant must carry a permit")?.to_owned();
+            let retry = refused(&c.acquire(conc.clone()).await?, "concurrency", &c.key("c6"))?;
+            ensure!(retry > at && retry <= at.plus(60_000), "retryAt {retry} is not within the hold");
+            ensure!(c.post("/release", json!({"permit": permit})).await? == json!({"released": true}), "release");
+            let again = c.acquire(conc).await?;
+            granted(&again)?;
+            ensure!(again["permit"] != json!(permit), "a permit id was reused");
+            let plain = c.acquire(c.window("w6", 5, 1000)).await?;
+            ensure!(plain.get("permit").is_none(), "a grant without concurrency carries no permit: {plain}");
+            Ok(())
+        }
+        7 => {
+            let conc =
+                json!({"key": c.key("caller"), "holdMs": 400, "limits": [{"key": c.key("c7"), "concurrent": 1}]});
+            let at = granted(&c.acquire(conc.clone()).await?)?;
+            refused(&c.acquire(conc.clone()).await?, "concurrency", &c.key("c7"))?;
+            sleep_past(at.plus(400)).await;
+            granted(&c.acquire(conc).await?)?;
+            Ok(())
+        }
+        8 => {
+            let conc = json!({"key": c.key("caller"), "cost": 0, "limits": [{"key": c.key("c8"), "concurrent": 1, "calls": 1, "perMs": 60_000}]});
+            granted(&c.acquire(conc.clone()).await?)?;
+            refused(&c.acquire(conc).await?, "concurrency", &c.key("c8"))?;
+            Ok(())
+        }
+        9 => {
+            let unknown = format!("{}never-issued", c.prefix).chars().take(128).collect::<String>();
+            ensure!(c.post("/release", json!({"permit": unknown})).await? == json!({"released": false}), "unknown");
+            let conc = json!({"key": c.key("caller"), "limits": [{"key": c.key("c9"), "concurrent": 1}]});
+            let permit = c.acquire(conc).await?["permit"].clone();
+            ensure!(c.post("/release", json!({"permit": permit})).await?["released"] == true, "first release");
+            ensure!(c.post("/release", json!({"permit": permit})).await?["released"] == false, "second release");
+            Ok(())
+        }
+        10 => {
+            let caller = c.key("t10");
+            let until = format_instant(wall_clock_now().plus(30_000));
+            let set = c.post("/throttle", json!({"key": caller, "until": until})).await?;
+            ensure!(set == json!({"key": caller, "until": until}), "throttle answered {set}");
+            let earlier = format_instant(wall_clock_now().plus(10_000));
+            let kept = c.post("/throttle", json!({"key": caller, "until": earlier})).await?;
+            ensure!(kept["until"] == json!(until), "a throttle must only extend: {kept}");
+            let r = c.acquire(json!({"key": caller, "limits": []})).await?;
+            let retry = refused(&r, "throttle", &caller)?;
+            ensure!(format_instant(retry) == until, "retryAt {retry} is not the throttle's until");
+            let other = c.acquire(json!({"key": c.key("not-throttled"), "limits": []})).await?;
+            granted(&other)?;
+            Ok(())
+        }
+        11 => {
+            let at = granted(&c.acquire(c.window("w11", 1, 60_000)).await?)?;
+            let caller = c.key("caller11");
+            let until = format_instant(at.plus(60_000));
+            c.post("/throttle", json!({"key": caller, "until": until})).await?;
+            let w = json!({"key": caller, "limits": [{"key": c.key("w11"), "calls": 1, "perMs": 60_000}]});
+            refused(&c.acquire(w).await?, "throttle", &caller)?;
+            Ok(())
+        }
+        12 => {
+            let caller = c.key("t12");
+            let past = c.post("/throttle", json!({"key": caller, "until": "2020-01-01T00:00:00.000Z"})).await?;
+            ensure!(past == json!({"key": caller, "until": null}), "a past until: {past}");
+            granted(&c.acquire(json!({"key": caller, "limits": []})).await?)?;
+            let far = format_instant(wall_clock_now().plus(25 * 3_600_000));
+            let (status, v) = c
+                .send(reqwest::Method::POST, "/throttle", Some(json!({"key": caller, "until": far}).to_string()))
+                .await?;
+            ensure!(
+                status == 400 && v["error"]["message"].as_str().is_some_and(|m| m.contains("until")),
+                "{status} {v}"
+            );
+            Ok(())
+        }
+        13 => {
+            let params = c.window("e13", 1, 60_000);
+            let envelope = c.post("/", json!({"method": "acquire", "params": params})).await?;
+            granted(&envelope)?;
+            let direct = c.acquire(params.clone()).await?;
+            let via = c.post("/", json!({"method": "acquire", "params": params})).await?;
+            ensure!(direct["reason"] == via["reason"] && direct["retryAt"] == via["retryAt"], "{direct} vs {via}");
+            let (status, _) =
+                c.send(reqwest::Method::POST, "/", Some(json!({"method": "nope", "params": {}}).to_string())).await?;
+            ensure!(status == 404, "an unknown envelope method is a 404, got {status}");
+            Ok(())
+        }
+        14 => {
+            let caller = c.key("caller");
+            let bad = [
+                (json!({"key": caller, "limits": [{"key": c.key("x"), "calls": 1, "perMs": 0}]}), "limits[0].perMs"),
+                (json!({"key": caller, "limits": [{"key": c.key("x"), "calls": 5.0, "perMs": 10}]}), "limits[0].calls"),
+                (json!({"key": caller, "limits": [{"key": c.key("x"), "calls": "5", "perMs": 10}]}), "limits[0].calls"),
+                (json!({"key": caller, "limits": [{"key": c.key("x"), "concurrent": -1}]}), "limits[0].concurrent"),
+                (json!({"limits": []}), "key"),
+                (json!({"key": caller}), "limits"),
+                (json!({"key": caller, "cost": 1e3, "limits": []}), "cost"),
+                (
+                    json!({"key": caller, "limits": [{"key": c.key("ok"), "calls": 1, "perMs": 60_000}, {"key": c.key("y")}]}),
+                    "limits[1]",
+                ),
+            ];
+            for (body, field) in bad {
+                let (status, v) = c.send(reqwest::Method::POST, "/acquire", Some(body.to_string())).await?;
+                ensure!(status == 400 && v["error"]["code"] == "bad_request", "{body}: {status} {v}");
+                let message = v["error"]["message"].as_str().unwrap_or_default();
+                ensure!(message.contains(field), "{body}: message {message:?} does not name {field}");
+            }
+            let (status, _) = c.send(reqwest::Method::POST, "/acquire", Some("{\"key\":".into())).await?;
+            ensure!(status == 400, "malformed JSON must be a 400, got {status}");
+            // The first limit of the last bad request was not counted.
+            granted(&c.acquire(c.window("ok", 1, 60_000)).await?)?;
+            Ok(())
+        }
+        15 => {
+            let (status, v) = c.send(reqwest::Method::POST, "/nope", Some("{}".into())).await?;
+            ensure!(status == 404 && v["error"]["code"] == "not_found", "{status} {v}");
+            let (status, v) = c.send(reqwest::Method::GET, "/acquire", None).await?;
+            ensure!(status == 405 && v["error"]["code"] == "method_not_allowed", "{status} {v}");
+            let big = format!("{{\"key\":\"{}\",\"limits\":[],\"pad\":\"{}\"}}", c.key("big"), "x".repeat(70_000));
+            let (status, v) = c.send(reqwest::Method::POST, "/acquire", Some(big)).await?;
+            ensure!(status == 413 && v["error"]["code"] == "payload_too_large", "{status} {v}");
+            Ok(())
+        }
+        16 => {
+            let g = c.acquire(c.window("i16", 1, 60_000)).await?;
+            let at = granted(&g)?;
+            let s = g["at"].as_str().unwrap_or_default();
+            ensure!(s.len() == 24 && s.ends_with('Z') && s.as_bytes()[19] == b'.', "at {s:?}");
+            ensure!(at.since(wall_clock_now()) < 5_000, "at {s} is far from now");
+            Ok(())
+        }
+        _ => Err(format!("no case {case}")),
+    }
+}
+
+/// Runs every case against the limiter at `url`, printing one line per case when `print`.
+pub async fn run(url: &str, token: Option<String>, print: bool) -> Vec<CaseResult> {
+    let run_id = format!("{:x}", wall_clock_now().0 ^ u64::from(std::process::id()) << 40);
+    let contract = Contract {
+        http: reqwest::Client::new(),
+        url: url.trim_end_matches('/').to_owned(),
+        token,
+        prefix: format!("contract/{run_id}/"),
+    };
+    let mut results = Vec::new();
+    for (i, name) in CASES.iter().enumerate() {
+        let outcome =
+            Box::pin(run_case(&Contract { prefix: format!("{}{i}/", contract.prefix), ..contract.clone() }, i)).await;
+        if print {
+            match &outcome {
+                Ok(()) => println!("ok    {name}"),
+                Err(why) => println!("FAIL  {name}: {why}"),
+            }
+        }
+        results.push(CaseResult { name, outcome });
+    }
+    results
+}
+
+impl Clone for Contract {
+    fn clone(&self) -> Self {
+        Contract {
+            http: self.http.clone(),
+            url: self.url.clone(),
+            token: self.token.clone(),
+            prefix: self.prefix.clone(),
+        }
+    }
+}
+
+/// The closing line: `N passed, N failed`.
+#[must_use]
+pub fn summary(results: &[CaseResult]) -> String {
+    let passed = results.iter().filter(|r| r.outcome.is_ok()).count();
+    format!("{passed} passed, {} failed", results.len() - passed)
+}

@@ -1,0 +1,68 @@
+//! [`HttpLimiter`]: the three methods over the wire, against any limiter that serves it.
+
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::{ClientError, LimiterApi, Outcome, Refusal};
+use crate::engine::Reason;
+use crate::request::AcquireRequest;
+use crate::time::{Millis, format_instant};
+use crate::wire::{AcquireReply, ErrorReply, ReleaseReply, ThrottleReply};
+
+/// A remote limiter at `url` (for example `http://127.0.0.1:7411`), with an optional token.
+#[derive(Debug, Clone)]
+pub struct HttpLimiter {
+    url: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl HttpLimiter {
+    #[must_use]
+    pub fn new(url: impl Into<String>, token: Option<String>) -> Self {
+        HttpLimiter { url: url.into().trim_end_matches('/').to_owned(), token, http: reqwest::Client::new() }
+    }
+
+    async fn post<T: DeserializeOwned>(&self, method: &str, body: serde_json::Value) -> Result<T, ClientError> {
+        let mut req = self.http.post(format!("{}/{method}", self.url)).json(&body);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        let resp = req.send().await.map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.url)))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.url)))?;
+        if status == StatusCode::OK {
+            return serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol(format!("{method}: {e}")));
+        }
+        let message = serde_json::from_slice::<ErrorReply>(&bytes)
+            .map(|r| r.error.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+        Err(match status {
+            StatusCode::BAD_REQUEST => ClientError::BadRequest(message),
+            StatusCode::SERVICE_UNAVAILABLE => ClientError::Unavailable(message),
+            other => ClientError::Protocol(format!("{method} answered {other}: {message}")),
+        })
+    }
+}
+
+impl LimiterApi for HttpLimiter {
+    async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
+        Ok(match self.post::<AcquireReply>("acquire", req.to_json()).await? {
+            AcquireReply::Granted { at, permit, .. } => Outcome::Granted { at: at.0, permit },
+            reply @ AcquireReply::Refused { .. } => {
+                let reason = reply.reason().unwrap_or(Reason::Rate);
+                let AcquireReply::Refused { retry_at, limit, .. } = reply else { unreachable!("matched above") };
+                Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit })
+            }
+        })
+    }
+
+    async fn release(&self, permit: String) -> Result<bool, ClientError> {
+        Ok(self.post::<ReleaseReply>("release", serde_json::json!({ "permit": permit })).await?.released)
+    }
+
+    async fn throttle(&self, key: String, until: Millis) -> Result<Option<Millis>, ClientError> {
+        let body = serde_json::json!({ "key": key, "until": format_instant(until) });
+        Ok(self.post::<ThrottleReply>("throttle", body).await?.until.map(|i| i.0))
+    }
+}

@@ -1,0 +1,315 @@
+//! The host side: the limiter never waits, the host does.
+//!
+//! - [`LimiterApi`]: the three methods, implemented by the in-process [`Limiter`] (no HTTP) and
+//!   by [`HttpLimiter`] (any server of the wire), so a host switches between embedded and remote
+//!   by changing one value.
+//! - [`Client`]: waits as a host must. On a refusal it sleeps until `retryAt` and asks again;
+//!   waiters of the same request shape are served first-in first-out (a large call is never
+//!   starved by smaller ones behind it); `max_wait`, `max_waiters` and cancellation by drop are
+//!   honoured, and a grant that arrives after cancellation is released, never leaked.
+//! - [`Permit`]: the grant as a guard that holds its places until it is dropped or released.
+//! - [`Client::observe_response`]: a provider's 429 or exhausted budget throttles the caller.
+
+pub mod contract;
+mod http;
+mod permit;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use http::HttpLimiter;
+pub use permit::{Permit, PermitStream};
+
+use crate::engine::{Decision, Reason};
+use crate::limiter::{Limiter, LimiterError};
+use crate::request::{AcquireRequest, ReleaseRequest, ThrottleRequest};
+use crate::time::{Millis, wall_clock_now};
+use crate::vendor::{vendor_budget, vendor_wait};
+
+/// The answer to one `acquire`, as any limiter of the wire gives it (the permit is opaque).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Granted { at: Millis, permit: Option<String> },
+    Refused(Refusal),
+}
+
+/// A refusal: when to ask again, why, and which limit (or caller key, for a throttle).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub retry_at: Millis,
+    pub reason: Reason,
+    pub limit: String,
+}
+
+/// Why the host got no grant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// `try_acquire` only: the limiter refused (a local limit, or a throttle a provider set).
+    #[error("refused ({}) by {} until {}", .0.reason.as_str(), .0.limit, .0.retry_at)]
+    Refused(Refusal),
+    /// Waited `max_wait` without a grant; `last` is the refusal that stood then (none when the
+    /// time ran out in line behind earlier callers of the same shape).
+    #[error("no grant within {waited_ms} ms (last refusal: {last:?})")]
+    QueueTimeout { waited_ms: u64, last: Option<Refusal> },
+    /// `max_waiters` callers of this shape were already waiting.
+    #[error("{waiting} callers already wait for this request shape")]
+    QueueFull { waiting: usize },
+    /// The limiter says the request is malformed.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The limiter answered but cannot decide now (its store cannot commit, or it is closing).
+    #[error("limiter unavailable: {0}")]
+    Unavailable(String),
+    /// The limiter could not be reached at all.
+    #[error("limiter unreachable: {0}")]
+    Unreachable(String),
+    /// The limiter answered something the wire does not allow.
+    #[error("unexpected answer from the limiter: {0}")]
+    Protocol(String),
+}
+
+impl From<LimiterError> for ClientError {
+    fn from(e: LimiterError) -> Self {
+        match e {
+            LimiterError::BadRequest(bad) => ClientError::BadRequest(bad.0),
+            LimiterError::Unavailable(why) => ClientError::Unavailable(why),
+        }
+    }
+}
+
+/// The three methods of the wire, whoever serves them.
+pub trait LimiterApi: Send + Sync + 'static {
+    fn acquire(&self, req: AcquireRequest) -> impl Future<Output = Result<Outcome, ClientError>> + Send;
+    /// `true` when the permit freed places.
+    fn release(&self, permit: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// The throttle in force for `key` afterwards.
+    fn throttle(&self, key: String, until: Millis) -> impl Future<Output = Result<Option<Millis>, ClientError>> + Send;
+    /// The limiter's notion of now (the host's wall clock for a remote limiter).
+    fn now(&self) -> Millis {
+        wall_clock_now()
+    }
+}
+
+impl LimiterApi for Limiter {
+    async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
+        Ok(match Limiter::acquire(self, req).await? {
+            Decision::Granted { at, permit } => Outcome::Granted { at, permit: permit.map(|p| p.to_string()) },
+            Decision::Refused { retry_at, reason, limit } => Outcome::Refused(Refusal { retry_at, reason, limit }),
+        })
+    }
+
+    async fn release(&self, permit: String) -> Result<bool, ClientError> {
+        let req = ReleaseRequest::new(permit).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(Limiter::release(self, req).await?)
+    }
+
+    async fn throttle(&self, key: String, until: Millis) -> Result<Option<Millis>, ClientError> {
+        let req = ThrottleRequest::new(key, until, Limiter::now(self)).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(Limiter::throttle(self, req).await?)
+    }
+
+    fn now(&self) -> Millis {
+        Limiter::now(self)
+    }
+}
+
+/// How long one `acquire` may wait, and how many may wait for the same request shape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AcquireOptions {
+    /// Give up with `QueueTimeout` after this long; `None` waits as long as it takes.
+    pub max_wait: Option<Duration>,
+    /// Refuse at once with `QueueFull` when this many already wait for the same shape.
+    pub max_waiters: Option<usize>,
+}
+
+/// One wait, as the observer hook sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitReport {
+    pub waited_ms: u64,
+    pub reason: Reason,
+    /// The limit key (for a throttle, the caller key) whose `retryAt` was slept on.
+    pub limit: String,
+}
+
+type Observer = Arc<dyn Fn(&WaitReport) + Send + Sync>;
+
+/// The FIFO line of one request shape: a fair lock held by the head while it waits.
+#[derive(Default)]
+struct Line {
+    turn: tokio::sync::Mutex<()>,
+    waiting: AtomicUsize,
+}
+
+/// A waiting client over any [`LimiterApi`]. Cheap to clone.
+pub struct Client<L: LimiterApi> {
+    limiter: Arc<L>,
+    lines: Arc<Mutex<HashMap<String, Arc<Line>>>>,
+    observer: Option<Observer>,
+    /// The wait a 429 stands for when the provider names none.
+    throttle_after_ms: u64,
+}
+
+impl<L: LimiterApi> Clone for Client<L> {
+    fn clone(&self) -> Self {
+        Client {
+            limiter: self.limiter.clone(),
+            lines: self.lines.clone(),
+            observer: self.observer.clone(),
+            throttle_after_ms: self.throttle_after_ms,
+        }
+    }
+}
+
+/// Waiters queue per shape: the caller key and the buckets named, whatever the costs, so a
+/// large call at the head of the line is never overtaken by smaller ones for the same buckets.
+fn shape_of(req: &AcquireRequest) -> String {
+    let mut shape = req.key.clone();
+    for l in &req.limits {
+        shape.push('\u{0}');
+        shape.push_str(&l.key);
+    }
+    shape
+}
+
+impl<L: LimiterApi> Client<L> {
+    #[must_use]
+    pub fn new(limiter: Arc<L>) -> Self {
+        Client { limiter, lines: Arc::default(), observer: None, throttle_after_ms: 5_000 }
+    }
+
+    /// Calls `observer` after every wait.
+    #[must_use]
+    pub fn with_observer(mut self, observer: impl Fn(&WaitReport) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// The throttle a 429 without any wait in its headers or body stands for.
+    #[must_use]
+    pub fn with_throttle_after(mut self, wait: Duration) -> Self {
+        self.throttle_after_ms = wait.as_millis() as u64;
+        self
+    }
+
+    #[must_use]
+    pub fn limiter(&self) -> &Arc<L> {
+        &self.limiter
+    }
+
+    /// Asks once; never waits.
+    pub async fn try_acquire(&self, req: AcquireRequest) -> Result<Permit<L>, ClientError> {
+        match self.ask(req).await? {
+            Outcome::Granted { at, permit } => Ok(Permit::new(self.limiter.clone(), at, permit)),
+            Outcome::Refused(refusal) => Err(ClientError::Refused(refusal)),
+        }
+    }
+
+    /// One acquire whose grant is released if the caller is gone by the time it arrives.
+    async fn ask(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let limiter = self.limiter.clone();
+        tokio::spawn(async move {
+            let outcome = limiter.acquire(req).await;
+            if let Err(Ok(Outcome::Granted { permit: Some(permit), .. })) = tx.send(outcome) {
+                // The caller was cancelled while the grant was on its way: give the places back.
+                let _ = limiter.release(permit).await;
+            }
+        });
+        rx.await.unwrap_or_else(|_| Err(ClientError::Unavailable("the acquire task ended without an answer".into())))
+    }
+
+    /// Waits until granted: sleeps until each refusal's `retryAt` and asks again, first in
+    /// first out among callers of the same request shape. Dropping the future cancels it.
+    pub async fn acquire(&self, req: AcquireRequest, options: AcquireOptions) -> Result<Permit<L>, ClientError> {
+        let shape = shape_of(&req);
+        let (line, waiting) = {
+            let mut lines = self.lines.lock().expect("lines lock");
+            let line = lines.entry(shape.clone()).or_default().clone();
+            let waiting = line.waiting.fetch_add(1, Ordering::SeqCst);
+            (line, waiting)
+        };
+        let _count = LineCount { lines: &self.lines, shape, line: &line };
+        if let Some(max) = options.max_waiters
+            && waiting >= max
+        {
+            return Err(ClientError::QueueFull { waiting });
+        }
+        let started = tokio::time::Instant::now();
+        let deadline = options.max_wait.map(|d| tokio::time::Instant::now() + d);
+        let timeout =
+            |last: Option<Refusal>| ClientError::QueueTimeout { waited_ms: started.elapsed().as_millis() as u64, last };
+        // The head of the line holds the turn while it waits, so nobody behind overtakes it.
+        let _turn = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, line.turn.lock()).await.map_err(|_| timeout(None))?,
+            None => line.turn.lock().await,
+        };
+        loop {
+            let refusal = match self.ask(req.clone()).await? {
+                Outcome::Granted { at, permit } => return Ok(Permit::new(self.limiter.clone(), at, permit)),
+                Outcome::Refused(refusal) => refusal,
+            };
+            let now = self.limiter.now();
+            let wait = Duration::from_millis(refusal.retry_at.since(now).max(1));
+            let wake = tokio::time::Instant::now() + wait;
+            if deadline.is_some_and(|d| wake > d) {
+                return Err(timeout(Some(refusal)));
+            }
+            tokio::time::sleep_until(wake).await;
+            if let Some(observer) = &self.observer {
+                observer(&WaitReport {
+                    waited_ms: wait.as_millis() as u64,
+                    reason: refusal.reason,
+                    limit: refusal.limit.clone(),
+                });
+            }
+        }
+    }
+
+    /// Reads a provider's answer for `caller_key`: a 429 throttles the caller for the wait the
+    /// provider asked (`Retry-After`, `retry-after-ms`, Google's `RetryInfo`; else the default
+    /// `throttle_after`), clamped to 1–120 s; a success that reports an exhausted budget
+    /// (Anthropic's or OpenAI's rate-limit headers) throttles it until the reset. Returns the
+    /// throttle now in force, if this answer set or met one.
+    pub async fn observe_response(
+        &self,
+        caller_key: &str,
+        status: u16,
+        headers: &::http::HeaderMap,
+        body: &[u8],
+    ) -> Result<Option<Millis>, ClientError> {
+        let now = self.limiter.now();
+        let until = if status == 429 {
+            Some(now.plus(vendor_wait(headers, body, now, self.throttle_after_ms)))
+        } else if (200..300).contains(&status) {
+            vendor_budget(headers, now)
+        } else {
+            None
+        };
+        match until {
+            Some(until) => self.limiter.throttle(caller_key.to_owned(), until).await,
+            None => Ok(None),
+        }
+    }
+}
+
+/// Counts a waiter out of its line, however the wait ends; the last one out removes the line.
+struct LineCount<'a> {
+    lines: &'a Mutex<HashMap<String, Arc<Line>>>,
+    shape: String,
+    line: &'a Line,
+}
+
+impl Drop for LineCount<'_> {
+    fn drop(&mut self) {
+        // Counting in and out under the map's lock keeps a line from being removed while a
+        // newcomer is joining it.
+        let mut lines = self.lines.lock().expect("lines lock");
+        if self.line.waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+            lines.remove(&self.shape);
+        }
+    }
+}

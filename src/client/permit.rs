@@ -1,0 +1,91 @@
+//! The grant as a guard: it holds its concurrency places until it is released explicitly or
+//! dropped (then it is released in the background), including across a streamed response
+//! wrapped in [`PermitStream`], which lets go only when the stream is drained or dropped.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::{ClientError, LimiterApi};
+use crate::time::Millis;
+
+/// A granted call. Dropping it releases its places.
+pub struct Permit<L: LimiterApi> {
+    limiter: Arc<L>,
+    at: Millis,
+    permit: Option<String>,
+}
+
+impl<L: LimiterApi> std::fmt::Debug for Permit<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit").field("at", &self.at).field("permit", &self.permit).finish()
+    }
+}
+
+impl<L: LimiterApi> Permit<L> {
+    pub(crate) fn new(limiter: Arc<L>, at: Millis, permit: Option<String>) -> Self {
+        Permit { limiter, at, permit }
+    }
+
+    /// When the call was granted.
+    #[must_use]
+    pub fn at(&self) -> Millis {
+        self.at
+    }
+
+    /// The permit id, when the grant holds concurrency places.
+    #[must_use]
+    pub fn id(&self) -> Option<&str> {
+        self.permit.as_deref()
+    }
+
+    /// Releases the places now; `true` when it freed any (`false` once they lapsed).
+    pub async fn release(mut self) -> Result<bool, ClientError> {
+        match self.permit.take() {
+            Some(permit) => self.limiter.release(permit).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Keeps this permit until `stream` is drained or dropped.
+    pub fn hold_while<S>(self, stream: S) -> PermitStream<S, L> {
+        PermitStream { inner: stream, permit: Some(self) }
+    }
+}
+
+impl<L: LimiterApi> Drop for Permit<L> {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else { return };
+        let limiter = self.limiter.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = limiter.release(permit).await {
+                        tracing::warn!(error = %e, "releasing a dropped permit failed; its places lapse at holdMs");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!("a permit dropped outside a runtime is not released; its places lapse at holdMs"),
+        }
+    }
+}
+
+/// A stream that holds a [`Permit`] until it ends.
+pub struct PermitStream<S, L: LimiterApi> {
+    inner: S,
+    permit: Option<Permit<L>>,
+}
+
+impl<S: futures_core::Stream + Unpin, L: LimiterApi> futures_core::Stream for PermitStream<S, L> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let next = Pin::new(&mut self.inner).poll_next(cx);
+        if let Poll::Ready(None) = next {
+            self.permit.take(); // drained: let the places go
+        }
+        next
+    }
+}
+
+impl<S, L: LimiterApi> Unpin for PermitStream<S, L> where S: Unpin {}

@@ -1,0 +1,235 @@
+//! The host side: the waiting client on paused tokio time over an engine-backed test limiter,
+//! vendor signals into throttles, the HTTP client's typed errors, and the contract suite run
+//! against our own server.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redb_limiter::client::contract;
+use redb_limiter::client::{
+    AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, Refusal, WaitReport,
+};
+use redb_limiter::engine::{Decision, Engine, EngineConfig};
+use redb_limiter::limiter::LimiterOptions;
+use redb_limiter::server::{ServerConfig, serve};
+use redb_limiter::{AcquireRequest, Limit, Limiter, Millis, Reason};
+
+const T0: Millis = Millis(1_800_000_000_000);
+
+/// A limiter whose clock is tokio's (paused in these tests) and whose answers can be delayed.
+struct EngineLimiter {
+    engine: Mutex<Engine>,
+    start: tokio::time::Instant,
+    delay: Duration,
+}
+
+impl EngineLimiter {
+    fn new(delay: Duration) -> Arc<Self> {
+        Arc::new(EngineLimiter {
+            engine: Mutex::new(Engine::new(EngineConfig::default())),
+            start: tokio::time::Instant::now(),
+            delay,
+        })
+    }
+
+    fn held(&self) -> usize {
+        let now = self.now();
+        self.engine.lock().unwrap().view(now, "").buckets.iter().map(|b| b.places_held).sum()
+    }
+}
+
+impl LimiterApi for EngineLimiter {
+    async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
+        tokio::time::sleep(self.delay).await;
+        let now = self.now();
+        Ok(match self.engine.lock().unwrap().acquire(&req, now, &mut Vec::new()) {
+            Decision::Granted { at, permit } => Outcome::Granted { at, permit: permit.map(|p| p.to_string()) },
+            Decision::Refused { retry_at, reason, limit } => Outcome::Refused(Refusal { retry_at, reason, limit }),
+        })
+    }
+
+    async fn release(&self, permit: String) -> Result<bool, ClientError> {
+        let now = self.now();
+        Ok(self.engine.lock().unwrap().release(&permit, now, &mut Vec::new()))
+    }
+
+    async fn throttle(&self, key: String, until: Millis) -> Result<Option<Millis>, ClientError> {
+        let now = self.now();
+        Ok(self.engine.lock().unwrap().throttle(&key, until, now, &mut Vec::new()))
+    }
+
+    fn now(&self) -> Millis {
+        T0.plus(self.start.elapsed().as_millis() as u64)
+    }
+}
+
+fn window_req(cost: u64) -> AcquireRequest {
+    AcquireRequest::new("host", vec![Limit::window("tpm", 10, 1000).with_cost(cost)]).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_call_is_served_before_smaller_ones_behind_it() {
+    let limiter = EngineLimiter::new(Duration::ZERO);
+    let client = Client::new(limiter.clone());
+    client.try_acquire(window_req(5)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, cost) in [(0, 10), (1, 1), (2, 1), (3, 1)] {
+        let client = client.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let permit = client.acquire(window_req(cost), AcquireOptions::default()).await.unwrap();
+            order.lock().unwrap().push((i, permit.at()));
+        }));
+        tokio::task::yield_now().await; // queue them in this order
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let ids: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3], "first in, first out");
+    // The large call waited for the window to empty; the small ones then waited for it in turn.
+    assert_eq!(order[0].1, T0.plus(1000));
+    assert_eq!(order[1].1, T0.plus(2000));
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_full_and_queue_timeout_are_typed() {
+    let limiter = EngineLimiter::new(Duration::ZERO);
+    let client = Client::new(limiter.clone());
+    client.try_acquire(window_req(10)).await.unwrap();
+    match client.try_acquire(window_req(1)).await {
+        Err(ClientError::Refused(r)) => assert_eq!((r.reason, r.retry_at), (Reason::Rate, T0.plus(1000))),
+        other => panic!("{other:?}"),
+    }
+    // A head of line with no deadline waits for the window.
+    let head = {
+        let client = client.clone();
+        tokio::spawn(async move { client.acquire(window_req(1), AcquireOptions::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await; // the head takes its place in line
+    let full = AcquireOptions { max_waiters: Some(1), ..AcquireOptions::default() };
+    match client.acquire(window_req(1), full).await {
+        Err(ClientError::QueueFull { waiting: 1 }) => {}
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    // Behind the head, a deadline runs out in line.
+    let short = AcquireOptions { max_wait: Some(Duration::from_millis(300)), ..AcquireOptions::default() };
+    match client.acquire(window_req(1), short).await {
+        Err(ClientError::QueueTimeout { waited_ms: 300, last: None }) => {}
+        other => panic!("expected QueueTimeout in line, got {other:?}"),
+    }
+    assert_eq!(head.await.unwrap().unwrap().at(), T0.plus(1000));
+    // Alone, a refusal whose retryAt lies past the deadline fails at once, naming it.
+    let solo = |cost| AcquireRequest::new("host", vec![Limit::window("solo", 10, 1000).with_cost(cost)]).unwrap();
+    let filled = client.try_acquire(solo(10)).await.unwrap().at();
+    match client.acquire(solo(1), short).await {
+        Err(ClientError::QueueTimeout { last: Some(last), .. }) => {
+            assert_eq!((last.limit.as_str(), last.retry_at), ("solo", filled.plus(1000)))
+        }
+        other => panic!("expected QueueTimeout, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_that_arrives_after_cancellation_is_released() {
+    let limiter = EngineLimiter::new(Duration::from_millis(100));
+    let client = Client::new(limiter.clone());
+    let conc = AcquireRequest::new("host", vec![Limit::concurrent("conc", 1)]).unwrap();
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(50), client.acquire(conc.clone(), AcquireOptions::default()));
+    assert!(cancelled.await.is_err(), "the acquire was cut off before its answer");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(limiter.held(), 0, "the late grant was given back");
+    // Dropping a permit releases it too.
+    let permit = client.acquire(conc.clone(), AcquireOptions::default()).await.unwrap();
+    assert_eq!(limiter.held(), 1);
+    drop(permit);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(limiter.held(), 0);
+    let permit = client.acquire(conc, AcquireOptions::default()).await.unwrap();
+    assert!(permit.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_sees_every_wait() {
+    let limiter = EngineLimiter::new(Duration::ZERO);
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let seen = waits.clone();
+    let client = Client::new(limiter.clone()).with_observer(move |w: &WaitReport| seen.lock().unwrap().push(w.clone()));
+    client.try_acquire(window_req(10)).await.unwrap();
+    limiter.throttle("host".into(), T0.plus(1500)).await.unwrap();
+    client.acquire(window_req(1), AcquireOptions::default()).await.unwrap();
+    let waits = waits.lock().unwrap().clone();
+    assert_eq!(waits, vec![WaitReport { waited_ms: 1500, reason: Reason::Throttle, limit: "host".into() }]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn provider_answers_throttle_the_caller() {
+    let limiter = EngineLimiter::new(Duration::ZERO);
+    let client = Client::new(limiter.clone()).with_throttle_after(Duration::from_secs(3));
+    let mut headers = http::HeaderMap::new();
+    headers.insert("retry-after", "7".parse().unwrap());
+    assert_eq!(client.observe_response("host", 429, &headers, b"").await.unwrap(), Some(T0.plus(7000)));
+    match client.try_acquire(window_req(1)).await {
+        Err(ClientError::Refused(r)) => assert_eq!((r.reason, r.retry_at), (Reason::Throttle, T0.plus(7000))),
+        other => panic!("{other:?}"),
+    }
+    // A 429 that names no wait stands for the default.
+    let empty = http::HeaderMap::new();
+    assert_eq!(client.observe_response("other", 429, &empty, b"{}").await.unwrap(), Some(T0.plus(3000)));
+    // A success with an exhausted budget throttles until its reset; a budget left does nothing.
+    let mut budget = http::HeaderMap::new();
+    budget.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+    budget.insert("x-ratelimit-reset-requests", "20s".parse().unwrap());
+    assert_eq!(client.observe_response("third", 200, &budget, b"").await.unwrap(), Some(T0.plus(20_000)));
+    budget.insert("x-ratelimit-remaining-requests", "3".parse().unwrap());
+    assert_eq!(client.observe_response("fourth", 200, &budget, b"").await.unwrap(), None);
+}
+
+async fn start_server() -> (String, tempfile::TempDir, tokio::sync::oneshot::Sender<()>) {
+    let dir = tempfile::tempdir().unwrap();
+    let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), LimiterOptions::default()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(listener, limiter, ServerConfig::default(), async move {
+        let _ = stopped.await;
+    }));
+    (url, dir, stop)
+}
+
+#[tokio::test]
+async fn the_contract_suite_passes_against_our_server() {
+    let (url, _dir, _stop) = start_server().await;
+    let results = contract::run(&url, None, false).await;
+    let failed: Vec<_> = results.iter().filter(|r| r.outcome.is_err()).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(contract::summary(&results), format!("{} passed, 0 failed", contract::CASES.len()));
+}
+
+#[tokio::test]
+async fn http_errors_are_typed() {
+    let (url, _dir, _stop) = start_server().await;
+    let remote = HttpLimiter::new(&url, None);
+    let client = Client::new(Arc::new(remote));
+    let conc = AcquireRequest::new("host", vec![Limit::concurrent("c", 1)]).unwrap();
+    let permit = client.try_acquire(conc.clone()).await.unwrap();
+    assert!(permit.id().is_some_and(|p| p.starts_with("p-")));
+    match client.try_acquire(conc).await {
+        Err(ClientError::Refused(r)) => assert_eq!(r.reason, Reason::Concurrency),
+        other => panic!("{other:?}"),
+    }
+    assert!(permit.release().await.unwrap());
+    let too_far = client.limiter().now().plus(25 * 3_600_000);
+    assert!(
+        matches!(client.limiter().throttle("host".into(), too_far).await, Err(ClientError::BadRequest(m)) if m.contains("until"))
+    );
+    // Nothing listens here: unreachable, not refused.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let gone = HttpLimiter::new(dead, None);
+    assert!(matches!(gone.acquire(window_req(1)).await, Err(ClientError::Unreachable(_))));
+}

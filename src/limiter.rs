@@ -518,6 +518,13 @@ impl Writer {
             let Some(batch) = self.next_batch() else { break };
             self.commit(batch);
         }
+        // Closed: delete the grants the store still holds for nothing.
+        let floor = self.shared.lock().last_now;
+        if let Some(store) = &mut self.store
+            && let Err(e) = store.finish(floor)
+        {
+            tracing::error!(error = %e, "deleting lapsed grants at close failed");
+        }
     }
 
     /// Waits until there is something to commit: effects a request waits for, a sweep's effects

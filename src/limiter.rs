@@ -145,6 +145,20 @@ struct Core {
     closing: bool,
 }
 
+impl Core {
+    /// Forgets what lapsed by `now`. What that changes in the file waits for the next commit a
+    /// request needs (see [`MAX_DEFERRED_MS`]); true when it changed anything.
+    fn sweep(&mut self, now: Millis) -> bool {
+        let before = self.effects.len();
+        self.engine.sweep(now, &mut self.effects);
+        let swept = self.effects.len() > before;
+        if swept && self.waiting.is_empty() {
+            self.deferred_since.get_or_insert(now);
+        }
+        swept
+    }
+}
+
 struct Shared {
     core: Mutex<Core>,
     /// Wakes the writer: effects are queued, or the limiter is closing.
@@ -178,16 +192,7 @@ impl Shared {
         let now = self.now(&mut core);
         // Forget what has lapsed before deciding, so reads never list it; what that changes in
         // the file waits for a commit a request needs.
-        let mut swept = false;
-        if core.engine.next_deadline().is_some_and(|at| at <= now) {
-            let Core { engine, effects, .. } = &mut *core;
-            let before = effects.len();
-            engine.sweep(now, effects);
-            if effects.len() > before && core.waiting.is_empty() {
-                core.deferred_since.get_or_insert(now);
-                swept = true;
-            }
-        }
+        let swept = core.engine.next_deadline().is_some_and(|at| at <= now) && core.sweep(now);
         let before = core.effects.len();
         let answer = decide(&mut core, cmd, now);
         if core.effects.len() == before {
@@ -544,12 +549,8 @@ impl Writer {
                 continue;
             }
             let now = shared.now(&mut core);
-            let Core { engine, effects, .. } = &mut *core;
-            let swept_before = effects.len();
-            let next_deadline = engine.sweep(now, effects);
-            if effects.len() > swept_before && core.waiting.is_empty() {
-                core.deferred_since.get_or_insert(now);
-            }
+            core.sweep(now);
+            let next_deadline = core.engine.next_deadline();
             update_gauges(&shared.metrics, &core.engine);
             let deferred_due = core.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
             let sweep_due = deferred_due.is_some_and(|due| due <= now) || core.effects.len() >= MAX_DEFERRED_EFFECTS;

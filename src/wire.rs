@@ -88,7 +88,7 @@ impl From<&Decision> for AcquireReply {
 }
 
 impl AcquireReply {
-    /// The decision this reply carries (the permit stays a string: it is opaque to hosts).
+    /// A refusal's reason, or `None` for a grant or a reason the wire does not have.
     #[must_use]
     pub fn reason(&self) -> Option<Reason> {
         match self {
@@ -96,7 +96,8 @@ impl AcquireReply {
             AcquireReply::Refused { reason, .. } => match reason.as_str() {
                 "rate" => Some(Reason::Rate),
                 "concurrency" => Some(Reason::Concurrency),
-                _ => Some(Reason::Throttle),
+                "throttle" => Some(Reason::Throttle),
+                _ => None,
             },
         }
     }

@@ -4,7 +4,6 @@ use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
 use super::{ClientError, LimiterApi, Outcome, Refusal};
-use crate::engine::Reason;
 use crate::request::AcquireRequest;
 use crate::time::{Millis, format_instant};
 use crate::wire::{AcquireReply, ErrorReply, ReleaseReply, ThrottleReply};
@@ -50,8 +49,12 @@ impl LimiterApi for HttpLimiter {
         Ok(match self.post::<AcquireReply>("acquire", req.to_json()).await? {
             AcquireReply::Granted { at, permit, .. } => Outcome::Granted { at: at.0, permit },
             reply @ AcquireReply::Refused { .. } => {
-                let reason = reply.reason().unwrap_or(Reason::Rate);
-                let AcquireReply::Refused { retry_at, limit, .. } = reply else { unreachable!("matched above") };
+                let reason = reply.reason();
+                let AcquireReply::Refused { retry_at, limit, reason: named, .. } = reply else {
+                    unreachable!("matched above")
+                };
+                let reason =
+                    reason.ok_or_else(|| ClientError::Protocol(format!("acquire: unknown reason {named:?}")))?;
                 Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit })
             }
         })

@@ -175,6 +175,19 @@ impl Bucket {
         self.window.is_empty() && self.places.is_empty()
     }
 
+    /// The effect that deletes the grants pruned so far from the file, if there are any.
+    fn take_pruned(&mut self) -> Option<Effect> {
+        (!self.unpersisted_prune.is_empty()).then(|| Effect::WindowPruned {
+            bucket: self.key.clone(),
+            grants: std::mem::take(&mut self.unpersisted_prune),
+        })
+    }
+
+    /// The effect that forgets this (idle) bucket and whatever of it is left in the file.
+    fn into_forgotten(self) -> Effect {
+        Effect::BucketForgotten { bucket: self.key, grants: self.unpersisted_prune }
+    }
+
     /// When the bucket becomes idle if nothing else happens.
     fn idle_at(&self) -> Millis {
         let window_end = self.window.newest().map_or(Millis::ZERO, |t| t.plus(self.meta.retain_ms));
@@ -306,8 +319,7 @@ impl Engine {
                 effects.push(Effect::BucketMeta { bucket: key.clone(), meta });
             }
             if bucket.unpersisted_prune.len() >= PRUNE_BATCH {
-                let grants = std::mem::take(&mut bucket.unpersisted_prune);
-                effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
+                effects.extend(bucket.take_pruned());
             }
             if cost > 0 {
                 let total = bucket.window.record(now, cost);
@@ -408,9 +420,7 @@ impl Engine {
         bucket.prune(now);
         self.held_places -= before - bucket.places.len();
         if bucket.is_idle() {
-            let grants = std::mem::take(&mut bucket.unpersisted_prune);
-            self.buckets.remove(key);
-            effects.push(Effect::BucketForgotten { bucket: key.clone(), grants });
+            effects.extend(self.buckets.remove(key).map(Bucket::into_forgotten));
             return;
         }
         let idle_at = bucket.idle_at();
@@ -460,9 +470,8 @@ impl Engine {
                         continue; // a stale timer: the bucket was rescheduled
                     }
                     bucket.timer_at = Millis(u64::MAX);
-                    if !bucket.unpersisted_prune.is_empty() && !bucket.is_idle() {
-                        let grants = std::mem::take(&mut bucket.unpersisted_prune);
-                        effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
+                    if !bucket.is_idle() {
+                        effects.extend(bucket.take_pruned());
                     }
                     self.settle_bucket(&key, now, effects);
                     if let Some(bucket) = self.buckets.get_mut(&key)
@@ -527,14 +536,9 @@ impl Engine {
             bucket.timer_at = Millis(u64::MAX);
             bucket.prune(now);
             if bucket.is_idle() {
-                let grants = std::mem::take(&mut bucket.unpersisted_prune);
-                self.buckets.remove(&key);
-                effects.push(Effect::BucketForgotten { bucket: key, grants });
+                effects.extend(self.buckets.remove(&key).map(Bucket::into_forgotten));
             } else {
-                if !bucket.unpersisted_prune.is_empty() {
-                    let grants = std::mem::take(&mut bucket.unpersisted_prune);
-                    effects.push(Effect::WindowPruned { bucket: key.clone(), grants });
-                }
+                effects.extend(bucket.take_pruned());
                 bucket.timer_at = bucket.idle_at();
                 self.timers.push(bucket.timer_at, Due::Bucket(key));
             }

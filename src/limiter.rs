@@ -14,9 +14,15 @@
 //! decided on top of an uncommitted grant errs on the safe side. The writer also sweeps lapsed
 //! state at the engine's deadlines; what a sweep alone forgets rides along with the next commit
 //! a request needs (or waits at most [`MAX_DEFERRED_MS`]), since a reopen prunes it again.
+//!
+//! The answers a commit releases to async callers go back through one task (the replier) on the
+//! runtime of the first async call, handed all at once: that wakes the runtime once per commit
+//! instead of once per answer. Blocking calls, async calls made outside a Tokio runtime, and
+//! commits releasing fewer than [`REPLIER_MIN_ANSWERS`] such answers are answered by the writer
+//! itself.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -32,6 +38,8 @@ use crate::time::{Clock, Millis, SystemClock};
 const MAX_DEFERRED_EFFECTS: usize = 4096;
 /// ...or they are this old (ms).
 pub const MAX_DEFERRED_MS: u64 = 1000;
+/// Fewest async answers one commit hands to the replier (fewer are sent one by one).
+const REPLIER_MIN_ANSWERS: usize = 4;
 /// How long the writer waits before trying again to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -97,13 +105,37 @@ enum Command {
     State { prefix: String, reply: Reply<Snapshot> },
 }
 
+/// An answer held until its commit, and whether the writer sends it itself (`direct`) or hands
+/// it to the replier.
+struct Waiting {
+    answer: Answer,
+    direct: bool,
+}
+
+/// Hands the answers of one commit to the replier task.
+type Replier = tokio::sync::mpsc::UnboundedSender<Vec<Answer>>;
+
+/// Spawns the replier on `runtime`: it sends every answer it is handed, and ends when the
+/// limiter is gone.
+fn spawn_replier(runtime: &tokio::runtime::Handle, metrics: Arc<Metrics>) -> Replier {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Answer>>();
+    runtime.spawn(async move {
+        while let Some(answers) = rx.recv().await {
+            for answer in answers {
+                answer.send(&metrics);
+            }
+        }
+    });
+    tx
+}
+
 /// What the engine's lock guards: the engine and what it decided but the file does not hold yet.
 struct Core {
     engine: Engine,
     /// Effects decided and not yet handed to a commit.
     effects: Vec<Effect>,
     /// Answers held until `effects` are committed.
-    waiting: Vec<Answer>,
+    waiting: Vec<Waiting>,
     /// The latest `now` used; never runs backwards, and is the floor the next commit records.
     last_now: Millis,
     /// Since when `effects` holds only a sweep's effects, waiting to ride a request's commit.
@@ -134,6 +166,8 @@ struct Shared {
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
     ack_before_commit: bool,
+    /// Set by the first async call made on a Tokio runtime.
+    replier: OnceLock<Replier>,
 }
 
 impl Shared {
@@ -147,8 +181,8 @@ impl Shared {
     }
 
     /// Decides `cmd`; answers it at once when it changed nothing, else queues the answer for
-    /// the commit that will hold its effects.
-    fn submit(&self, cmd: Command) {
+    /// the commit that will hold its effects (`direct`: the writer sends it, not the replier).
+    fn submit(&self, cmd: Command, direct: bool) {
         let mut core = self.lock();
         if let Some(why) = core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned())) {
             drop(core);
@@ -174,7 +208,7 @@ impl Shared {
             answer.send(&self.metrics);
         } else {
             core.deferred_since = None;
-            core.waiting.push(answer);
+            core.waiting.push(Waiting { answer, direct });
             drop(core);
             self.wake.notify_one();
         }
@@ -267,6 +301,7 @@ impl Limiter {
             clock,
             metrics: Arc::new(Metrics::default()),
             ack_before_commit: options.ack_before_commit,
+            replier: OnceLock::new(),
         });
         let writer =
             Writer { shared: shared.clone(), store: Some(store), path: path.clone(), opener: options.opener, config };
@@ -299,18 +334,30 @@ impl Limiter {
         self.started.elapsed()
     }
 
-    fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> oneshot::Receiver<Result<T, LimiterError>> {
+    fn send<T>(
+        &self,
+        direct: bool,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> oneshot::Receiver<Result<T, LimiterError>> {
         let (reply, rx) = oneshot::channel();
-        self.shared.submit(make(reply));
+        self.shared.submit(make(reply), direct);
         rx
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        self.send(make).await.unwrap_or_else(|_| Err(closed()))
+        let replier = &self.shared.replier;
+        if replier.get().is_none()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            // Two first calls racing may both spawn one; the loser's ends at once.
+            let _ = replier.set(spawn_replier(&runtime, self.shared.metrics.clone()));
+        }
+        let direct = replier.get().is_none();
+        self.send(direct, make).await.unwrap_or_else(|_| Err(closed()))
     }
 
     fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        self.send(make).blocking_recv().unwrap_or_else(|_| Err(closed()))
+        self.send(true, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
     }
 
     /// Decides an acquire; a grant is answered only once it is durable.
@@ -466,7 +513,7 @@ struct Writer {
 /// What one commit carries.
 struct Batch {
     effects: Vec<Effect>,
-    answers: Vec<Answer>,
+    answers: Vec<Waiting>,
     now: Millis,
 }
 
@@ -475,6 +522,13 @@ impl Writer {
         loop {
             let Some(batch) = self.next_batch() else { break };
             self.commit(batch);
+        }
+        // Closed: delete the grants the store still holds for nothing.
+        let floor = self.shared.lock().last_now;
+        if let Some(store) = &mut self.store
+            && let Err(e) = store.finish(floor)
+        {
+            tracing::error!(error = %e, "deleting lapsed grants at close failed");
         }
     }
 
@@ -534,11 +588,7 @@ impl Writer {
         let result = store.commit(&batch.effects, batch.now);
         metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(()) => {
-                for answer in batch.answers {
-                    answer.send(metrics);
-                }
-            }
+            Ok(()) => self.deliver(batch.answers),
             Err(e) => {
                 tracing::error!(error = %e, "commit failed; answering unavailable and reopening the file");
                 let why = e.to_string();
@@ -554,10 +604,30 @@ impl Writer {
                 // rebuilt limiter rather than the failure.
                 self.reopen();
                 let metrics = &self.shared.metrics;
-                for answer in batch.answers.into_iter().chain(later) {
-                    answer.fail(&why, metrics);
+                for waiting in batch.answers.into_iter().chain(later) {
+                    waiting.answer.fail(&why, metrics);
                 }
             }
+        }
+    }
+
+    /// Sends the answers a commit released: the async ones through the replier when there are
+    /// enough of them, the rest (or all, when the replier's runtime is gone) from this thread.
+    fn deliver(&self, answers: Vec<Waiting>) {
+        let metrics = &self.shared.metrics;
+        let handed = answers.iter().filter(|w| !w.direct).count();
+        let (rest, direct): (Vec<Answer>, Vec<Waiting>) = match self.shared.replier.get() {
+            Some(replier) if handed >= REPLIER_MIN_ANSWERS => {
+                let (to_replier, direct): (Vec<Waiting>, Vec<Waiting>) = answers.into_iter().partition(|w| !w.direct);
+                match replier.send(to_replier.into_iter().map(|w| w.answer).collect()) {
+                    Ok(()) => (Vec::new(), direct),
+                    Err(gone) => (gone.0, direct),
+                }
+            }
+            _ => (Vec::new(), answers),
+        };
+        for answer in rest.into_iter().chain(direct.into_iter().map(|w| w.answer)) {
+            answer.send(metrics);
         }
     }
 
@@ -578,8 +648,8 @@ impl Writer {
                 self.store = Some(store);
                 core.engine = engine;
                 core.broken = None;
-                for answer in std::mem::take(&mut core.waiting) {
-                    answer.fail("the file was reopened after a failed commit", &self.shared.metrics);
+                for waiting in std::mem::take(&mut core.waiting) {
+                    waiting.answer.fail("the file was reopened after a failed commit", &self.shared.metrics);
                 }
                 core.effects.clear();
             }

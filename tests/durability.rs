@@ -270,3 +270,50 @@ fn forgetting_waits_for_a_commit_a_request_needs() {
     let store = Store::open(&path, &file_opener()).unwrap();
     assert_eq!(store.grant_rows().unwrap(), 1);
 }
+
+/// Many async grants at once: the answers of a commit go back through the replier task on the
+/// runtime of the first async call. Once that runtime is gone, the writer answers by itself; and
+/// blocking callers are answered by the writer all along, even while that runtime is busy.
+#[test]
+fn async_answers_survive_the_runtime_that_carried_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Arc::new(Limiter::open_with(&path, options(&clock)).unwrap());
+    let burst = |rt: &tokio::runtime::Runtime, round: u64| {
+        rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..64u64 {
+                let limiter = limiter.clone();
+                set.spawn(async move { limiter.acquire(window(&format!("r{round}/{i}"), 1, 60_000)).await });
+            }
+            let mut granted = 0;
+            while let Some(result) = set.join_next().await {
+                assert!(result.unwrap().unwrap().is_granted());
+                granted += 1;
+            }
+            granted
+        })
+    };
+    let first = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    assert_eq!(burst(&first, 0), 64);
+    // A blocking caller on another thread, while an async burst runs on the first runtime.
+    let blocking = {
+        let limiter = limiter.clone();
+        std::thread::spawn(move || {
+            (0..32)
+                .filter(|i| limiter.acquire_blocking(window(&format!("b/{i}"), 1, 60_000)).unwrap().is_granted())
+                .count()
+        })
+    };
+    assert_eq!(burst(&first, 1), 64);
+    assert_eq!(blocking.join().unwrap(), 32);
+    drop(first);
+    // The replier went with its runtime: a new runtime's callers are still answered.
+    let second = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    assert_eq!(burst(&second, 2), 64);
+    assert!(!second.block_on(limiter.acquire(window("r0/0", 1, 60_000))).unwrap().is_granted());
+    drop(second);
+    drop(limiter);
+    assert_eq!(file_facts(&path, clock.now()).buckets.len(), 3 * 64 + 32);
+}

@@ -16,16 +16,27 @@
 //! | `throttles` | caller key | `until` ms |
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
-//! in one leaf of the tree and the pruned ones (all old) in another, whatever buckets they
-//! belong to: a commit writes a few pages, not one per bucket touched.
+//! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
+//! per bucket touched.
+//!
+//! The grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
+//! grants span its window), so deleting them at once would dirty one leaf each. Instead the store
+//! dooms them and deletes doomed grants together, about oldest first: a commit that grants
+//! deletes at most a few per grant it writes, and only those [`DELETE_AFTER_MS`] old, or twice as
+//! old as when they were doomed if that is sooner (by then the grants around them in the log are
+//! doomed too); any other commit, and [`Store::finish`], deletes them all; and a commit that writes a bucket's record (its window grew, or it was created
+//! again) first deletes that bucket's doomed grants. Until deleted, a doomed grant only costs
+//! space: its bucket's window never grew since it was pruned, so loading the file prunes it again.
 //!
 //! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
 //! record is an error, never a panic.
 
 pub mod faulty;
 
+use std::collections::{BTreeSet, HashMap};
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use redb::backends::FileBackend;
 use redb::{
@@ -148,6 +159,89 @@ fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<Format, Store
 pub struct Store {
     db: Database,
     path: PathBuf,
+    /// Grants reported gone but still in the file (see the module docs).
+    doomed: Doomed,
+}
+
+/// Most grants a commit that grants deletes: this many per grant it writes, and at least
+/// [`DELETES_PER_COMMIT`].
+const DELETES_PER_GRANT: usize = 2;
+const DELETES_PER_COMMIT: usize = 512;
+/// A commit that grants deletes a doomed grant only once it is this old (ms), or twice as old as
+/// it was when doomed if that comes sooner.
+pub const DELETE_AFTER_MS: u64 = 2_000;
+
+/// Doomed grants, by when they are due for deletion (then oldest first), and by bucket.
+#[derive(Default)]
+struct Doomed {
+    /// (due, instant, bucket)
+    by_due: BTreeSet<(u64, u64, Arc<str>)>,
+    /// bucket -> (due, instant)
+    by_bucket: HashMap<Arc<str>, Vec<(u64, u64)>, foldhash::fast::RandomState>,
+}
+
+impl Doomed {
+    fn is_empty(&self) -> bool {
+        self.by_due.is_empty()
+    }
+
+    /// Dooms `ats` of `bucket`, reported gone by a commit at `now`.
+    fn add(&mut self, bucket: &Arc<str>, ats: &[Millis], now: Millis) {
+        if ats.is_empty() {
+            return;
+        }
+        let list = match self.by_bucket.get_mut(&**bucket) {
+            Some(list) => list,
+            None => self.by_bucket.entry(bucket.clone()).or_default(),
+        };
+        for at in ats {
+            let age = now.0.saturating_sub(at.0);
+            let due = at.0.saturating_add(DELETE_AFTER_MS.min(age.saturating_mul(2)));
+            if self.by_due.insert((due, at.0, bucket.clone())) {
+                list.push((due, at.0));
+            }
+        }
+    }
+
+    /// Takes the doomed grant due first when it is due by `now`.
+    fn pop_due(&mut self, now: u64) -> Option<(u64, Arc<str>)> {
+        if self.by_due.first().is_none_or(|(due, _, _)| *due > now) {
+            return None;
+        }
+        let (due, at, bucket) = self.by_due.pop_first()?;
+        if let Some(list) = self.by_bucket.get_mut(&*bucket) {
+            if let Some(i) = list.iter().position(|e| *e == (due, at)) {
+                list.swap_remove(i);
+            }
+            if list.is_empty() {
+                self.by_bucket.remove(&*bucket);
+            }
+        }
+        Some((at, bucket))
+    }
+
+    /// Takes every doomed grant of `bucket` (their instants).
+    fn take_bucket(&mut self, bucket: &Arc<str>) -> Vec<u64> {
+        let list = self.by_bucket.remove(&**bucket).unwrap_or_default();
+        list.into_iter()
+            .map(|(due, at)| {
+                self.by_due.remove(&(due, at, bucket.clone()));
+                at
+            })
+            .collect()
+    }
+
+    /// Forgets that `(at, bucket)` is doomed: it is being written again.
+    fn revive(&mut self, bucket: &Arc<str>, at: u64) {
+        let Some(list) = self.by_bucket.get_mut(&**bucket) else { return };
+        if let Some(i) = list.iter().position(|(_, a)| *a == at) {
+            let (due, _) = list.swap_remove(i);
+            self.by_due.remove(&(due, at, bucket.clone()));
+            if list.is_empty() {
+                self.by_bucket.remove(&**bucket);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -182,7 +276,7 @@ impl Store {
         }
         prefetch(&path);
         let db = opener(&path).map_err(map_err)?;
-        let store = Store { db, path };
+        let store = Store { db, path, doomed: Doomed::default() };
         if check_format(&store.db, &store.path)? == Format::Empty {
             store.initialize()?;
         }
@@ -260,8 +354,17 @@ impl Store {
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
+    /// Deletes every doomed grant (see the module docs) in one durable commit, if there are any.
+    /// For closing: the file then holds exactly the grants that still count.
+    pub fn finish(&mut self, floor: Millis) -> Result<(), StoreError> {
+        if self.doomed.is_empty() {
+            return Ok(());
+        }
+        self.commit(&[], floor)
+    }
+
     fn write_effects(
-        &self,
+        &mut self,
         txn: &redb::WriteTransaction,
         effects: &[Effect],
         floor: Millis,
@@ -271,23 +374,25 @@ impl Store {
         let mut grants = txn.open_table(GRANTS)?;
         let mut permits = txn.open_table(PERMITS)?;
         let mut throttles = txn.open_table(THROTTLES)?;
+        let doomed = &mut self.doomed;
+        let mut written = 0;
         for effect in effects {
             match effect {
                 Effect::BucketMeta { bucket, meta } => {
+                    // Its window may have grown: no grant it pruned may linger and count again.
+                    for at in doomed.take_bucket(bucket) {
+                        grants.remove((at, &**bucket))?;
+                    }
                     buckets.insert(&**bucket, encode(meta).as_slice())?;
                 }
                 Effect::WindowGrant { bucket, at, cost } => {
+                    doomed.revive(bucket, at.0);
                     grants.insert((at.0, &**bucket), cost)?;
+                    written += 1;
                 }
-                Effect::WindowPruned { bucket, grants: ats } => {
-                    for at in ats {
-                        grants.remove((at.0, &**bucket))?;
-                    }
-                }
+                Effect::WindowPruned { bucket, grants: ats } => doomed.add(bucket, ats, floor),
                 Effect::BucketForgotten { bucket, grants: ats } => {
-                    for at in ats {
-                        grants.remove((at.0, &**bucket))?;
-                    }
+                    doomed.add(bucket, ats, floor);
                     buckets.remove(&**bucket)?;
                 }
                 Effect::PermitGranted { id, places } => {
@@ -305,6 +410,15 @@ impl Store {
                     throttles.remove(&**key)?;
                 }
             }
+        }
+        let (budget, due_by) = if written == 0 {
+            (usize::MAX, u64::MAX)
+        } else {
+            (DELETES_PER_COMMIT.max(written * DELETES_PER_GRANT), floor.0)
+        };
+        for _ in 0..budget {
+            let Some((at, bucket)) = doomed.pop_due(due_by) else { break };
+            grants.remove((at, &*bucket))?;
         }
         meta.insert(KEY_FLOOR, floor.0)?;
         Ok(())
@@ -334,5 +448,61 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(decode::<BucketMeta>(&long).unwrap_err().contains("trailing"));
+    }
+
+    fn grant(key: &str, at: u64, cost: u64) -> Effect {
+        Effect::WindowGrant { bucket: Arc::from(key), at: Millis(at), cost }
+    }
+
+    fn pruned(key: &str, ats: &[u64]) -> Effect {
+        Effect::WindowPruned { bucket: Arc::from(key), grants: ats.iter().map(|a| Millis(*a)).collect() }
+    }
+
+    /// The grants in the file, in key order.
+    fn rows(store: &Store) -> Vec<(u64, String)> {
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(GRANTS).unwrap();
+        table
+            .iter()
+            .unwrap()
+            .map(|row| {
+                let (k, _) = row.unwrap();
+                let (at, bucket) = k.value();
+                (at, bucket.to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn doomed_grants_are_deleted_when_due_together_and_all_at_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let meta = BucketMeta { retain_ms: 1000, last_calls: 5, last_concurrent: 0 };
+        store.commit(&[grant("a", 1_000, 1), grant("b", 1_500, 1), grant("a", 2_000, 1)], Millis(2_000)).unwrap();
+        // Doomed at 2,500: a@1000 (age 1,500) is due at 3,000, b@1500 (age 1,000) at 3,500.
+        store.commit(&[pruned("a", &[1_000]), pruned("b", &[1_500]), grant("c", 2_500, 1)], Millis(2_500)).unwrap();
+        let all = |v: &[(u64, &str)]| v.iter().map(|(at, b)| (*at, (*b).to_owned())).collect::<Vec<_>>();
+        assert_eq!(rows(&store), all(&[(1_000, "a"), (1_500, "b"), (2_000, "a"), (2_500, "c")]), "none due yet");
+        store.commit(&[grant("c", 3_000, 1)], Millis(3_000)).unwrap();
+        assert_eq!(rows(&store), all(&[(1_500, "b"), (2_000, "a"), (2_500, "c"), (3_000, "c")]));
+        // Doomed young (age 600): due twice that later, at 3,700.
+        store.commit(&[pruned("c", &[2_500]), grant("d", 3_100, 1)], Millis(3_100)).unwrap();
+        assert_eq!(rows(&store).len(), 5);
+        // A bucket record written for `c` (its window may have grown) deletes its doomed grants.
+        store
+            .commit(&[Effect::BucketMeta { bucket: Arc::from("c"), meta }, grant("c", 3_200, 1)], Millis(3_200))
+            .unwrap();
+        assert_eq!(rows(&store), all(&[(1_500, "b"), (2_000, "a"), (3_000, "c"), (3_100, "d"), (3_200, "c")]));
+        // A commit that grants nothing deletes every doomed grant, due or not.
+        store.commit(&[pruned("d", &[3_100])], Millis(3_300)).unwrap();
+        assert_eq!(rows(&store), all(&[(2_000, "a"), (3_000, "c"), (3_200, "c")]));
+        // So does finishing.
+        store.commit(&[pruned("c", &[3_000]), grant("e", 3_400, 1)], Millis(3_400)).unwrap();
+        assert_eq!(rows(&store).len(), 4);
+        store.finish(Millis(3_400)).unwrap();
+        assert_eq!(rows(&store), all(&[(2_000, "a"), (3_200, "c"), (3_400, "e")]));
+        store.finish(Millis(3_400)).unwrap();
+        assert_eq!(store.grant_rows().unwrap(), 3);
     }
 }

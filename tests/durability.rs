@@ -151,11 +151,21 @@ fn until_available(limiter: &Limiter, prefix: &str) -> Snapshot {
 
 #[test]
 fn a_failed_commit_grants_nothing_and_loses_nothing_committed() {
+    failed_commits_against_the_model(false);
+}
+
+/// The same when each request commits in its own thread.
+#[test]
+fn a_failed_commit_in_the_callers_thread_grants_nothing_and_loses_nothing_committed() {
+    failed_commits_against_the_model(true);
+}
+
+fn failed_commits_against_the_model(caller_commits: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limiter.redb");
     let clock = Arc::new(FakeClock::new(T0));
     let plan = FaultPlan::new();
-    let opts = LimiterOptions { opener: faulty_opener(plan.clone()), ..options(&clock) };
+    let opts = LimiterOptions { opener: faulty_opener(plan.clone()), caller_commits, ..options(&clock) };
     let limiter = Limiter::open_with(&path, opts).unwrap();
     // The model of what is durable: bucket → grant instants acknowledged.
     let mut durable: BTreeMap<String, Vec<Millis>> = BTreeMap::new();
@@ -316,4 +326,49 @@ fn async_answers_survive_the_runtime_that_carried_them() {
     drop(second);
     drop(limiter);
     assert_eq!(file_facts(&path, clock.now()).buckets.len(), 3 * 64 + 32);
+}
+
+/// With `caller_commits`, a lone request commits in its own thread and concurrent ones queue
+/// for the writer; either way every answer is durable and a window never holds more than its
+/// calls.
+#[test]
+fn callers_and_the_writer_take_turns_committing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter =
+        Arc::new(Limiter::open_with(&path, LimiterOptions { caller_commits: true, ..options(&clock) }).unwrap());
+    // One at a time: each commits its own.
+    for i in 0..20 {
+        assert!(limiter.acquire_blocking(window("alone", 100, 3_600_000)).unwrap().is_granted(), "{i}");
+    }
+    let before = commits(&limiter);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let mut shared = 0;
+                for _ in 0..50 {
+                    assert!(
+                        limiter.acquire_blocking(window(&format!("own/{t}"), 1_000, 3_600_000)).unwrap().is_granted()
+                    );
+                    shared +=
+                        u64::from(limiter.acquire_blocking(window("shared", 150, 3_600_000)).unwrap().is_granted());
+                }
+                shared
+            })
+        })
+        .collect();
+    let shared: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(shared, 150);
+    assert!(commits(&limiter) > before);
+    drop(limiter);
+    // The clock stands still, so each bucket's grants share one instant: count their cost.
+    let facts = file_facts(&path, clock.now());
+    let used = |key: &str| facts.buckets[key].0.iter().map(|(_, cost)| *cost).sum::<u64>();
+    assert_eq!(used("alone"), 20);
+    assert_eq!(used("shared"), 150);
+    for t in 0..8 {
+        assert_eq!(used(&format!("own/{t}")), 50);
+    }
 }

@@ -29,7 +29,9 @@ pub struct GrindArgs {
 }
 
 pub async fn run(args: GrindArgs) -> anyhow::Result<()> {
-    let options = LimiterOptions { ack_before_commit: args.ack_before_commit, ..LimiterOptions::default() };
+    // As the server runs it.
+    let options =
+        LimiterOptions { ack_before_commit: args.ack_before_commit, caller_commits: true, ..LimiterOptions::default() };
     let limiter = Arc::new(Limiter::open_with(&args.path, options)?);
     println!("ready");
     let mut tasks = Vec::new();

@@ -61,7 +61,9 @@ async fn shutdown_signal() {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let token = args.token()?;
-    let options = LimiterOptions { recheck_ms: args.recheck_ms, ..LimiterOptions::default() };
+    // The runtime serves nothing else, so a request may commit in its own thread when the file
+    // is idle: one at a time, that saves two thread hand-offs per request.
+    let options = LimiterOptions { recheck_ms: args.recheck_ms, caller_commits: true, ..LimiterOptions::default() };
     let path = args.path.clone();
     let limiter = tokio::task::spawn_blocking(move || Limiter::open_with(&path, options)).await??;
     let limiter = Arc::new(limiter);

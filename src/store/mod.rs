@@ -19,14 +19,21 @@
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
 //! per bucket touched.
 //!
+//! The clock floor (no `now` after a reopen runs behind it) is the larger of `clock_floor` and
+//! the newest grant's instant. Only a commit that writes no grant records `clock_floor`: one that
+//! grants already holds its floor in that grant, and skipping the `meta` write saves a page of
+//! every one-at-a-time commit. What the floor guards is that windows only grow at their end; no
+//! other instant in the file depends on it (lapses and throttles are absolute).
+//!
 //! The grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
 //! grants span its window), so deleting them at once would dirty one leaf each. Instead the store
 //! dooms them and deletes doomed grants together, about oldest first: a commit that grants
 //! deletes at most a few per grant it writes, and only those [`DELETE_AFTER_MS`] old, or twice as
 //! old as when they were doomed if that is sooner (by then the grants around them in the log are
-//! doomed too); any other commit, and [`Store::finish`], deletes them all; and a commit that writes a bucket's record (its window grew, or it was created
-//! again) first deletes that bucket's doomed grants. Until deleted, a doomed grant only costs
-//! space: its bucket's window never grew since it was pruned, so loading the file prunes it again.
+//! doomed too); any other commit, and [`Store::finish`], deletes them all; and a commit that
+//! writes a bucket's record (its window grew, or it was created again) first deletes that
+//! bucket's doomed grants. Until deleted, a doomed grant only costs space: its bucket's window
+//! never grew since it was pruned, so loading the file prunes it again.
 //!
 //! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
 //! record is an error, never a panic.
@@ -47,6 +54,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{BucketMeta, Effect, Engine, PermitId};
 use crate::time::Millis;
+
+/// The table `slot` holds, opened in `txn` on first use.
+fn opened<'s, 'txn, K: redb::Key + 'static, V: redb::Value + 'static>(
+    slot: &'s mut Option<redb::Table<'txn, K, V>>,
+    txn: &'txn redb::WriteTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<&'s mut redb::Table<'txn, K, V>, redb::TableError> {
+    if slot.is_none() {
+        *slot = Some(txn.open_table(table)?);
+    }
+    Ok(slot.as_mut().expect("just opened"))
+}
 
 /// The file's layout version; a file of any other version is refused.
 pub const FORMAT_VERSION: u64 = 2;
@@ -318,13 +337,16 @@ impl Store {
         let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
         let bad = |table: &'static str, cause: String| StoreError::BadRecord { path: self.path.clone(), table, cause };
         let meta = txn.open_table(META).map_err(|e| self.corrupt(e))?;
-        let floor = Millis(meta.get(KEY_FLOOR).map_err(|e| self.corrupt(e))?.map_or(0, |v| v.value()));
+        let recorded = meta.get(KEY_FLOOR).map_err(|e| self.corrupt(e))?.map_or(0, |v| v.value());
+        let grants = txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?;
+        let newest = grants.last().map_err(|e| self.corrupt(e))?.map_or(0, |(k, _)| k.value().0);
+        let floor = Millis(recorded.max(newest));
         for row in txn.open_table(BUCKETS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let meta: BucketMeta = decode(v.value()).map_err(|e| bad("buckets", e))?;
             engine.restore_bucket(k.value(), meta);
         }
-        for row in txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
+        for row in grants.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let (at, bucket) = k.value();
             engine.restore_grant(bucket, Millis(at), v.value());
@@ -344,9 +366,10 @@ impl Store {
         Ok(floor)
     }
 
-    /// Writes `effects` and the clock floor (the caller's `now`, which never runs backwards) in
-    /// one durable commit. On error nothing of it is in
-    /// the file, and the database must be reopened before the next commit.
+    /// Writes `effects` and the clock floor (the caller's `now`, which never runs backwards; held
+    /// by the newest grant when `effects` grant, see the module docs) in one durable commit. On
+    /// error nothing of it is in the file, and the database must be reopened before the next
+    /// commit.
     pub fn commit(&mut self, effects: &[Effect], floor: Millis) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
         txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
@@ -369,45 +392,46 @@ impl Store {
         effects: &[Effect],
         floor: Millis,
     ) -> Result<(), redb::Error> {
-        let mut meta = txn.open_table(META)?;
-        let mut buckets = txn.open_table(BUCKETS)?;
-        let mut grants = txn.open_table(GRANTS)?;
-        let mut permits = txn.open_table(PERMITS)?;
-        let mut throttles = txn.open_table(THROTTLES)?;
+        // Each table is opened when first written: opening costs a lookup even when unused.
+        let (mut buckets, mut grants, mut permits, mut throttles) = (None, None, None, None);
         let doomed = &mut self.doomed;
         let mut written = 0;
         for effect in effects {
             match effect {
                 Effect::BucketMeta { bucket, meta } => {
                     // Its window may have grown: no grant it pruned may linger and count again.
-                    for at in doomed.take_bucket(bucket) {
-                        grants.remove((at, &**bucket))?;
+                    let ats = doomed.take_bucket(bucket);
+                    if !ats.is_empty() {
+                        let grants = opened(&mut grants, txn, GRANTS)?;
+                        for at in ats {
+                            grants.remove((at, &**bucket))?;
+                        }
                     }
-                    buckets.insert(&**bucket, encode(meta).as_slice())?;
+                    opened(&mut buckets, txn, BUCKETS)?.insert(&**bucket, encode(meta).as_slice())?;
                 }
                 Effect::WindowGrant { bucket, at, cost } => {
                     doomed.revive(bucket, at.0);
-                    grants.insert((at.0, &**bucket), cost)?;
+                    opened(&mut grants, txn, GRANTS)?.insert((at.0, &**bucket), cost)?;
                     written += 1;
                 }
                 Effect::WindowPruned { bucket, grants: ats } => doomed.add(bucket, ats, floor),
                 Effect::BucketForgotten { bucket, grants: ats } => {
                     doomed.add(bucket, ats, floor);
-                    buckets.remove(&**bucket)?;
+                    opened(&mut buckets, txn, BUCKETS)?.remove(&**bucket)?;
                 }
                 Effect::PermitGranted { id, places } => {
                     let record =
                         PermitRecord { places: places.iter().map(|(b, lapse)| (b.to_string(), lapse.0)).collect() };
-                    permits.insert(id.0, encode(&record).as_slice())?;
+                    opened(&mut permits, txn, PERMITS)?.insert(id.0, encode(&record).as_slice())?;
                 }
                 Effect::PermitEnded { id } => {
-                    permits.remove(id.0)?;
+                    opened(&mut permits, txn, PERMITS)?.remove(id.0)?;
                 }
                 Effect::ThrottleSet { key, until } => {
-                    throttles.insert(&**key, until.0)?;
+                    opened(&mut throttles, txn, THROTTLES)?.insert(&**key, until.0)?;
                 }
                 Effect::ThrottleEnded { key } => {
-                    throttles.remove(&**key)?;
+                    opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
                 }
             }
         }
@@ -418,9 +442,12 @@ impl Store {
         };
         for _ in 0..budget {
             let Some((at, bucket)) = doomed.pop_due(due_by) else { break };
-            grants.remove((at, &*bucket))?;
+            opened(&mut grants, txn, GRANTS)?.remove((at, &*bucket))?;
         }
-        meta.insert(KEY_FLOOR, floor.0)?;
+        // A commit that grants holds its floor in its newest grant (see `load`): one page less.
+        if written == 0 {
+            txn.open_table(META)?.insert(KEY_FLOOR, floor.0)?;
+        }
         Ok(())
     }
 
@@ -504,5 +531,28 @@ mod tests {
         assert_eq!(rows(&store), all(&[(2_000, "a"), (3_200, "c"), (3_400, "e")]));
         store.finish(Millis(3_400)).unwrap();
         assert_eq!(store.grant_rows().unwrap(), 3);
+    }
+
+    /// The floor a reopen starts from: a commit that grants leaves `clock_floor` alone, and the
+    /// newest grant stands for it; one that grants nothing records it.
+    #[test]
+    fn the_floor_is_the_newest_grant_or_the_last_recorded_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let floor_after = |effects: &[Effect], floor: u64| {
+            let mut store = Store::open(&path, &file_opener()).unwrap();
+            store.commit(effects, Millis(floor)).unwrap();
+            drop(store);
+            let store = Store::open(&path, &file_opener()).unwrap();
+            store.load(&mut Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 })).unwrap()
+        };
+        assert_eq!(floor_after(&[], 1_000), Millis(1_000));
+        // Granting at 5,000 while `now` is 6,000: the grant holds the floor, one page less.
+        assert_eq!(floor_after(&[grant("a", 5_000, 1)], 6_000), Millis(5_000));
+        let throttle = Effect::ThrottleSet { key: Arc::from("caller"), until: Millis(90_000) };
+        assert_eq!(floor_after(&[throttle], 7_000), Millis(7_000));
+        assert_eq!(floor_after(&[grant("a", 8_000, 1)], 8_000), Millis(8_000));
+        // Deleting grants without granting records the floor too.
+        assert_eq!(floor_after(&[pruned("a", &[5_000, 8_000])], 9_500), Millis(9_500));
     }
 }

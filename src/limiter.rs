@@ -24,8 +24,9 @@
 //! With [`LimiterOptions::caller_commits`], while requests come one at a time (the last commit
 //! answered at most one), a request that finds no commit in flight and nothing queued commits its
 //! own effects in the calling thread instead of waking the writer: that saves two thread
-//! hand-offs per request. Requests that arrive meanwhile queue for the writer as before. At most one commit is in flight at a time, whoever makes it
-//! ([`Core::committing`]); the file sits behind its own lock, taken only by that committer.
+//! hand-offs per request. Requests that arrive meanwhile queue for the writer as before. At most
+//! one commit is in flight at a time, whoever makes it (`Core::committing`); the file sits behind
+//! its own lock, taken only by that committer.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};

@@ -73,14 +73,31 @@ pub struct ThrottleRequest {
     pub until: Millis,
 }
 
-fn check_key(field: &str, key: &str) -> Result<(), BadRequest> {
+/// The name of a field inside `limits[at]` (the element itself when `name` is empty), written
+/// out only when an error names it: a valid request formats no field names.
+#[derive(Clone, Copy)]
+struct LimitField<'a> {
+    at: usize,
+    name: &'a str,
+}
+
+impl std::fmt::Display for LimitField<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name {
+            "" => write!(f, "limits[{}]", self.at),
+            name => write!(f, "limits[{}].{name}", self.at),
+        }
+    }
+}
+
+fn check_key(field: impl std::fmt::Display, key: &str) -> Result<(), BadRequest> {
     if key.is_empty() || key.len() > MAX_KEY_BYTES {
         return Err(BadRequest::field(field, format_args!("must be a string of 1 to {MAX_KEY_BYTES} bytes")));
     }
     Ok(())
 }
 
-fn check_range(field: &str, value: u64, min: u64, max: u64) -> Result<u64, BadRequest> {
+fn check_range(field: impl std::fmt::Display, value: u64, min: u64, max: u64) -> Result<u64, BadRequest> {
     if value < min || value > max {
         return Err(BadRequest::field(field, format_args!("must be an integer from {min} to {max}")));
     }
@@ -131,23 +148,20 @@ impl Limit {
     }
 
     fn validate(&self, at: usize) -> Result<(), BadRequest> {
-        let f = |name: &str| format!("limits[{at}].{name}");
-        check_key(&f("key"), &self.key)?;
+        let f = |name| LimitField { at, name };
+        check_key(f("key"), &self.key)?;
         if let Some(w) = self.window {
-            check_range(&f("calls"), w.calls, 1, MAX_CALLS)?;
-            check_range(&f("perMs"), w.per_ms, 1, MAX_PER_MS)?;
+            check_range(f("calls"), w.calls, 1, MAX_CALLS)?;
+            check_range(f("perMs"), w.per_ms, 1, MAX_PER_MS)?;
         }
         if let Some(c) = self.concurrent {
-            check_range(&f("concurrent"), c, 1, MAX_CONCURRENT)?;
+            check_range(f("concurrent"), c, 1, MAX_CONCURRENT)?;
         }
         if self.window.is_none() && self.concurrent.is_none() {
-            return Err(BadRequest::field(
-                format!("limits[{at}]"),
-                "must have a window (calls and perMs), a concurrent, or both",
-            ));
+            return Err(BadRequest::field(f(""), "must have a window (calls and perMs), a concurrent, or both"));
         }
-        check_range(&f("cost"), self.cost, 0, MAX_COST)?;
-        check_range(&f("holdMs"), self.hold_ms, 1, MAX_HOLD_MS)?;
+        check_range(f("cost"), self.cost, 0, MAX_COST)?;
+        check_range(f("holdMs"), self.hold_ms, 1, MAX_HOLD_MS)?;
         Ok(())
     }
 }
@@ -169,7 +183,7 @@ impl AcquireRequest {
         for (i, limit) in self.limits.iter().enumerate() {
             limit.validate(i)?;
             if self.limits[..i].iter().any(|l| l.key == limit.key) {
-                return Err(BadRequest::field(format!("limits[{i}].key"), "must be unique within the request"));
+                return Err(BadRequest::field(LimitField { at: i, name: "key" }, "must be unique within the request"));
             }
         }
         Ok(())
@@ -191,11 +205,11 @@ impl AcquireRequest {
         }
         let mut limits = Vec::with_capacity(raw_limits.len());
         for (i, raw) in raw_limits.iter().enumerate() {
-            let f = |name: &str| format!("limits[{i}].{name}");
-            let lim = object(raw, &format!("limits[{i}]"))?;
-            let key = required_str(lim, "key", &f("key"))?;
-            let calls = optional_int(lim, "calls", &f("calls"), 1, MAX_CALLS)?;
-            let per_ms = optional_int(lim, "perMs", &f("perMs"), 1, MAX_PER_MS)?;
+            let f = |name| LimitField { at: i, name };
+            let lim = object(raw, f(""))?;
+            let key = required_str(lim, "key", f("key"))?;
+            let calls = optional_int(lim, "calls", f("calls"), 1, MAX_CALLS)?;
+            let per_ms = optional_int(lim, "perMs", f("perMs"), 1, MAX_PER_MS)?;
             let window = match (calls, per_ms) {
                 (Some(calls), Some(per_ms)) => Some(WindowLimit { calls, per_ms }),
                 (None, None) => None,
@@ -205,9 +219,9 @@ impl AcquireRequest {
             limits.push(Limit {
                 key: key.to_owned(),
                 window,
-                concurrent: optional_int(lim, "concurrent", &f("concurrent"), 1, MAX_CONCURRENT)?,
-                cost: optional_int(lim, "cost", &f("cost"), 0, MAX_COST)?.unwrap_or(cost),
-                hold_ms: optional_int(lim, "holdMs", &f("holdMs"), 1, MAX_HOLD_MS)?.unwrap_or(hold_ms),
+                concurrent: optional_int(lim, "concurrent", f("concurrent"), 1, MAX_CONCURRENT)?,
+                cost: optional_int(lim, "cost", f("cost"), 0, MAX_COST)?.unwrap_or(cost),
+                hold_ms: optional_int(lim, "holdMs", f("holdMs"), 1, MAX_HOLD_MS)?.unwrap_or(hold_ms),
             });
         }
         AcquireRequest::new(key, limits)
@@ -253,11 +267,15 @@ impl ThrottleRequest {
     }
 }
 
-fn object<'a>(v: &'a Value, field: &str) -> Result<&'a Map<String, Value>, BadRequest> {
+fn object(v: &Value, field: impl std::fmt::Display) -> Result<&Map<String, Value>, BadRequest> {
     v.as_object().ok_or_else(|| BadRequest::field(field, "must be a JSON object"))
 }
 
-fn required_str<'a>(obj: &'a Map<String, Value>, name: &str, field: &str) -> Result<&'a str, BadRequest> {
+fn required_str<'a>(
+    obj: &'a Map<String, Value>,
+    name: &str,
+    field: impl std::fmt::Display,
+) -> Result<&'a str, BadRequest> {
     match obj.get(name) {
         Some(Value::String(s)) => Ok(s),
         Some(_) => Err(BadRequest::field(field, "must be a string")),
@@ -269,7 +287,7 @@ fn required_str<'a>(obj: &'a Map<String, Value>, name: &str, field: &str) -> Res
 fn optional_int(
     obj: &Map<String, Value>,
     name: &str,
-    field: &str,
+    field: impl std::fmt::Display,
     min: u64,
     max: u64,
 ) -> Result<Option<u64>, BadRequest> {

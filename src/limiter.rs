@@ -26,7 +26,7 @@
 //! own effects in the calling thread instead of waking the writer: that saves two thread
 //! hand-offs per request. Requests that arrive meanwhile queue for the writer as before. At most
 //! one commit is in flight at a time, whoever makes it (`Core::committing`); the file sits behind
-//! its own lock, taken only by that committer.
+//! its own lock, taken by that committer (and by the writer to reopen the file or close it).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -74,7 +74,8 @@ pub struct LimiterOptions {
     pub opener: Opener,
     /// Let a request that finds the file idle commit its own effects in the calling thread
     /// (see the module docs). Off by default: an async caller then blocks its runtime thread for
-    /// the commit's fsync, which a dedicated server runtime can afford and a host's may not.
+    /// the commit's fsync (and, should that commit fail, for reopening the file), which a
+    /// dedicated server runtime can afford and a host's may not.
     pub caller_commits: bool,
     /// Broken on purpose, for the crash test only: answer before the commit.
     #[doc(hidden)]
@@ -162,6 +163,8 @@ struct Core {
     committing: bool,
     /// How many requests the last commit answered.
     last_batch: usize,
+    /// Until when the writer is parked (`Millis(u64::MAX)`: until woken); `None` while it runs.
+    writer_sleeps_until: Option<Millis>,
 }
 
 impl Core {
@@ -175,6 +178,20 @@ impl Core {
             self.deferred_since.get_or_insert(now);
         }
         swept
+    }
+
+    /// Whether the writer, parked, must wake before it planned to: a timer or a deferred sweep
+    /// is now due earlier. Marks it woken, so it is told once.
+    fn writer_should_wake(&mut self) -> bool {
+        let deferred_due = self.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
+        let due = [self.engine.next_deadline(), deferred_due].into_iter().flatten().min();
+        match (self.writer_sleeps_until, due) {
+            (Some(sleeps_until), Some(due)) if due < sleeps_until => {
+                self.writer_sleeps_until = None;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Takes everything queued into one commit, which is now in flight.
@@ -238,13 +255,19 @@ impl Shared {
         let now = self.now(&mut core);
         // Forget what has lapsed before deciding, so reads never list it; what that changes in
         // the file waits for a commit a request needs.
-        let swept = core.engine.next_deadline().is_some_and(|at| at <= now) && core.sweep(now);
+        if core.engine.next_deadline().is_some_and(|at| at <= now) {
+            core.sweep(now);
+        }
         let before = core.effects.len();
+        // A throttle's reply reports the throttle in force, which a commit may still hold: then
+        // it waits for that commit like a change of its own.
+        let reports_pending = matches!(cmd, Command::Throttle { .. }) && (core.committing || !core.waiting.is_empty());
         let answer = decide(&mut core, cmd, now);
-        if core.effects.len() == before {
+        if core.effects.len() == before && !reports_pending {
+            let wake_writer = core.writer_should_wake();
             drop(core);
-            if swept {
-                self.wake.notify_one(); // so the writer knows when the sweep's effects are due
+            if wake_writer {
+                self.wake.notify_one();
             }
             answer.send(&self.metrics);
         } else if self.ack_before_commit {
@@ -274,6 +297,7 @@ impl Shared {
     /// fails them and everything decided on top, and reopens the file. Ends the commit in
     /// flight, waking the writer when more is queued.
     fn commit(&self, batch: Batch) {
+        let _unwinding = EndOnUnwind(self);
         let mut file = self.lock_file();
         let metrics = &self.metrics;
         if !batch.answers.is_empty() {
@@ -312,13 +336,16 @@ impl Shared {
         }
     }
 
-    /// Marks the commit in flight done, and wakes the writer if it has work or must close.
+    /// Marks the commit in flight done, and wakes the writer if it has work, must close, or
+    /// has a timer due earlier than it planned (after a caller's commit).
     fn end_commit(&self) {
         let mut core = self.lock();
         core.committing = false;
+        update_gauges(&self.metrics, &core.engine);
         let more = !core.waiting.is_empty() || core.closing || core.broken.is_some();
+        let wake_writer = core.writer_should_wake() || more;
         drop(core);
-        if more {
+        if wake_writer {
             self.wake.notify_one();
         }
     }
@@ -370,6 +397,33 @@ impl Shared {
                 core.broken =
                     Some(format!("{}: the file cannot be reopened after a failed commit: {e}", file.path.display()));
             }
+        }
+    }
+}
+
+/// Ends the commit in flight if its committer unwinds from a panic: the limiter turns
+/// unavailable and the writer reopens the file, instead of every later change waiting for a
+/// commit that never ends.
+struct EndOnUnwind<'a>(&'a Shared);
+
+impl Drop for EndOnUnwind<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let shared = self.0;
+        let why = "a commit failed unexpectedly; reopening the file";
+        let waiting = {
+            let mut core = shared.lock();
+            core.broken = Some(why.to_owned());
+            core.effects.clear();
+            core.deferred_since = None;
+            core.committing = false;
+            std::mem::take(&mut core.waiting)
+        };
+        shared.wake.notify_one();
+        for waiting in waiting {
+            waiting.answer.fail(why, &shared.metrics);
         }
     }
 }
@@ -457,6 +511,7 @@ impl Limiter {
                 closing: false,
                 committing: false,
                 last_batch: 0,
+                writer_sleeps_until: None,
             }),
             wake: Condvar::new(),
             file: Mutex::new(File { store: Some(store), path: path.clone(), opener: options.opener, config }),
@@ -731,6 +786,7 @@ impl Writer {
                 }
             }
             let wake = [next_deadline, deferred_due].into_iter().flatten().min();
+            core.writer_sleeps_until = Some(wake.unwrap_or(Millis(u64::MAX)));
             core = match wake {
                 Some(at) => {
                     let wait = Duration::from_millis(at.since(now).max(1));
@@ -738,6 +794,7 @@ impl Writer {
                 }
                 None => shared.wake.wait(core).unwrap_or_else(std::sync::PoisonError::into_inner),
             };
+            core.writer_sleeps_until = None;
         }
     }
 }
@@ -748,4 +805,42 @@ fn update_gauges(metrics: &Metrics, engine: &Engine) {
     metrics.permits.set(totals.permits as i64);
     metrics.throttles.set(totals.throttles as i64);
     metrics.held_places.set(engine.held_places() as i64);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::time::FakeClock;
+
+    const T0: Millis = Millis(1_764_460_800_000);
+
+    /// A throttle that finds a longer one in force reports it only once that one is durable:
+    /// with the file held, so the first throttle's commit cannot end, the second gets no answer.
+    #[test]
+    fn a_throttle_reply_waits_for_the_commit_of_the_throttle_it_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(T0));
+        let options = LimiterOptions { clock: Some(clock), id_seed: Some(1), ..LimiterOptions::default() };
+        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
+        let throttle = |until: Millis| {
+            let (tx, rx) = mpsc::channel();
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(limiter.throttle_blocking(ThrottleRequest::new("caller", until, T0).unwrap()));
+            });
+            rx
+        };
+        let held = limiter.shared.lock_file();
+        let first = throttle(T0.plus(60_000));
+        while !limiter.shared.lock().committing {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second = throttle(T0.plus(1_000));
+        assert!(second.recv_timeout(Duration::from_millis(200)).is_err(), "answered before the commit it reports");
+        drop(held);
+        assert_eq!(first.recv().unwrap(), Ok(Some(T0.plus(60_000))));
+        assert_eq!(second.recv().unwrap(), Ok(Some(T0.plus(60_000))));
+    }
 }

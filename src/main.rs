@@ -24,5 +24,6 @@ async fn main() -> anyhow::Result<()> {
 /// The server allocates a little per request on many threads; glibc's malloc/free/memcpy were
 /// about a sixth of its CPU under load, and mimalloc answers ~6% more grants/s at 64 connections
 /// (see `BENCHMARKS.md`). The library leaves the allocator to its host.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

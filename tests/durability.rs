@@ -372,3 +372,56 @@ fn callers_and_the_writer_take_turns_committing() {
         assert_eq!(used(&format!("own/{t}")), 50);
     }
 }
+
+fn live_buckets(limiter: &Limiter) -> i64 {
+    let text = limiter.metrics().encode();
+    let line = text.lines().find(|l| l.starts_with("redb_limiter_live_buckets")).unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// After a request commits in its own thread, the writer still learns of the deadline it made:
+/// the sweep forgets the bucket when its window passes, with no request to prompt it.
+#[test]
+fn the_writer_sweeps_after_callers_commit_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, LimiterOptions { caller_commits: true, ..options(&clock) }).unwrap();
+    // Let the writer park with nothing to wait for.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(limiter.acquire_blocking(window("brief", 5, 50)).unwrap().is_granted());
+    assert_eq!(live_buckets(&limiter), 1, "the gauges follow a caller's commit");
+    clock.advance(100);
+    // The writer wakes at the bucket's deadline (50 ms of real time at most), forgets it and,
+    // with no request to carry that, commits it within MAX_DEFERRED_MS.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while live_buckets(&limiter) != 0 {
+        assert!(std::time::Instant::now() < deadline, "the writer never swept");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A panic in the middle of a caller's own commit (a bug below the store) must not leave the
+/// commit in flight forever: the limiter turns unavailable, the writer reopens the file, and
+/// requests are served again; closing does not hang.
+#[test]
+fn a_panic_in_a_callers_commit_ends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let plan = FaultPlan::new();
+    let opts = LimiterOptions { opener: faulty_opener(plan.clone()), caller_commits: true, ..options(&clock) };
+    let limiter = Limiter::open_with(&path, opts).unwrap();
+    assert!(limiter.acquire_blocking(window("w", 10, 60_000)).unwrap().is_granted());
+    plan.panic_at_next_sync();
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| limiter.acquire_blocking(window("w", 10, 60_000))));
+    assert!(outcome.is_err(), "the injected panic did not reach the caller");
+    // The panicking commit's outcome is unknown (its pages may have reached the file), so the
+    // window holds one or two grants; then a third is granted.
+    let used = until_available(&limiter, "w").view.buckets[0].window_used;
+    assert!(used == 1 || used == 2, "{used}");
+    assert!(limiter.acquire_blocking(window("w", 10, 60_000)).unwrap().is_granted());
+    assert_eq!(limiter.state_blocking("w").unwrap().view.buckets[0].window_used, used + 1);
+    drop(limiter);
+}

@@ -7,7 +7,7 @@ use std::io;
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
@@ -20,18 +20,28 @@ use super::{Opener, open_backend};
 pub struct FaultPlan {
     fail_in: AtomicU64,
     failing: AtomicU64,
+    panic_at_sync: AtomicBool,
 }
 
 impl FaultPlan {
     #[must_use]
     pub fn new() -> Arc<Self> {
-        Arc::new(FaultPlan { fail_in: AtomicU64::new(u64::MAX), failing: AtomicU64::new(0) })
+        Arc::new(FaultPlan {
+            fail_in: AtomicU64::new(u64::MAX),
+            failing: AtomicU64::new(0),
+            panic_at_sync: AtomicBool::new(false),
+        })
     }
 
     /// Lets `n` more writes or syncs through, then fails.
     pub fn fail_after(&self, n: u64) {
         self.failing.store(0, Ordering::SeqCst);
         self.fail_in.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next sync panic (once), as a bug below the store would.
+    pub fn panic_at_next_sync(&self) {
+        self.panic_at_sync.store(true, Ordering::SeqCst);
     }
 
     /// Lets everything through again.
@@ -91,6 +101,7 @@ impl StorageBackend for FaultyBackend {
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> Result<(), io::Error> {
+        assert!(!self.plan.panic_at_sync.swap(false, Ordering::SeqCst), "injected panic");
         self.plan.check()?;
         self.inner.sync_data()
     }

@@ -19,11 +19,12 @@
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
 //! per bucket touched.
 //!
-//! The clock floor (no `now` after a reopen runs behind it) is the larger of `clock_floor` and
-//! the newest grant's instant. Only a commit that writes no grant records `clock_floor`: one that
-//! grants already holds its floor in that grant, and skipping the `meta` write saves a page of
-//! every one-at-a-time commit. What the floor guards is that windows only grow at their end; no
-//! other instant in the file depends on it (lapses and throttles are absolute).
+//! The clock floor is the `now` of the latest commit: no `now` after a reopen runs behind it, so
+//! nothing a commit judged lapsed (a pruned grant, a forgotten bucket, an ended throttle or
+//! permit) can count again, and windows only grow at their end. It is the larger of
+//! `clock_floor` and the newest grant's instant. A commit whose newest grant is at its own `now`
+//! (every one-at-a-time grant) holds its floor in that grant and skips the `meta` write, one page
+//! of seven; any other commit records `clock_floor`.
 //!
 //! The grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
 //! grants span its window), so deleting them at once would dirty one leaf each. Instead the store
@@ -396,6 +397,7 @@ impl Store {
         let (mut buckets, mut grants, mut permits, mut throttles) = (None, None, None, None);
         let doomed = &mut self.doomed;
         let mut written = 0;
+        let mut newest_written = 0;
         for effect in effects {
             match effect {
                 Effect::BucketMeta { bucket, meta } => {
@@ -413,6 +415,7 @@ impl Store {
                     doomed.revive(bucket, at.0);
                     opened(&mut grants, txn, GRANTS)?.insert((at.0, &**bucket), cost)?;
                     written += 1;
+                    newest_written = newest_written.max(at.0);
                 }
                 Effect::WindowPruned { bucket, grants: ats } => doomed.add(bucket, ats, floor),
                 Effect::BucketForgotten { bucket, grants: ats } => {
@@ -444,8 +447,9 @@ impl Store {
             let Some((at, bucket)) = doomed.pop_due(due_by) else { break };
             opened(&mut grants, txn, GRANTS)?.remove((at, &*bucket))?;
         }
-        // A commit that grants holds its floor in its newest grant (see `load`): one page less.
-        if written == 0 {
+        // A commit that grants at its own `now` holds its floor in that grant (see the module
+        // docs): one page less.
+        if newest_written < floor.0 {
             txn.open_table(META)?.insert(KEY_FLOOR, floor.0)?;
         }
         Ok(())
@@ -546,13 +550,40 @@ mod tests {
             let store = Store::open(&path, &file_opener()).unwrap();
             store.load(&mut Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 })).unwrap()
         };
+        let recorded = || {
+            let store = Store::open(&path, &file_opener()).unwrap();
+            let txn = store.db.begin_read().unwrap();
+            txn.open_table(META).unwrap().get(KEY_FLOOR).unwrap().unwrap().value()
+        };
         assert_eq!(floor_after(&[], 1_000), Millis(1_000));
-        // Granting at 5,000 while `now` is 6,000: the grant holds the floor, one page less.
-        assert_eq!(floor_after(&[grant("a", 5_000, 1)], 6_000), Millis(5_000));
+        // A grant at the commit's `now` holds the floor: `clock_floor` is not written.
+        assert_eq!(floor_after(&[grant("a", 2_000, 1)], 2_000), Millis(2_000));
+        assert_eq!(recorded(), 1_000);
+        // Granted at 5,000, committed at 6,000 (a sweep ran in between): the floor is 6,000.
+        assert_eq!(floor_after(&[grant("a", 5_000, 1)], 6_000), Millis(6_000));
         let throttle = Effect::ThrottleSet { key: Arc::from("caller"), until: Millis(90_000) };
         assert_eq!(floor_after(&[throttle], 7_000), Millis(7_000));
-        assert_eq!(floor_after(&[grant("a", 8_000, 1)], 8_000), Millis(8_000));
         // Deleting grants without granting records the floor too.
-        assert_eq!(floor_after(&[pruned("a", &[5_000, 8_000])], 9_500), Millis(9_500));
+        assert_eq!(floor_after(&[pruned("a", &[2_000, 5_000])], 9_500), Millis(9_500));
+    }
+
+    /// One batch grants `b` just before a sweep forgets `a` (its only grant a full window old).
+    /// After a reopen whose clock reads earlier, the floor must be the batch's `now`: at the
+    /// instant of `b`'s grant `a`'s grant would still count, and it is gone from the file.
+    #[test]
+    fn a_batch_that_grants_then_forgets_keeps_the_floor_of_its_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let meta = BucketMeta { retain_ms: 10_000, last_calls: 1, last_concurrent: 0 };
+        store
+            .commit(&[Effect::BucketMeta { bucket: Arc::from("a"), meta }, grant("a", 1_000, 1)], Millis(1_000))
+            .unwrap();
+        let forgotten = Effect::BucketForgotten { bucket: Arc::from("a"), grants: vec![Millis(1_000)] };
+        store.commit(&[grant("b", 10_999, 1), forgotten], Millis(11_000)).unwrap();
+        drop(store);
+        let store = Store::open(&path, &file_opener()).unwrap();
+        let floor = store.load(&mut Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 })).unwrap();
+        assert_eq!(floor, Millis(11_000));
     }
 }

@@ -253,10 +253,15 @@ fn the_file_follows_the_live_keys() {
     assert_eq!(Store::open(&path, &file_opener()).unwrap().grant_rows().unwrap(), 0);
 }
 
-fn commits(limiter: &Limiter) -> u64 {
+/// A sample of the limiter's metrics, by name.
+fn metric(limiter: &Limiter, name: &str) -> f64 {
     let text = limiter.metrics().encode();
-    let line = text.lines().find(|l| l.starts_with("redb_limiter_commit_seconds_count")).unwrap();
+    let line = text.lines().find(|l| l.starts_with(name)).unwrap();
     line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+fn commits(limiter: &Limiter) -> u64 {
+    metric(limiter, "redb_limiter_commit_seconds_count") as u64
 }
 
 #[test]
@@ -374,9 +379,7 @@ fn callers_and_the_writer_take_turns_committing() {
 }
 
 fn live_buckets(limiter: &Limiter) -> i64 {
-    let text = limiter.metrics().encode();
-    let line = text.lines().find(|l| l.starts_with("redb_limiter_live_buckets")).unwrap();
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    metric(limiter, "redb_limiter_live_buckets") as i64
 }
 
 /// After a request commits in its own thread, the writer still learns of the deadline it made:

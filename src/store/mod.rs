@@ -29,9 +29,10 @@
 //! The grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
 //! grants span its window), so deleting them at once would dirty one leaf each. Instead the store
 //! dooms them and deletes doomed grants together, about oldest first: a commit that grants
-//! deletes at most a few per grant it writes, and only those [`DELETE_AFTER_MS`] old, or twice as
-//! old as when they were doomed if that is sooner (by then the grants around them in the log are
-//! doomed too); any other commit, and [`Store::finish`], deletes them all; and a commit that
+//! deletes only once [`DELETE_BATCH`] are due (about a leaf's worth, so one commit in many pays
+//! for it), at most a few per grant it writes, and only those [`DELETE_AFTER_MS`] old, or twice
+//! as old as when they were doomed if that is sooner (by then the grants around them in the log
+//! are doomed too); any other commit, and [`Store::finish`], deletes them all; and a commit that
 //! writes a bucket's record (its window grew, or it was created again) first deletes that
 //! bucket's doomed grants. Until deleted, a doomed grant only costs space: its bucket's window
 //! never grew since it was pruned, so loading the file prunes it again.
@@ -181,12 +182,17 @@ pub struct Store {
     path: PathBuf,
     /// Grants reported gone but still in the file (see the module docs).
     doomed: Doomed,
+    /// [`DELETE_BATCH`]; smaller in tests.
+    delete_batch: usize,
 }
 
 /// Most grants a commit that grants deletes: this many per grant it writes, and at least
 /// [`DELETES_PER_COMMIT`].
 const DELETES_PER_GRANT: usize = 2;
 const DELETES_PER_COMMIT: usize = 512;
+/// A commit that grants deletes only once this many doomed grants are due (about a leaf of the
+/// grants table), so one commit in many rewrites the oldest leaf, not every one.
+pub const DELETE_BATCH: usize = 128;
 /// A commit that grants deletes a doomed grant only once it is this old (ms), or twice as old as
 /// it was when doomed if that comes sooner.
 pub const DELETE_AFTER_MS: u64 = 2_000;
@@ -221,6 +227,11 @@ impl Doomed {
                 list.push((due, at.0));
             }
         }
+    }
+
+    /// Whether at least `n` doomed grants are due by `now`.
+    fn due_count_reaches(&self, now: u64, n: usize) -> bool {
+        n == 0 || self.by_due.iter().nth(n - 1).is_some_and(|(due, _, _)| *due <= now)
     }
 
     /// Takes the doomed grant due first when it is due by `now`.
@@ -296,7 +307,7 @@ impl Store {
         }
         prefetch(&path);
         let db = opener(&path).map_err(map_err)?;
-        let store = Store { db, path, doomed: Doomed::default() };
+        let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH };
         if check_format(&store.db, &store.path)? == Format::Empty {
             store.initialize()?;
         }
@@ -395,7 +406,7 @@ impl Store {
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
         let (mut buckets, mut grants, mut permits, mut throttles) = (None, None, None, None);
-        let doomed = &mut self.doomed;
+        let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
         for effect in effects {
@@ -440,8 +451,10 @@ impl Store {
         }
         let (budget, due_by) = if written == 0 {
             (usize::MAX, u64::MAX)
-        } else {
+        } else if doomed.due_count_reaches(floor.0, delete_batch) {
             (DELETES_PER_COMMIT.max(written * DELETES_PER_GRANT), floor.0)
+        } else {
+            (0, 0)
         };
         for _ in 0..budget {
             let Some((at, bucket)) = doomed.pop_due(due_by) else { break };
@@ -509,6 +522,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limiter.redb");
         let mut store = Store::open(&path, &file_opener()).unwrap();
+        store.delete_batch = 1;
         let meta = BucketMeta { retain_ms: 1000, last_calls: 5, last_concurrent: 0 };
         store.commit(&[grant("a", 1_000, 1), grant("b", 1_500, 1), grant("a", 2_000, 1)], Millis(2_000)).unwrap();
         // Doomed at 2,500: a@1000 (age 1,500) is due at 3,000, b@1500 (age 1,000) at 3,500.
@@ -535,6 +549,26 @@ mod tests {
         assert_eq!(rows(&store), all(&[(2_000, "a"), (3_200, "c"), (3_400, "e")]));
         store.finish(Millis(3_400)).unwrap();
         assert_eq!(store.grant_rows().unwrap(), 3);
+    }
+
+    /// A commit that grants leaves due grants for later until a batch of them is due.
+    #[test]
+    fn doomed_grants_wait_for_a_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let n = DELETE_BATCH as u64;
+        let old: Vec<Effect> = (0..n).map(|i| grant(&format!("k{i}"), 1_000 + i, 1)).collect();
+        store.commit(&old, Millis(1_000 + n)).unwrap();
+        // All but the last doomed at 10,000; each is due at once (older than DELETE_AFTER_MS).
+        let mut effects: Vec<Effect> = (0..n - 1).map(|i| pruned(&format!("k{i}"), &[1_000 + i])).collect();
+        effects.push(grant("new", 10_000, 1));
+        store.commit(&effects, Millis(10_000)).unwrap();
+        assert_eq!(store.grant_rows().unwrap(), n + 1, "one short of a batch: none deleted");
+        store
+            .commit(&[pruned(&format!("k{}", n - 1), &[1_000 + n - 1]), grant("new", 10_001, 1)], Millis(10_001))
+            .unwrap();
+        assert_eq!(store.grant_rows().unwrap(), 2, "a batch due: all deleted");
     }
 
     /// The floor a reopen starts from: a commit that grants leaves `clock_floor` alone, and the

@@ -37,6 +37,11 @@
 //! bucket's doomed grants. Until deleted, a doomed grant only costs space: its bucket's window
 //! never grew since it was pruned, so loading the file prunes it again.
 //!
+//! A forgotten bucket's record is kept the same way, until [`RECORD_DELETE_BATCH`] wait (or a
+//! commit grants nothing): a bucket that comes back with the same record, as a key with sparse
+//! traffic does every time its window empties, then writes nothing. Until deleted, the record
+//! only costs space: loading the file restores an empty bucket and forgets it again.
+//!
 //! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
 //! record is an error, never a panic.
 
@@ -193,22 +198,27 @@ const DELETES_PER_COMMIT: usize = 512;
 /// A commit that grants deletes only once this many doomed grants are due (about a leaf of the
 /// grants table), so one commit in many rewrites the oldest leaf, not every one.
 pub const DELETE_BATCH: usize = 128;
+/// A commit that grants deletes the records of forgotten buckets only once this many wait.
+pub const RECORD_DELETE_BATCH: usize = 64;
 /// A commit that grants deletes a doomed grant only once it is this old (ms), or twice as old as
 /// it was when doomed if that comes sooner.
 pub const DELETE_AFTER_MS: u64 = 2_000;
 
-/// Doomed grants, by when they are due for deletion (then oldest first), and by bucket.
+/// Doomed grants, by when they are due for deletion (then oldest first), and by bucket; and the
+/// records of forgotten buckets still in the file, as stored.
 #[derive(Default)]
 struct Doomed {
     /// (due, instant, bucket)
     by_due: BTreeSet<(u64, u64, Arc<str>)>,
     /// bucket -> (due, instant)
     by_bucket: HashMap<Arc<str>, Vec<(u64, u64)>, foldhash::fast::RandomState>,
+    /// bucket -> its record's bytes
+    records: HashMap<Arc<str>, Vec<u8>, foldhash::fast::RandomState>,
 }
 
 impl Doomed {
     fn is_empty(&self) -> bool {
-        self.by_due.is_empty()
+        self.by_due.is_empty() && self.records.is_empty()
     }
 
     /// Dooms `ats` of `bucket`, reported gone by a commit at `now`.
@@ -412,6 +422,12 @@ impl Store {
         for effect in effects {
             match effect {
                 Effect::BucketMeta { bucket, meta } => {
+                    let record = encode(meta);
+                    if doomed.records.remove(&**bucket).is_some_and(|kept| kept == record) {
+                        // Forgotten and back as it was, its record still in the file: nothing to
+                        // write, and its window did not grow, so what it pruned stays pruned.
+                        continue;
+                    }
                     // Its window may have grown: no grant it pruned may linger and count again.
                     let ats = doomed.take_bucket(bucket);
                     if !ats.is_empty() {
@@ -420,7 +436,7 @@ impl Store {
                             grants.remove((at, &**bucket))?;
                         }
                     }
-                    opened(&mut buckets, txn, BUCKETS)?.insert(&**bucket, encode(meta).as_slice())?;
+                    opened(&mut buckets, txn, BUCKETS)?.insert(&**bucket, record.as_slice())?;
                 }
                 Effect::WindowGrant { bucket, at, cost } => {
                     doomed.revive(bucket, at.0);
@@ -431,7 +447,12 @@ impl Store {
                 Effect::WindowPruned { bucket, grants: ats } => doomed.add(bucket, ats, floor),
                 Effect::BucketForgotten { bucket, grants: ats } => {
                     doomed.add(bucket, ats, floor);
-                    opened(&mut buckets, txn, BUCKETS)?.remove(&**bucket)?;
+                    // Its record stays until a batch of them is deleted: a bucket that comes back
+                    // as it was (the common case) then costs no write at all.
+                    let kept = opened(&mut buckets, txn, BUCKETS)?.get(&**bucket)?.map(|v| v.value().to_vec());
+                    if let Some(kept) = kept {
+                        doomed.records.insert(bucket.clone(), kept);
+                    }
                 }
                 Effect::PermitGranted { id, places } => {
                     let record =
@@ -459,6 +480,12 @@ impl Store {
         for _ in 0..budget {
             let Some((at, bucket)) = doomed.pop_due(due_by) else { break };
             opened(&mut grants, txn, GRANTS)?.remove((at, &*bucket))?;
+        }
+        if !doomed.records.is_empty() && (written == 0 || doomed.records.len() >= RECORD_DELETE_BATCH) {
+            let buckets = opened(&mut buckets, txn, BUCKETS)?;
+            for (bucket, _) in doomed.records.drain() {
+                buckets.remove(&*bucket)?;
+            }
         }
         // A commit that grants at its own `now` holds its floor in that grant (see the module
         // docs): one page less.
@@ -549,6 +576,53 @@ mod tests {
         assert_eq!(rows(&store), all(&[(2_000, "a"), (3_200, "c"), (3_400, "e")]));
         store.finish(Millis(3_400)).unwrap();
         assert_eq!(store.grant_rows().unwrap(), 3);
+    }
+
+    /// The bucket records in the file, in key order.
+    fn records(store: &Store) -> Vec<(String, BucketMeta)> {
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(BUCKETS).unwrap();
+        table
+            .iter()
+            .unwrap()
+            .map(|row| {
+                let (k, v) = row.unwrap();
+                (k.value().to_owned(), decode(v.value()).unwrap())
+            })
+            .collect()
+    }
+
+    /// A forgotten bucket's record stays in the file until a batch of them waits: coming back as
+    /// it was writes nothing, coming back changed writes the new record.
+    #[test]
+    fn forgotten_bucket_records_wait_for_a_batch_or_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let meta = BucketMeta { retain_ms: 1000, last_calls: 5, last_concurrent: 0 };
+        let created = |key: &str, meta: BucketMeta| Effect::BucketMeta { bucket: Arc::from(key), meta };
+        let forgotten = |key: &str| Effect::BucketForgotten { bucket: Arc::from(key), grants: vec![] };
+        let n = RECORD_DELETE_BATCH;
+        let keys: Vec<String> = (0..=n).map(|i| format!("k{i:03}")).collect();
+        let all: Vec<Effect> = keys.iter().map(|k| created(k, meta)).collect();
+        store.commit(&all, Millis(1_000)).unwrap();
+        store.commit(&[forgotten("k000"), forgotten("k001"), grant("x", 2_000, 1)], Millis(2_000)).unwrap();
+        assert_eq!(records(&store).len(), n + 1, "kept while fewer than a batch wait");
+        // k000 comes back as it was: nothing to write, and it is no longer doomed.
+        store.commit(&[created("k000", meta), grant("k000", 3_000, 1)], Millis(3_000)).unwrap();
+        // k001 comes back changed: its record is rewritten.
+        let wider = BucketMeta { retain_ms: 5_000, ..meta };
+        store.commit(&[created("k001", wider), grant("k001", 3_100, 1)], Millis(3_100)).unwrap();
+        assert_eq!(records(&store)[1], ("k001".to_owned(), wider));
+        // A batch of forgotten records is deleted by the commit that completes it.
+        let rest: Vec<Effect> = keys[1..].iter().map(|k| forgotten(k)).chain([grant("x", 4_000, 1)]).collect();
+        store.commit(&rest, Millis(4_000)).unwrap();
+        assert_eq!(records(&store), vec![("k000".to_owned(), meta)]);
+        // Finishing deletes whatever waits.
+        store.commit(&[forgotten("k000"), grant("x", 5_000, 1)], Millis(5_000)).unwrap();
+        assert_eq!(records(&store).len(), 1);
+        store.finish(Millis(5_000)).unwrap();
+        assert!(records(&store).is_empty());
     }
 
     /// A commit that grants leaves due grants for later until a batch of them is due.

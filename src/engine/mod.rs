@@ -314,12 +314,14 @@ impl Engine {
             if let Some(c) = limit.concurrent {
                 meta.last_concurrent = c;
             }
+            // A window that grows must not let what it pruned under the old length count again
+            // from the file: report those grants first, so the store deletes them with the record.
+            if meta.retain_ms > bucket.meta.retain_ms || bucket.unpersisted_prune.len() >= PRUNE_BATCH {
+                effects.extend(bucket.take_pruned());
+            }
             if meta != bucket.meta {
                 bucket.meta = meta;
                 effects.push(Effect::BucketMeta { bucket: key.clone(), meta });
-            }
-            if bucket.unpersisted_prune.len() >= PRUNE_BATCH {
-                effects.extend(bucket.take_pruned());
             }
             if cost > 0 {
                 let total = bucket.window.record(now, cost);

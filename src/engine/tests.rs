@@ -206,6 +206,21 @@ fn sweep_forgets_idle_buckets_permits_and_throttles() {
     assert_eq!(e.next_deadline(), None);
 }
 
+/// A window that grows reports what it pruned under its old length before its new record, so
+/// the store deletes those grants with the record and a reload cannot count them again.
+#[test]
+fn a_growing_window_reports_its_pruned_grants_before_its_record() {
+    let mut e = engine();
+    assert!(acquire(&mut e, &req(vec![Limit::window("b", 5, 1000)]), T0).is_granted());
+    assert!(acquire(&mut e, &req(vec![Limit::window("b", 5, 1000)]), T0.plus(900)).is_granted());
+    let mut effects = Vec::new();
+    let wider = req(vec![Limit::window("b", 5, 60_000)]);
+    assert!(e.acquire(&wider, T0.plus(1100), &mut effects).is_granted());
+    let pruned = effects.iter().position(|f| *f == Effect::WindowPruned { bucket: Arc::from("b"), grants: vec![T0] });
+    let record = effects.iter().position(|f| matches!(f, Effect::BucketMeta { meta, .. } if meta.retain_ms == 60_000));
+    assert!(pruned.is_some() && pruned < record, "{effects:?}");
+}
+
 #[test]
 fn a_release_brings_the_forget_forward() {
     let mut e = engine();

@@ -28,17 +28,19 @@
 //!
 //! The grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
 //! grants span its window), so deleting them at once would dirty one leaf each. Instead the store
-//! dooms them and deletes doomed grants together, about oldest first: a commit that grants
-//! deletes only once [`DELETE_BATCH`] are due (about a leaf's worth, so one commit in many pays
-//! for it), at most a few per grant it writes, and only those [`DELETE_AFTER_MS`] old, or twice
-//! as old as when they were doomed if that is sooner (by then the grants around them in the log
-//! are doomed too); any other commit, and [`Store::finish`], deletes them all; and a commit that
-//! writes a bucket's record (its window grew, or it was created again) first deletes that
-//! bucket's doomed grants. Until deleted, a doomed grant only costs space: its bucket's window
-//! never grew since it was pruned, so loading the file prunes it again.
+//! dooms them and deletes doomed grants together, about oldest first. A commit that carries a
+//! request's change deletes only once [`DELETE_BATCH`] are due (about a leaf's worth, so one
+//! commit in many pays for it), at most a few per grant it writes, and only those
+//! [`DELETE_AFTER_MS`] old, or twice as old as when they were doomed if that is sooner (by then
+//! the grants around them in the log are doomed too). A commit that only forgets (a sweep's, a
+//! reopen's) and [`Store::finish`] delete them all. A commit that writes a bucket's record (its
+//! window grew, or it was created again) first deletes that bucket's doomed grants; the engine
+//! reports what a bucket pruned before its window grows. So until deleted, a doomed grant only
+//! costs space: its bucket's window never grew since it was pruned, and loading the file prunes
+//! it again.
 //!
 //! A forgotten bucket's record is kept the same way, until [`RECORD_DELETE_BATCH`] wait (or a
-//! commit grants nothing): a bucket that comes back with the same record, as a key with sparse
+//! commit only forgets): a bucket that comes back with the same record, as a key with sparse
 //! traffic does every time its window empties, then writes nothing. Until deleted, the record
 //! only costs space: loading the file restores an empty bucket and forgets it again.
 //!
@@ -191,17 +193,18 @@ pub struct Store {
     delete_batch: usize,
 }
 
-/// Most grants a commit that grants deletes: this many per grant it writes, and at least
-/// [`DELETES_PER_COMMIT`].
+/// Most grants a commit that carries a request's change deletes: this many per grant it writes,
+/// and at least [`DELETES_PER_COMMIT`].
 const DELETES_PER_GRANT: usize = 2;
 const DELETES_PER_COMMIT: usize = 512;
-/// A commit that grants deletes only once this many doomed grants are due (about a leaf of the
-/// grants table), so one commit in many rewrites the oldest leaf, not every one.
+/// A commit that carries a request's change deletes only once this many doomed grants are due
+/// (about a leaf of the grants table), so one commit in many rewrites the oldest leaf.
 pub const DELETE_BATCH: usize = 128;
-/// A commit that grants deletes the records of forgotten buckets only once this many wait.
+/// A commit that carries a request's change deletes the records of forgotten buckets only once
+/// this many wait.
 pub const RECORD_DELETE_BATCH: usize = 64;
-/// A commit that grants deletes a doomed grant only once it is this old (ms), or twice as old as
-/// it was when doomed if that comes sooner.
+/// A commit that carries a request's change deletes a doomed grant only once it is this old (ms),
+/// or twice as old as it was when doomed if that comes sooner.
 pub const DELETE_AFTER_MS: u64 = 2_000;
 
 /// Doomed grants, by when they are due for deletion (then oldest first), and by bucket; and the
@@ -419,6 +422,9 @@ impl Store {
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
+        // Only forgetting (a sweep's commit, a reopen's prune): then delete whatever is doomed.
+        let only_forgetting =
+            effects.iter().all(|e| matches!(e, Effect::WindowPruned { .. } | Effect::BucketForgotten { .. }));
         for effect in effects {
             match effect {
                 Effect::BucketMeta { bucket, meta } => {
@@ -470,7 +476,7 @@ impl Store {
                 }
             }
         }
-        let (budget, due_by) = if written == 0 {
+        let (budget, due_by) = if only_forgetting {
             (usize::MAX, u64::MAX)
         } else if doomed.due_count_reaches(floor.0, delete_batch) {
             (DELETES_PER_COMMIT.max(written * DELETES_PER_GRANT), floor.0)
@@ -481,7 +487,7 @@ impl Store {
             let Some((at, bucket)) = doomed.pop_due(due_by) else { break };
             opened(&mut grants, txn, GRANTS)?.remove((at, &*bucket))?;
         }
-        if !doomed.records.is_empty() && (written == 0 || doomed.records.len() >= RECORD_DELETE_BATCH) {
+        if !doomed.records.is_empty() && (only_forgetting || doomed.records.len() >= RECORD_DELETE_BATCH) {
             let buckets = opened(&mut buckets, txn, BUCKETS)?;
             for (bucket, _) in doomed.records.drain() {
                 buckets.remove(&*bucket)?;
@@ -566,7 +572,7 @@ mod tests {
             .commit(&[Effect::BucketMeta { bucket: Arc::from("c"), meta }, grant("c", 3_200, 1)], Millis(3_200))
             .unwrap();
         assert_eq!(rows(&store), all(&[(1_500, "b"), (2_000, "a"), (3_000, "c"), (3_100, "d"), (3_200, "c")]));
-        // A commit that grants nothing deletes every doomed grant, due or not.
+        // A commit that only forgets deletes every doomed grant, due or not.
         store.commit(&[pruned("d", &[3_100])], Millis(3_300)).unwrap();
         assert_eq!(rows(&store), all(&[(2_000, "a"), (3_000, "c"), (3_200, "c")]));
         // So does finishing.

@@ -305,7 +305,12 @@ impl Shared {
         }
         let store = file.store.as_mut().expect("a store while not broken");
         let started = Instant::now();
-        let result = store.commit(&batch.effects, batch.now);
+        // A batch no request waits for (a sweep's, or what is left at close) also tidies.
+        let result = if batch.answers.is_empty() {
+            store.commit_and_tidy(&batch.effects, batch.now)
+        } else {
+            store.commit(&batch.effects, batch.now)
+        };
         metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
@@ -655,7 +660,7 @@ fn rebuild(store: &mut Store, config: EngineConfig, now: Millis) -> Result<Engin
 fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis) -> Result<(), StoreError> {
     let mut effects = Vec::new();
     engine.finish_restore(now, &mut effects);
-    if effects.is_empty() { Ok(()) } else { store.commit(&effects, now) }
+    if effects.is_empty() { Ok(()) } else { store.commit_and_tidy(&effects, now) }
 }
 
 /// A decided request, answered at once or after the commit that holds its effects.

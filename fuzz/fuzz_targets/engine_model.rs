@@ -214,13 +214,23 @@ impl Harness {
         self.store.as_mut().expect("the store is open between operations")
     }
 
-    /// Commits `effects` as the limiter does: only when there are some.
+    /// Commits `effects` as the limiter does a request's: only when there are some.
     fn commit(&mut self, effects: &[Effect]) {
+        self.commit_with(effects, false);
+    }
+
+    /// Commits `effects` as the limiter does a sweep's or a reopen's, deleting what is doomed.
+    fn commit_and_tidy(&mut self, effects: &[Effect]) {
+        self.commit_with(effects, true);
+    }
+
+    fn commit_with(&mut self, effects: &[Effect], tidy: bool) {
         if effects.is_empty() {
             return;
         }
         let now = self.now;
-        self.store().commit(effects, now).expect("commit");
+        let store = self.store();
+        if tidy { store.commit_and_tidy(effects, now) } else { store.commit(effects, now) }.expect("commit");
         self.durable_floor = now;
     }
 
@@ -262,7 +272,7 @@ impl Harness {
                 let change = other.change().expect("every other operation is a change");
                 let mut effects = Vec::new();
                 self.apply(&change, &mut effects);
-                self.commit(&effects);
+                if matches!(change, Change::Sweep) { self.commit_and_tidy(&effects) } else { self.commit(&effects) }
             }
         }
         self.check();
@@ -280,7 +290,7 @@ impl Harness {
         engine.finish_restore(self.now, &mut effects);
         self.engine = engine;
         self.store = Some(store);
-        self.commit(&effects);
+        self.commit_and_tidy(&effects);
         // The restore pruned the file too: it keeps exactly the grants that still count.
         let live: usize = self.engine.facts(self.now).buckets.values().map(|(grants, _)| grants.len()).sum();
         assert_eq!(self.store().grant_rows().expect("count the grants"), live as u64, "stale grants in the file");

@@ -32,15 +32,15 @@
 //! request's change deletes only once [`DELETE_BATCH`] are due (about a leaf's worth, so one
 //! commit in many pays for it), at most a few per grant it writes, and only those
 //! [`DELETE_AFTER_MS`] old, or twice as old as when they were doomed if that is sooner (by then
-//! the grants around them in the log are doomed too). A commit that only forgets (a sweep's, a
-//! reopen's) and [`Store::finish`] delete them all. A commit that writes a bucket's record (its
-//! window grew, or it was created again) first deletes that bucket's doomed grants; the engine
-//! reports what a bucket pruned before its window grows. So until deleted, a doomed grant only
-//! costs space: its bucket's window never grew since it was pruned, and loading the file prunes
-//! it again.
+//! the grants around them in the log are doomed too). [`Store::commit_and_tidy`] (a sweep's
+//! forgetting, a reopen's prune) and [`Store::finish`] delete them all. A commit that writes a
+//! bucket's record (its window grew, or it was created again) first deletes that bucket's doomed
+//! grants; the engine reports what a bucket pruned before its window grows. So until deleted, a
+//! doomed grant only costs space: its bucket's window never grew since it was pruned, and
+//! loading the file prunes it again.
 //!
 //! A forgotten bucket's record is kept the same way, until [`RECORD_DELETE_BATCH`] wait (or a
-//! commit only forgets): a bucket that comes back with the same record, as a key with sparse
+//! tidying commit): a bucket that comes back with the same record, as a key with sparse
 //! traffic does every time its window empties, then writes nothing. Until deleted, the record
 //! only costs space: loading the file restores an empty bucket and forgets it again.
 //!
@@ -391,24 +391,34 @@ impl Store {
         Ok(floor)
     }
 
-    /// Writes `effects` and the clock floor (the caller's `now`, which never runs backwards; held
-    /// by the newest grant when `effects` grant, see the module docs) in one durable commit. On
-    /// error nothing of it is in the file, and the database must be reopened before the next
-    /// commit.
+    /// Writes `effects` (a batch of requests' changes) and the clock floor (the caller's `now`,
+    /// which never runs backwards; held by the newest grant when it is at `now`, see the module
+    /// docs) in one durable commit. Doomed grants and records are deleted in batches. On error
+    /// nothing of it is in the file, and the database must be reopened before the next commit.
     pub fn commit(&mut self, effects: &[Effect], floor: Millis) -> Result<(), StoreError> {
+        self.commit_with(effects, floor, false)
+    }
+
+    /// [`Store::commit`] for what no request waits for (a sweep's forgetting, a reopen's prune):
+    /// also deletes everything doomed, so the file holds exactly what still counts.
+    pub fn commit_and_tidy(&mut self, effects: &[Effect], floor: Millis) -> Result<(), StoreError> {
+        self.commit_with(effects, floor, true)
+    }
+
+    fn commit_with(&mut self, effects: &[Effect], floor: Millis, tidy: bool) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
         txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
-        self.write_effects(&txn, effects, floor).map_err(|e| self.commit_error(e))?;
+        self.write_effects(&txn, effects, floor, tidy).map_err(|e| self.commit_error(e))?;
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
-    /// Deletes every doomed grant (see the module docs) in one durable commit, if there are any.
-    /// For closing: the file then holds exactly the grants that still count.
+    /// Deletes everything doomed (see the module docs) in one durable commit, if anything is.
+    /// For closing: the file then holds exactly what still counts.
     pub fn finish(&mut self, floor: Millis) -> Result<(), StoreError> {
         if self.doomed.is_empty() {
             return Ok(());
         }
-        self.commit(&[], floor)
+        self.commit_and_tidy(&[], floor)
     }
 
     fn write_effects(
@@ -416,15 +426,13 @@ impl Store {
         txn: &redb::WriteTransaction,
         effects: &[Effect],
         floor: Millis,
+        tidy: bool,
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
         let (mut buckets, mut grants, mut permits, mut throttles) = (None, None, None, None);
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
-        // Only forgetting (a sweep's commit, a reopen's prune): then delete whatever is doomed.
-        let only_forgetting =
-            effects.iter().all(|e| matches!(e, Effect::WindowPruned { .. } | Effect::BucketForgotten { .. }));
         for effect in effects {
             match effect {
                 Effect::BucketMeta { bucket, meta } => {
@@ -476,7 +484,7 @@ impl Store {
                 }
             }
         }
-        let (budget, due_by) = if only_forgetting {
+        let (budget, due_by) = if tidy {
             (usize::MAX, u64::MAX)
         } else if doomed.due_count_reaches(floor.0, delete_batch) {
             (DELETES_PER_COMMIT.max(written * DELETES_PER_GRANT), floor.0)
@@ -487,7 +495,7 @@ impl Store {
             let Some((at, bucket)) = doomed.pop_due(due_by) else { break };
             opened(&mut grants, txn, GRANTS)?.remove((at, &*bucket))?;
         }
-        if !doomed.records.is_empty() && (only_forgetting || doomed.records.len() >= RECORD_DELETE_BATCH) {
+        if !doomed.records.is_empty() && (tidy || doomed.records.len() >= RECORD_DELETE_BATCH) {
             let buckets = opened(&mut buckets, txn, BUCKETS)?;
             for (bucket, _) in doomed.records.drain() {
                 buckets.remove(&*bucket)?;
@@ -572,8 +580,8 @@ mod tests {
             .commit(&[Effect::BucketMeta { bucket: Arc::from("c"), meta }, grant("c", 3_200, 1)], Millis(3_200))
             .unwrap();
         assert_eq!(rows(&store), all(&[(1_500, "b"), (2_000, "a"), (3_000, "c"), (3_100, "d"), (3_200, "c")]));
-        // A commit that only forgets deletes every doomed grant, due or not.
-        store.commit(&[pruned("d", &[3_100])], Millis(3_300)).unwrap();
+        // A tidying commit deletes every doomed grant, due or not.
+        store.commit_and_tidy(&[pruned("d", &[3_100])], Millis(3_300)).unwrap();
         assert_eq!(rows(&store), all(&[(2_000, "a"), (3_000, "c"), (3_200, "c")]));
         // So does finishing.
         store.commit(&[pruned("c", &[3_000]), grant("e", 3_400, 1)], Millis(3_400)).unwrap();

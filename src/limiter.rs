@@ -12,8 +12,10 @@
 //! top of it since, is answered `Unavailable`; the file is reopened and the engine rebuilt from
 //! it (the last committed state). Nothing that was not committed is ever granted. A refusal
 //! decided on top of an uncommitted grant errs on the safe side. The writer also sweeps lapsed
-//! state at the engine's deadlines; what a sweep alone forgets rides along with the next commit
-//! a request needs (or waits at most [`MAX_DEFERRED_MS`]), since a reopen prunes it again.
+//! state at the engine's deadlines, at most every [`SWEEP_GRAIN_MS`] (a request sweeps for
+//! itself before deciding, so these sweeps only tidy); what a sweep alone forgets rides along
+//! with the next commit a request needs (or waits at most [`MAX_DEFERRED_MS`]), since a reopen
+//! prunes it again.
 //!
 //! The answers a commit releases to async callers go back through one task (the replier) on the
 //! runtime of the first async call, handed all at once: that wakes the runtime once per commit
@@ -47,6 +49,8 @@ const MAX_DEFERRED_EFFECTS: usize = 4096;
 pub const MAX_DEFERRED_MS: u64 = 1000;
 /// Fewest async answers one commit hands to the replier (fewer are sent one by one).
 const REPLIER_MIN_ANSWERS: usize = 4;
+/// The writer sweeps at the engine's deadlines, but at most this often (ms).
+const SWEEP_GRAIN_MS: u64 = 50;
 /// How long the writer waits before trying again to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -186,7 +190,7 @@ impl Core {
         let deferred_due = self.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
         let due = [self.engine.next_deadline(), deferred_due].into_iter().flatten().min();
         match (self.writer_sleeps_until, due) {
-            (Some(sleeps_until), Some(due)) if due < sleeps_until => {
+            (Some(sleeps_until), Some(due)) if due.plus(SWEEP_GRAIN_MS) <= sleeps_until => {
                 self.writer_sleeps_until = None;
                 true
             }
@@ -791,10 +795,13 @@ impl Writer {
                 }
             }
             let wake = [next_deadline, deferred_due].into_iter().flatten().min();
+            // Requests sweep for themselves before deciding, so the writer's sweeps only tidy
+            // memory and the file: they need not wake it more often than every SWEEP_GRAIN_MS.
+            let wake = wake.map(|at| at.max(now.plus(SWEEP_GRAIN_MS)));
             core.writer_sleeps_until = Some(wake.unwrap_or(Millis(u64::MAX)));
             core = match wake {
                 Some(at) => {
-                    let wait = Duration::from_millis(at.since(now).max(1));
+                    let wait = Duration::from_millis(at.since(now));
                     shared.wake.wait_timeout(core, wait).unwrap_or_else(std::sync::PoisonError::into_inner).0
                 }
                 None => shared.wake.wait(core).unwrap_or_else(std::sync::PoisonError::into_inner),

@@ -12,7 +12,7 @@
 //! top of it since, is answered `Unavailable`; the file is reopened and the engine rebuilt from
 //! it (the last committed state). Nothing that was not committed is ever granted. A refusal
 //! decided on top of an uncommitted grant errs on the safe side. The writer also sweeps lapsed
-//! state at the engine's deadlines, at most every [`SWEEP_GRAIN_MS`] (a request sweeps for
+//! state at the engine's deadlines, at most every `SWEEP_GRAIN_MS` (a request sweeps for
 //! itself before deciding, so these sweeps only tidy); what a sweep alone forgets rides along
 //! with the next commit a request needs (or waits at most [`MAX_DEFERRED_MS`]), since a reopen
 //! prunes it again.
@@ -20,7 +20,7 @@
 //! The answers a commit releases to async callers go back through one task (the replier) on the
 //! runtime of the first async call, handed all at once: that wakes the runtime once per commit
 //! instead of once per answer. Blocking calls, async calls made outside a Tokio runtime, and
-//! commits releasing fewer than [`REPLIER_MIN_ANSWERS`] such answers are answered by the writer
+//! commits releasing fewer than `REPLIER_MIN_ANSWERS` such answers are answered by the writer
 //! itself.
 //!
 //! With [`LimiterOptions::caller_commits`], while requests come one at a time (the last commit

@@ -79,7 +79,9 @@ pub struct LimiterOptions {
     /// Let a request that finds the file idle commit its own effects in the calling thread
     /// (see the module docs). Off by default: an async caller then blocks its runtime thread for
     /// the commit's fsync (and, should that commit fail, for reopening the file), which a
-    /// dedicated server runtime can afford and a host's may not.
+    /// dedicated server runtime can afford and a host's may not. Async calls commit their own
+    /// only on a multi-thread Tokio runtime with two or more workers: with one, every request
+    /// arriving during a caller's commit would wait for it and then commit alone as well.
     pub caller_commits: bool,
     /// Broken on purpose, for the crash test only: answer before the commit.
     #[doc(hidden)]
@@ -248,8 +250,9 @@ impl Shared {
     }
 
     /// Decides `cmd`; answers it at once when it changed nothing, else queues the answer for
-    /// the commit that will hold its effects (`direct`: the writer sends it, not the replier).
-    fn submit(&self, cmd: Command, direct: bool) {
+    /// the commit that will hold its effects (`direct`: the writer sends it, not the replier;
+    /// `may_commit`: the caller may make that commit itself, see `caller_commits`).
+    fn submit(&self, cmd: Command, direct: bool, may_commit: bool) {
         let mut core = self.lock();
         if let Some(why) = core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned())) {
             drop(core);
@@ -283,7 +286,7 @@ impl Shared {
             core.deferred_since = None;
             // Only while requests come one at a time: under concurrency the writer's group
             // commits carry more per fsync, and the callers' runtime threads stay free.
-            let own_commit = self.caller_commits && !core.committing && core.waiting.is_empty() && core.last_batch <= 1;
+            let own_commit = may_commit && !core.committing && core.waiting.is_empty() && core.last_batch <= 1;
             core.waiting.push(Waiting { answer, direct: direct || own_commit });
             if own_commit {
                 let batch = core.take_batch();
@@ -563,10 +566,11 @@ impl Limiter {
     fn send<T>(
         &self,
         direct: bool,
+        may_commit: bool,
         make: impl FnOnce(Reply<T>) -> Command,
     ) -> oneshot::Receiver<Result<T, LimiterError>> {
         let (reply, rx) = oneshot::channel();
-        self.shared.submit(make(reply), direct);
+        self.shared.submit(make(reply), direct, may_commit);
         rx
     }
 
@@ -579,11 +583,18 @@ impl Limiter {
             let _ = replier.set(spawn_replier(&runtime, self.shared.metrics.clone()));
         }
         let direct = replier.get().is_none();
-        self.send(direct, make).await.unwrap_or_else(|_| Err(closed()))
+        // A caller blocked in its commit must leave another runtime thread to take the requests
+        // that arrive meanwhile; on a runtime with one thread they would each commit alone.
+        let may_commit = self.shared.caller_commits
+            && tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+                runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                    && runtime.metrics().num_workers() > 1
+            });
+        self.send(direct, may_commit, make).await.unwrap_or_else(|_| Err(closed()))
     }
 
     fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        self.send(true, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
+        self.send(true, self.shared.caller_commits, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
     }
 
     /// Decides an acquire; a grant is answered only once it is durable.

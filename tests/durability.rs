@@ -428,3 +428,27 @@ fn a_panic_in_a_callers_commit_ends_it() {
     assert_eq!(limiter.state_blocking("w").unwrap().view.buckets[0].window_used, used + 1);
     drop(limiter);
 }
+
+/// On a runtime with one thread, a caller blocked in its own commit would leave every request
+/// that arrives meanwhile to commit alone after it: there, async callers leave commits to the
+/// writer, and concurrent requests share them.
+#[test]
+fn one_runtime_thread_leaves_commits_to_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter =
+        Arc::new(Limiter::open_with(&path, LimiterOptions { caller_commits: true, ..options(&clock) }).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..64 {
+            let limiter = limiter.clone();
+            set.spawn(async move { limiter.acquire(window(&format!("k{i}"), 1, 60_000)).await });
+        }
+        while let Some(result) = set.join_next().await {
+            assert!(result.unwrap().unwrap().is_granted());
+        }
+    });
+    assert!(commits(&limiter) < 32, "{} commits for 64 concurrent grants", commits(&limiter));
+}

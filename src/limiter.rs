@@ -304,7 +304,7 @@ impl Shared {
     /// fails them and everything decided on top, and reopens the file. Ends the commit in
     /// flight, waking the writer when more is queued.
     fn commit(&self, batch: Batch) {
-        let _unwinding = EndOnUnwind(self);
+        let unwinding = EndOnUnwind(self);
         let mut file = self.lock_file();
         let metrics = &self.metrics;
         if !batch.answers.is_empty() {
@@ -322,6 +322,7 @@ impl Shared {
         match result {
             Ok(()) => {
                 drop(file);
+                std::mem::forget(unwinding); // the commit ends here, not on a later unwind
                 self.end_commit();
                 self.deliver(batch.answers);
             }
@@ -340,6 +341,7 @@ impl Shared {
                 // rebuilt limiter rather than the failure.
                 self.reopen(&mut file);
                 drop(file);
+                std::mem::forget(unwinding);
                 self.end_commit();
                 for waiting in batch.answers.into_iter().chain(later) {
                     waiting.answer.fail(&why, metrics);

@@ -175,23 +175,35 @@ struct Core {
 
 impl Core {
     /// Forgets what lapsed by `now`. What that changes in the file waits for the next commit a
-    /// request needs (see [`MAX_DEFERRED_MS`]); true when it changed anything.
-    fn sweep(&mut self, now: Millis) -> bool {
+    /// request needs (see [`MAX_DEFERRED_MS`]).
+    fn sweep(&mut self, now: Millis) {
         let before = self.effects.len();
         self.engine.sweep(now, &mut self.effects);
-        let swept = self.effects.len() > before;
-        if swept && self.waiting.is_empty() {
+        if self.effects.len() > before && self.waiting.is_empty() {
             self.deferred_since.get_or_insert(now);
         }
-        swept
+    }
+
+    /// When the writer has work of its own: the engine's next deadline, or the instant deferred
+    /// sweep effects may wait no longer.
+    fn writer_due(&self) -> Option<Millis> {
+        let deferred_due = self.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
+        [self.engine.next_deadline(), deferred_due].into_iter().flatten().min()
+    }
+
+    /// Fails the file for `why`: nothing is decided until it is reopened, and what was decided
+    /// but not committed is dropped. Returns the requests that were waiting, to fail.
+    fn break_off(&mut self, why: &str) -> Vec<Waiting> {
+        self.broken = Some(why.to_owned());
+        self.effects.clear();
+        self.deferred_since = None;
+        std::mem::take(&mut self.waiting)
     }
 
     /// Whether the writer, parked, must wake before it planned to: a timer or a deferred sweep
     /// is now due earlier. Marks it woken, so it is told once.
     fn writer_should_wake(&mut self) -> bool {
-        let deferred_due = self.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
-        let due = [self.engine.next_deadline(), deferred_due].into_iter().flatten().min();
-        match (self.writer_sleeps_until, due) {
+        match (self.writer_sleeps_until, self.writer_due()) {
             (Some(sleeps_until), Some(due)) if due.plus(SWEEP_GRAIN_MS) <= sleeps_until => {
                 self.writer_sleeps_until = None;
                 true
@@ -330,13 +342,7 @@ impl Shared {
                 tracing::error!(error = %e, "commit failed; answering unavailable and reopening the file");
                 let why = e.to_string();
                 // Everything decided since was decided on top of this batch: it fails too.
-                let later = {
-                    let mut core = self.lock();
-                    core.broken = Some(why.clone());
-                    core.effects.clear();
-                    core.deferred_since = None;
-                    std::mem::take(&mut core.waiting)
-                };
+                let later = self.lock().break_off(&why);
                 // Reopen before answering, so a caller that asks again at once meets the
                 // rebuilt limiter rather than the failure.
                 self.reopen(&mut file);
@@ -429,11 +435,8 @@ impl Drop for EndOnUnwind<'_> {
         let why = "a commit failed unexpectedly; reopening the file";
         let waiting = {
             let mut core = shared.lock();
-            core.broken = Some(why.to_owned());
-            core.effects.clear();
-            core.deferred_since = None;
             core.committing = false;
-            std::mem::take(&mut core.waiting)
+            core.break_off(why)
         };
         shared.wake.notify_one();
         for waiting in waiting {
@@ -531,7 +534,7 @@ impl Limiter {
             file: Mutex::new(File { store: Some(store), path: path.clone(), opener: options.opener, config }),
             clock,
             metrics: Arc::new(Metrics::default()),
-            caller_commits: options.caller_commits && !options.ack_before_commit,
+            caller_commits: options.caller_commits,
             ack_before_commit: options.ack_before_commit,
             replier: OnceLock::new(),
         });
@@ -577,18 +580,19 @@ impl Limiter {
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
+        let runtime = tokio::runtime::Handle::try_current().ok();
         let replier = &self.shared.replier;
         if replier.get().is_none()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && let Some(runtime) = &runtime
         {
             // Two first calls racing may both spawn one; the loser's ends at once.
-            let _ = replier.set(spawn_replier(&runtime, self.shared.metrics.clone()));
+            let _ = replier.set(spawn_replier(runtime, self.shared.metrics.clone()));
         }
         let direct = replier.get().is_none();
         // A caller blocked in its commit must leave another runtime thread to take the requests
         // that arrive meanwhile; on a runtime with one thread they would each commit alone.
         let may_commit = self.shared.caller_commits
-            && tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+            && runtime.is_some_and(|runtime| {
                 runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
                     && runtime.metrics().num_workers() > 1
             });
@@ -792,10 +796,9 @@ impl Writer {
             }
             let now = shared.now(&mut core);
             core.sweep(now);
-            let next_deadline = core.engine.next_deadline();
             update_gauges(&shared.metrics, &core.engine);
-            let deferred_due = core.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
             if !core.committing && core.broken.is_none() {
+                let deferred_due = core.deferred_since.map(|since| since.plus(MAX_DEFERRED_MS));
                 let sweep_due =
                     deferred_due.is_some_and(|due| due <= now) || core.effects.len() >= MAX_DEFERRED_EFFECTS;
                 let requested = !core.waiting.is_empty()
@@ -807,7 +810,7 @@ impl Writer {
                     return None;
                 }
             }
-            let wake = [next_deadline, deferred_due].into_iter().flatten().min();
+            let wake = core.writer_due();
             // Requests sweep for themselves before deciding, so the writer's sweeps only tidy
             // memory and the file: they need not wake it more often than every SWEEP_GRAIN_MS.
             let wake = wake.map(|at| at.max(now.plus(SWEEP_GRAIN_MS)));

@@ -253,15 +253,19 @@ impl Doomed {
             return None;
         }
         let (due, at, bucket) = self.by_due.pop_first()?;
-        if let Some(list) = self.by_bucket.get_mut(&*bucket) {
-            if let Some(i) = list.iter().position(|e| *e == (due, at)) {
-                list.swap_remove(i);
-            }
-            if list.is_empty() {
-                self.by_bucket.remove(&*bucket);
-            }
-        }
+        self.unlist(&bucket, |entry| entry == (due, at));
         Some((at, bucket))
+    }
+
+    /// Removes the first (due, instant) of `bucket`'s list that `matches`, and the list once
+    /// empty; returns that entry's due instant.
+    fn unlist(&mut self, bucket: &Arc<str>, matches: impl Fn((u64, u64)) -> bool) -> Option<u64> {
+        let list = self.by_bucket.get_mut(&**bucket)?;
+        let due = list.iter().position(|e| matches(*e)).map(|i| list.swap_remove(i).0);
+        if list.is_empty() {
+            self.by_bucket.remove(&**bucket);
+        }
+        due
     }
 
     /// Takes every doomed grant of `bucket` (their instants).
@@ -277,13 +281,8 @@ impl Doomed {
 
     /// Forgets that `(at, bucket)` is doomed: it is being written again.
     fn revive(&mut self, bucket: &Arc<str>, at: u64) {
-        let Some(list) = self.by_bucket.get_mut(&**bucket) else { return };
-        if let Some(i) = list.iter().position(|(_, a)| *a == at) {
-            let (due, _) = list.swap_remove(i);
+        if let Some(due) = self.unlist(bucket, |(_, a)| a == at) {
             self.by_due.remove(&(due, at, bucket.clone()));
-            if list.is_empty() {
-                self.by_bucket.remove(&**bucket);
-            }
         }
     }
 }

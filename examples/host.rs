@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use redb_limiter::client::{AcquireOptions, Client, WaitReport};
 use redb_limiter::time::format_instant;
 use redb_limiter::{AcquireRequest, Limit, Limiter};
+use redb_limiter_client::{AcquireOptions, Client, WaitReport};
 
 /// The fake provider: every 9th call is a 429 asking for a 1 s pause; every other answer reports
 /// the requests left in its own budget of 20 a second, which runs out on every 20th call.

@@ -1,53 +1,11 @@
-//! redb-limiter: a durable rate limiter in one redb file.
-//!
-//! A host asks before every call to a rate-limited provider; the limiter answers at once,
-//! granted or refused with the instant to ask again, and never forgets a grant across a crash.
-//!
-//! # Example
-//!
-//! The limiter in-process, with no HTTP: a grant is durable in the file when it is answered.
-//!
-//! ```
-//! use redb_limiter::{AcquireRequest, Decision, Limit, Limiter, Reason};
-//!
-//! let dir = tempfile::tempdir()?;
-//! let limiter = Limiter::open(dir.path().join("limiter.redb"))?;
-//! let rpm = AcquireRequest::new("cred:42", vec![Limit::window("team:7/rpm", 1, 60_000)])?;
-//! assert!(limiter.acquire_blocking(rpm.clone())?.is_granted());
-//! match limiter.acquire_blocking(rpm)? {
-//!     Decision::Refused { reason, limit, .. } => assert_eq!((reason, limit.as_str()), (Reason::Rate, "team:7/rpm")),
-//!     granted => panic!("a second call in the same minute: {granted:?}"),
-//! }
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The redb-limiter server: the HTTP wire over an embedded [`redb_limiter::Limiter`], and the
+//! command line of the binary `redb-limiter`.
 //!
 //! # Layout
 //!
-//! - [`time`]: `Millis`, the wire form of instants, the clock seam.
-//! - [`request`]: the three requests, validated against every bound of the wire spec.
-//! - [`engine`]: the pure state machine (rolling windows, concurrency places, throttles); time
-//!   comes in as `now`, changes go out as effects.
-//! - [`store`]: the effects in one redb file, and the engine rebuilt from it.
-//! - [`limiter`]: engine + store + clock behind one writer thread with group commit; the
-//!   in-process API.
-//! - [`metrics`]: the Prometheus registry the limiter updates.
-//! - [`loadgen`]: the HTTP load generator behind `redb-limiter bench`.
-//! - [`vendor`]: a provider's 429 and rate-limit headers turned into waits and throttles.
+//! - [`server`]: the HTTP wire: routing, auth, errors, health, state and metrics
+//!   (`serve(listener, limiter, config, shutdown)`, as tests and the binary call it).
+//! - [`cli`]: each subcommand's body (`serve`, `status`, `check`, `contract`, `bench`, and the
+//!   hidden `grind` the crash test kills); the binary only parses and dispatches.
 pub mod cli;
-#[cfg(feature = "client")]
-pub mod client;
-pub mod engine;
-pub mod limiter;
-pub mod loadgen;
-pub mod metrics;
-pub mod request;
 pub mod server;
-pub mod store;
-pub mod time;
-pub mod vendor;
-pub mod wire;
-
-pub use engine::{Decision, PermitId, Reason};
-pub use limiter::{Limiter, LimiterError, LimiterOptions};
-pub use request::{AcquireRequest, BadRequest, Limit, ReleaseRequest, ThrottleRequest};
-pub use time::Millis;

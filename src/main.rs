@@ -1,7 +1,7 @@
 //! The binary: parses arguments, sets up tracing, and hands over to the library.
 
 use clap::Parser;
-use redb_limiter::cli::{self, Cli, Command};
+use redb_limiter_server::cli::{self, Cli, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -14,7 +14,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => cli::serve::run(args).await,
         Command::Status(args) => cli::status::run(args).await,
         Command::Check(args) => tokio::task::spawn_blocking(move || cli::check::run(args)).await?,
-        #[cfg(feature = "client")]
         Command::Contract(args) => cli::contract::run(args).await,
         Command::Bench(args) => cli::bench::run(args).await,
         Command::Grind(args) => cli::grind::run(args).await,

@@ -15,9 +15,9 @@ use axum::http::{HeaderMap, Method as HttpMethod, Request as HttpRequest, Status
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::limiter::{Limiter, LimiterError};
-use crate::request::{EnvelopeError, Method, Request};
-use crate::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, ReleaseReply, StateReply, ThrottleReply};
+use redb_limiter::limiter::{Limiter, LimiterError};
+use redb_limiter::request::{EnvelopeError, Method, Request};
+use redb_limiter::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, ReleaseReply, StateReply, ThrottleReply};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -86,6 +86,7 @@ impl From<LimiterError> for Failure {
         match e {
             LimiterError::BadRequest(bad) => Failure::bad_request(bad.0),
             LimiterError::Unavailable(why) => Failure::unavailable(why),
+            other => Failure::unavailable(other.to_string()),
         }
     }
 }
@@ -240,7 +241,7 @@ async fn call(limiter: &Limiter, request: Request) -> Result<Response, Failure> 
         Request::Throttle(req) => {
             let key = req.key.clone();
             let until = limiter.throttle(req).await?;
-            json(&ThrottleReply { key, until: until.map(crate::wire::Instant) })
+            json(&ThrottleReply { key, until: until.map(redb_limiter::wire::Instant) })
         }
     })
 }

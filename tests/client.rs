@@ -5,14 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redb_limiter::client::contract;
-use redb_limiter::client::{
-    AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, Refusal, WaitReport,
-};
 use redb_limiter::engine::{Decision, Engine, EngineConfig};
 use redb_limiter::limiter::LimiterOptions;
-use redb_limiter::server::{ServerConfig, serve};
 use redb_limiter::{AcquireRequest, Limit, Limiter, Millis, Reason};
+use redb_limiter_client::contract;
+use redb_limiter_client::{AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, Refusal, WaitReport};
+use redb_limiter_server::server::{ServerConfig, serve};
 
 const T0: Millis = Millis(1_800_000_000_000);
 

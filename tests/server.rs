@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use redb_limiter::limiter::LimiterOptions;
-use redb_limiter::server::{ServerConfig, serve};
 use redb_limiter::store::faulty::{FaultPlan, faulty_opener};
 use redb_limiter::time::{FakeClock, format_instant};
 use redb_limiter::{Limiter, Millis};
+use redb_limiter_server::server::{ServerConfig, serve};
 use serde_json::{Value, json};
 
 const T0: Millis = Millis(1_800_000_000_000);

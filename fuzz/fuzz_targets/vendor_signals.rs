@@ -9,7 +9,7 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
-use redb_limiter::vendor::{
+use redb_limiter_client::vendor::{
     MAX_WAIT_MS, MIN_WAIT_MS, parse_go_duration, parse_proto_duration, parse_retry_after, vendor_budget, vendor_wait,
 };
 

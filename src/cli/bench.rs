@@ -1,6 +1,6 @@
-//! `redb-limiter bench`: the load generator (see [`crate::loadgen`]) from the command line.
+//! `redb-limiter bench`: the load generator (see the crate `loadgen`) from the command line.
 
-use crate::loadgen::{BenchArgs, run as run_load};
+use loadgen::{BenchArgs, run as run_load};
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let report = run_load(&args).await?;

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::limiter::Limiter;
-use crate::store::FORMAT_VERSION;
+use redb_limiter::limiter::Limiter;
+use redb_limiter::store::FORMAT_VERSION;
 
 #[derive(clap::Args, Debug)]
 pub struct CheckArgs {

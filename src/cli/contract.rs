@@ -1,7 +1,7 @@
 //! `redb-limiter contract --url URL`: runs the contract suite against any limiter of the wire,
 //! one line per case, then `N passed, N failed`; exits non-zero on any failure.
 
-use crate::client::contract;
+use redb_limiter_client::contract;
 
 #[derive(clap::Args, Debug)]
 pub struct ContractArgs {

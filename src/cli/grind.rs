@@ -9,9 +9,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::engine::Decision;
-use crate::limiter::{Limiter, LimiterOptions};
-use crate::request::{AcquireRequest, Limit};
+use redb_limiter::engine::Decision;
+use redb_limiter::limiter::{Limiter, LimiterOptions};
+use redb_limiter::request::{AcquireRequest, Limit};
 
 pub const BOUNDED_KEY: &str = "grind/bounded";
 pub const BOUNDED_CALLS: u64 = 300;

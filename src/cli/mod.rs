@@ -3,7 +3,6 @@
 
 pub mod bench;
 pub mod check;
-#[cfg(feature = "client")]
 pub mod contract;
 pub mod grind;
 pub mod serve;
@@ -27,10 +26,9 @@ pub enum Command {
     /// Open (creating when missing) and validate the file; fail with the reason if unusable.
     Check(check::CheckArgs),
     /// Run the contract suite (every rule of the wire) against a limiter.
-    #[cfg(feature = "client")]
     Contract(contract::ContractArgs),
     /// Load a server with acquires and report requests/s and latency percentiles.
-    Bench(crate::loadgen::BenchArgs),
+    Bench(loadgen::BenchArgs),
     /// Grants under load and prints each answered grant (for the crash test).
     #[command(hide = true)]
     Grind(grind::GrindArgs),

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::limiter::{Limiter, LimiterOptions};
 use crate::server::{ServerConfig, serve};
+use redb_limiter::limiter::{Limiter, LimiterOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::limiter::Limiter;
-use crate::store::StoreError;
-use crate::wire::StateReply;
+use redb_limiter::limiter::Limiter;
+use redb_limiter::store::StoreError;
+use redb_limiter::wire::StateReply;
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
@@ -114,7 +114,7 @@ pub fn render(state: &StateReply) -> String {
         state.totals.buckets,
         state.totals.permits,
         state.totals.throttles,
-        crate::time::format_instant(state.now.0)
+        redb_limiter::time::format_instant(state.now.0)
     );
     out
 }

@@ -13,7 +13,7 @@
 
 use http::HeaderMap;
 
-use crate::time::{Millis, parse_instant};
+use redb_limiter::time::{Millis, parse_instant};
 
 /// The shortest wait a 429 yields, whatever the vendor says.
 pub const MIN_WAIT_MS: u64 = 1_000;

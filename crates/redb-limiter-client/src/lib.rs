@@ -13,6 +13,7 @@
 pub mod contract;
 mod http;
 mod permit;
+pub mod vendor;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,11 +24,11 @@ use std::time::Duration;
 pub use http::HttpLimiter;
 pub use permit::{Permit, PermitStream};
 
-use crate::engine::{Decision, Reason};
-use crate::limiter::{Limiter, LimiterError};
-use crate::request::{AcquireRequest, ReleaseRequest, ThrottleRequest};
-use crate::time::{Millis, wall_clock_now};
 use crate::vendor::{vendor_budget, vendor_wait};
+use redb_limiter::engine::{Decision, Reason};
+use redb_limiter::limiter::{Limiter, LimiterError};
+use redb_limiter::request::{AcquireRequest, ReleaseRequest, ThrottleRequest};
+use redb_limiter::time::{Millis, wall_clock_now};
 
 /// The answer to one `acquire`, as any limiter of the wire gives it (the permit is opaque).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +78,7 @@ impl From<LimiterError> for ClientError {
         match e {
             LimiterError::BadRequest(bad) => ClientError::BadRequest(bad.0),
             LimiterError::Unavailable(why) => ClientError::Unavailable(why),
+            other => ClientError::Unavailable(other.to_string()),
         }
     }
 }

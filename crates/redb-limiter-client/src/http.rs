@@ -3,10 +3,10 @@
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
-use super::{ClientError, LimiterApi, Outcome, Refusal};
-use crate::request::AcquireRequest;
-use crate::time::{Millis, format_instant};
-use crate::wire::{AcquireReply, ErrorReply, ReleaseReply, ThrottleReply};
+use crate::{ClientError, LimiterApi, Outcome, Refusal};
+use redb_limiter::request::AcquireRequest;
+use redb_limiter::time::{Millis, format_instant};
+use redb_limiter::wire::{AcquireReply, ErrorReply, ReleaseReply, ThrottleReply};
 
 /// A remote limiter at `url` (for example `http://127.0.0.1:7411`), with an optional token.
 #[derive(Debug, Clone)]

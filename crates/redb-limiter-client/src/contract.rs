@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::time::{Millis, format_instant, parse_instant, wall_clock_now};
+use redb_limiter::time::{Millis, format_instant, parse_instant, wall_clock_now};
 
 /// One case's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]

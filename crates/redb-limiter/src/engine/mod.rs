@@ -39,6 +39,7 @@ use permit::PermitIds;
 use timers::{Due, Timers};
 use window::Window;
 
+use crate::policy::PRUNE_BATCH;
 use crate::request::AcquireRequest;
 use crate::time::Millis;
 
@@ -46,11 +47,6 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Default interval after which a call refused for concurrency may ask again.
 pub const DEFAULT_RECHECK_MS: u64 = 250;
-
-/// Pruned window entries are deleted from the file in batches of at least this many per bucket
-/// (and all at once when the bucket is forgotten or its timer fires); until then they only cost
-/// file space, and a reopen prunes them again.
-const PRUNE_BATCH: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::{ClientError, LimiterApi};
-use crate::time::Millis;
+use crate::{ClientError, LimiterApi};
+use redb_limiter::time::Millis;
 
 /// A granted call. Dropping it releases its places.
 pub struct Permit<L: LimiterApi> {

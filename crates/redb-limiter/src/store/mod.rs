@@ -26,12 +26,13 @@
 //! (every one-at-a-time grant) holds its floor in that grant and skips the `meta` write, one page
 //! of seven; any other commit records `clock_floor`.
 //!
-//! The grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
+//! When doomed grants and records are deleted is [`crate::policy`]'s to say; in short:
+//! the grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
 //! grants span its window), so deleting them at once would dirty one leaf each. Instead the store
 //! dooms them and deletes doomed grants together, about oldest first. A commit that carries a
-//! request's change deletes only once [`DELETE_BATCH`] are due (about a leaf's worth, so one
+//! request's change deletes only once [`DELETE_BATCH`](crate::policy::DELETE_BATCH) are due (about a leaf's worth, so one
 //! commit in many pays for it), at most a few per grant it writes, and only those
-//! [`DELETE_AFTER_MS`] old, or twice as old as when they were doomed if that is sooner (by then
+//! [`DELETE_AFTER_MS`](crate::policy::DELETE_AFTER_MS) old, or twice as old as when they were doomed if that is sooner (by then
 //! the grants around them in the log are doomed too). [`Store::commit_and_tidy`] (a sweep's
 //! forgetting, a reopen's prune) and [`Store::finish`] delete them all. A commit that writes a
 //! bucket's record (its window grew, or it was created again) first deletes that bucket's doomed
@@ -39,7 +40,7 @@
 //! doomed grant only costs space: its bucket's window never grew since it was pruned, and
 //! loading the file prunes it again.
 //!
-//! A forgotten bucket's record is kept the same way, until [`RECORD_DELETE_BATCH`] wait (or a
+//! A forgotten bucket's record is kept the same way, until [`RECORD_DELETE_BATCH`](crate::policy::RECORD_DELETE_BATCH) wait (or a
 //! tidying commit): a bucket that comes back with the same record, as a key with sparse
 //! traffic does every time its window empties, then writes nothing. Until deleted, the record
 //! only costs space: loading the file restores an empty bucket and forgets it again.
@@ -47,8 +48,10 @@
 //! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
 //! record is an error, never a panic.
 
+#[cfg(any(test, feature = "test-util"))]
 pub mod faulty;
 
+use crate::policy::{DELETE_AFTER_MS, DELETE_BATCH, DELETES_PER_COMMIT, DELETES_PER_GRANT, RECORD_DELETE_BATCH};
 use std::collections::{BTreeSet, HashMap};
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -189,23 +192,9 @@ pub struct Store {
     path: PathBuf,
     /// Grants reported gone but still in the file (see the module docs).
     doomed: Doomed,
-    /// [`DELETE_BATCH`]; smaller in tests.
+    /// [`DELETE_BATCH`](crate::policy::DELETE_BATCH); smaller in tests.
     delete_batch: usize,
 }
-
-/// Most grants a commit that carries a request's change deletes: this many per grant it writes,
-/// and at least [`DELETES_PER_COMMIT`].
-const DELETES_PER_GRANT: usize = 2;
-const DELETES_PER_COMMIT: usize = 512;
-/// A commit that carries a request's change deletes only once this many doomed grants are due
-/// (about a leaf of the grants table), so one commit in many rewrites the oldest leaf.
-pub const DELETE_BATCH: usize = 128;
-/// A commit that carries a request's change deletes the records of forgotten buckets only once
-/// this many wait.
-pub const RECORD_DELETE_BATCH: usize = 64;
-/// A commit that carries a request's change deletes a doomed grant only once it is this old (ms),
-/// or twice as old as it was when doomed if that comes sooner.
-pub const DELETE_AFTER_MS: u64 = 2_000;
 
 /// Doomed grants, by when they are due for deletion (then oldest first), and by bucket; and the
 /// records of forgotten buckets still in the file, as stored.

@@ -1,4 +1,4 @@
-//! The limiter: engine + store + clock, usable in-process with no HTTP.
+//! The commit pipeline: how a decided request reaches the file and its answer reaches the caller.
 //!
 //! Requests are decided at once, in the caller's thread, under one lock around the engine.
 //! A decision that changes nothing (a refusal, a read) is answered there and then. A decision
@@ -12,10 +12,10 @@
 //! top of it since, is answered `Unavailable`; the file is reopened and the engine rebuilt from
 //! it (the last committed state). Nothing that was not committed is ever granted. A refusal
 //! decided on top of an uncommitted grant errs on the safe side. The writer also sweeps lapsed
-//! state at the engine's deadlines, at most every `SWEEP_GRAIN_MS` (a request sweeps for
+//! state at the engine's deadlines, at most every [`SWEEP_GRAIN_MS`] (a request sweeps for
 //! itself before deciding, so these sweeps only tidy); what a sweep alone forgets rides along
-//! with the next commit a request needs (or waits at most [`MAX_DEFERRED_MS`]), since a reopen
-//! prunes it again.
+//! with the next commit a request needs (or waits at most [`MAX_DEFERRED_MS`]; see
+//! [`crate::policy`]), since a reopen prunes it again.
 //!
 //! The answers a commit releases to async callers go back through one task (the replier) on the
 //! runtime of the first async call, handed all at once: that wakes the runtime once per commit
@@ -23,104 +23,35 @@
 //! commits releasing fewer than `REPLIER_MIN_ANSWERS` such answers are answered by the writer
 //! itself.
 //!
-//! With [`LimiterOptions::caller_commits`], while requests come one at a time (the last commit
-//! answered at most one), a request that finds no commit in flight and nothing queued commits its
+//! With [`LimiterOptions::caller_commits`](super::LimiterOptions::caller_commits), while
+//! requests come one at a time (the last commit answered at most one), a request that finds no commit in flight and nothing queued commits its
 //! own effects in the calling thread instead of waking the writer: that saves two thread
 //! hand-offs per request. Requests that arrive meanwhile queue for the writer as before. At most
 //! one commit is in flight at a time, whoever makes it (`Core::committing`); the file sits behind
 //! its own lock, taken by that committer (and by the writer to reopen the file or close it).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::engine::{DEFAULT_RECHECK_MS, Decision, Effect, Engine, EngineConfig, StateView, Totals};
+use super::{LimiterError, Snapshot, random_seed};
+use crate::engine::{Decision, Effect, Engine, EngineConfig, StateView, Totals};
 use crate::metrics::Metrics;
+use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
 use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest};
-use crate::store::{Opener, Store, StoreError, file_opener};
-use crate::time::{Clock, Millis, SystemClock};
+use crate::store::{Opener, Store, StoreError};
+use crate::time::{Clock, Millis};
 
-/// Sweep effects wait for a request's commit until there are this many...
-const MAX_DEFERRED_EFFECTS: usize = 4096;
-/// ...or they are this old (ms).
-pub const MAX_DEFERRED_MS: u64 = 1000;
 /// Fewest async answers one commit hands to the replier (fewer are sent one by one).
 const REPLIER_MIN_ANSWERS: usize = 4;
-/// The writer sweeps at the engine's deadlines, but at most this often (ms).
-const SWEEP_GRAIN_MS: u64 = 50;
 /// How long the writer waits before trying again to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Why a request got no answer from the limiter.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LimiterError {
-    /// The request is malformed; nothing changed.
-    #[error("{0}")]
-    BadRequest(#[from] BadRequest),
-    /// The store cannot commit (or the limiter is closing); nothing was granted.
-    #[error("unavailable: {0}")]
-    Unavailable(String),
-}
+pub(super) type Reply<T> = oneshot::Sender<Result<T, LimiterError>>;
 
-/// How to open a limiter. `Default` is the production setup.
-pub struct LimiterOptions {
-    /// A call refused for concurrency is told to retry at most this long after `now`.
-    pub recheck_ms: u64,
-    /// Seed for permit ids; `None` draws one from the OS at every open.
-    pub id_seed: Option<u64>,
-    /// The clock; `None` is the system clock floored at the file's last commit.
-    pub clock: Option<Arc<dyn Clock>>,
-    /// How the file is opened (tests inject faults here).
-    pub opener: Opener,
-    /// Let a request that finds the file idle commit its own effects in the calling thread
-    /// (see the module docs). Off by default: an async caller then blocks its runtime thread for
-    /// the commit's fsync (and, should that commit fail, for reopening the file), which a
-    /// dedicated server runtime can afford and a host's may not. Async calls commit their own
-    /// only on a multi-thread Tokio runtime with two or more workers: with one, every request
-    /// arriving during a caller's commit would wait for it and then commit alone as well.
-    pub caller_commits: bool,
-    /// Broken on purpose, for the crash test only: answer before the commit.
-    #[doc(hidden)]
-    pub ack_before_commit: bool,
-}
-
-impl Default for LimiterOptions {
-    fn default() -> Self {
-        LimiterOptions {
-            recheck_ms: DEFAULT_RECHECK_MS,
-            id_seed: None,
-            clock: None,
-            opener: file_opener(),
-            caller_commits: false,
-            ack_before_commit: false,
-        }
-    }
-}
-
-impl std::fmt::Debug for LimiterOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LimiterOptions")
-            .field("recheck_ms", &self.recheck_ms)
-            .field("caller_commits", &self.caller_commits)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A snapshot of the live state.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub now: Millis,
-    pub view: StateView,
-    pub totals: Totals,
-}
-
-type Reply<T> = oneshot::Sender<Result<T, LimiterError>>;
-
-enum Command {
+pub(super) enum Command {
     Acquire(AcquireRequest, Reply<Decision>),
     Release(ReleaseRequest, Reply<bool>),
     Throttle { key: String, until: Millis, reply: Reply<Option<Millis>> },
@@ -129,17 +60,17 @@ enum Command {
 
 /// An answer held until its commit, and whether the writer sends it itself (`direct`) or hands
 /// it to the replier.
-struct Waiting {
-    answer: Answer,
-    direct: bool,
+pub(super) struct Waiting {
+    pub(super) answer: Answer,
+    pub(super) direct: bool,
 }
 
 /// Hands the answers of one commit to the replier task.
-type Replier = tokio::sync::mpsc::UnboundedSender<Vec<Answer>>;
+pub(super) type Replier = tokio::sync::mpsc::UnboundedSender<Vec<Answer>>;
 
 /// Spawns the replier on `runtime`: it sends every answer it is handed, and ends when the
 /// limiter is gone.
-fn spawn_replier(runtime: &tokio::runtime::Handle, metrics: Arc<Metrics>) -> Replier {
+pub(super) fn spawn_replier(runtime: &tokio::runtime::Handle, metrics: Arc<Metrics>) -> Replier {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Answer>>();
     runtime.spawn(async move {
         while let Some(answers) = rx.recv().await {
@@ -152,25 +83,25 @@ fn spawn_replier(runtime: &tokio::runtime::Handle, metrics: Arc<Metrics>) -> Rep
 }
 
 /// What the engine's lock guards: the engine and what it decided but the file does not hold yet.
-struct Core {
-    engine: Engine,
+pub(super) struct Core {
+    pub(super) engine: Engine,
     /// Effects decided and not yet handed to a commit.
-    effects: Vec<Effect>,
+    pub(super) effects: Vec<Effect>,
     /// Answers held until `effects` are committed.
-    waiting: Vec<Waiting>,
+    pub(super) waiting: Vec<Waiting>,
     /// The latest `now` used; never runs backwards, and is the floor the next commit records.
-    last_now: Millis,
+    pub(super) last_now: Millis,
     /// Since when `effects` holds only a sweep's effects, waiting to ride a request's commit.
-    deferred_since: Option<Millis>,
+    pub(super) deferred_since: Option<Millis>,
     /// Why nothing can be decided now (a failed commit, until the file is reopened).
-    broken: Option<String>,
-    closing: bool,
+    pub(super) broken: Option<String>,
+    pub(super) closing: bool,
     /// A commit is in flight (the writer's or a caller's); the next waits for it.
-    committing: bool,
+    pub(super) committing: bool,
     /// How many requests the last commit answered.
-    last_batch: usize,
+    pub(super) last_batch: usize,
     /// Until when the writer is parked (`Millis(u64::MAX)`: until woken); `None` while it runs.
-    writer_sleeps_until: Option<Millis>,
+    pub(super) writer_sleeps_until: Option<Millis>,
 }
 
 impl Core {
@@ -226,37 +157,37 @@ impl Core {
 }
 
 /// The file and how to reopen it; locked only by the one commit in flight.
-struct File {
+pub(super) struct File {
     /// `None` after a failed commit until the file is reopened.
-    store: Option<Store>,
-    path: PathBuf,
-    opener: Opener,
-    config: EngineConfig,
+    pub(super) store: Option<Store>,
+    pub(super) path: PathBuf,
+    pub(super) opener: Opener,
+    pub(super) config: EngineConfig,
 }
 
-struct Shared {
-    core: Mutex<Core>,
+pub(super) struct Shared {
+    pub(super) core: Mutex<Core>,
     /// Wakes the writer: effects are queued, a caller's commit ended, or the limiter is closing.
-    wake: Condvar,
-    file: Mutex<File>,
-    clock: Arc<dyn Clock>,
-    metrics: Arc<Metrics>,
-    caller_commits: bool,
-    ack_before_commit: bool,
+    pub(super) wake: Condvar,
+    pub(super) file: Mutex<File>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) caller_commits: bool,
+    pub(super) ack_before_commit: bool,
     /// Set by the first async call made on a Tokio runtime.
-    replier: OnceLock<Replier>,
+    pub(super) replier: OnceLock<Replier>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Core> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn lock_file(&self) -> MutexGuard<'_, File> {
+    pub(super) fn lock_file(&self) -> MutexGuard<'_, File> {
         self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn now(&self, core: &mut Core) -> Millis {
+    pub(super) fn now(&self, core: &mut Core) -> Millis {
         core.last_now = core.last_now.max(self.clock.now());
         core.last_now
     }
@@ -264,7 +195,7 @@ impl Shared {
     /// Decides `cmd`; answers it at once when it changed nothing, else queues the answer for
     /// the commit that will hold its effects (`direct`: the writer sends it, not the replier;
     /// `may_commit`: the caller may make that commit itself, see `caller_commits`).
-    fn submit(&self, cmd: Command, direct: bool, may_commit: bool) {
+    pub(super) fn submit(&self, cmd: Command, direct: bool, may_commit: bool) {
         let mut core = self.lock();
         if let Some(why) = core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned())) {
             drop(core);
@@ -315,7 +246,7 @@ impl Shared {
     /// Commits `batch` (taken with [`Core::take_batch`]) and answers its requests; on failure
     /// fails them and everything decided on top, and reopens the file. Ends the commit in
     /// flight, waking the writer when more is queued.
-    fn commit(&self, batch: Batch) {
+    pub(super) fn commit(&self, batch: Batch) {
         let unwinding = EndOnUnwind(self);
         let mut file = self.lock_file();
         let metrics = &self.metrics;
@@ -392,7 +323,7 @@ impl Shared {
 
     /// Reopens the file and rebuilds the engine from its last commit; until that succeeds the
     /// limiter answers `Unavailable`.
-    fn reopen(&self, file: &mut File) {
+    pub(super) fn reopen(&self, file: &mut File) {
         file.store = None;
         let now = {
             let mut core = self.lock();
@@ -424,7 +355,7 @@ impl Shared {
 /// Ends the commit in flight if its committer unwinds from a panic: the limiter turns
 /// unavailable and the writer reopens the file, instead of every later change waiting for a
 /// commit that never ends.
-struct EndOnUnwind<'a>(&'a Shared);
+pub(super) struct EndOnUnwind<'a>(&'a Shared);
 
 impl Drop for EndOnUnwind<'_> {
     fn drop(&mut self) {
@@ -446,7 +377,7 @@ impl Drop for EndOnUnwind<'_> {
 }
 
 /// An answer for a command that could not be decided (it is only ever failed).
-fn decided_nothing(cmd: Command) -> Answer {
+pub(super) fn decided_nothing(cmd: Command) -> Answer {
     match cmd {
         Command::Acquire(_, reply) => Answer::Acquire(reply, Decision::Granted { at: Millis::ZERO, permit: None }),
         Command::Release(_, reply) => Answer::Release(reply, false),
@@ -457,7 +388,7 @@ fn decided_nothing(cmd: Command) -> Answer {
     }
 }
 
-fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
+pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
     let Core { engine, effects, .. } = core;
     match cmd {
         Command::Acquire(req, reply) => Answer::Acquire(reply, engine.acquire(&req, now, effects)),
@@ -473,204 +404,9 @@ fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
     }
 }
 
-/// The durable limiter. Cheap to share behind an `Arc`; dropping it (or [`Limiter::close`])
-/// commits what is queued, answers every waiting request and closes the file.
-pub struct Limiter {
-    shared: Arc<Shared>,
-    worker: Option<JoinHandle<()>>,
-    path: PathBuf,
-    started: Instant,
-}
-
-impl std::fmt::Debug for Limiter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Limiter").field("path", &self.path).finish_non_exhaustive()
-    }
-}
-
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
-impl Limiter {
-    /// Opens (creating when missing) the file at `path` with the production setup.
-    pub fn open(path: impl AsRef<Path>) -> Result<Limiter, StoreError> {
-        Limiter::open_with(path, LimiterOptions::default())
-    }
-
-    /// Opens the file at `path`: refuses a corrupt, foreign, unknown-version or busy file,
-    /// rebuilds the engine, prunes what lapsed while closed, and starts the writer thread.
-    pub fn open_with(path: impl AsRef<Path>, options: LimiterOptions) -> Result<Limiter, StoreError> {
-        let path = std::path::absolute(path.as_ref()).unwrap_or_else(|_| path.as_ref().to_path_buf());
-        let mut store = Store::open(&path, &options.opener)?;
-        let config =
-            EngineConfig { recheck_ms: options.recheck_ms, id_seed: options.id_seed.unwrap_or_else(random_seed) };
-        let mut engine = Engine::new(config);
-        let floor = store.load(&mut engine)?;
-        let clock: Arc<dyn Clock> = match options.clock {
-            Some(clock) => clock,
-            None => Arc::new(SystemClock::new(floor)),
-        };
-        let floor = floor.max(clock.now());
-        finish_restore(&mut store, &mut engine, floor)?;
-        let shared = Arc::new(Shared {
-            core: Mutex::new(Core {
-                engine,
-                effects: Vec::new(),
-                waiting: Vec::new(),
-                last_now: floor,
-                deferred_since: None,
-                broken: None,
-                closing: false,
-                committing: false,
-                last_batch: 0,
-                writer_sleeps_until: None,
-            }),
-            wake: Condvar::new(),
-            file: Mutex::new(File { store: Some(store), path: path.clone(), opener: options.opener, config }),
-            clock,
-            metrics: Arc::new(Metrics::default()),
-            caller_commits: options.caller_commits,
-            ack_before_commit: options.ack_before_commit,
-            replier: OnceLock::new(),
-        });
-        let writer = Writer { shared: shared.clone() };
-        let worker = std::thread::Builder::new()
-            .name("redb-limiter-writer".into())
-            .spawn(move || writer.run())
-            .map_err(|e| StoreError::Io { path: path.clone(), cause: e.to_string() })?;
-        Ok(Limiter { shared, worker: Some(worker), path, started: Instant::now() })
-    }
-
-    /// The file this limiter serves (absolute).
-    #[must_use]
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The limiter's clock reading (never behind the file's last commit).
-    #[must_use]
-    pub fn now(&self) -> Millis {
-        self.shared.clock.now()
-    }
-
-    #[must_use]
-    pub fn metrics(&self) -> &Metrics {
-        &self.shared.metrics
-    }
-
-    #[must_use]
-    pub fn uptime(&self) -> Duration {
-        self.started.elapsed()
-    }
-
-    fn send<T>(
-        &self,
-        direct: bool,
-        may_commit: bool,
-        make: impl FnOnce(Reply<T>) -> Command,
-    ) -> oneshot::Receiver<Result<T, LimiterError>> {
-        let (reply, rx) = oneshot::channel();
-        self.shared.submit(make(reply), direct, may_commit);
-        rx
-    }
-
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        let replier = &self.shared.replier;
-        if replier.get().is_none()
-            && let Some(runtime) = &runtime
-        {
-            // Two first calls racing may both spawn one; the loser's ends at once.
-            let _ = replier.set(spawn_replier(runtime, self.shared.metrics.clone()));
-        }
-        let direct = replier.get().is_none();
-        // A caller blocked in its commit must leave another runtime thread to take the requests
-        // that arrive meanwhile; on a runtime with one thread they would each commit alone.
-        let may_commit = self.shared.caller_commits
-            && runtime.is_some_and(|runtime| {
-                runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-                    && runtime.metrics().num_workers() > 1
-            });
-        self.send(direct, may_commit, make).await.unwrap_or_else(|_| Err(closed()))
-    }
-
-    fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
-        self.send(true, self.shared.caller_commits, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
-    }
-
-    /// Decides an acquire; a grant is answered only once it is durable.
-    pub async fn acquire(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
-        self.ask(|r| Command::Acquire(req, r)).await
-    }
-
-    /// Releases a permit: `true` when it freed places.
-    pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
-        self.ask(|r| Command::Release(req, r)).await
-    }
-
-    /// Throttles a caller (only ever extends); returns the throttle in force. `until` more than
-    /// 24 hours after the limiter's now is a `BadRequest`.
-    pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
-        self.ask(|reply| Command::Throttle { key: req.key, until: req.until, reply }).await
-    }
-
-    /// The live state whose keys start with `prefix`.
-    pub async fn state(&self, prefix: &str) -> Result<Snapshot, LimiterError> {
-        self.ask(|reply| Command::State { prefix: prefix.to_owned(), reply }).await
-    }
-
-    /// [`Limiter::acquire`] for threads outside an async runtime.
-    pub fn acquire_blocking(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
-        self.ask_blocking(|r| Command::Acquire(req, r))
-    }
-
-    /// [`Limiter::release`] for threads outside an async runtime.
-    pub fn release_blocking(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
-        self.ask_blocking(|r| Command::Release(req, r))
-    }
-
-    /// [`Limiter::throttle`] for threads outside an async runtime.
-    pub fn throttle_blocking(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
-        self.ask_blocking(|reply| Command::Throttle { key: req.key, until: req.until, reply })
-    }
-
-    /// [`Limiter::state`] for threads outside an async runtime.
-    pub fn state_blocking(&self, prefix: &str) -> Result<Snapshot, LimiterError> {
-        self.ask_blocking(|reply| Command::State { prefix: prefix.to_owned(), reply })
-    }
-
-    /// Commits what is queued, answers every waiting request, and closes the file.
-    pub fn close(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        self.shared.lock().closing = true;
-        self.shared.wake.notify_one();
-        if let Some(worker) = self.worker.take() {
-            let _ = worker.join();
-        }
-    }
-}
-
-impl Drop for Limiter {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn closed() -> LimiterError {
-    LimiterError::Unavailable("the limiter is closed".into())
-}
-
 /// A fresh engine loaded from the store at `now`, with what lapsed while closed pruned from the
 /// file.
-fn rebuild(store: &mut Store, config: EngineConfig, now: Millis) -> Result<Engine, StoreError> {
+pub(super) fn rebuild(store: &mut Store, config: EngineConfig, now: Millis) -> Result<Engine, StoreError> {
     let mut engine = Engine::new(config);
     let floor = store.load(&mut engine)?;
     finish_restore(store, &mut engine, now.max(floor))?;
@@ -678,14 +414,14 @@ fn rebuild(store: &mut Store, config: EngineConfig, now: Millis) -> Result<Engin
 }
 
 /// Prunes what lapsed before `now` from a freshly loaded engine and from the file.
-fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis) -> Result<(), StoreError> {
+pub(super) fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis) -> Result<(), StoreError> {
     let mut effects = Vec::new();
     engine.finish_restore(now, &mut effects);
     if effects.is_empty() { Ok(()) } else { store.commit_and_tidy(&effects, now) }
 }
 
 /// A decided request, answered at once or after the commit that holds its effects.
-enum Answer {
+pub(super) enum Answer {
     Acquire(Reply<Decision>, Decision),
     Release(Reply<bool>, bool),
     Throttle(Reply<Option<Millis>>, Result<Option<Millis>, BadRequest>),
@@ -745,19 +481,19 @@ impl Answer {
 
 /// The writer thread: commits what requests queued, sweeps at the engine's deadlines, and
 /// retries reopening a file whose commit failed.
-struct Writer {
-    shared: Arc<Shared>,
+pub(super) struct Writer {
+    pub(super) shared: Arc<Shared>,
 }
 
 /// What one commit carries.
-struct Batch {
-    effects: Vec<Effect>,
-    answers: Vec<Waiting>,
-    now: Millis,
+pub(super) struct Batch {
+    pub(super) effects: Vec<Effect>,
+    pub(super) answers: Vec<Waiting>,
+    pub(super) now: Millis,
 }
 
 impl Writer {
-    fn run(self) {
+    pub(super) fn run(self) {
         while let Some(batch) = self.next_batch() {
             self.shared.commit(batch);
         }
@@ -827,48 +563,10 @@ impl Writer {
     }
 }
 
-fn update_gauges(metrics: &Metrics, engine: &Engine) {
+pub(super) fn update_gauges(metrics: &Metrics, engine: &Engine) {
     let totals = engine.totals();
     metrics.live_buckets.set(totals.buckets as i64);
     metrics.permits.set(totals.permits as i64);
     metrics.throttles.set(totals.throttles as i64);
     metrics.held_places.set(engine.held_places() as i64);
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::mpsc;
-
-    use super::*;
-    use crate::time::FakeClock;
-
-    const T0: Millis = Millis(1_764_460_800_000);
-
-    /// A throttle that finds a longer one in force reports it only once that one is durable:
-    /// with the file held, so the first throttle's commit cannot end, the second gets no answer.
-    #[test]
-    fn a_throttle_reply_waits_for_the_commit_of_the_throttle_it_reports() {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = Arc::new(FakeClock::new(T0));
-        let options = LimiterOptions { clock: Some(clock), id_seed: Some(1), ..LimiterOptions::default() };
-        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
-        let throttle = |until: Millis| {
-            let (tx, rx) = mpsc::channel();
-            let limiter = limiter.clone();
-            std::thread::spawn(move || {
-                let _ = tx.send(limiter.throttle_blocking(ThrottleRequest::new("caller", until, T0).unwrap()));
-            });
-            rx
-        };
-        let held = limiter.shared.lock_file();
-        let first = throttle(T0.plus(60_000));
-        while !limiter.shared.lock().committing {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let second = throttle(T0.plus(1_000));
-        assert!(second.recv_timeout(Duration::from_millis(200)).is_err(), "answered before the commit it reports");
-        drop(held);
-        assert_eq!(first.recv().unwrap(), Ok(Some(T0.plus(60_000))));
-        assert_eq!(second.recv().unwrap(), Ok(Some(T0.plus(60_000))));
-    }
 }

@@ -1,0 +1,325 @@
+//! The limiter: engine + store + clock, usable in-process with no HTTP.
+//!
+//! This file is the public API: [`Limiter`] (open, acquire, release, throttle, state, close, in
+//! async and blocking forms), its [`LimiterOptions`] and [`LimiterError`]. How a request is
+//! decided, committed and answered (group commit, caller commits, the replier, reopening after
+//! a failed commit) is the commit pipeline, in `pipeline.rs`; when lapsed state is forgotten is
+//! [`crate::policy`].
+//!
+//! Requests are decided at once, in the caller's thread, under one lock around the engine. A
+//! refusal or a read is answered there and then; a change is answered only once a commit holds
+//! it durably. Fail closed: when a commit fails, nothing that was not committed is granted, and
+//! the file is reopened and the engine rebuilt from it.
+
+mod pipeline;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::engine::{DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, StateView, Totals};
+use crate::metrics::Metrics;
+use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest};
+use crate::store::{Opener, Store, StoreError, file_opener};
+use crate::time::{Clock, Millis, SystemClock};
+use pipeline::{Command, Core, File, Reply, Shared, Writer, finish_restore, spawn_replier};
+
+/// Why a request got no answer from the limiter.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimiterError {
+    /// The request is malformed; nothing changed.
+    #[error("{0}")]
+    BadRequest(#[from] BadRequest),
+    /// The store cannot commit (or the limiter is closing); nothing was granted.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// How to open a limiter. `Default` is the production setup.
+pub struct LimiterOptions {
+    /// A call refused for concurrency is told to retry at most this long after `now`.
+    pub recheck_ms: u64,
+    /// Seed for permit ids; `None` draws one from the OS at every open.
+    pub id_seed: Option<u64>,
+    /// The clock; `None` is the system clock floored at the file's last commit.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// How the file is opened (tests inject faults here).
+    pub opener: Opener,
+    /// Let a request that finds the file idle commit its own effects in the calling thread
+    /// (see the module docs). Off by default: an async caller then blocks its runtime thread for
+    /// the commit's fsync (and, should that commit fail, for reopening the file), which a
+    /// dedicated server runtime can afford and a host's may not. Async calls commit their own
+    /// only on a multi-thread Tokio runtime with two or more workers: with one, every request
+    /// arriving during a caller's commit would wait for it and then commit alone as well.
+    pub caller_commits: bool,
+    /// Broken on purpose, for the crash test only: answer before the commit.
+    #[doc(hidden)]
+    pub ack_before_commit: bool,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        LimiterOptions {
+            recheck_ms: DEFAULT_RECHECK_MS,
+            id_seed: None,
+            clock: None,
+            opener: file_opener(),
+            caller_commits: false,
+            ack_before_commit: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for LimiterOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimiterOptions")
+            .field("recheck_ms", &self.recheck_ms)
+            .field("caller_commits", &self.caller_commits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A snapshot of the live state.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub now: Millis,
+    pub view: StateView,
+    pub totals: Totals,
+}
+
+/// The durable limiter. Cheap to share behind an `Arc`; dropping it (or [`Limiter::close`])
+/// commits what is queued, answers every waiting request and closes the file.
+pub struct Limiter {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+    path: PathBuf,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl Limiter {
+    /// Opens (creating when missing) the file at `path` with the production setup.
+    pub fn open(path: impl AsRef<Path>) -> Result<Limiter, StoreError> {
+        Limiter::open_with(path, LimiterOptions::default())
+    }
+
+    /// Opens the file at `path`: refuses a corrupt, foreign, unknown-version or busy file,
+    /// rebuilds the engine, prunes what lapsed while closed, and starts the writer thread.
+    pub fn open_with(path: impl AsRef<Path>, options: LimiterOptions) -> Result<Limiter, StoreError> {
+        let path = std::path::absolute(path.as_ref()).unwrap_or_else(|_| path.as_ref().to_path_buf());
+        let mut store = Store::open(&path, &options.opener)?;
+        let config =
+            EngineConfig { recheck_ms: options.recheck_ms, id_seed: options.id_seed.unwrap_or_else(random_seed) };
+        let mut engine = Engine::new(config);
+        let floor = store.load(&mut engine)?;
+        let clock: Arc<dyn Clock> = match options.clock {
+            Some(clock) => clock,
+            None => Arc::new(SystemClock::new(floor)),
+        };
+        let floor = floor.max(clock.now());
+        finish_restore(&mut store, &mut engine, floor)?;
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                engine,
+                effects: Vec::new(),
+                waiting: Vec::new(),
+                last_now: floor,
+                deferred_since: None,
+                broken: None,
+                closing: false,
+                committing: false,
+                last_batch: 0,
+                writer_sleeps_until: None,
+            }),
+            wake: Condvar::new(),
+            file: Mutex::new(File { store: Some(store), path: path.clone(), opener: options.opener, config }),
+            clock,
+            metrics: Arc::new(Metrics::default()),
+            caller_commits: options.caller_commits,
+            ack_before_commit: options.ack_before_commit,
+            replier: OnceLock::new(),
+        });
+        let writer = Writer { shared: shared.clone() };
+        let worker = std::thread::Builder::new()
+            .name("redb-limiter-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StoreError::Io { path: path.clone(), cause: e.to_string() })?;
+        Ok(Limiter { shared, worker: Some(worker), path, started: Instant::now() })
+    }
+
+    /// The file this limiter serves (absolute).
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The limiter's clock reading (never behind the file's last commit).
+    #[must_use]
+    pub fn now(&self) -> Millis {
+        self.shared.clock.now()
+    }
+
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    #[must_use]
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn send<T>(
+        &self,
+        direct: bool,
+        may_commit: bool,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> oneshot::Receiver<Result<T, LimiterError>> {
+        let (reply, rx) = oneshot::channel();
+        self.shared.submit(make(reply), direct, may_commit);
+        rx
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let replier = &self.shared.replier;
+        if replier.get().is_none()
+            && let Some(runtime) = &runtime
+        {
+            // Two first calls racing may both spawn one; the loser's ends at once.
+            let _ = replier.set(spawn_replier(runtime, self.shared.metrics.clone()));
+        }
+        let direct = replier.get().is_none();
+        // A caller blocked in its commit must leave another runtime thread to take the requests
+        // that arrive meanwhile; on a runtime with one thread they would each commit alone.
+        let may_commit = self.shared.caller_commits
+            && runtime.is_some_and(|runtime| {
+                runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                    && runtime.metrics().num_workers() > 1
+            });
+        self.send(direct, may_commit, make).await.unwrap_or_else(|_| Err(closed()))
+    }
+
+    fn ask_blocking<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, LimiterError> {
+        self.send(true, self.shared.caller_commits, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
+    }
+
+    /// Decides an acquire; a grant is answered only once it is durable.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+        self.ask(|r| Command::Acquire(req, r)).await
+    }
+
+    /// Releases a permit: `true` when it freed places.
+    pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
+        self.ask(|r| Command::Release(req, r)).await
+    }
+
+    /// Throttles a caller (only ever extends); returns the throttle in force. `until` more than
+    /// 24 hours after the limiter's now is a `BadRequest`.
+    pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
+        self.ask(|reply| Command::Throttle { key: req.key, until: req.until, reply }).await
+    }
+
+    /// The live state whose keys start with `prefix`.
+    pub async fn state(&self, prefix: &str) -> Result<Snapshot, LimiterError> {
+        self.ask(|reply| Command::State { prefix: prefix.to_owned(), reply }).await
+    }
+
+    /// [`Limiter::acquire`] for threads outside an async runtime.
+    pub fn acquire_blocking(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+        self.ask_blocking(|r| Command::Acquire(req, r))
+    }
+
+    /// [`Limiter::release`] for threads outside an async runtime.
+    pub fn release_blocking(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
+        self.ask_blocking(|r| Command::Release(req, r))
+    }
+
+    /// [`Limiter::throttle`] for threads outside an async runtime.
+    pub fn throttle_blocking(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
+        self.ask_blocking(|reply| Command::Throttle { key: req.key, until: req.until, reply })
+    }
+
+    /// [`Limiter::state`] for threads outside an async runtime.
+    pub fn state_blocking(&self, prefix: &str) -> Result<Snapshot, LimiterError> {
+        self.ask_blocking(|reply| Command::State { prefix: prefix.to_owned(), reply })
+    }
+
+    /// Commits what is queued, answers every waiting request, and closes the file.
+    pub fn close(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.lock().closing = true;
+        self.shared.wake.notify_one();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for Limiter {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn closed() -> LimiterError {
+    LimiterError::Unavailable("the limiter is closed".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::time::FakeClock;
+
+    const T0: Millis = Millis(1_764_460_800_000);
+
+    /// A throttle that finds a longer one in force reports it only once that one is durable:
+    /// with the file held, so the first throttle's commit cannot end, the second gets no answer.
+    #[test]
+    fn a_throttle_reply_waits_for_the_commit_of_the_throttle_it_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(T0));
+        let options = LimiterOptions { clock: Some(clock), id_seed: Some(1), ..LimiterOptions::default() };
+        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
+        let throttle = |until: Millis| {
+            let (tx, rx) = mpsc::channel();
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(limiter.throttle_blocking(ThrottleRequest::new("caller", until, T0).unwrap()));
+            });
+            rx
+        };
+        let held = limiter.shared.lock_file();
+        let first = throttle(T0.plus(60_000));
+        while !limiter.shared.lock().committing {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second = throttle(T0.plus(1_000));
+        assert!(second.recv_timeout(Duration::from_millis(200)).is_err(), "answered before the commit it reports");
+        drop(held);
+        assert_eq!(first.recv().unwrap(), Ok(Some(T0.plus(60_000))));
+        assert_eq!(second.recv().unwrap(), Ok(Some(T0.plus(60_000))));
+    }
+}

@@ -10,6 +10,7 @@ use anyhow::Context;
 use redb_limiter::limiter::Limiter;
 use redb_limiter::store::StoreError;
 use redb_limiter::wire::StateReply;
+use redb_limiter_client::HttpLimiter;
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
@@ -30,12 +31,13 @@ pub struct StatusArgs {
 }
 
 async fn from_server(url: &str, token: Option<&str>, prefix: &str) -> anyhow::Result<StateReply> {
-    let client = reqwest::Client::new();
-    let mut req = client.get(format!("{}/state", url.trim_end_matches('/'))).query(&[("prefix", prefix)]);
-    if let Some(token) = token {
-        req = req.bearer_auth(token);
-    }
-    let resp = req.send().await.with_context(|| format!("asking {url}"))?;
+    let server = HttpLimiter::new(url, token.map(str::to_owned));
+    let resp = server
+        .request(reqwest::Method::GET, "/state")
+        .query(&[("prefix", prefix)])
+        .send()
+        .await
+        .with_context(|| format!("asking {url}"))?;
     let status = resp.status();
     let body = resp.text().await?;
     anyhow::ensure!(status.is_success(), "{url}/state answered {status}: {body}");
@@ -60,7 +62,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let state = match (&args.url, &args.path) {
         (Some(url), _) => from_server(url, args.token.as_deref(), &args.prefix).await?,
         (None, path) => {
-            let path = path.clone().unwrap_or_else(|| PathBuf::from("limiter.redb"));
+            let path = path.clone().unwrap_or_else(|| PathBuf::from(redb_limiter::DEFAULT_PATH));
             let prefix = args.prefix.clone();
             tokio::task::spawn_blocking(move || from_file(path, &prefix)).await??
         }

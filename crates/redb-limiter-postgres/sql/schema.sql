@@ -1,0 +1,1130 @@
+-- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
+--
+-- Format version 1. Every object lives in one schema, written __SCHEMA__ below; the server
+-- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
+-- running this script, which it does on first use and on `check`. The script is idempotent:
+-- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
+-- version) a schema that carries another format version or that holds objects but no meta.
+--
+-- Time is whole milliseconds since the Unix epoch (bigint). The clock is the database's
+-- (clock_timestamp()), floored per bucket so that it never runs backwards for a bucket.
+-- Every function that reads the clock takes a last optional argument `at_ms` that replaces
+-- the clock (tests drive instants with it; the server passes NULL).
+--
+-- Requests arrive validated and normalised (defaults filled in): these functions trust their
+-- input's ranges and never answer a bad_request, except settle's key check (RL400).
+--
+-- How a window is read (the tables are documented one by one below):
+--   A bucket's grants are rows (bucket, at) in time order, one per millisecond (grants made in
+--   the same millisecond are merged), each carrying `cum`, the running total of every cost ever
+--   recorded in the bucket up to and including it. The cost counting in a window that starts
+--   after instant `cut` is total - (cum - cost of the first row after cut): one index probe,
+--   whatever the window's length. The retryAt of a rate refusal is the first row whose cum
+--   reaches total + cost - calls: a second probe, on (bucket, cum).
+--   A settle changes a past grant's cost. Rewriting the running totals of every later row
+--   would cost a write per later grant, so settle deltas live apart, in a Fenwick tree per
+--   bucket indexed by the row's sequence number (table fen, sparse: only nodes ever touched
+--   exist). The deltas of rows 1..k are the sum of at most log2(k) nodes, read in one
+--   statement; a settle updates the nodes above its row up to the newest row, about
+--   log2(rows granted since) upserts; a new row copies its node's share in one statement.
+--   Buckets never settled skip all of it (buckets.fen is false). With deltas, the retryAt
+--   search becomes a binary search over the window's rows (O(log window) probes).
+--
+-- How a bucket forgets (wire rule 3 and section 7):
+--   retain_ms is the longest perMs named for the bucket while it was live; pruned_to is a
+--   watermark below which grants no longer count. A grant at `at` counts for a request of
+--   perMs P at `now` when at > greatest(pruned_to, now - retain_ms, now - P). When retention
+--   grows at `now`, what the old retention had already let go stays gone
+--   (pruned_to := now - old retention). A bucket whose window holds no cost and which holds
+--   no place is idle, that is forgotten: the next write to it starts it afresh (retention 0,
+--   watermark past every old grant), exactly as if its row had been deleted, which sweep()
+--   then does.
+--
+-- Concurrency: a decision first runs on a snapshot with no lock. A refusal (or peek) that
+-- changes nothing returns from there: no row lock, no transaction id, no WAL. A grant, or a
+-- refusal that lengthens a retention, locks the bucket rows it writes in one order (sorted by
+-- key, through INSERT ... ON CONFLICT DO UPDATE ... WHERE false, which creates missing rows
+-- and locks existing ones in the same pass), decides again under the locks unless no bucket
+-- changed since the snapshot, and writes. Safe under READ COMMITTED with any number of
+-- sessions and servers.
+
+BEGIN;
+
+SET LOCAL client_min_messages = warning;
+SELECT pg_advisory_xact_lock(hashtext('redb-limiter schema __SCHEMA__'));
+
+DO $check$
+DECLARE
+  v_ns oid := to_regnamespace('__SCHEMA__');
+  v_version integer;
+BEGIN
+  IF v_ns IS NULL THEN
+    RETURN;
+  END IF;
+  IF to_regclass('__SCHEMA__.meta') IS NULL THEN
+    IF EXISTS (SELECT 1 FROM pg_class WHERE relnamespace = v_ns)
+       OR EXISTS (SELECT 1 FROM pg_proc WHERE pronamespace = v_ns) THEN
+      RAISE EXCEPTION 'schema __SCHEMA__ holds objects but no meta table: it is not a redb-limiter schema'
+        USING ERRCODE = 'RL001';
+    END IF;
+    RETURN;
+  END IF;
+  EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
+  IF v_version IS DISTINCT FROM 1 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 1',
+      coalesce(v_version::text, 'none')
+      USING ERRCODE = 'RL001';
+  END IF;
+END
+$check$;
+
+CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
+
+-- One row: the format version of this schema, and sweep()'s place in the bucket keys.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
+  one boolean PRIMARY KEY DEFAULT true CHECK (one),
+  version integer NOT NULL,
+  sweep_cursor text COLLATE "C" NOT NULL DEFAULT ''
+);
+INSERT INTO __SCHEMA__.meta (version) VALUES (1) ON CONFLICT DO NOTHING;
+COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row) and the sweep cursor';
+
+-- A bucket: the row every grant into it locks, its retention and its running totals.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.buckets (
+  key text COLLATE "C" PRIMARY KEY,           -- the bucket key (byte order: the lock order)
+  id bigint GENERATED ALWAYS AS IDENTITY UNIQUE, -- compact key for grants, places and fen
+  retain_ms bigint NOT NULL DEFAULT 0,         -- grants are kept this long (rule 3)
+  pruned_to bigint NOT NULL DEFAULT -9223372036854775808, -- grants at or before it are gone
+  total bigint NOT NULL DEFAULT 0,             -- cum of the newest grant row: all costs recorded
+  dtotal bigint NOT NULL DEFAULT 0,            -- all settle deltas (the Fenwick tree's total)
+  fen boolean NOT NULL DEFAULT false,          -- the Fenwick tree has nodes: read it
+  last_seq bigint NOT NULL DEFAULT 0,          -- sequence number of the newest grant row
+  last_at bigint,                              -- instant of the newest grant row
+  floor_ms bigint NOT NULL DEFAULT 0,          -- the latest instant written: the clock floor
+  last_calls bigint NOT NULL DEFAULT 0,        -- calls of the latest granted window (display)
+  last_concurrent bigint NOT NULL DEFAULT 0    -- concurrent of the latest granted place (display)
+);
+COMMENT ON TABLE __SCHEMA__.buckets IS
+  'one row per bucket: its lock, retention (rule 3), running totals and clock floor';
+
+-- A bucket's grants: one row per millisecond with grants, with the running total.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.grants (
+  bucket bigint NOT NULL,  -- buckets.id
+  at bigint NOT NULL,      -- the grant instant
+  seq bigint NOT NULL,     -- 1, 2, 3 ... in the bucket, in time order: the Fenwick index
+  cost bigint NOT NULL,    -- the costs granted at this instant, each capped at its calls
+  cum bigint NOT NULL,     -- running total of cost in the bucket, this row included
+  PRIMARY KEY (bucket, at)
+);
+CREATE INDEX IF NOT EXISTS grants_cum ON __SCHEMA__.grants (bucket, cum, at);
+COMMENT ON TABLE __SCHEMA__.grants IS
+  'window grants, merged per millisecond, with running totals (cum) for one-probe window sums';
+
+-- Settle deltas: a sparse Fenwick tree per bucket over grants.seq.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.fen (
+  bucket bigint NOT NULL,  -- buckets.id
+  idx bigint NOT NULL,     -- Fenwick node: covers seq in (idx - lowbit(idx), idx]
+  d bigint NOT NULL,       -- the sum of the settle deltas of the rows it covers
+  PRIMARY KEY (bucket, idx)
+);
+COMMENT ON TABLE __SCHEMA__.fen IS
+  'settle deltas per bucket as a sparse Fenwick tree over grants.seq';
+
+-- Held concurrency places. A place is held while lapse > now and its permit is not released.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.places (
+  bucket bigint NOT NULL,  -- buckets.id
+  lapse bigint NOT NULL,   -- the place lapses at this instant unless released before
+  permit text NOT NULL,    -- permits.id
+  PRIMARY KEY (bucket, lapse, permit)
+);
+COMMENT ON TABLE __SCHEMA__.places IS 'concurrency places held, by bucket and lapse';
+
+-- Permits: what release and settle need to find a grant again.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.permits (
+  id text COLLATE "C" PRIMARY KEY, -- the opaque permit string the server generated
+  at bigint NOT NULL,              -- the grant instant
+  lapse bigint NOT NULL,           -- live while now < lapse: the last place's lapse, or
+                                   -- at + holdMs when the request asked for a permit
+  place_buckets bigint[] NOT NULL, -- the places held: buckets.id ...
+  place_lapses bigint[] NOT NULL,  -- ... and their lapses, pairwise
+  windows jsonb NOT NULL           -- window limits of the grant, for settle:
+                                   -- [{"k": key, "b": buckets.id, "calls", "per", "cost"}]
+);
+CREATE INDEX IF NOT EXISTS permits_lapse ON __SCHEMA__.permits (lapse);
+COMMENT ON TABLE __SCHEMA__.permits IS 'live permits: places to free and window grants to settle';
+
+-- Throttles: the caller key is refused while now < until.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.throttles (
+  key text COLLATE "C" PRIMARY KEY,
+  until bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS throttles_until ON __SCHEMA__.throttles (until);
+COMMENT ON TABLE __SCHEMA__.throttles IS 'caller throttles, in force while now < until';
+
+---------------------------------------------------------------------------------------------
+-- Helpers.
+
+-- The database clock in whole milliseconds since the Unix epoch (floored).
+CREATE OR REPLACE FUNCTION __SCHEMA__._clock_ms() RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL SAFE AS
+$$ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+COMMENT ON FUNCTION __SCHEMA__._clock_ms() IS 'the database clock in ms since the Unix epoch';
+
+-- Fenwick nodes whose sum is the prefix 1..k: k, then k with its lowest set bit cleared, ...
+CREATE OR REPLACE FUNCTION __SCHEMA__._fen_down(k bigint) RETURNS bigint[]
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$
+DECLARE
+  a bigint[] := '{}';
+BEGIN
+  WHILE k > 0 LOOP
+    a := a || k;
+    k := k & (k - 1);
+  END LOOP;
+  RETURN a;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._fen_down(bigint) IS 'Fenwick nodes summing the prefix 1..k';
+
+-- Fenwick nodes that cover row k, up to node n: k, k + lowbit(k), ...
+CREATE OR REPLACE FUNCTION __SCHEMA__._fen_up(k bigint, n bigint) RETURNS bigint[]
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$
+DECLARE
+  a bigint[] := '{}';
+BEGIN
+  WHILE k >= 1 AND k <= n LOOP
+    a := a || k;
+    k := k + (k & -k);
+  END LOOP;
+  RETURN a;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._fen_up(bigint, bigint) IS 'Fenwick nodes covering row k, up to n';
+
+-- The settle deltas of a bucket's rows with seq 1..k.
+CREATE OR REPLACE FUNCTION __SCHEMA__._fen_sum(p_bucket bigint, k bigint) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE AS
+$$
+  SELECT coalesce(sum(f.d), 0)::bigint FROM __SCHEMA__.fen f
+   WHERE f.bucket = p_bucket AND f.idx = ANY (__SCHEMA__._fen_down(k))
+$$;
+COMMENT ON FUNCTION __SCHEMA__._fen_sum(bigint, bigint) IS 'settle deltas of rows 1..k of a bucket';
+
+-- The cost counting in a bucket for grants made after `cut` (one probe, plus one Fenwick read
+-- when the bucket was ever settled).
+CREATE OR REPLACE FUNCTION __SCHEMA__._used(p_bucket bigint, p_cut bigint, p_total bigint,
+                                            p_dtotal bigint, p_fen boolean) RETURNS bigint
+LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+  v_seq bigint;
+  v_before bigint;
+BEGIN
+  SELECT g.seq, g.cum - g.cost INTO v_seq, v_before
+    FROM __SCHEMA__.grants g
+   WHERE g.bucket = p_bucket AND g.at > p_cut
+   ORDER BY g.at
+   LIMIT 1;
+  IF NOT FOUND THEN
+    RETURN 0;
+  END IF;
+  IF p_fen THEN
+    RETURN p_total + p_dtotal - v_before - __SCHEMA__._fen_sum(p_bucket, v_seq - 1);
+  END IF;
+  RETURN p_total - v_before;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._used(bigint, bigint, bigint, bigint, boolean) IS
+  'cost counting in a bucket for grants after cut';
+
+-- True when the bucket is idle at p_now: no cost in its kept window and no place held.
+CREATE OR REPLACE FUNCTION __SCHEMA__._idle(p_bucket bigint, p_now bigint, p_retain bigint,
+                                            p_pruned bigint, p_total bigint, p_dtotal bigint,
+                                            p_fen boolean) RETURNS boolean
+LANGUAGE plpgsql STABLE AS
+$$
+BEGIN
+  IF p_retain > 0 AND __SCHEMA__._used(p_bucket, greatest(p_pruned, p_now - p_retain),
+                                        p_total, p_dtotal, p_fen) > 0 THEN
+    RETURN false;
+  END IF;
+  RETURN NOT EXISTS (SELECT 1 FROM __SCHEMA__.places p
+                      WHERE p.bucket = p_bucket AND p.lapse > p_now);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._idle(bigint, bigint, bigint, bigint, bigint, bigint, boolean) IS
+  'a bucket with no cost in its kept window and no place held is idle (forgotten)';
+
+-- retryAt of a rate refusal: the instant the first grant row leaves whose leaving makes room,
+-- that is the first row whose running total (deltas included) reaches p_target.
+CREATE OR REPLACE FUNCTION __SCHEMA__._rate_retry(p_bucket bigint, p_cut bigint, p_target bigint,
+                                                  p_per bigint, p_fen boolean, p_last_at bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+  v_at bigint;
+  v_seq bigint;
+  v_cum bigint;
+  v_lo bigint;
+  v_hi bigint;
+  v_mid bigint;
+  v_ans bigint;
+BEGIN
+  IF NOT p_fen THEN
+    SELECT g.at INTO v_at FROM __SCHEMA__.grants g
+     WHERE g.bucket = p_bucket AND g.cum >= p_target
+     ORDER BY g.cum, g.at
+     LIMIT 1;
+    RETURN v_at + p_per;
+  END IF;
+  -- Deltas: cum + deltas is still non-decreasing in time, but not indexed. Binary search the
+  -- rows after p_cut; the newest row always qualifies (a capped cost fits an empty window).
+  SELECT g.at INTO v_lo FROM __SCHEMA__.grants g
+   WHERE g.bucket = p_bucket AND g.at > p_cut ORDER BY g.at LIMIT 1;
+  v_ans := p_last_at;
+  v_hi := p_last_at;  -- search the rows in [v_lo, v_hi) for an earlier one
+  WHILE v_lo < v_hi LOOP
+    v_mid := v_lo + (v_hi - v_lo) / 2;
+    SELECT g.at, g.seq, g.cum INTO v_at, v_seq, v_cum FROM __SCHEMA__.grants g
+     WHERE g.bucket = p_bucket AND g.at >= v_mid AND g.at < v_hi
+     ORDER BY g.at LIMIT 1;
+    IF NOT FOUND THEN
+      v_hi := v_mid;
+    ELSIF v_cum + __SCHEMA__._fen_sum(p_bucket, v_seq) >= p_target THEN
+      v_ans := v_at;
+      v_hi := v_at;
+    ELSE
+      v_lo := v_at + 1;
+    END IF;
+  END LOOP;
+  RETURN v_ans + p_per;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._rate_retry(bigint, bigint, bigint, bigint, boolean, bigint) IS
+  'retryAt of a rate refusal: when enough of the oldest grants have left the window';
+
+-- One limit's figures as in spec 9.1: used/remaining for a window, held/free for places.
+CREATE OR REPLACE FUNCTION __SCHEMA__._figure(p_key text, p_calls bigint, p_conc bigint,
+                                              p_used bigint, p_held bigint)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS
+$$
+  SELECT jsonb_build_object('key', p_key)
+         || CASE WHEN p_calls IS NULL THEN '{}'::jsonb
+                 ELSE jsonb_build_object('used', p_used, 'remaining', greatest(p_calls - p_used, 0)) END
+         || CASE WHEN p_conc IS NULL THEN '{}'::jsonb
+                 ELSE jsonb_build_object('held', p_held, 'free', greatest(p_conc - p_held, 0)) END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._figure(text, bigint, bigint, bigint, bigint) IS
+  'one limit''s figures (used/remaining, held/free) as in spec 9.1';
+
+-- A refusal that names a live bucket with a longer perMs than its retention lengthens it
+-- (rule 3): lock those rows in key order, check again under the lock, write.
+CREATE OR REPLACE FUNCTION __SCHEMA__._lengthen(req jsonb, p_now bigint, at_ms bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  b record;
+  v_now bigint;
+BEGIN
+  FOR b IN SELECT bk.*, x.per
+             FROM __SCHEMA__.buckets bk
+             JOIN (SELECT y.key, y."perMs" AS per
+                     FROM jsonb_to_recordset(coalesce(req->'limits', '[]')) AS y(key text, "perMs" bigint)
+                    WHERE y."perMs" IS NOT NULL) x ON bk.key = x.key
+            WHERE x.per > bk.retain_ms
+            ORDER BY bk.key
+              FOR UPDATE OF bk LOOP
+    -- (a bucket deleted meanwhile was idle: nothing to keep)
+    v_now := greatest(p_now, coalesce(at_ms, __SCHEMA__._clock_ms()), b.floor_ms);
+    CONTINUE WHEN __SCHEMA__._idle(b.id, v_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen);
+    UPDATE __SCHEMA__.buckets
+       SET retain_ms = b.per,
+           pruned_to = CASE WHEN b.retain_ms > 0 THEN greatest(b.pruned_to, v_now - b.retain_ms)
+                            ELSE b.pruned_to END,
+           floor_ms = v_now
+     WHERE id = b.id;
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._lengthen(jsonb, bigint, bigint) IS
+  'a refusal lengthens the retention of the live buckets it names with a longer perMs';
+
+---------------------------------------------------------------------------------------------
+-- acquire / report / peek.
+--
+-- req:  {"key": caller, "holdMs": n, "permit": bool,
+--        "limits": [{"key", "calls"?, "perMs"?, "concurrent"?, "cost", "holdMs"}]}
+--       (validated, defaults filled in; a limit's cost and holdMs may also be left out, then
+--        the request's cost (default 1) and holdMs (default 600000) apply)
+-- mode: 'acquire', 'report' (acquire + now + figures) or 'peek' (decide, change nothing)
+-- recheck_ms: a concurrency refusal's retryAt is at most now + recheck_ms
+-- permit_id:  used only on a grant that holds a place or whose request asked for a permit
+-- Returns, granted: {"granted": true, "at", "permit": id|null, "now"[, "limits"]}
+--          refused: {"granted": false, "retryAt", "reason", "limit", "now"[, "limits"]}
+--          peek:    {"fits": true|false[, "retryAt", "reason", "limit"], "now", "limits"}
+--
+-- The decision reads each bucket row, its window (one probe), its places and the caller's
+-- throttle in one statement on a snapshot, without locks. A refusal or peek returns from there
+-- (one read-only statement, nothing written). A grant that writes one bucket row writes it with
+-- UPDATE ... WHERE xmin = the snapshot's: that takes the row lock, and under READ COMMITTED
+-- succeeds only when nobody changed the row since the snapshot, so the snapshot's decision
+-- stands; then it inserts the grant row. Otherwise (a new bucket, several buckets, or a
+-- concurrent change) it locks every row it writes in key order (creating missing ones),
+-- decides again on a fresh snapshot, and writes.
+CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(req jsonb, mode text, recheck_ms bigint,
+                                              permit_id text, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+-- (its statements take arrays as parameters; with custom plans, they would be planned again
+-- on every call)
+SET plan_cache_mode = force_generic_plan AS
+$$
+DECLARE
+  v_caller text := req->>'key';
+  v_want boolean := coalesce((req->>'permit')::boolean, false);
+  v_req_hold bigint := coalesce((req->>'holdMs')::bigint, 600000);
+  v_req_cost bigint := coalesce((req->>'cost')::bigint, 1);
+  v_figures boolean := mode <> 'acquire';
+  v_limits jsonb := coalesce(req->'limits', '[]');
+  n integer;
+  i integer;
+  k integer;
+  e jsonb;
+  -- the request, per limit
+  lk text[] := '{}'; lcalls bigint[] := '{}'; lper bigint[] := '{}'; lconc bigint[] := '{}';
+  lcost bigint[] := '{}'; lhold bigint[] := '{}';
+  v_any_conc boolean := false;
+  -- the bucket rows read, per limit (NULL: no such bucket)
+  bid bigint[]; br bigint[]; bw bigint[]; btot bigint[]; bdtot bigint[]; bfen boolean[];
+  bseq bigint[]; blast bigint[]; bcalls bigint[]; bconc bigint[]; bxm text[];
+  bused bigint[]; brate bigint[]; bclapse bigint[]; bheld bigint[];
+  r_pos integer[]; r_id bigint[]; r_r bigint[]; r_w bigint[]; r_tot bigint[]; r_dtot bigint[];
+  r_fen boolean[]; r_seq bigint[]; r_last bigint[]; r_calls bigint[]; r_conc bigint[];
+  r_xm text[]; r_used bigint[]; r_rate bigint[]; r_clapse bigint[]; r_held bigint[];
+  v_until bigint;
+  v_clock bigint;
+  v_now bigint;
+  -- the decision
+  v_refused boolean;
+  v_retry bigint;
+  v_reason text;
+  v_lim text;
+  v_at bigint;
+  v_grow boolean;
+  grow boolean[];
+  used bigint[];
+  held bigint[];
+  v_pass integer;
+  -- the writes
+  v_permit text;
+  v_need boolean[];
+  v_need_keys text[];
+  v_nneed integer;
+  v_reset boolean;
+  r_new bigint; w_new bigint; v_seq bigint; v_d bigint; v_rows integer;
+  u_key text[]; u_r bigint[]; u_w bigint[]; u_tot bigint[]; u_seq bigint[]; u_last bigint[];
+  u_calls bigint[]; u_conc bigint[]; u_xm text[];
+  g_bid bigint[]; g_seq bigint[]; g_cost bigint[]; g_cum bigint[]; v_merge boolean;
+  p_bid bigint[]; p_lapse bigint[];
+  f_bid bigint[]; f_idx bigint[]; f_d bigint[];
+  v_windows jsonb;
+  v_lapse bigint;
+  v_reply jsonb;
+  v_fig jsonb;
+BEGIN
+  IF mode NOT IN ('acquire', 'report', 'peek') THEN
+    RAISE EXCEPTION 'mode must be acquire, report or peek, not %', mode USING ERRCODE = '22023';
+  END IF;
+  n := jsonb_array_length(v_limits);
+  FOR i IN 1 .. n LOOP
+    e := v_limits->(i - 1);
+    lk[i] := e->>'key';
+    lcalls[i] := (e->>'calls')::bigint;
+    lper[i] := (e->>'perMs')::bigint;
+    lconc[i] := (e->>'concurrent')::bigint;
+    lcost[i] := CASE WHEN lcalls[i] IS NULL THEN 0
+                     ELSE least(coalesce((e->>'cost')::bigint, v_req_cost), lcalls[i]) END;
+    lhold[i] := coalesce((e->>'holdMs')::bigint, v_req_hold);
+    IF lconc[i] IS NOT NULL THEN
+      v_any_conc := true;
+    END IF;
+  END LOOP;
+  v_clock := coalesce(at_ms, __SCHEMA__._clock_ms());
+
+  -- Pass 1 decides on a snapshot, without locks. Pass 2 (only when pass 1 grants and the
+  -- optimistic write could not be used) decides again after locking the rows it writes.
+  FOR v_pass IN 1 .. 2 LOOP
+    -- Every row, probe and the throttle in one statement.
+    WITH x AS MATERIALIZED (
+      SELECT bk.*, bk.xmin::text AS xm, array_position(lk, bk.key) AS pos
+        FROM __SCHEMA__.buckets bk
+       WHERE bk.key = ANY (lk)
+    ),
+    t AS (
+      SELECT greatest(v_clock, (SELECT max(x.floor_ms) FROM x)) AS now
+    )
+    SELECT t.now, (SELECT th.until FROM __SCHEMA__.throttles th WHERE th.key = v_caller),
+           array_agg(y.pos), array_agg(y.id), array_agg(y.retain_ms), array_agg(y.pruned_to),
+           array_agg(y.total), array_agg(y.dtotal), array_agg(y.fen), array_agg(y.last_seq),
+           array_agg(y.last_at), array_agg(y.last_calls), array_agg(y.last_concurrent),
+           array_agg(y.xm), array_agg(y.used), array_agg(y.rate_at), array_agg(y.clapse),
+           array_agg(y.held)
+      INTO v_now, v_until, r_pos, r_id, r_r, r_w, r_tot, r_dtot, r_fen, r_seq, r_last, r_calls,
+           r_conc, r_xm, r_used, r_rate, r_clapse, r_held
+      FROM t
+      LEFT JOIN LATERAL (
+        SELECT x.*, u.used,
+               -- rate: when enough of the oldest grants have left for this cost to fit, that
+               -- is when the first row whose running total reaches total + cost - calls leaves
+               CASE WHEN lcost[x.pos] > 0 AND u.used + lcost[x.pos] > lcalls[x.pos] THEN
+                 CASE WHEN x.fen
+                      THEN __SCHEMA__._rate_retry(x.id, greatest(x.pruned_to, t.now - x.retain_ms, t.now - lper[x.pos]),
+                             x.total + x.dtotal + lcost[x.pos] - lcalls[x.pos], lper[x.pos], true, x.last_at)
+                      ELSE (SELECT g.at FROM __SCHEMA__.grants g
+                             WHERE g.bucket = x.id AND g.cum >= x.total + lcost[x.pos] - lcalls[x.pos]
+                             ORDER BY g.cum, g.at LIMIT 1) + lper[x.pos] END END AS rate_at,
+               -- concurrency: full when the concurrent-th latest live lapse exists; room comes
+               -- back when held - concurrent + 1 places have lapsed, at that very lapse
+               CASE WHEN lconc[x.pos] IS NOT NULL THEN
+                 (SELECT p.lapse FROM __SCHEMA__.places p WHERE p.bucket = x.id AND p.lapse > t.now
+                   ORDER BY p.lapse DESC OFFSET lconc[x.pos] - 1 LIMIT 1) END AS clapse,
+               CASE WHEN lconc[x.pos] IS NOT NULL AND v_figures THEN
+                 (SELECT count(*) FROM __SCHEMA__.places p WHERE p.bucket = x.id AND p.lapse > t.now) END AS held
+          FROM x
+          LEFT JOIN LATERAL (
+            -- the cost counting under this request's window: one probe (+ Fenwick if settled)
+            SELECT CASE WHEN lcalls[x.pos] IS NULL THEN NULL
+                        WHEN lcost[x.pos] = 0 AND NOT v_figures THEN 0
+                        ELSE coalesce((SELECT x.total - (g.cum - g.cost)
+                                              + CASE WHEN x.fen THEN x.dtotal - __SCHEMA__._fen_sum(x.id, g.seq - 1)
+                                                     ELSE 0 END
+                                         FROM __SCHEMA__.grants g
+                                        WHERE g.bucket = x.id
+                                          AND g.at > greatest(x.pruned_to, t.now - x.retain_ms, t.now - lper[x.pos])
+                                        ORDER BY g.at LIMIT 1), 0) END AS used
+            OFFSET 0) u ON true
+      ) y ON true
+     GROUP BY t.now;
+
+    -- Per limit, in request order.
+    bid := '{}'; br := '{}'; bw := '{}'; btot := '{}'; bdtot := '{}'; bfen := '{}'; bseq := '{}';
+    blast := '{}'; bcalls := '{}'; bconc := '{}'; bxm := '{}'; bused := '{}'; brate := '{}';
+    bclapse := '{}'; bheld := '{}';
+    FOR k IN 1 .. coalesce(cardinality(r_pos), 0) LOOP
+      i := r_pos[k];
+      CONTINUE WHEN i IS NULL;
+      bid[i] := r_id[k]; br[i] := r_r[k]; bw[i] := r_w[k]; btot[i] := r_tot[k];
+      bdtot[i] := r_dtot[k]; bfen[i] := r_fen[k]; bseq[i] := r_seq[k]; blast[i] := r_last[k];
+      bcalls[i] := r_calls[k]; bconc[i] := r_conc[k]; bxm[i] := r_xm[k]; bused[i] := r_used[k];
+      brate[i] := r_rate[k]; bclapse[i] := r_clapse[k]; bheld[i] := r_held[k];
+    END LOOP;
+
+    -- The refusal that stands: the latest retryAt; on a tie the throttle, else the first
+    -- limit in request order, and within a limit rate before concurrency.
+    v_refused := false;
+    v_retry := NULL; v_reason := NULL; v_lim := NULL;
+    v_grow := false;
+    grow := '{}'; used := '{}'; held := '{}';
+    IF v_until > v_now THEN
+      v_refused := true; v_retry := v_until; v_reason := 'throttle'; v_lim := v_caller;
+    END IF;
+    FOR i IN 1 .. n LOOP
+      used[i] := CASE WHEN lcalls[i] IS NOT NULL THEN coalesce(bused[i], 0) END;
+      held[i] := CASE WHEN lconc[i] IS NOT NULL THEN coalesce(bheld[i], 0) END;
+      grow[i] := false;
+      CONTINUE WHEN bid[i] IS NULL;  -- a bucket that does not exist has room
+      IF brate[i] IS NOT NULL AND (NOT v_refused OR brate[i] > v_retry) THEN
+        v_refused := true; v_retry := brate[i]; v_reason := 'rate'; v_lim := lk[i];
+      END IF;
+      IF bclapse[i] IS NOT NULL THEN
+        v_at := least(bclapse[i], v_now + recheck_ms);
+        IF NOT v_refused OR v_at > v_retry THEN
+          v_refused := true; v_retry := v_at; v_reason := 'concurrency'; v_lim := lk[i];
+        END IF;
+      END IF;
+      IF lper[i] > br[i] THEN
+        -- rule 3: a longer window lengthens the retention of a live bucket
+        grow[i] := NOT __SCHEMA__._idle(bid[i], v_now, br[i], bw[i], btot[i], bdtot[i], bfen[i]);
+        v_grow := v_grow OR grow[i];
+      END IF;
+    END LOOP;
+
+    IF v_figures THEN
+      v_fig := '[]';
+      FOR i IN 1 .. n LOOP
+        v_fig := v_fig || jsonb_build_array(__SCHEMA__._figure(lk[i], lcalls[i], lconc[i],
+          used[i] + CASE WHEN mode = 'report' AND NOT v_refused THEN lcost[i] ELSE 0 END,
+          held[i] + CASE WHEN mode = 'report' AND NOT v_refused THEN 1 ELSE 0 END));
+      END LOOP;
+    END IF;
+
+    IF mode = 'peek' THEN
+      IF v_refused THEN
+        RETURN jsonb_build_object('fits', false, 'retryAt', v_retry, 'reason', v_reason,
+                                  'limit', v_lim, 'now', v_now, 'limits', v_fig);
+      END IF;
+      RETURN jsonb_build_object('fits', true, 'now', v_now, 'limits', v_fig);
+    END IF;
+
+    IF v_refused THEN
+      -- Nothing written, unless the refusal lengthens the retention of a live bucket.
+      IF v_grow THEN
+        PERFORM __SCHEMA__._lengthen(req, v_now, at_ms);
+      END IF;
+      v_reply := jsonb_build_object('granted', false, 'retryAt', v_retry, 'reason', v_reason,
+                                    'limit', v_lim, 'now', v_now);
+      IF v_figures THEN
+        v_reply := v_reply || jsonb_build_object('limits', v_fig);
+      END IF;
+      RETURN v_reply;
+    END IF;
+
+    -- A grant. What it writes, per bucket: the grant (window cost > 0, or any window when a
+    -- permit is issued, so that settle finds the grant), a place, a growing retention.
+    v_permit := CASE WHEN v_any_conc OR v_want THEN permit_id END;
+    v_need := '{}';
+    v_need_keys := '{}';
+    v_nneed := 0;
+    FOR i IN 1 .. n LOOP
+      v_need[i] := lcost[i] > 0 OR lconc[i] IS NOT NULL OR grow[i]
+                   OR (lcalls[i] IS NOT NULL AND v_permit IS NOT NULL);
+      IF v_need[i] THEN
+        v_need_keys := v_need_keys || lk[i];
+        v_nneed := v_nneed + 1;
+      END IF;
+    END LOOP;
+
+    u_key := '{}'; u_r := '{}'; u_w := '{}'; u_tot := '{}'; u_seq := '{}'; u_last := '{}';
+    u_calls := '{}'; u_conc := '{}'; u_xm := '{}';
+    g_bid := '{}'; g_seq := '{}'; g_cost := '{}'; g_cum := '{}'; v_merge := false;
+    p_bid := '{}'; p_lapse := '{}'; f_bid := '{}'; f_idx := '{}'; f_d := '{}';
+    v_windows := '[]';
+    IF v_pass = 2 OR v_nneed = 0 OR (v_nneed = 1 AND bid[array_position(v_need, true)] IS NOT NULL) THEN
+      -- Compute the writes from the rows read (under the locks in pass 2).
+      FOR i IN 1 .. n LOOP
+        CONTINUE WHEN NOT v_need[i];
+        r_new := br[i];
+        w_new := bw[i];
+        v_reset := false;
+        -- an idle bucket starts afresh (checked only where that could change something)
+        IF (br[i] > coalesce(lper[i], 0)
+            OR (bcalls[i] > 0 AND NOT (lcalls[i] IS NOT NULL AND lcost[i] > 0))
+            OR (bconc[i] > 0 AND lconc[i] IS NULL))
+           AND __SCHEMA__._idle(bid[i], v_now, br[i], bw[i], btot[i], bdtot[i], bfen[i]) THEN
+          v_reset := true;
+          IF br[i] > 0 THEN
+            w_new := greatest(bw[i], v_now - br[i]);
+          END IF;
+          r_new := coalesce(lper[i], 0);
+        ELSIF lper[i] > br[i] THEN
+          -- a longer window lengthens retention; what the old one let go stays gone
+          IF br[i] > 0 THEN
+            w_new := greatest(bw[i], v_now - br[i]);
+          END IF;
+          r_new := lper[i];
+        END IF;
+        v_seq := bseq[i];
+        IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_permit IS NOT NULL) THEN
+          IF blast[i] IS NOT DISTINCT FROM v_now THEN
+            v_merge := true;  -- a row at this millisecond exists: merge into it
+          ELSE
+            v_seq := bseq[i] + 1;
+            IF bfen[i] THEN
+              -- the new Fenwick node's share: deltas of rows (seq - lowbit(seq), seq - 1]
+              SELECT coalesce(sum(f.d), 0) INTO v_d FROM __SCHEMA__.fen f
+               WHERE f.bucket = bid[i] AND f.idx = ANY (__SCHEMA__._fen_down(v_seq - 1))
+                 AND f.idx > v_seq - (v_seq & -v_seq);
+              IF v_d <> 0 THEN
+                f_bid := f_bid || bid[i]; f_idx := f_idx || v_seq; f_d := f_d || v_d;
+              END IF;
+            END IF;
+          END IF;
+          g_bid := g_bid || bid[i]; g_seq := g_seq || v_seq; g_cost := g_cost || lcost[i];
+          g_cum := g_cum || (btot[i] + lcost[i]);
+          IF v_permit IS NOT NULL THEN
+            v_windows := v_windows || jsonb_build_array(jsonb_build_object(
+              'k', lk[i], 'b', bid[i], 'calls', lcalls[i], 'per', lper[i], 'cost', lcost[i]));
+          END IF;
+        END IF;
+        IF lconc[i] IS NOT NULL AND v_permit IS NOT NULL THEN
+          p_bid := p_bid || bid[i];
+          p_lapse := p_lapse || (v_now + lhold[i]);
+        END IF;
+        u_key := u_key || lk[i]; u_r := u_r || r_new; u_w := u_w || w_new;
+        u_tot := u_tot || (btot[i] + lcost[i]); u_seq := u_seq || v_seq;
+        u_last := u_last || CASE WHEN v_seq <> bseq[i] THEN v_now ELSE blast[i] END;
+        -- display figures: a granted window / place sets them, a fresh start forgets them
+        u_calls := u_calls || CASE WHEN lcalls[i] IS NOT NULL AND lcost[i] > 0 THEN lcalls[i]
+                                   WHEN v_reset THEN 0 END;
+        u_conc := u_conc || CASE WHEN lconc[i] IS NOT NULL THEN lconc[i] WHEN v_reset THEN 0 END;
+        u_xm := u_xm || bxm[i];
+      END LOOP;
+
+      IF v_pass = 1 AND v_nneed = 1 THEN
+        -- Optimistic: the one row, only if nobody changed it since the snapshot (the UPDATE
+        -- locks it, and re-checks the condition on its latest version).
+        UPDATE __SCHEMA__.buckets AS b
+           SET retain_ms = u_r[1], pruned_to = u_w[1], total = u_tot[1], last_seq = u_seq[1],
+               last_at = u_last[1], floor_ms = greatest(b.floor_ms, v_now),
+               last_calls = coalesce(u_calls[1], b.last_calls),
+               last_concurrent = coalesce(u_conc[1], b.last_concurrent)
+         WHERE b.key = u_key[1] AND b.xmin::text = u_xm[1];
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        EXIT WHEN v_rows = 1;
+        -- changed meanwhile (or deleted): lock, decide again
+      ELSIF v_pass = 2 OR v_nneed = 0 THEN
+        IF v_nneed > 0 THEN
+          UPDATE __SCHEMA__.buckets AS b
+             SET retain_ms = u_r[array_position(u_key, b.key)],
+                 pruned_to = u_w[array_position(u_key, b.key)],
+                 total = u_tot[array_position(u_key, b.key)],
+                 last_seq = u_seq[array_position(u_key, b.key)],
+                 last_at = u_last[array_position(u_key, b.key)],
+                 floor_ms = greatest(b.floor_ms, v_now),
+                 last_calls = coalesce(u_calls[array_position(u_key, b.key)], b.last_calls),
+                 last_concurrent = coalesce(u_conc[array_position(u_key, b.key)], b.last_concurrent)
+           WHERE b.key = ANY (u_key);
+        END IF;
+        EXIT;
+      END IF;
+    END IF;
+
+    -- Lock every row this grant writes, in key order: ON CONFLICT DO UPDATE ... WHERE false
+    -- creates missing rows and locks existing ones (updating nothing), one after the other.
+    -- The next pass reads them on a snapshot taken after the locks.
+    INSERT INTO __SCHEMA__.buckets AS b (key)
+    SELECT nk FROM unnest(v_need_keys) AS nk ORDER BY nk COLLATE "C"
+    ON CONFLICT (key) DO UPDATE SET key = excluded.key WHERE false;
+    v_clock := greatest(v_now, coalesce(at_ms, __SCHEMA__._clock_ms()));
+  END LOOP;
+
+  -- The grant's rows.
+  IF cardinality(f_bid) > 0 THEN
+    INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d)
+    SELECT * FROM unnest(f_bid, f_idx, f_d)
+    ON CONFLICT (bucket, idx) DO UPDATE SET d = excluded.d;
+  END IF;
+  IF cardinality(g_bid) > 0 THEN
+    IF v_merge THEN
+      INSERT INTO __SCHEMA__.grants AS g (bucket, at, seq, cost, cum)
+      SELECT x.b, v_now, x.s, x.c, x.m FROM unnest(g_bid, g_seq, g_cost, g_cum) AS x(b, s, c, m)
+      ON CONFLICT (bucket, at) DO UPDATE SET cost = g.cost + excluded.cost, cum = excluded.cum;
+    ELSE
+      -- a new millisecond in every bucket (no row can exist at or after it): plain inserts
+      INSERT INTO __SCHEMA__.grants (bucket, at, seq, cost, cum)
+      SELECT x.b, v_now, x.s, x.c, x.m FROM unnest(g_bid, g_seq, g_cost, g_cum) AS x(b, s, c, m);
+    END IF;
+  END IF;
+  IF cardinality(p_bid) > 0 THEN
+    INSERT INTO __SCHEMA__.places (bucket, lapse, permit)
+    SELECT x.b, x.l, v_permit FROM unnest(p_bid, p_lapse) AS x(b, l);
+  END IF;
+  IF v_permit IS NOT NULL THEN
+    v_lapse := NULL;
+    FOR i IN 1 .. cardinality(p_lapse) LOOP
+      v_lapse := greatest(v_lapse, p_lapse[i]);
+    END LOOP;
+    IF v_want THEN
+      v_lapse := greatest(v_lapse, v_now + v_req_hold);
+    END IF;
+    INSERT INTO __SCHEMA__.permits (id, at, lapse, place_buckets, place_lapses, windows)
+    VALUES (v_permit, v_now, v_lapse, p_bid, p_lapse, v_windows);
+  END IF;
+
+  v_reply := jsonb_build_object('granted', true, 'at', v_now, 'permit', v_permit, 'now', v_now);
+  IF v_figures THEN
+    v_reply := v_reply || jsonb_build_object('limits', v_fig);
+  END IF;
+  RETURN v_reply;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
+  'acquire, report or peek (wire sections 3 and 9.1-9.2); refusals and peeks write nothing';
+
+---------------------------------------------------------------------------------------------
+-- settle: {"settled": true|false}; raises RL400 naming costs[i].key for a key that was not a
+-- window limit of the live permit's grant (and then changes nothing).
+-- costs: [{"key", "cost"}], 1-64 entries with unique keys.
+CREATE OR REPLACE FUNCTION __SCHEMA__.settle(permit text, costs jsonb, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  p record;
+  b record;
+  e record;
+  v_clock bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  v_now bigint;
+  v_keys text[];
+  v_win jsonb;
+  v_windows jsonb;
+  v_pos integer;
+  v_new bigint;
+  v_d bigint;
+  v_seq bigint;
+  v_r bigint;
+  v_w bigint;
+BEGIN
+  SELECT * INTO p FROM __SCHEMA__.permits WHERE id = permit FOR UPDATE;
+  IF NOT FOUND OR p.lapse <= greatest(v_clock, p.at) THEN
+    RETURN jsonb_build_object('settled', false);
+  END IF;
+  -- All or nothing: check every key before changing anything.
+  FOR e IN SELECT x.key, x.ord
+             FROM ROWS FROM (jsonb_to_recordset(costs) AS (key text)) WITH ORDINALITY AS x(key, ord)
+            ORDER BY x.ord LOOP
+    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p.windows) w WHERE w->>'k' = e.key) THEN
+      RAISE EXCEPTION 'costs[%].key must name a window limit of the permit''s grant: % is not one',
+        e.ord - 1, e.key
+        USING ERRCODE = 'RL400', DETAIL = e.key;
+    END IF;
+  END LOOP;
+  SELECT array_agg(x.key ORDER BY x.key COLLATE "C") INTO v_keys
+    FROM jsonb_to_recordset(costs) AS x(key text);
+  -- Lock the buckets in key order (the same order as acquire).
+  PERFORM 1 FROM __SCHEMA__.buckets WHERE key = ANY (v_keys) ORDER BY key FOR UPDATE;
+  SELECT greatest(v_clock, p.at, max(floor_ms)) INTO v_now
+    FROM __SCHEMA__.buckets WHERE key = ANY (v_keys);
+  v_windows := p.windows;
+  FOR e IN SELECT x.key, x.cost FROM jsonb_to_recordset(costs) AS x(key text, cost bigint) LOOP
+    SELECT w.value, w.ord::integer - 1 INTO v_win, v_pos
+      FROM jsonb_array_elements(v_windows) WITH ORDINALITY AS w(value, ord)
+     WHERE w.value->>'k' = e.key;
+    v_new := least(e.cost, (v_win->>'calls')::bigint);
+    v_d := v_new - (v_win->>'cost')::bigint;
+    v_windows := jsonb_set(v_windows, ARRAY[v_pos::text, 'cost'], to_jsonb(v_new));
+    CONTINUE WHEN v_d = 0;
+    SELECT * INTO b FROM __SCHEMA__.buckets WHERE key = e.key;
+    -- A bucket forgotten and created again since the grant no longer holds it.
+    CONTINUE WHEN NOT FOUND OR b.id <> (v_win->>'b')::bigint;
+    SELECT g.seq INTO v_seq FROM __SCHEMA__.grants g WHERE g.bucket = b.id AND g.at = p.at;
+    CONTINUE WHEN NOT FOUND;
+    v_r := b.retain_ms;
+    v_w := b.pruned_to;
+    IF __SCHEMA__._idle(b.id, v_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen) THEN
+      -- Forgotten since: it starts afresh holding this grant, kept for the grant's perMs.
+      IF v_r > 0 THEN
+        v_w := greatest(v_w, v_now - v_r);
+      END IF;
+      v_r := (v_win->>'per')::bigint;
+    END IF;
+    -- A grant that has left the bucket's kept window changes nothing there.
+    CONTINUE WHEN p.at <= greatest(v_w, v_now - v_r);
+    INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d)
+    SELECT b.id, x, v_d FROM unnest(__SCHEMA__._fen_up(v_seq, b.last_seq)) AS x
+    ON CONFLICT (bucket, idx) DO UPDATE SET d = f.d + excluded.d;
+    UPDATE __SCHEMA__.buckets
+       SET dtotal = dtotal + v_d, fen = true, retain_ms = v_r, pruned_to = v_w
+     WHERE id = b.id;
+  END LOOP;
+  UPDATE __SCHEMA__.permits SET windows = v_windows WHERE id = permit;
+  RETURN jsonb_build_object('settled', true);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.settle(text, jsonb, bigint) IS
+  'settle a live permit''s window costs (spec 9.3); RL400 names a key that was not a window limit';
+
+---------------------------------------------------------------------------------------------
+-- release: true when the permit was live (its places freed, no longer settleable). With
+-- costs, settles first, in the same transaction (spec 9.3).
+CREATE OR REPLACE FUNCTION __SCHEMA__.release(permit text, costs jsonb DEFAULT NULL,
+                                              at_ms bigint DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  p record;
+  v_clock bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+BEGIN
+  IF costs IS NOT NULL THEN
+    PERFORM __SCHEMA__.settle(permit, costs, at_ms);
+  END IF;
+  DELETE FROM __SCHEMA__.permits WHERE id = permit RETURNING * INTO p;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  DELETE FROM __SCHEMA__.places pl
+   USING unnest(p.place_buckets, p.place_lapses) AS x(b, l)
+   WHERE pl.bucket = x.b AND pl.lapse = x.l AND pl.permit = p.id;
+  RETURN p.lapse > greatest(v_clock, p.at);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.release(text, jsonb, bigint) IS
+  'release a permit (section 4), settling first when costs are given (9.3)';
+
+---------------------------------------------------------------------------------------------
+-- throttle: only extends; returns the until in force afterwards, or NULL.
+CREATE OR REPLACE FUNCTION __SCHEMA__.throttle(key text, until_ms bigint, at_ms bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  v_until bigint;
+BEGIN
+  SELECT t.until INTO v_until FROM __SCHEMA__.throttles t WHERE t.key = throttle.key;
+  IF v_until <= v_now THEN
+    v_until := NULL;
+  END IF;
+  IF until_ms <= v_now OR v_until >= until_ms THEN
+    RETURN v_until;  -- a past instant, or no later than the one in force: nothing changes
+  END IF;
+  INSERT INTO __SCHEMA__.throttles AS t (key, until) VALUES (throttle.key, until_ms)
+  ON CONFLICT ON CONSTRAINT throttles_pkey
+  DO UPDATE SET until = CASE WHEN t.until <= v_now THEN excluded.until
+                             ELSE greatest(t.until, excluded.until) END
+  RETURNING t.until INTO v_until;
+  RETURN v_until;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.throttle(text, bigint, bigint) IS
+  'throttle a caller key (section 5): only extends; returns the until in force';
+
+-- lift: ends a throttle in force; true when there was one.
+CREATE OR REPLACE FUNCTION __SCHEMA__.lift(key text, at_ms bigint DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.throttles t WHERE t.key = lift.key AND t.until > v_now) THEN
+    RETURN false;  -- nothing in force: nothing written
+  END IF;
+  DELETE FROM __SCHEMA__.throttles t WHERE t.key = lift.key AND t.until > v_now;
+  RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.lift(text, bigint) IS 'lift a throttle in force (spec 9.4)';
+
+---------------------------------------------------------------------------------------------
+-- state: live buckets, permits and throttles whose keys start with prefix, in key order,
+-- after `after` (exclusive), at most lim of each, read-only:
+-- {"now", "truncated",
+--  "buckets": [{"key", "windowUsed", "calls", "perMs", "concurrent", "oldestGrant"|null,
+--               "placesHeld", "nextLapse"|null}],
+--  "permits": [{"permit", "lapse", "places": [{"bucket", "lapse"}]}],
+--  "throttles": [{"key", "until"}]}
+CREATE OR REPLACE FUNCTION __SCHEMA__.state(prefix text DEFAULT '', after text DEFAULT NULL,
+                                            lim integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  v_prefix text := coalesce(prefix, '');
+  v_after text := coalesce(after, '');
+  v_buckets jsonb := '[]';
+  v_permits jsonb := '[]';
+  v_throttles jsonb;
+  v_truncated boolean := false;
+  v_count integer := 0;
+  v_cut bigint;
+  v_used bigint;
+  v_oldest bigint;
+  v_held bigint;
+  v_next bigint;
+  v_places jsonb;
+  b record;
+  p record;
+BEGIN
+  FOR b IN SELECT * FROM __SCHEMA__.buckets bk
+            WHERE bk.key > v_after AND bk.key >= v_prefix AND starts_with(bk.key, v_prefix)
+            ORDER BY bk.key LOOP
+    v_used := 0;
+    v_oldest := NULL;
+    IF b.retain_ms > 0 THEN
+      v_cut := greatest(b.pruned_to, v_now - b.retain_ms);
+      v_used := __SCHEMA__._used(b.id, v_cut, b.total, b.dtotal, b.fen);
+      SELECT min(g.at) INTO v_oldest FROM __SCHEMA__.grants g
+       WHERE g.bucket = b.id AND g.at > v_cut AND g.cost > 0;
+    END IF;
+    SELECT count(*), min(pl.lapse) INTO v_held, v_next FROM __SCHEMA__.places pl
+     WHERE pl.bucket = b.id AND pl.lapse > v_now;
+    CONTINUE WHEN v_used = 0 AND v_held = 0;
+    IF v_count = lim THEN
+      v_truncated := true;
+      EXIT;
+    END IF;
+    v_count := v_count + 1;
+    v_buckets := v_buckets || jsonb_build_array(jsonb_build_object(
+      'key', b.key, 'windowUsed', v_used, 'calls', b.last_calls, 'perMs', b.retain_ms,
+      'concurrent', b.last_concurrent, 'oldestGrant', v_oldest, 'placesHeld', v_held,
+      'nextLapse', v_next));
+  END LOOP;
+
+  v_count := 0;
+  FOR p IN SELECT * FROM __SCHEMA__.permits pm
+            WHERE pm.id > v_after AND pm.lapse > v_now ORDER BY pm.id LOOP
+    SELECT coalesce(jsonb_agg(jsonb_build_object('bucket', bk.key, 'lapse', x.l) ORDER BY x.o), '[]')
+      INTO v_places
+      FROM unnest(p.place_buckets, p.place_lapses) WITH ORDINALITY AS x(b, l, o)
+      JOIN __SCHEMA__.buckets bk ON bk.id = x.b
+     WHERE x.l > v_now AND starts_with(bk.key, v_prefix);
+    CONTINUE WHEN jsonb_array_length(v_places) = 0
+                  AND (v_prefix <> '' OR cardinality(p.place_buckets) > 0);
+    IF v_count = lim THEN
+      v_truncated := true;
+      EXIT;
+    END IF;
+    v_count := v_count + 1;
+    v_permits := v_permits || jsonb_build_array(jsonb_build_object(
+      'permit', p.id, 'lapse', p.lapse, 'places', v_places));
+  END LOOP;
+
+  SELECT coalesce(jsonb_agg(jsonb_build_object('key', t.key, 'until', t.until) ORDER BY t.key), '[]')
+    INTO v_throttles
+    FROM (SELECT * FROM __SCHEMA__.throttles th
+           WHERE th.key > v_after AND th.until > v_now AND starts_with(th.key, v_prefix)
+           ORDER BY th.key LIMIT lim + 1) t;
+  IF jsonb_array_length(v_throttles) > lim THEN
+    v_truncated := true;
+    v_throttles := v_throttles - lim;
+  END IF;
+
+  RETURN jsonb_build_object('now', v_now, 'truncated', v_truncated, 'buckets', v_buckets,
+                            'permits', v_permits, 'throttles', v_throttles);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.state(text, text, integer, bigint) IS
+  'snapshot of live buckets, permits and throttles (GET /state), paged by key, read-only';
+
+-- Counts for metrics: rows in each table (lapsed rows not yet swept included).
+CREATE OR REPLACE FUNCTION __SCHEMA__.totals() RETURNS jsonb
+LANGUAGE sql STABLE AS
+$$
+  SELECT jsonb_build_object(
+    'buckets', (SELECT count(*) FROM __SCHEMA__.buckets),
+    'grants', (SELECT count(*) FROM __SCHEMA__.grants),
+    'permits', (SELECT count(*) FROM __SCHEMA__.permits),
+    'places', (SELECT count(*) FROM __SCHEMA__.places),
+    'throttles', (SELECT count(*) FROM __SCHEMA__.throttles))
+$$;
+COMMENT ON FUNCTION __SCHEMA__.totals() IS 'row counts per table, for metrics (a full count)';
+
+---------------------------------------------------------------------------------------------
+-- sweep: deletes what no request can see any more, at most about `batch` rows of each kind
+-- per call: lapsed permits with their places, passed throttles, grants older than their
+-- bucket's retention, Fenwick nodes no read can reach, and idle buckets. Buckets are visited
+-- `batch` at a time from a cursor kept in meta, so a call's work is bounded; a bucket locked
+-- by a request in flight is skipped this time. Returns the number of rows deleted; call it
+-- again while that is > 0. Every deletion is of state already invisible to the decisions.
+CREATE OR REPLACE FUNCTION __SCHEMA__.sweep(batch integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  v_done integer := 0;
+  v_k integer;
+  v_cursor text;
+  v_last text;
+  v_prev text;
+  v_end boolean := true;
+  v_seen integer := 0;
+  v_budget integer := batch;
+  v_cut bigint;
+  v_first bigint;
+  b record;
+  c record;
+BEGIN
+  -- Lapsed permits and their places.
+  WITH gone AS (
+    DELETE FROM __SCHEMA__.permits pm
+     WHERE pm.id IN (SELECT x.id FROM __SCHEMA__.permits x WHERE x.lapse <= v_now
+                      ORDER BY x.lapse LIMIT batch FOR UPDATE SKIP LOCKED)
+    RETURNING pm.id, pm.place_buckets, pm.place_lapses),
+  places AS (
+    DELETE FROM __SCHEMA__.places pl
+     USING (SELECT g.id, x.b, x.l FROM gone g, unnest(g.place_buckets, g.place_lapses) AS x(b, l)) y
+     WHERE pl.bucket = y.b AND pl.lapse = y.l AND pl.permit = y.id
+    RETURNING 1)
+  SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM places) INTO v_k;
+  v_done := v_done + v_k;
+
+  -- Passed throttles.
+  DELETE FROM __SCHEMA__.throttles t
+   WHERE t.key IN (SELECT x.key FROM __SCHEMA__.throttles x WHERE x.until <= v_now
+                    ORDER BY x.until LIMIT batch FOR UPDATE SKIP LOCKED);
+  GET DIAGNOSTICS v_k = ROW_COUNT;
+  v_done := v_done + v_k;
+
+  -- Buckets, from the cursor.
+  SELECT m.sweep_cursor INTO v_cursor FROM __SCHEMA__.meta m;
+  v_last := v_cursor;
+  FOR c IN SELECT bk.key, bk.id, bk.retain_ms, bk.pruned_to FROM __SCHEMA__.buckets bk
+            WHERE bk.key > v_cursor ORDER BY bk.key LIMIT batch LOOP
+    IF v_budget <= 0 THEN
+      v_end := false;
+      EXIT;
+    END IF;
+    v_seen := v_seen + 1;
+    v_prev := v_last;
+    v_last := c.key;
+    v_cut := greatest(c.pruned_to, v_now - c.retain_ms);
+    -- Work here? Grants past retention, or an idle bucket to forget. Checked without a lock.
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.grants g WHERE g.bucket = c.id AND g.at <= v_cut) THEN
+      CONTINUE WHEN EXISTS (SELECT 1 FROM __SCHEMA__.grants g WHERE g.bucket = c.id)
+                 OR EXISTS (SELECT 1 FROM __SCHEMA__.places pl
+                             WHERE pl.bucket = c.id AND pl.lapse > v_now);
+    END IF;
+    SELECT * INTO b FROM __SCHEMA__.buckets bk WHERE bk.key = c.key FOR UPDATE SKIP LOCKED;
+    CONTINUE WHEN NOT FOUND;
+    v_cut := greatest(b.pruned_to, v_now - b.retain_ms);
+    DELETE FROM __SCHEMA__.grants g
+     WHERE g.bucket = b.id
+       AND g.at = ANY (ARRAY(SELECT x.at FROM __SCHEMA__.grants x
+                              WHERE x.bucket = b.id AND x.at <= v_cut
+                              ORDER BY x.at LIMIT v_budget));
+    GET DIAGNOSTICS v_k = ROW_COUNT;
+    v_done := v_done + v_k;
+    v_budget := v_budget - v_k;
+    IF v_budget <= 0 THEN
+      -- The budget ran out in this bucket: come back to it next time.
+      v_last := v_prev;
+      v_end := false;
+      EXIT;
+    END IF;
+    SELECT min(g.seq) INTO v_first FROM __SCHEMA__.grants g WHERE g.bucket = b.id;
+    IF v_first IS NULL
+       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.places pl WHERE pl.bucket = b.id AND pl.lapse > v_now) THEN
+      -- Idle: no grant kept, no place held. Forget it (lapsed places go with their permits).
+      DELETE FROM __SCHEMA__.fen f WHERE f.bucket = b.id;
+      GET DIAGNOSTICS v_k = ROW_COUNT;
+      DELETE FROM __SCHEMA__.buckets bk WHERE bk.id = b.id;
+      v_done := v_done + v_k + 1;
+      CONTINUE;
+    END IF;
+    IF b.fen THEN
+      -- Only the nodes at or after the first kept row, and those on the path of the row just
+      -- before it, can still be read.
+      v_first := coalesce(v_first, b.last_seq + 1);
+      DELETE FROM __SCHEMA__.fen f
+       WHERE f.bucket = b.id AND f.idx < v_first
+         AND f.idx <> ALL (__SCHEMA__._fen_down(v_first - 1));
+      GET DIAGNOSTICS v_k = ROW_COUNT;
+      v_done := v_done + v_k;
+    END IF;
+  END LOOP;
+  IF v_end AND v_seen < batch THEN
+    v_last := '';  -- reached the last key: start from the first one next time
+  END IF;
+  IF v_last <> v_cursor THEN
+    UPDATE __SCHEMA__.meta SET sweep_cursor = v_last;
+  END IF;
+  RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint) IS
+  'delete lapsed permits, passed throttles, grants past retention and idle buckets, in batches';
+
+-- The format version this schema carries.
+CREATE OR REPLACE FUNCTION __SCHEMA__.version() RETURNS integer
+LANGUAGE sql STABLE AS
+$$ SELECT version FROM __SCHEMA__.meta $$;
+COMMENT ON FUNCTION __SCHEMA__.version() IS 'the redb-limiter format version of this schema';
+
+COMMIT;

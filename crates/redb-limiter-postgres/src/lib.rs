@@ -1,0 +1,443 @@
+//! PostgreSQL mode: the limiter's rules decided inside one PostgreSQL database, so that servers
+//! on many machines share one set of windows, places and throttles (wire spec, section 10).
+//!
+//! This crate owns the connection pool, the schema (created on first use, refused when it
+//! carries an unknown format version) and the one round trip each request costs: a call to a
+//! plpgsql function of `sql/schema.sql` that locks the named buckets in one sorted order,
+//! judges windows, places and throttles at the database's clock (floored per bucket so it
+//! never runs backwards) and writes the grant. A refusal and a peek are answered from a
+//! snapshot: no row lock, no write, no WAL. `sql/schema.sql` documents the tables and how a
+//! window's used cost stays a lookup however long the window.
+//!
+//! What it must never do: decide anything in Rust. The Rust engine is the oracle the SQL is
+//! tested against (`tests/postgres.rs` drives both with the same operations and instants); this
+//! crate only validates nothing further (requests arrive validated by
+//! [`redb_limiter::request`]), passes them on and maps the answers. Every database error is
+//! [`LimiterError::Unavailable`]: nothing is granted that the database did not commit.
+//!
+//! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
+//! statements cached per connection), TLS through `rustls` with the Mozilla roots when the URL
+//! asks for it (`sslmode=require`), as managed databases do.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateView, ThrottleView, Totals};
+use redb_limiter::limiter::Snapshot;
+use redb_limiter::request::{AcquireRequest, ReleaseRequest, ThrottleRequest};
+use redb_limiter::time::Clock;
+use redb_limiter::{Decision, LimiterError, Millis, Reason};
+use serde_json::{Value, json};
+
+/// The schema script; `__SCHEMA__` stands for the quoted schema name.
+const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
+/// The format version `sql/schema.sql` writes into its `meta` table.
+pub const SCHEMA_VERSION: i32 = 1;
+/// The schema used when none is named.
+pub const DEFAULT_SCHEMA: &str = "redb_limiter";
+
+/// How to reach the database and how to run in it.
+#[derive(Clone)]
+pub struct PgOptions {
+    /// A libpq-style URL or key=value string (`postgres://user:pass@host:port/db?sslmode=require`).
+    pub url: String,
+    /// The schema holding the limiter's tables and functions.
+    pub schema: String,
+    /// Connections in the pool.
+    pub pool_size: usize,
+    /// A call refused for concurrency is told to retry at most this long after `now`.
+    pub recheck_ms: u64,
+    /// Longest a statement (lock waits included) may take before the request is answered
+    /// `unavailable`.
+    pub statement_timeout: Duration,
+    /// Replaces the database's clock: tests only, to drive instants as the engine's tests do.
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+impl PgOptions {
+    #[must_use]
+    pub fn new(url: impl Into<String>) -> Self {
+        PgOptions {
+            url: url.into(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            pool_size: 32,
+            recheck_ms: redb_limiter::engine::DEFAULT_RECHECK_MS,
+            statement_timeout: Duration::from_secs(5),
+            clock: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the URL: it may carry a password.
+        f.debug_struct("PgOptions")
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("recheck_ms", &self.recheck_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why PostgreSQL mode cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PgError {
+    #[error("the PostgreSQL URL is not valid: {0}")]
+    BadUrl(#[source] tokio_postgres::Error),
+    #[error("--pg-schema must be 1 to 63 characters of a-z, 0-9 and _, starting with a letter or _: {0:?}")]
+    BadSchema(String),
+    #[error("cannot reach PostgreSQL: {0}")]
+    Unreachable(String),
+    #[error("PostgreSQL runs with fsync=off: an acknowledged grant could be lost in a crash; refusing to serve")]
+    FsyncOff,
+    #[error("schema {schema}: {message}")]
+    Schema { schema: String, message: String },
+    #[error("PostgreSQL: {0}")]
+    Database(#[from] tokio_postgres::Error),
+}
+
+/// The limiter on PostgreSQL. Cheap to share behind an `Arc`; every method is one round trip.
+pub struct PgLimiter {
+    pool: Pool,
+    schema: String,
+    options: PgOptions,
+    /// Permit ids: a random nonce per process in the high half, a sequence in the low half,
+    /// so servers sharing the database never issue the same id.
+    nonce: u64,
+    sequence: AtomicU64,
+    metrics: Arc<redb_limiter::metrics::Metrics>,
+    synchronous_commit: String,
+}
+
+impl std::fmt::Debug for PgLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLimiter").field("schema", &self.schema).finish_non_exhaustive()
+    }
+}
+
+fn valid_schema(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    (1..=63).contains(&name.len())
+        && bytes.next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+fn random_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+fn tls() -> tokio_postgres_rustls::MakeRustlsConnect {
+    let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_postgres_rustls::MakeRustlsConnect::new(config)
+}
+
+/// A database error as the wire's `unavailable` (the message names no URL).
+fn unavailable(e: &impl std::fmt::Display) -> LimiterError {
+    LimiterError::Unavailable(format!("PostgreSQL: {e}"))
+}
+
+impl PgLimiter {
+    /// Connects, refuses `fsync=off`, warns when `synchronous_commit` is off, and creates or
+    /// validates the schema (an unknown format version is refused, naming it).
+    pub async fn connect(options: PgOptions) -> Result<PgLimiter, PgError> {
+        if !valid_schema(&options.schema) {
+            return Err(PgError::BadSchema(options.schema.clone()));
+        }
+        let mut config = tokio_postgres::Config::from_str(&options.url).map_err(PgError::BadUrl)?;
+        let timeout_ms = options.statement_timeout.as_millis();
+        config.options(format!("-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"));
+        // Named per schema, so an operator (or a test) can tell whose connections are whose.
+        config.application_name(format!("redb-limiter/{}", options.schema));
+        config.connect_timeout(Duration::from_secs(5));
+        let manager = Manager::from_config(config, tls(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .wait_timeout(Some(options.statement_timeout))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| PgError::Unreachable(e.to_string()))?;
+        let client = pool.get().await.map_err(|e| PgError::Unreachable(e.to_string()))?;
+        let fsync: String = client.query_one("SHOW fsync", &[]).await?.get(0);
+        if fsync == "off" {
+            return Err(PgError::FsyncOff);
+        }
+        let synchronous_commit: String = client.query_one("SHOW synchronous_commit", &[]).await?.get(0);
+        if synchronous_commit == "off" {
+            tracing::warn!(
+                "PostgreSQL runs with synchronous_commit=off: a grant acknowledged just before a database crash may be lost"
+            );
+        }
+        let script = SCHEMA_SQL.replace("__SCHEMA__", &format!("\"{}\"", options.schema));
+        client.batch_execute(&script).await.map_err(|e| PgError::Schema {
+            schema: options.schema.clone(),
+            message: e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned()),
+        })?;
+        drop(client);
+        Ok(PgLimiter {
+            pool,
+            schema: options.schema.clone(),
+            nonce: random_nonce(),
+            sequence: AtomicU64::new(0),
+            metrics: Arc::new(redb_limiter::metrics::Metrics::default()),
+            synchronous_commit,
+            options,
+        })
+    }
+
+    /// The schema this limiter serves.
+    #[must_use]
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The database's `synchronous_commit` setting at connect.
+    #[must_use]
+    pub fn synchronous_commit(&self) -> &str {
+        &self.synchronous_commit
+    }
+
+    #[must_use]
+    pub fn metrics(&self) -> &redb_limiter::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// The instant to pass as `at_ms`: the injected clock's, or NULL for the database's.
+    fn at(&self) -> Option<i64> {
+        self.options.clock.as_ref().map(|c| millis_to_sql(c.now()))
+    }
+
+    fn next_permit(&self) -> PermitId {
+        let seq = self.sequence.fetch_add(1, Ordering::Relaxed);
+        PermitId((u128::from(self.nonce) << 64) | u128::from(seq))
+    }
+
+    /// One call of a schema function returning one value.
+    async fn call<T>(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<T, LimiterError>
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
+        let sql = sql.replace("S.", &format!("\"{}\".", self.schema));
+        let statement = client.prepare_cached(&sql).await.map_err(|e| unavailable(&e))?;
+        let row = client.query_one(&statement, params).await.map_err(|e| match e.as_db_error() {
+            Some(db) if db.code().code() == "RL400" => {
+                LimiterError::BadRequest(redb_limiter::BadRequest(db.message().to_owned()))
+            }
+            _ => unavailable(&e),
+        })?;
+        row.try_get(0).map_err(|e| unavailable(&e))
+    }
+
+    /// Decides an acquire; a grant is answered only once the database committed it.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+        let permit = self.next_permit().to_string();
+        let reply: Value = self
+            .call(
+                "SELECT S.acquire($1::jsonb, 'acquire', $2, $3, $4)",
+                &[&request_json(&req), &to_i64(self.options.recheck_ms), &permit, &self.at()],
+            )
+            .await?;
+        let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
+        match &decision {
+            Decision::Granted { .. } => self.metrics.decided("acquire", "granted", ""),
+            Decision::Refused { reason, .. } => self.metrics.decided("acquire", "refused", reason.as_str()),
+        }
+        Ok(decision)
+    }
+
+    /// Releases a permit: `true` when it was live.
+    pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
+        let costs: Option<Value> = None;
+        let released: bool =
+            self.call("SELECT S.release($1, $2::jsonb, $3)", &[&req.permit, &costs, &self.at()]).await?;
+        self.metrics.decided("release", if released { "released" } else { "unknown" }, "");
+        Ok(released)
+    }
+
+    /// Throttles a caller (only ever extends); the throttle in force afterwards.
+    pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
+        let until: Option<i64> =
+            self.call("SELECT S.throttle($1, $2, $3)", &[&req.key, &millis_to_sql(req.until), &self.at()]).await?;
+        let until = until.map(millis_from_sql);
+        self.metrics.decided("throttle", if until.is_some() { "in_force" } else { "none" }, "");
+        Ok(until)
+    }
+
+    /// The live state whose keys start with `prefix`, at most `limit` entries of each kind.
+    pub async fn state(&self, prefix: &str, limit: usize) -> Result<Snapshot, LimiterError> {
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let after: Option<String> = None;
+        let reply: Value = self.call("SELECT S.state($1, $2, $3, $4)", &[&prefix, &after, &limit, &self.at()]).await?;
+        snapshot_from(&reply).ok_or_else(|| protocol(&reply))
+    }
+
+    /// Deletes lapsed places, grants past their bucket's retention, idle buckets and ended
+    /// throttles, at most `batch` rows of each; how many rows went.
+    pub async fn sweep(&self, batch: i32) -> Result<i32, LimiterError> {
+        self.call("SELECT S.sweep($1, $2)", &[&batch, &self.at()]).await
+    }
+
+    /// Whether the database answers now.
+    pub async fn health(&self) -> Result<(), LimiterError> {
+        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
+        client.simple_query("SELECT 1").await.map_err(|e| unavailable(&e))?;
+        Ok(())
+    }
+
+    /// Runs `sweep` every `every` until the limiter is dropped (the task holds a weak handle).
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(limiter) = weak.upgrade() else { return };
+                if let Err(e) = limiter.sweep(1000).await {
+                    tracing::debug!(error = %e, "sweep failed; the next one tries again");
+                }
+            }
+        });
+    }
+}
+
+fn protocol(reply: &Value) -> LimiterError {
+    LimiterError::Unavailable(format!("PostgreSQL answered something unexpected: {reply}"))
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn millis_to_sql(m: Millis) -> i64 {
+    to_i64(m.0)
+}
+
+fn millis_from_sql(v: i64) -> Millis {
+    Millis(u64::try_from(v).unwrap_or(0))
+}
+
+fn millis_at(v: &Value, field: &str) -> Option<Millis> {
+    v.get(field)?.as_i64().map(millis_from_sql)
+}
+
+/// The request as the SQL functions take it: every default written out.
+#[must_use]
+pub fn request_json(req: &AcquireRequest) -> Value {
+    let limits: Vec<Value> = req
+        .limits
+        .iter()
+        .map(|l| {
+            let mut m = serde_json::Map::new();
+            m.insert("key".into(), Value::from(l.key.clone()));
+            if let Some(w) = l.window {
+                m.insert("calls".into(), Value::from(w.calls));
+                m.insert("perMs".into(), Value::from(w.per_ms));
+            }
+            if let Some(c) = l.concurrent {
+                m.insert("concurrent".into(), Value::from(c));
+            }
+            m.insert("cost".into(), Value::from(l.cost));
+            m.insert("holdMs".into(), Value::from(l.hold_ms));
+            Value::Object(m)
+        })
+        .collect();
+    json!({ "key": req.key, "limits": limits })
+}
+
+fn decision_from(reply: &Value) -> Option<Decision> {
+    if reply.get("granted")?.as_bool()? {
+        let permit = match reply.get("permit") {
+            None | Some(Value::Null) => None,
+            Some(p) => Some(PermitId::from_str(p.as_str()?).ok()?),
+        };
+        Some(Decision::Granted { at: millis_at(reply, "at")?, permit })
+    } else {
+        Some(Decision::Refused {
+            retry_at: millis_at(reply, "retryAt")?,
+            reason: Reason::parse(reply.get("reason")?.as_str()?)?,
+            limit: reply.get("limit")?.as_str()?.to_owned(),
+        })
+    }
+}
+
+fn snapshot_from(reply: &Value) -> Option<Snapshot> {
+    let now = millis_at(reply, "now")?;
+    let mut view = StateView::default();
+    for b in reply.get("buckets")?.as_array()? {
+        view.buckets.push(BucketView {
+            key: b.get("key")?.as_str()?.to_owned(),
+            meta: BucketMeta {
+                retain_ms: b.get("perMs")?.as_u64()?,
+                last_calls: b.get("calls")?.as_u64()?,
+                last_concurrent: b.get("concurrent")?.as_u64()?,
+            },
+            window_used: b.get("windowUsed")?.as_u64()?,
+            oldest_grant: millis_at(b, "oldestGrant"),
+            grant_entries: 0,
+            places_held: usize::try_from(b.get("placesHeld")?.as_u64()?).ok()?,
+            next_lapse: millis_at(b, "nextLapse"),
+        });
+    }
+    for p in reply.get("permits")?.as_array()? {
+        let mut places = Vec::new();
+        for place in p.get("places")?.as_array()? {
+            places.push((place.get("bucket")?.as_str()?.to_owned(), millis_at(place, "lapse")?));
+        }
+        view.permits.push(PermitView { id: PermitId::from_str(p.get("permit")?.as_str()?).ok()?, places });
+    }
+    for t in reply.get("throttles")?.as_array()? {
+        view.throttles.push(ThrottleView { key: t.get("key")?.as_str()?.to_owned(), until: millis_at(t, "until")? });
+    }
+    let totals = reply.get("totals").map_or(
+        Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() },
+        |t| Totals {
+            buckets: t.get("buckets").and_then(Value::as_u64).unwrap_or(0) as usize,
+            permits: t.get("permits").and_then(Value::as_u64).unwrap_or(0) as usize,
+            throttles: t.get("throttles").and_then(Value::as_u64).unwrap_or(0) as usize,
+        },
+    );
+    Some(Snapshot { now, view, totals })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for good in ["redb_limiter", "_x", "a1"] {
+            assert!(valid_schema(good), "{good}");
+        }
+        for bad in ["", "1a", "Redb", "a-b", "a\"b", "a b", &"x".repeat(64)] {
+            assert!(!valid_schema(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn replies_map_to_decisions() {
+        let granted = json!({"granted": true, "at": 5, "permit": "p-0000000000000000000000000000002a", "now": 5});
+        assert_eq!(decision_from(&granted), Some(Decision::Granted { at: Millis(5), permit: Some(PermitId(42)) }));
+        let refused = json!({"granted": false, "retryAt": 9, "reason": "rate", "limit": "b", "now": 5});
+        assert_eq!(
+            decision_from(&refused),
+            Some(Decision::Refused { retry_at: Millis(9), reason: Reason::Rate, limit: "b".into() })
+        );
+        assert_eq!(decision_from(&json!({"granted": false, "retryAt": 9, "reason": "nope", "limit": "b"})), None);
+        assert_eq!(decision_from(&json!({"granted": true, "at": 5, "permit": "q-1"})), None);
+    }
+}

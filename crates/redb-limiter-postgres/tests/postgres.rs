@@ -1,0 +1,272 @@
+//! PostgreSQL mode against a real PostgreSQL (no mocks): the URL comes from
+//! `REDB_LIMITER_TEST_POSTGRES` (`.ci/run` starts a throwaway server and exports it). Under
+//! `CI=true` a missing URL fails the tests; elsewhere they say loudly that they did not run.
+//!
+//! The Rust engine is the oracle: the differential test drives the engine and the database
+//! with the same operations at the same instants (the database's clock replaced by an injected
+//! one) and compares every answer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use proptest::prelude::*;
+use redb_limiter::engine::{Engine, EngineConfig};
+use redb_limiter::request::{AcquireRequest, Limit, ReleaseRequest, ThrottleRequest};
+use redb_limiter::time::{Clock, FakeClock};
+use redb_limiter::{Decision, LimiterError, Millis, Reason};
+use redb_limiter_postgres::{PgLimiter, PgOptions};
+
+const T0: Millis = Millis(1_764_460_800_000);
+
+fn database_url() -> Option<String> {
+    match std::env::var("REDB_LIMITER_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("REDB_LIMITER_TEST_POSTGRES is not set: .ci/run must start PostgreSQL for these tests")
+        }
+        _ => {
+            eprintln!("NOT RUN: set REDB_LIMITER_TEST_POSTGRES=postgres://… (or run .ci/run) to test PostgreSQL mode");
+            None
+        }
+    }
+}
+
+/// A fresh schema for one test, on the injected clock.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn fresh(url: &str, name: &str, clock: Arc<FakeClock>) -> PgLimiter {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let schema = format!("t_{}_{}_{name}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let mut options = PgOptions::new(url);
+    options.schema = schema;
+    options.pool_size = 4;
+    options.clock = Some(clock);
+    PgLimiter::connect(options).await.expect("connect and create the schema")
+}
+
+fn window(key: &str, calls: u64, per_ms: u64) -> Limit {
+    Limit::window(key, calls, per_ms)
+}
+
+#[test]
+fn every_rule_of_acquire_release_and_throttle() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "rules", clock.clone()).await;
+        // Rolling window: 2 calls a second.
+        let req = AcquireRequest::new("caller", vec![window("w", 2, 1000)]).unwrap();
+        assert_eq!(pg.acquire(req.clone()).await.unwrap(), Decision::Granted { at: T0, permit: None });
+        clock.advance(400);
+        assert!(pg.acquire(req.clone()).await.unwrap().is_granted());
+        clock.advance(100);
+        assert_eq!(
+            pg.acquire(req.clone()).await.unwrap(),
+            Decision::Refused { retry_at: T0.plus(1000), reason: Reason::Rate, limit: "w".into() }
+        );
+        clock.set(T0.plus(1000));
+        assert!(pg.acquire(req.clone()).await.unwrap().is_granted(), "the first grant left the window");
+
+        // Concurrency: one place; a release frees it, a second release is false.
+        let conc = AcquireRequest::new("caller", vec![Limit::concurrent("c", 1).with_hold_ms(5_000)]).unwrap();
+        let Decision::Granted { permit: Some(permit), .. } = pg.acquire(conc.clone()).await.unwrap() else {
+            panic!("a place")
+        };
+        let refused = pg.acquire(conc.clone()).await.unwrap();
+        assert!(matches!(refused, Decision::Refused { reason: Reason::Concurrency, .. }), "{refused:?}");
+        let release = ReleaseRequest::new(permit.to_string()).unwrap();
+        assert!(pg.release(release.clone()).await.unwrap());
+        assert!(!pg.release(release).await.unwrap());
+        assert!(pg.acquire(conc.clone()).await.unwrap().is_granted());
+        // A place never released lapses holdMs after its grant.
+        clock.advance(5_000);
+        assert!(pg.acquire(conc).await.unwrap().is_granted(), "the held place lapsed");
+
+        // Throttle: only extends; every acquire as that caller is refused until then.
+        let until = clock.now().plus(2_000);
+        let t = ThrottleRequest::new("caller", until, clock.now()).unwrap();
+        assert_eq!(pg.throttle(t).await.unwrap(), Some(until));
+        let earlier = ThrottleRequest::new("caller", until.minus(1_000), clock.now()).unwrap();
+        assert_eq!(pg.throttle(earlier).await.unwrap(), Some(until), "a throttle never shortens");
+        let any = AcquireRequest::new("caller", vec![window("other", 100, 1000)]).unwrap();
+        assert_eq!(
+            pg.acquire(any.clone()).await.unwrap(),
+            Decision::Refused { retry_at: until, reason: Reason::Throttle, limit: "caller".into() }
+        );
+        clock.set(until);
+        assert!(pg.acquire(any).await.unwrap().is_granted());
+
+        // The state lists what is live.
+        let snapshot = pg.state("", 1000).await.unwrap();
+        assert_eq!(snapshot.now, clock.now());
+        assert!(snapshot.view.buckets.iter().any(|b| b.key == "other" && b.window_used == 1));
+    });
+}
+
+#[test]
+fn an_unknown_schema_version_is_refused_naming_it() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "version", clock).await;
+        let schema = pg.schema().to_owned();
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client.batch_execute(&format!("UPDATE \"{schema}\".meta SET version = 99")).await.unwrap();
+        let mut options = PgOptions::new(&url);
+        options.schema = schema.clone();
+        let err = PgLimiter::connect(options).await.expect_err("version 99 is not ours").to_string();
+        assert!(err.contains("99") && err.contains(&schema), "{err}");
+    });
+}
+
+#[test]
+fn a_database_that_cannot_be_reached_is_unavailable_and_grants_nothing() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "down", clock).await;
+        // Every connection of the pool is terminated from the server side.
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let name = format!("redb-limiter/{}", pg.schema());
+        let killed = client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        assert!(killed.get::<_, i64>(0) >= 1, "the pool's connection was there to terminate");
+        let req = AcquireRequest::new("caller", vec![window("w", 1, 60_000)]).unwrap();
+        // The pool hands out a dead connection at most once; then it reconnects by itself.
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            answers.push(pg.acquire(req.clone()).await);
+        }
+        assert!(answers.iter().all(|a| matches!(a, Ok(_) | Err(LimiterError::Unavailable(_)))), "{answers:?}");
+        let granted = answers.iter().filter(|a| matches!(a, Ok(Decision::Granted { .. }))).count();
+        assert_eq!(granted, 1, "recovered, and exactly one grant in a window of one: {answers:?}");
+    });
+}
+
+/// One operation of the differential test.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Caller (0..3), limits as (bucket 0..4, calls, perMs, cost, concurrent).
+    Acquire(u8, Vec<(u8, Option<(u64, u64)>, u64, Option<u64>)>),
+    /// Release the n-th grant that got a permit (modulo their count).
+    Release(usize),
+    Throttle(u8, u64),
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let limit = (
+        prop::option::weighted(0.8, (1u64..5, prop::sample::select(vec![100u64, 250, 1000, 3000]))),
+        0u64..7,
+        prop::option::weighted(0.3, 1u64..3),
+    )
+        .prop_filter("a limit needs a window or a concurrency", |(w, _, c)| w.is_some() || c.is_some());
+    prop_oneof![
+        6 => (0u8..3, prop::collection::btree_map(0u8..4, limit, 1..3))
+            .prop_map(|(caller, m)| Op::Acquire(caller, m.into_iter().map(|(b, (w, cost, c))| (b, w, cost, c)).collect())),
+        1 => any::<usize>().prop_map(Op::Release),
+        1 => (0u8..3, 0u64..1500).prop_map(|(c, d)| Op::Throttle(c, d)),
+        4 => prop::sample::select(vec![0u64, 1, 50, 99, 100, 101, 249, 250, 500, 999, 1000, 2500]).prop_map(Op::Advance),
+    ]
+}
+
+fn request(caller: u8, limits: &[(u8, Option<(u64, u64)>, u64, Option<u64>)]) -> AcquireRequest {
+    let limits = limits
+        .iter()
+        .map(|&(bucket, w, cost, conc)| {
+            let key = format!("b{bucket}");
+            let mut limit = match w {
+                Some((calls, per_ms)) => Limit::window(&key, calls, per_ms),
+                None => Limit::concurrent(&key, conc.unwrap_or(1)),
+            };
+            if let (Some(_), Some(c)) = (w, conc) {
+                limit = limit.with_concurrent(c);
+            }
+            limit.with_cost(cost).with_hold_ms(700)
+        })
+        .collect();
+    AcquireRequest::new(format!("caller{caller}"), limits).unwrap()
+}
+
+/// The same operations at the same instants on the engine and on the database: every answer
+/// must be the same (a permit's id aside: each side issues its own).
+#[test]
+fn the_database_decides_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    let rt = runtime();
+    let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
+    runner
+        .run(&prop::collection::vec(op(), 1..60), |ops| {
+            rt.block_on(async {
+                let clock = Arc::new(FakeClock::new(T0));
+                let pg = fresh(&url, "diff", clock.clone()).await;
+                let mut engine = Engine::new(EngineConfig::default());
+                let mut effects = Vec::new();
+                // (engine permit, database permit) of each grant that got one.
+                let mut permits: Vec<(String, String)> = Vec::new();
+                let mut sides: HashMap<&str, usize> = HashMap::new();
+                for (i, op) in ops.iter().enumerate() {
+                    let now = clock.now();
+                    match op {
+                        Op::Acquire(caller, limits) => {
+                            let req = request(*caller, limits);
+                            let want = engine.acquire(&req, now, &mut effects);
+                            let got = pg.acquire(req.clone()).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            match (&want, &got) {
+                                (Decision::Granted { at: a, permit: pa }, Decision::Granted { at: b, permit: pb }) => {
+                                    prop_assert_eq!(a, b, "op {}: {:?}", i, req);
+                                    prop_assert_eq!(pa.is_some(), pb.is_some(), "op {}: {:?}", i, req);
+                                    if let (Some(pa), Some(pb)) = (pa, pb) {
+                                        permits.push((pa.to_string(), pb.to_string()));
+                                    }
+                                    *sides.entry("granted").or_default() += 1;
+                                }
+                                _ => {
+                                    prop_assert_eq!(&want, &got, "op {}: {:?} at +{}", i, req, now.since(T0));
+                                    *sides.entry("refused").or_default() += 1;
+                                }
+                            }
+                        }
+                        Op::Release(n) if !permits.is_empty() => {
+                            let (e, p) = &permits[n % permits.len()];
+                            let want = engine.release(e, now, &mut effects);
+                            let got = pg
+                                .release(ReleaseRequest::new(p.clone()).unwrap())
+                                .await
+                                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            prop_assert_eq!(want, got, "op {}: release", i);
+                        }
+                        Op::Release(_) => {}
+                        Op::Throttle(caller, ahead) => {
+                            let key = format!("caller{caller}");
+                            let until = now.plus(*ahead);
+                            let want = engine.throttle(&key, until, now, &mut effects);
+                            let got = pg
+                                .throttle(ThrottleRequest::new(key, until, now).unwrap())
+                                .await
+                                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            prop_assert_eq!(want, got, "op {}: throttle", i);
+                        }
+                        Op::Advance(ms) => {
+                            clock.advance(*ms);
+                            engine.sweep(clock.now(), &mut effects);
+                        }
+                    }
+                    effects.clear();
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}

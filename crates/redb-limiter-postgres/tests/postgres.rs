@@ -153,11 +153,14 @@ fn a_database_that_cannot_be_reached_is_unavailable_and_grants_nothing() {
     });
 }
 
+/// One limit of a generated request: bucket (0..4), window (calls, perMs), cost, concurrent.
+type LimitSpec = (u8, Option<(u64, u64)>, u64, Option<u64>);
+
 /// One operation of the differential test.
 #[derive(Debug, Clone)]
 enum Op {
-    /// Caller (0..3), limits as (bucket 0..4, calls, perMs, cost, concurrent).
-    Acquire(u8, Vec<(u8, Option<(u64, u64)>, u64, Option<u64>)>),
+    /// Caller (0..3) and its limits.
+    Acquire(u8, Vec<LimitSpec>),
     /// Release the n-th grant that got a permit (modulo their count).
     Release(usize),
     Throttle(u8, u64),
@@ -180,7 +183,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn request(caller: u8, limits: &[(u8, Option<(u64, u64)>, u64, Option<u64>)]) -> AcquireRequest {
+fn request(caller: u8, limits: &[LimitSpec]) -> AcquireRequest {
     let limits = limits
         .iter()
         .map(|&(bucket, w, cost, conc)| {

@@ -2,7 +2,9 @@
 //!
 //! It owns routing, the order of checks (token first, then 404/405, then the 64 KiB body
 //! limit, then parsing), the mapping of every error to its status and code, and draining on
-//! shutdown. It decides nothing itself: every request goes to the limiter, and a reply is
+//! shutdown. `GET /` is the live page (`page.html`, embedded; it needs no token, as it carries
+//! no data) and `GET /recent` the feed of latest refusals it reads (see [`crate::recent`]).
+//! It decides nothing itself: every request goes to the limiter, and a reply is
 //! written only after the limiter answered (which is after the commit).
 
 use std::future::Future;
@@ -15,6 +17,7 @@ use axum::http::{HeaderMap, Method as HttpMethod, Request as HttpRequest, Status
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::recent::Recent;
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{EnvelopeError, Method, Request};
 use redb_limiter::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, ReleaseReply, StateReply, ThrottleReply};
@@ -22,10 +25,14 @@ use redb_limiter::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, Relea
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// The live page `GET /` serves: one self-contained HTML file (no external script, style or font).
+pub const PAGE_HTML: &str = include_str!("page.html");
+
 /// What the server needs besides the limiter.
 #[derive(Debug, Clone, Default)]
 pub struct ServerConfig {
-    /// When set, every path but `GET /health` needs `Authorization: Bearer <token>`.
+    /// When set, every path but `GET /health` and the page (`GET /`) needs
+    /// `Authorization: Bearer <token>`.
     pub token: Option<String>,
 }
 
@@ -33,6 +40,7 @@ struct App {
     limiter: Arc<Limiter>,
     token: Option<Vec<u8>>,
     draining: AtomicBool,
+    recent: Recent,
 }
 
 /// Serves the wire on `listener` until `shutdown` completes, then stops accepting, finishes the
@@ -48,6 +56,7 @@ pub async fn serve(
         limiter,
         token: config.token.map(|t| t.trim().as_bytes().to_vec()).filter(|t| !t.is_empty()),
         draining: AtomicBool::new(false),
+        recent: Recent::default(),
     });
     let router = axum::Router::new().fallback(handle).with_state(app.clone());
     let draining = app.clone();
@@ -133,6 +142,7 @@ enum Route {
     Health,
     State,
     Metrics,
+    Recent,
 }
 
 fn route(path: &str) -> Option<(Route, HttpMethod)> {
@@ -144,6 +154,7 @@ fn route(path: &str) -> Option<(Route, HttpMethod)> {
         "/health" => (Route::Health, HttpMethod::GET),
         "/state" => (Route::State, HttpMethod::GET),
         "/metrics" => (Route::Metrics, HttpMethod::GET),
+        "/recent" => (Route::Recent, HttpMethod::GET),
         _ => return None,
     })
 }
@@ -158,6 +169,9 @@ async fn handle(State(app): State<Arc<App>>, req: HttpRequest<Body>) -> Response
 async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
+    if path == "/" && parts.method == HttpMethod::GET {
+        return Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE_HTML).into_response());
+    }
     let is_health = path == "/health" && parts.method == HttpMethod::GET;
     if let Some(token) = &app.token
         && !is_health
@@ -193,6 +207,7 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
             Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], limiter.metrics().encode())
                 .into_response())
         }
+        Route::Recent => Ok(json(&app.recent.reply(limiter.now()))),
         Route::State => {
             let query = axum::extract::Query::<StateQuery>::try_from_uri(&parts.uri)
                 .map_err(|e| Failure::bad_request(format!("prefix must be a string: {e}")))?;
@@ -217,7 +232,7 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
                     ),
                 })?,
             };
-            call(limiter, request).await
+            call(app, request).await
         }
     }
 }
@@ -234,9 +249,15 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
     axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())
 }
 
-async fn call(limiter: &Limiter, request: Request) -> Result<Response, Failure> {
+async fn call(app: &App, request: Request) -> Result<Response, Failure> {
+    let limiter = &app.limiter;
     Ok(match request {
-        Request::Acquire(req) => json(&AcquireReply::from(&limiter.acquire(req).await?)),
+        Request::Acquire(req) => {
+            let caller = req.key.clone();
+            let decision = limiter.acquire(req).await?;
+            app.recent.record(limiter.now(), &caller, &decision);
+            json(&AcquireReply::from(&decision))
+        }
         Request::Release(req) => json(&ReleaseReply { released: limiter.release(req).await? }),
         Request::Throttle(req) => {
             let key = req.key.clone();

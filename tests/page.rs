@@ -232,6 +232,21 @@ async fn page_shows_buckets_throttles_and_refusals() {
     let throttled = s.acquire("agent-2", requests.clone()).await;
     assert_eq!(throttled, json!({"granted": false, "retryAt": at(45_000), "reason": "throttle", "limit": "agent-2"}));
 
+    // The feed the page reads: the latest refusals, newest first, and the counts of this second.
+    let recent: Value = s.http.get(format!("{}/recent", s.url)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(recent["now"], at(600));
+    assert_eq!(
+        recent["refusals"][0],
+        json!({"at": at(600), "caller": "agent-2", "limit": "agent-2", "reason": "throttle", "retryAt": at(45_000), "waitMs": 44_400})
+    );
+    assert_eq!(recent["refusals"].as_array().unwrap().len(), 3);
+    let per_second = &recent["perSecond"];
+    assert_eq!(per_second["granted"].as_array().unwrap().len(), 300);
+    assert_eq!(per_second["from"], format_instant(T0.minus(299_000)));
+    for (series, n) in [("granted", 8), ("rate", 1), ("concurrency", 1), ("throttle", 1)] {
+        assert_eq!(per_second[series][299], n, "{series}");
+    }
+
     let dom = browse(&browser, &format!("{}/", s.url), 3000, None).await;
     assert!(dom.contains(r#"<span id="status" class="live">live</span>"#), "{dom}");
     assert!(dom.contains("4 buckets · 2 permits · 1 throttles"), "{dom}");

@@ -310,6 +310,7 @@ async fn page_asks_for_the_token_and_says_when_it_is_wrong() {
     assert!(dom.contains(r#"<form id="tokenform">"#), "the token form shows: {dom}");
     assert!(dom.contains(r#"class="auth">token needed<"#), "{dom}");
     assert!(dom.contains("This server needs a token."), "{dom}");
+    assert!(dom.contains(r#"<div id="main" hidden="">"#), "no tables before a read: {dom}");
     assert!(!dom.contains("api/requests"), "{dom}");
 
     let dom = browse(&browser, &format!("{}/#token=wrong", s.url), 2000, None).await;
@@ -320,6 +321,7 @@ async fn page_asks_for_the_token_and_says_when_it_is_wrong() {
     let dom = browse(&browser, &format!("{}/#token=s3cret", s.url), 2000, None).await;
     assert!(dom.contains(r#"class="live">live<"#), "{dom}");
     assert!(dom.contains(r#"<form id="tokenform" hidden="">"#), "{dom}");
+    assert!(dom.contains(r#"<div id="main">"#), "{dom}");
     assert!(row(&dom, r#"data-key="api/requests""#).contains(">1/5<"), "{dom}");
     assert!(!dom.contains("s3cret"), "the token is not left in the page or its address");
 }

@@ -207,7 +207,23 @@ fn seconds(text: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_shows_buckets_throttles_and_refusals() {
     let Some(browser) = chromium() else { return };
-    let s = TestServer::start(None).await;
+    // 45 seconds of a batch job before T0: 1 to 5 grants a second, and every third second a
+    // burst of two calls, the second refused.
+    let clock = Arc::new(FakeClock::new(T0.minus(45_000)));
+    let s = TestServer::start_in(tempfile::tempdir().unwrap(), None, "127.0.0.1:0", clock).await;
+    let jobs = json!({"limits": [{"key": "batch/jobs", "calls": 1000, "perMs": 60000}]});
+    let burst = json!({"limits": [{"key": "batch/burst", "calls": 1, "perMs": 1000}]});
+    for sec in 0..45u64 {
+        s.clock.set(T0.minus(45_000 - sec * 1000));
+        for _ in 0..1 + sec % 5 {
+            assert_eq!(s.acquire("batch", jobs.clone()).await["granted"], true);
+        }
+        if sec % 3 == 0 {
+            assert_eq!(s.acquire("batch", burst.clone()).await["granted"], true);
+            assert_eq!(s.acquire("batch", burst.clone()).await["reason"], "rate");
+        }
+    }
+    s.clock.set(T0);
     let requests = json!({"limits": [{"key": "api/requests", "calls": 5, "perMs": 60000}]});
     for _ in 0..3 {
         assert_eq!(s.acquire("agent-1", requests.clone()).await["granted"], true);
@@ -239,7 +255,7 @@ async fn page_shows_buckets_throttles_and_refusals() {
         recent["refusals"][0],
         json!({"at": at(600), "caller": "agent-2", "limit": "agent-2", "reason": "throttle", "retryAt": at(45_000), "waitMs": 44_400})
     );
-    assert_eq!(recent["refusals"].as_array().unwrap().len(), 3);
+    assert_eq!(recent["refusals"].as_array().unwrap().len(), 3 + 15);
     let per_second = &recent["perSecond"];
     assert_eq!(per_second["granted"].as_array().unwrap().len(), 300);
     assert_eq!(per_second["from"], format_instant(T0.minus(299_000)));
@@ -249,7 +265,7 @@ async fn page_shows_buckets_throttles_and_refusals() {
 
     let dom = browse(&browser, &format!("{}/", s.url), 3000, None).await;
     assert!(dom.contains(r#"<span id="status" class="live">live</span>"#), "{dom}");
-    assert!(dom.contains("4 buckets · 2 permits · 1 throttles"), "{dom}");
+    assert!(dom.contains("5 buckets · 2 permits · 1 throttles"), "{dom}");
 
     // Window use as a bar and as used/calls; places against concurrent.
     let r = row(&dom, r#"data-key="api/requests""#);
@@ -261,7 +277,8 @@ async fn page_shows_buckets_throttles_and_refusals() {
     assert!(r.contains(">2/2<") && r.contains(r#"class="bar full""#), "{r}");
     // Fullest first: the two full buckets, then 900/1000, then 3/5.
     let order: Vec<_> = texts(&dom, r#"<td class="key mono" title="#);
-    assert_eq!(order, ["api/streams", "search/qps", "api/tokens", "api/requests"]);
+    assert_eq!(order, ["api/streams", "search/qps", "api/tokens", "api/requests", "batch/jobs"]);
+    assert!(row(&dom, r#"data-key="batch/jobs""#).contains(">135/1000<"), "{dom}");
     // The oldest grant of search/qps (at +400) leaves at +1400: within the next second.
     let r = row(&dom, r#"data-key="search/qps""#);
     assert!(r.contains(&format!(r#"data-until="{}" data-soon="1000""#, T0.0 + 1400)), "{r}");
@@ -277,10 +294,12 @@ async fn page_shows_buckets_throttles_and_refusals() {
     let r = row(&dom, r#"<tr class="refusal""#);
     assert!(r.contains(">agent-2<") && r.contains(r#"class="reason">throttle<"#), "{r}");
     assert!(r.contains(r#"class="num wait">44.4s<"#), "{r}");
-    assert_eq!(texts(&dom, r#"class="reason""#), ["throttle", "rate", "concurrency"]);
-    assert_eq!(texts(&dom, r#"class="num wait""#), ["44.4s", "800ms", "250ms"]);
+    assert_eq!(texts(&dom, r#"class="reason""#)[..4], ["throttle", "rate", "concurrency", "rate"]);
+    assert_eq!(texts(&dom, r#"class="num wait""#)[..4], ["44.4s", "800ms", "250ms", "1.0s"]);
+    assert_eq!(dom.matches(r#"<tr class="refusal">"#).count(), 10, "the latest 10 of 18");
     // Decisions in the last minute, by outcome.
-    for (id, n) in [("granted", "8"), ("rate", "1"), ("concurrency", "1"), ("throttle", "1")] {
+    // 8 now, 135 + 15 in the batch's 45 seconds.
+    for (id, n) in [("granted", "158"), ("rate", "16"), ("concurrency", "1"), ("throttle", "1")] {
         assert_eq!(texts(&dom, &format!(r#"<b id="{id}""#)), [n], "{id}");
     }
     // Places about to lapse: the two of api/streams, at +30 s.

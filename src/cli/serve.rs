@@ -18,7 +18,8 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 takes a free port.
     #[arg(long, env = "REDB_LIMITER_LISTEN", default_value = "127.0.0.1:7411")]
     pub listen: String,
-    /// A file holding the bearer token every path but `GET /health` requires (trimmed).
+    /// A file holding the bearer token every path but `GET /health` and the page `GET /` requires
+    /// (trimmed).
     #[arg(long, env = "REDB_LIMITER_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// The bearer token itself (prefer --token-file; the environment keeps it out of `ps`).

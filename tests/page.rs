@@ -496,6 +496,8 @@ async fn page_reconnects_after_a_restart() {
     let dom = page.await.unwrap();
     assert!(dom.contains(r#"class="live">live<"#), "{dom}");
     assert!(dom.contains(r#"data-reconnects="1""#), "the page said it was reconnecting, then read again: {dom}");
+    assert!(dom.contains(r#"<div id="banner" hidden="">"#), "the reconnecting notice is gone: {dom}");
+    assert!(!dom.contains(r#"class="stale""#), "{dom}");
     // What the second server read back from the file, plus its own grant.
     assert!(row(&dom, r#"data-key="api/requests""#).contains(">2/5<"), "{dom}");
 }

@@ -12,9 +12,7 @@ use std::time::Duration;
 use redb_limiter::engine::{Engine, EngineConfig};
 use redb_limiter::store::{Store, file_opener};
 use redb_limiter::time::wall_clock_now;
-
-const BOUNDED_KEY: &str = "grind/bounded";
-const BOUNDED_CALLS: u64 = 300;
+use redb_limiter_server::cli::grind::{BOUNDED_CALLS, BOUNDED_KEY};
 
 /// What went wrong across the rounds, if anything.
 #[derive(Debug, Default)]

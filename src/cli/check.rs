@@ -8,7 +8,7 @@ use redb_limiter::store::FORMAT_VERSION;
 
 #[derive(clap::Args, Debug)]
 pub struct CheckArgs {
-    #[arg(long, env = "REDB_LIMITER_PATH", default_value = "limiter.redb")]
+    #[arg(long, env = "REDB_LIMITER_PATH", default_value = redb_limiter::DEFAULT_PATH)]
     pub path: PathBuf,
 }
 

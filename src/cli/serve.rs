@@ -13,7 +13,7 @@ use redb_limiter::limiter::{Limiter, LimiterOptions};
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// The redb file (created when missing).
-    #[arg(long, env = "REDB_LIMITER_PATH", default_value = "limiter.redb")]
+    #[arg(long, env = "REDB_LIMITER_PATH", default_value = redb_limiter::DEFAULT_PATH)]
     pub path: PathBuf,
     /// Address to listen on; port 0 takes a free port.
     #[arg(long, env = "REDB_LIMITER_LISTEN", default_value = "127.0.0.1:7411")]

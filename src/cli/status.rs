@@ -16,6 +16,7 @@ use anyhow::Context;
 use redb_limiter::limiter::Limiter;
 use redb_limiter::store::StoreError;
 use redb_limiter::wire::StateReply;
+use redb_limiter_client::HttpLimiter;
 
 use crate::recent::RecentReply;
 
@@ -40,35 +41,23 @@ pub struct StatusArgs {
     pub watch: bool,
 }
 
-async fn from_server(url: &str, token: Option<&str>, prefix: &str) -> anyhow::Result<StateReply> {
-    read(&reqwest::Client::new(), url, token, &format!("/state?prefix={}", query_escape(prefix))).await
-}
-
+/// Reads `path` of a server as JSON, with its token.
 async fn read<T: serde::de::DeserializeOwned>(
-    client: &reqwest::Client,
-    url: &str,
-    token: Option<&str>,
+    server: &HttpLimiter,
     path: &str,
+    query: &[(&str, &str)],
 ) -> anyhow::Result<T> {
-    let url = format!("{}{path}", url.trim_end_matches('/'));
-    let mut req = client.get(&url);
-    if let Some(token) = token {
-        req = req.bearer_auth(token);
-    }
-    let resp = req.send().await.with_context(|| format!("asking {url}"))?;
+    let url = server.url();
+    let resp = server
+        .request(reqwest::Method::GET, path)
+        .query(query)
+        .send()
+        .await
+        .with_context(|| format!("asking {url}"))?;
     let status = resp.status();
     let body = resp.text().await?;
-    anyhow::ensure!(status.is_success(), "{url} answered {status}: {body}");
+    anyhow::ensure!(status.is_success(), "{url}{path} answered {status}: {body}");
     Ok(serde_json::from_str(&body)?)
-}
-
-fn query_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn from_file(path: PathBuf, prefix: &str) -> anyhow::Result<StateReply> {
@@ -85,11 +74,16 @@ fn from_file(path: PathBuf, prefix: &str) -> anyhow::Result<StateReply> {
     Ok(StateReply::new(s.now, &s.view, s.totals))
 }
 
-async fn fetch(args: &StatusArgs) -> anyhow::Result<StateReply> {
-    match (&args.url, &args.path) {
-        (Some(url), _) => from_server(url, args.token.as_deref(), &args.prefix).await,
+/// The server `--url` names, if any.
+fn server(args: &StatusArgs) -> Option<HttpLimiter> {
+    args.url.as_deref().map(|url| HttpLimiter::new(url, args.token.clone()))
+}
+
+async fn fetch(args: &StatusArgs, server: Option<&HttpLimiter>) -> anyhow::Result<StateReply> {
+    match (server, &args.path) {
+        (Some(server), _) => read(server, "/state", &[("prefix", &args.prefix)]).await,
         (None, path) => {
-            let path = path.clone().unwrap_or_else(|| PathBuf::from("limiter.redb"));
+            let path = path.clone().unwrap_or_else(|| PathBuf::from(redb_limiter::DEFAULT_PATH));
             let prefix = args.prefix.clone();
             tokio::task::spawn_blocking(move || from_file(path, &prefix)).await?
         }
@@ -100,7 +94,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if args.watch {
         return watch(&args).await;
     }
-    let state = fetch(&args).await?;
+    let state = fetch(&args, server(&args).as_ref()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&state)?);
     } else {
@@ -290,15 +284,15 @@ pub fn render_live(state: &StateReply, recent: Option<&RecentReply>, bucket_rows
 
 /// `status --watch`: reads and redraws once a second until q, Ctrl-C or SIGINT.
 async fn watch(args: &StatusArgs) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
+    let server = server(args);
     let keys = terminal::Keys::start();
     print!("\x1b[?1049h\x1b[?25l");
     let result = async {
         loop {
             let rows = terminal::rows().unwrap_or(40);
-            let state = fetch(args).await;
-            let recent = match &args.url {
-                Some(url) => read::<RecentReply>(&client, url, args.token.as_deref(), "/recent").await.ok(),
+            let state = fetch(args, server.as_ref()).await;
+            let recent = match &server {
+                Some(server) => read::<RecentReply>(server, "/recent", &[]).await.ok(),
                 None => None,
             };
             let text = match state {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::HttpLimiter;
 use redb_limiter::time::{Millis, format_instant, parse_instant, wall_clock_now};
 
 /// One case's verdict.
@@ -39,10 +40,9 @@ pub const CASES: &[&str] = &[
     "instants: every instant is written in toISOString form",
 ];
 
+#[derive(Clone)]
 struct Contract {
-    http: reqwest::Client,
-    url: String,
-    token: Option<String>,
+    api: HttpLimiter,
     prefix: String,
 }
 
@@ -62,10 +62,7 @@ impl Contract {
     }
 
     async fn send(&self, method: reqwest::Method, path: &str, body: Option<String>) -> Result<(u16, Value), String> {
-        let mut req = self.http.request(method, format!("{}{path}", self.url));
-        if let Some(token) = &self.token {
-            req = req.bearer_auth(token);
-        }
+        let mut req = self.api.request(method, path);
         if let Some(body) = body {
             req = req.header("content-type", "application/json").body(body);
         }
@@ -326,12 +323,7 @@ async fn run_case(c: &Contract, case: usize) -> Check {
 /// Runs every case against the limiter at `url`, printing one line per case when `print`.
 pub async fn run(url: &str, token: Option<String>, print: bool) -> Vec<CaseResult> {
     let run_id = format!("{:x}", wall_clock_now().0 ^ u64::from(std::process::id()) << 40);
-    let contract = Contract {
-        http: reqwest::Client::new(),
-        url: url.trim_end_matches('/').to_owned(),
-        token,
-        prefix: format!("contract/{run_id}/"),
-    };
+    let contract = Contract { api: HttpLimiter::new(url, token), prefix: format!("contract/{run_id}/") };
     let mut results = Vec::new();
     for (i, name) in CASES.iter().enumerate() {
         let outcome =
@@ -345,17 +337,6 @@ pub async fn run(url: &str, token: Option<String>, print: bool) -> Vec<CaseResul
         results.push(CaseResult { name, outcome });
     }
     results
-}
-
-impl Clone for Contract {
-    fn clone(&self) -> Self {
-        Contract {
-            http: self.http.clone(),
-            url: self.url.clone(),
-            token: self.token.clone(),
-            prefix: self.prefix.clone(),
-        }
-    }
 }
 
 /// The closing line: `N passed, N failed`.

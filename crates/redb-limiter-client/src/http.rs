@@ -22,11 +22,24 @@ impl HttpLimiter {
         HttpLimiter { url: url.into().trim_end_matches('/').to_owned(), token, http: reqwest::Client::new() }
     }
 
-    async fn post<T: DeserializeOwned>(&self, method: &str, body: serde_json::Value) -> Result<T, ClientError> {
-        let mut req = self.http.post(format!("{}/{method}", self.url)).json(&body);
-        if let Some(token) = &self.token {
-            req = req.bearer_auth(token);
+    /// A request to `path` (starting with `/`) on the server, carrying the bearer token when
+    /// one is set: every call of the wire, and reads such as `/state`, are built here.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, format!("{}{path}", self.url));
+        match &self.token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
         }
+    }
+
+    /// The server's URL, without a trailing slash.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn post<T: DeserializeOwned>(&self, method: &str, body: serde_json::Value) -> Result<T, ClientError> {
+        let req = self.request(reqwest::Method::POST, &format!("/{method}")).json(&body);
         let resp = req.send().await.map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.url)))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.url)))?;

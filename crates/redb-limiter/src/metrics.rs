@@ -15,8 +15,8 @@ use prometheus_client::registry::Registry;
 pub struct DecisionLabels {
     /// `acquire`, `release` or `throttle`.
     pub method: &'static str,
-    /// `granted`/`refused` (acquire), `released`/`unknown` (release), `set`/`unchanged`
-    /// (throttle), or `unavailable`.
+    /// `granted`/`refused` (acquire), `released`/`unknown` (release), `in_force`/`none`/
+    /// `bad_request` (throttle: whether a throttle is in force afterwards), or `unavailable`.
     pub outcome: &'static str,
     /// The refusal's reason (`rate`, `concurrency`, `throttle`), else empty.
     pub reason: &'static str,

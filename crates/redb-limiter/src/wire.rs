@@ -93,12 +93,7 @@ impl AcquireReply {
     pub fn reason(&self) -> Option<Reason> {
         match self {
             AcquireReply::Granted { .. } => None,
-            AcquireReply::Refused { reason, .. } => match reason.as_str() {
-                "rate" => Some(Reason::Rate),
-                "concurrency" => Some(Reason::Concurrency),
-                "throttle" => Some(Reason::Throttle),
-                _ => None,
-            },
+            AcquireReply::Refused { reason, .. } => Reason::parse(reason),
         }
     }
 }

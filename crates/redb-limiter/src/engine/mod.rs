@@ -79,6 +79,12 @@ impl Reason {
             Reason::Throttle => "throttle",
         }
     }
+
+    /// The reason a wire string names, the inverse of [`Reason::as_str`].
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Reason> {
+        [Reason::Rate, Reason::Concurrency, Reason::Throttle].into_iter().find(|r| r.as_str() == s)
+    }
 }
 
 /// The answer to an `acquire`. A refusal is an outcome, not an error.

@@ -160,7 +160,7 @@ impl Limiter {
         let worker = std::thread::Builder::new()
             .name("redb-limiter-writer".into())
             .spawn(move || writer.run())
-            .map_err(|e| StoreError::Io { path: path.clone(), cause: e.to_string() })?;
+            .map_err(|e| StoreError::Io { path: path.clone(), cause: e })?;
         Ok(Limiter { shared, worker: Some(worker), path, started: Instant::now() })
     }
 

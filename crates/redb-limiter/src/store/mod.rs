@@ -100,7 +100,11 @@ pub enum StoreError {
     #[error("{path}: the file is held open by another process")]
     HeldElsewhere { path: PathBuf },
     #[error("{path}: the file is corrupt or not a redb file: {cause}")]
-    Corrupt { path: PathBuf, cause: String },
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        cause: redb::Error,
+    },
     #[error("{path}: not a redb-limiter file (it holds other tables and no `meta` table)")]
     Foreign { path: PathBuf },
     #[error("{path}: unknown format version {found} (this build reads version {FORMAT_VERSION})")]
@@ -108,9 +112,17 @@ pub enum StoreError {
     #[error("{path}: bad record in table `{table}`: {cause}")]
     BadRecord { path: PathBuf, table: &'static str, cause: String },
     #[error("{path}: {cause}")]
-    Io { path: PathBuf, cause: String },
+    Io {
+        path: PathBuf,
+        #[source]
+        cause: std::io::Error,
+    },
     #[error("{path}: commit failed: {cause}")]
-    Commit { path: PathBuf, cause: String },
+    Commit {
+        path: PathBuf,
+        #[source]
+        cause: redb::Error,
+    },
 }
 
 /// Opens the database: the file backend in production, a fault-injecting one in tests.
@@ -171,12 +183,12 @@ enum Format {
 
 /// Whether the database is ours at the current version, or empty (new).
 fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<Format, StoreError> {
-    let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt { path: path.to_path_buf(), cause: e.to_string() };
-    let txn = db.begin_read().map_err(|e| corrupt(&e))?;
-    let tables: Vec<String> = txn.list_tables().map_err(|e| corrupt(&e))?.map(|t| t.name().to_owned()).collect();
+    let corrupt = |e: redb::Error| StoreError::Corrupt { path: path.to_path_buf(), cause: e };
+    let txn = db.begin_read().map_err(|e| corrupt(e.into()))?;
+    let tables: Vec<String> = txn.list_tables().map_err(|e| corrupt(e.into()))?.map(|t| t.name().to_owned()).collect();
     if tables.iter().any(|t| t == "meta") {
-        let meta = txn.open_table(META).map_err(|e| corrupt(&e))?;
-        let found = meta.get(KEY_FORMAT).map_err(|e| corrupt(&e))?.map_or(0, |v| v.value());
+        let meta = txn.open_table(META).map_err(|e| corrupt(e.into()))?;
+        let found = meta.get(KEY_FORMAT).map_err(|e| corrupt(e.into()))?.map_or(0, |v| v.value());
         return if found == FORMAT_VERSION {
             Ok(Format::Current)
         } else {
@@ -290,9 +302,9 @@ impl Store {
         let map_err = |e: DatabaseError| match e {
             DatabaseError::DatabaseAlreadyOpen => StoreError::HeldElsewhere { path: path.clone() },
             DatabaseError::Storage(redb::StorageError::Io(io)) if io.kind() != std::io::ErrorKind::InvalidData => {
-                StoreError::Io { path: path.clone(), cause: io.to_string() }
+                StoreError::Io { path: path.clone(), cause: io }
             }
-            other => StoreError::Corrupt { path: path.clone(), cause: other.to_string() },
+            other => StoreError::Corrupt { path: path.clone(), cause: other.into() },
         };
         // Look before writing: a file that is not ours, of another version or busy is refused
         // through a read-only open, which never modifies it. A file that needs recovery after a
@@ -320,12 +332,12 @@ impl Store {
         &self.path
     }
 
-    fn corrupt(&self, e: impl std::fmt::Display) -> StoreError {
-        StoreError::Corrupt { path: self.path.clone(), cause: e.to_string() }
+    fn corrupt(&self, e: impl Into<redb::Error>) -> StoreError {
+        StoreError::Corrupt { path: self.path.clone(), cause: e.into() }
     }
 
-    fn commit_error(&self, e: impl std::fmt::Display) -> StoreError {
-        StoreError::Commit { path: self.path.clone(), cause: e.to_string() }
+    fn commit_error(&self, e: impl Into<redb::Error>) -> StoreError {
+        StoreError::Commit { path: self.path.clone(), cause: e.into() }
     }
 
     /// Creates the tables and the meta records of a new file.

@@ -41,6 +41,20 @@ pub struct StatusArgs {
     pub watch: bool,
 }
 
+async fn from_server(url: &str, token: Option<&str>, prefix: &str) -> anyhow::Result<StateReply> {
+    let server = HttpLimiter::new(url, token.map(str::to_owned));
+    let resp = server
+        .request(reqwest::Method::GET, "/state")
+        .query(&[("prefix", prefix)])
+        .send()
+        .await
+        .with_context(|| format!("asking {url}"))?;
+    let status = resp.status();
+    let body = resp.text().await?;
+    anyhow::ensure!(status.is_success(), "{url}/state answered {status}: {body}");
+    Ok(serde_json::from_str(&body)?)
+}
+
 /// Reads `path` of a server as JSON, with its token.
 async fn read<T: serde::de::DeserializeOwned>(
     server: &HttpLimiter,
@@ -74,14 +88,9 @@ fn from_file(path: PathBuf, prefix: &str) -> anyhow::Result<StateReply> {
     Ok(StateReply::new(s.now, &s.view, s.totals))
 }
 
-/// The server `--url` names, if any.
-fn server(args: &StatusArgs) -> Option<HttpLimiter> {
-    args.url.as_deref().map(|url| HttpLimiter::new(url, args.token.clone()))
-}
-
-async fn fetch(args: &StatusArgs, server: Option<&HttpLimiter>) -> anyhow::Result<StateReply> {
-    match (server, &args.path) {
-        (Some(server), _) => read(server, "/state", &[("prefix", &args.prefix)]).await,
+async fn fetch(args: &StatusArgs) -> anyhow::Result<StateReply> {
+    match (&args.url, &args.path) {
+        (Some(url), _) => from_server(url, args.token.as_deref(), &args.prefix).await,
         (None, path) => {
             let path = path.clone().unwrap_or_else(|| PathBuf::from(redb_limiter::DEFAULT_PATH));
             let prefix = args.prefix.clone();
@@ -94,7 +103,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if args.watch {
         return watch(&args).await;
     }
-    let state = fetch(&args, server(&args).as_ref()).await?;
+    let state = fetch(&args).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&state)?);
     } else {
@@ -284,13 +293,13 @@ pub fn render_live(state: &StateReply, recent: Option<&RecentReply>, bucket_rows
 
 /// `status --watch`: reads and redraws once a second until q, Ctrl-C or SIGINT.
 async fn watch(args: &StatusArgs) -> anyhow::Result<()> {
-    let server = server(args);
+    let server = args.url.as_deref().map(|url| HttpLimiter::new(url, args.token.clone()));
     let keys = terminal::Keys::start();
     print!("\x1b[?1049h\x1b[?25l");
     let result = async {
         loop {
             let rows = terminal::rows().unwrap_or(40);
-            let state = fetch(args, server.as_ref()).await;
+            let state = fetch(args).await;
             let recent = match &server {
                 Some(server) => read::<RecentReply>(server, "/recent", &[]).await.ok(),
                 None => None,

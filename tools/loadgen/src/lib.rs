@@ -11,7 +11,9 @@
 //! Replies are read by `Content-Length`; chunked replies are refused with a clear error. A reply
 //! is classified by scanning its body for `"granted":true` / `"granted":false`, and with
 //! `--concurrent` the `"permit"` of a grant is released by a second request on the same
-//! connection before the next acquire.
+//! connection before the next acquire; with `--settle` every acquire asks for a permit
+//! (`"permit": true`) and the grant is settled to a random cost (0 to twice `--cost`) by a
+//! second request on the same connection (`POST /settle`).
 //!
 //! The run is bounded: it stops by time, a reply still missing a few seconds after the end is cut
 //! off and counted as an error, and a connection that keeps failing gives up after a few
@@ -124,6 +126,11 @@ pub struct BenchArgs {
     /// measures the generator's own ceiling (`--mix granted` only).
     #[arg(long)]
     pub sink: bool,
+    /// Acquire with `"permit": true` (the permit lives 10 s) and settle each grant to a random
+    /// cost from 0 to twice `--cost` with a second request on the same connection
+    /// (`POST /settle`, the sibling of `--path`); not with `--concurrent` or `--sink`.
+    #[arg(long)]
+    pub settle: bool,
 }
 
 /// The outcome of a run. Latencies are in microseconds, from writing an acquire to having read
@@ -152,10 +159,13 @@ pub struct Report {
     pub reconnects: u64,
     /// Attempts to (re)connect that failed.
     pub connect_failures: u64,
-    /// Permits released with a 2xx reply (only with `--concurrent`).
+    /// Permits released (with `--concurrent`) or grants settled (with `--settle`) with a 2xx
+    /// reply.
     pub released: u64,
-    /// Releases that failed or were answered non-2xx.
+    /// Releases (or settles) that failed or were answered non-2xx.
     pub release_errors: u64,
+    /// Whether each grant was settled (`--settle`) rather than released.
+    pub settle: bool,
     /// Measured wall time.
     pub seconds: f64,
     /// Answered acquires (`granted + refused + other`) per second.
@@ -227,6 +237,12 @@ impl fmt::Display for Report {
         if self.concurrent.is_some() {
             writeln!(f, "  released     {:>12}  (failed releases {})", self.released, self.release_errors)?;
         }
+        if self.settle {
+            writeln!(f, "  settled      {:>12}  (failed settles {})", self.released, self.release_errors)?;
+            if self.seconds > 0.0 {
+                writeln!(f, "  settled/s    {:>12.0}", self.released as f64 / self.seconds)?;
+            }
+        }
         writeln!(
             f,
             "  latency µs   {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
@@ -272,6 +288,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let sink = if args.sink {
         if plan.mix != Mix::Granted {
             bail!("--sink grants everything: it takes --mix granted only");
+        }
+        if plan.settle {
+            bail!("--sink gives no permits to settle: it takes no --settle");
         }
         let sink = Sink::start().context("starting the no-op server")?;
         plan.addr = sink.addr;
@@ -498,6 +517,8 @@ struct Plan {
     per_ms: u64,
     cost: u64,
     concurrent: Option<u64>,
+    /// Settle every grant (`--settle`).
+    settle: bool,
     mix: Mix,
     duration: Duration,
     warmup: Duration,
@@ -546,9 +567,13 @@ impl Plan {
             Some(t) => format!("Authorization: Bearer {t}\r\n"),
             None => String::new(),
         };
+        if args.settle && args.concurrent.is_some() {
+            bail!("--settle and --concurrent do not go together: a settled grant's places would never be released");
+        }
+        let second = if args.settle { "settle" } else { "release" };
         let release_path = match args.path.strip_suffix("acquire") {
-            Some(prefix) if prefix.ends_with('/') => format!("{prefix}release"),
-            _ => "/release".to_owned(),
+            Some(prefix) if prefix.ends_with('/') => format!("{prefix}{second}"),
+            _ => format!("/{second}"),
         };
         let head = |path: &str| {
             format!(
@@ -566,6 +591,7 @@ impl Plan {
             per_ms,
             cost: args.cost,
             concurrent: args.concurrent,
+            settle: args.settle,
             mix: args.mix,
             duration: Duration::from_secs_f64(args.seconds),
             warmup: Duration::from_secs_f64(args.warmup_seconds),
@@ -641,7 +667,9 @@ impl Conn {
 
     /// Send one acquire for `key` and read its reply; on `Connection: close` the stream is
     /// dropped after the reply, on failure at once.
-    async fn acquire(&mut self, key: u64, want_permit: bool) -> Result<Answer, WireError> {
+    /// With `settle_to`, a grant's permit is settled to that cost in bucket `key` by the second
+    /// request; without it, released.
+    async fn acquire(&mut self, key: u64, want_permit: bool, settle_to: Option<u64>) -> Result<Answer, WireError> {
         let stream = self.stream.as_mut().ok_or(WireError::Eof)?;
         let req = self.requests.acquire(key);
         let result = exchange(stream, &mut self.recv, req).await;
@@ -659,7 +687,10 @@ impl Conn {
             && verdict == Verdict::Granted
             && let Some(permit) = permit(body)
         {
-            self.requests.prepare_release(permit);
+            match settle_to {
+                Some(cost) => self.requests.prepare_settle(permit, key, cost),
+                None => self.requests.prepare_release(permit),
+            }
             release = true;
         }
         if reply.close {
@@ -735,7 +766,7 @@ impl Conn {
                 }
                 tries += 1;
                 sent += 1;
-                let exchange = self.acquire(key, plan.concurrent.is_some());
+                let exchange = self.acquire(key, plan.concurrent.is_some(), None);
                 let answer = match tokio::time::timeout(PREFILL_EXCHANGE_TIMEOUT, exchange).await {
                     Ok(Ok(answer)) => answer,
                     Ok(Err(e)) => {
@@ -772,7 +803,7 @@ impl Conn {
 
     /// The measured loop: acquire a random key, one request in flight, until `end`.
     async fn drive(&mut self, plan: &Plan, measure_from: Instant, end: Instant, stats: &mut Stats) {
-        let want_permit = plan.concurrent.is_some();
+        let want_permit = plan.concurrent.is_some() || plan.settle;
         let mut pending_release = false;
         loop {
             if !self.ensure_connected(plan, end, stats).await {
@@ -797,7 +828,8 @@ impl Conn {
             }
             let measured = started >= measure_from;
             let key = self.keys.below(plan.keys);
-            match self.acquire(key, want_permit).await {
+            let settle_to = plan.settle.then(|| self.keys.below(plan.cost.saturating_mul(2).saturating_add(1)));
+            match self.acquire(key, want_permit, settle_to).await {
                 Ok(answer) => {
                     self.failures = 0;
                     pending_release = answer.release;
@@ -855,9 +887,12 @@ const RELEASE_BODY_TAIL: &[u8] = b"\"}";
 
 impl Requests {
     fn new(plan: &Plan, conn: usize) -> Requests {
-        let body_head =
-            format!("{{\"key\":\"bench/caller:{conn}\",\"cost\":{},\"limits\":[{{\"key\":\"bench/b:", plan.cost)
-                .into_bytes();
+        let permit = if plan.settle { ",\"permit\":true,\"holdMs\":10000" } else { "" };
+        let body_head = format!(
+            "{{\"key\":\"bench/caller:{conn}\",\"cost\":{}{permit},\"limits\":[{{\"key\":\"bench/b:",
+            plan.cost
+        )
+        .into_bytes();
         Requests {
             acquire_head: plan.acquire_head.clone(),
             body_head,
@@ -892,6 +927,27 @@ impl Requests {
         buf.extend_from_slice(RELEASE_BODY_HEAD);
         buf.extend_from_slice(permit);
         buf.extend_from_slice(RELEASE_BODY_TAIL);
+    }
+
+    /// Format the settle of `permit`'s grant in bucket `key` to `cost`.
+    fn prepare_settle(&mut self, permit: &[u8], key: u64, cost: u64) {
+        const HEAD: &[u8] = b"\",\"costs\":[{\"key\":\"bench/b:";
+        const MID: &[u8] = b"\",\"cost\":";
+        const TAIL: &[u8] = b"}]}";
+        let len =
+            RELEASE_BODY_HEAD.len() + permit.len() + HEAD.len() + digits(key) + MID.len() + digits(cost) + TAIL.len();
+        let buf = &mut self.release;
+        buf.clear();
+        buf.extend_from_slice(&self.release_head);
+        push_u64(buf, len as u64);
+        buf.extend_from_slice(b"\r\n\r\n");
+        buf.extend_from_slice(RELEASE_BODY_HEAD);
+        buf.extend_from_slice(permit);
+        buf.extend_from_slice(HEAD);
+        push_u64(buf, key);
+        buf.extend_from_slice(MID);
+        push_u64(buf, cost);
+        buf.extend_from_slice(TAIL);
     }
 
     fn release(&self) -> &[u8] {
@@ -1222,6 +1278,7 @@ impl Stats {
             connect_failures: self.connect_failures,
             released: self.released,
             release_errors: self.release_errors,
+            settle: plan.settle,
             seconds,
             rps: if seconds > 0.0 { answered as f64 / seconds } else { 0.0 },
             min_us: h.min(),
@@ -1535,6 +1592,7 @@ mod tests {
             per_ms: 60_000,
             cost: 2,
             concurrent: Some(3),
+            settle: false,
             mix: Mix::Refused,
             duration: Duration::from_secs(1),
             warmup: Duration::ZERO,
@@ -1563,6 +1621,19 @@ mod tests {
         let split = find(req, b"\r\n\r\n").unwrap();
         let v: Value = serde_json::from_slice(&req[split + 4..]).unwrap();
         assert_eq!(v, json!({"permit": "p-1\"2"}));
+        reqs.prepare_settle(b"p-9", 12345, 0);
+        let req = reqs.release();
+        let split = find(req, b"\r\n\r\n").unwrap();
+        let head = std::str::from_utf8(&req[..split]).unwrap();
+        assert!(head.ends_with(&format!("Content-Length: {}", req.len() - split - 4)), "{head}");
+        let v: Value = serde_json::from_slice(&req[split + 4..]).unwrap();
+        assert_eq!(v, json!({"permit": "p-9", "costs": [{"key": "bench/b:12345", "cost": 0}]}));
+        let settling = Plan { settle: true, concurrent: None, ..plan };
+        let mut reqs = Requests::new(&settling, 1);
+        let req = reqs.acquire(7).to_vec();
+        let split = find(&req, b"\r\n\r\n").unwrap();
+        let v: Value = serde_json::from_slice(&req[split + 4..]).unwrap();
+        assert_eq!((v["permit"].clone(), v["holdMs"].clone()), (json!(true), json!(10000)));
     }
 
     #[test]

@@ -396,4 +396,52 @@ mod tests {
         assert_eq!(first.recv().unwrap(), Ok(Some(T0.plus(60_000))));
         assert_eq!(second.recv().unwrap(), Ok(Some(T0.plus(60_000))));
     }
+
+    /// A peek never waits for a commit: with the file held, so a grant's commit cannot end, a
+    /// peek is answered at once (and sees the grant decided on top, as a refusal would), while a
+    /// settle, a lift and a refusal that lengthens a retention wait for their commits.
+    #[test]
+    fn a_peek_never_waits_for_a_commit_and_changes_wait_for_theirs() {
+        use crate::request::{Cost, LiftRequest, Limit, SettleRequest};
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(T0));
+        let options = LimiterOptions { clock: Some(clock), id_seed: Some(1), ..LimiterOptions::default() };
+        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
+        let short = AcquireRequest::new("caller", vec![Limit::window("b", 2, 500).with_cost(2)]).unwrap().with_permit();
+        let Decision::Granted { permit: Some(permit), .. } = limiter.acquire_blocking(short.clone()).unwrap() else {
+            panic!("granted with a permit")
+        };
+        limiter.throttle_blocking(ThrottleRequest::new("closed", T0.plus(9_000), T0).unwrap()).unwrap();
+        let in_thread = |f: Box<dyn FnOnce(&Limiter) -> String + Send>| {
+            let (tx, rx) = mpsc::channel();
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(f(&limiter));
+            });
+            rx
+        };
+        let held = limiter.shared.lock_file();
+        let other = AcquireRequest::new("caller", vec![Limit::window("x", 1, 500)]).unwrap();
+        let grant = in_thread(Box::new(move |l| format!("{:?}", l.acquire_blocking(other))));
+        while !limiter.shared.lock().committing {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let peeked = limiter.peek_blocking(short.clone()).unwrap();
+        assert_eq!(peeked.refusal.map(|r| r.reason), Some(crate::engine::Reason::Rate));
+        let settle = SettleRequest::new(permit.to_string(), vec![Cost::new("b", 1)]).unwrap();
+        let settled = in_thread(Box::new(move |l| format!("{:?}", l.settle_blocking(settle))));
+        let lifted = in_thread(Box::new(|l| format!("{:?}", l.lift_blocking(LiftRequest::new("closed").unwrap()))));
+        // Refused whether it is decided before the settle or after it (2 + 2 > 2, 1 + 2 > 2).
+        let long = AcquireRequest::new("caller", vec![Limit::window("b", 2, 60_000).with_cost(2)]).unwrap();
+        let lengthened = in_thread(Box::new(move |l| format!("{:?}", l.acquire_blocking(long))));
+        for waiting in [&settled, &lifted, &lengthened] {
+            assert!(waiting.recv_timeout(Duration::from_millis(100)).is_err(), "answered before its commit");
+        }
+        assert!(limiter.peek_blocking(short).unwrap().report.limits[0].window.is_some());
+        drop(held);
+        assert!(grant.recv().unwrap().starts_with("Ok(Granted"));
+        assert_eq!(settled.recv().unwrap(), "Ok(true)");
+        assert_eq!(lifted.recv().unwrap(), "Ok(true)");
+        assert!(lengthened.recv().unwrap().starts_with("Ok(Refused"));
+    }
 }

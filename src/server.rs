@@ -20,7 +20,10 @@ use serde::Serialize;
 use crate::recent::Recent;
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{EnvelopeError, Method, Request};
-use redb_limiter::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, ReleaseReply, StateReply, ThrottleReply};
+use redb_limiter::wire::{
+    AcquireReply, ErrorBody, ErrorReply, HealthReply, LiftReply, PeekReply, ReleaseReply, SettleReply, StateReply,
+    ThrottleReply, acquire_reply_with_report,
+};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -150,6 +153,9 @@ fn route(path: &str) -> Option<(Route, HttpMethod)> {
         "/acquire" => (Route::Call(Some(Method::Acquire)), HttpMethod::POST),
         "/release" => (Route::Call(Some(Method::Release)), HttpMethod::POST),
         "/throttle" => (Route::Call(Some(Method::Throttle)), HttpMethod::POST),
+        "/peek" => (Route::Call(Some(Method::Peek)), HttpMethod::POST),
+        "/settle" => (Route::Call(Some(Method::Settle)), HttpMethod::POST),
+        "/lift" => (Route::Call(Some(Method::Lift)), HttpMethod::POST),
         "/" => (Route::Call(None), HttpMethod::POST),
         "/health" => (Route::Health, HttpMethod::GET),
         "/state" => (Route::State, HttpMethod::GET),
@@ -228,7 +234,7 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
                     EnvelopeError::UnknownMethod(name) => Failure::new(
                         StatusCode::NOT_FOUND,
                         "not_found",
-                        format!("method {name:?} is not acquire, release or throttle"),
+                        format!("method {name:?} is not acquire, release, throttle, peek, settle or lift"),
                     ),
                 })?,
             };
@@ -254,11 +260,20 @@ async fn call(app: &App, request: Request) -> Result<Response, Failure> {
     Ok(match request {
         Request::Acquire(req) => {
             let caller = req.key.clone();
-            let decision = limiter.acquire(req).await?;
-            app.recent.record(limiter.now(), &caller, &decision);
-            json(&AcquireReply::from(&decision))
+            let acquired = limiter.acquire_reported(req).await?;
+            app.recent.record(limiter.now(), &caller, &acquired.decision);
+            match &acquired.report {
+                Some(report) => json(&acquire_reply_with_report(&acquired.decision, report)),
+                None => json(&AcquireReply::from(&acquired.decision)),
+            }
         }
         Request::Release(req) => json(&ReleaseReply { released: limiter.release(req).await? }),
+        Request::Peek(req) => json(&PeekReply::from(&limiter.peek(req).await?)),
+        Request::Settle(req) => json(&SettleReply { settled: limiter.settle(req).await? }),
+        Request::Lift(req) => {
+            let key = req.key.clone();
+            json(&LiftReply { key, lifted: limiter.lift(req).await? })
+        }
         Request::Throttle(req) => {
             let key = req.key.clone();
             let until = limiter.throttle(req).await?;

@@ -71,6 +71,42 @@ async fn kill_9_keeps_windows_places_and_throttles_with_their_instants() {
     server.child.wait().unwrap();
 }
 
+/// A settle is durable before its reply: `kill -9` right after it keeps the settled cost, and
+/// the permit (and so its place) survives with it.
+#[tokio::test]
+async fn kill_9_after_a_settle_keeps_the_settled_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let tpm = |cost: u64| {
+        json!({"key": "caller", "permit": true, "limits": [
+            {"key": "tpm", "calls": 1000, "perMs": 3_600_000, "cost": cost}, {"key": "conc", "concurrent": 2}]})
+    };
+    let granted = post(&server.url, "/acquire", tpm(900)).await;
+    let permit = granted["permit"].as_str().unwrap().to_owned();
+    let settle = json!({"permit": permit, "costs": [{"key": "tpm", "cost": 150}]});
+    assert_eq!(post(&server.url, "/settle", settle).await, json!({"settled": true}));
+    server.child.kill().unwrap(); // SIGKILL, straight after the reply
+    server.child.wait().unwrap();
+
+    let mut server = start(&path);
+    let peek = post(&server.url, "/peek", tpm(850)).await;
+    assert_eq!(peek["fits"], true, "{peek}");
+    assert_eq!(peek["limits"][0], json!({"key": "tpm", "used": 150, "remaining": 850}));
+    assert_eq!(peek["limits"][1], json!({"key": "conc", "held": 1, "free": 1}));
+    assert_eq!(post(&server.url, "/peek", tpm(851)).await["fits"], false);
+    // Settled again after the restart, then released with costs.
+    let release = json!({"permit": permit, "costs": [{"key": "tpm", "cost": 0}]});
+    assert_eq!(post(&server.url, "/release", release).await, json!({"released": true}));
+    let peek = post(&server.url, "/peek", tpm(1000)).await;
+    assert_eq!(
+        peek["limits"],
+        json!([{"key": "tpm", "used": 0, "remaining": 1000}, {"key": "conc", "held": 0, "free": 2}])
+    );
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
 #[tokio::test]
 async fn a_second_server_on_the_same_file_is_refused_and_sigterm_exits_0() {
     let dir = tempfile::tempdir().unwrap();

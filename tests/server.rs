@@ -332,3 +332,205 @@ async fn a_store_that_cannot_commit_answers_unavailable() {
     }
     assert_eq!((reply.0, &reply.1["granted"]), (200, &json!(true)));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Section 9: peek, report, settle, lift.
+
+fn tpm(cost: u64) -> Value {
+    json!({"key": "caller", "permit": true, "limits": [
+        {"key": "tpm", "calls": 100, "perMs": 60000, "cost": cost},
+        {"key": "conc", "concurrent": 2},
+    ]})
+}
+
+#[tokio::test]
+async fn peek_decides_as_acquire_and_changes_nothing() {
+    let s = TestServer::start().await;
+    assert_eq!(s.post("/acquire", tpm(90)).await.1["granted"], true);
+    let before = s.state().await;
+    let (status, peek) = s.post("/peek", tpm(20)).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        peek,
+        json!({"fits": false, "retryAt": at(60000), "reason": "rate", "limit": "tpm", "now": at(0), "limits": [
+            {"key": "tpm", "used": 90, "remaining": 10}, {"key": "conc", "held": 1, "free": 1}]})
+    );
+    assert_eq!(s.state().await, before, "a peek changes nothing");
+    let (_, acquired) = s.post("/acquire", tpm(20)).await;
+    assert_eq!(acquired, json!({"granted": false, "retryAt": at(60000), "reason": "rate", "limit": "tpm"}));
+    let (_, fits) = s.post("/peek", tpm(10)).await;
+    assert_eq!(fits["fits"], true);
+    assert!(fits.get("retryAt").is_none());
+    // The envelope answers the same.
+    let (_, enveloped) = s.post("/", json!({"method": "peek", "params": tpm(10)})).await;
+    assert_eq!(enveloped, fits);
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(metrics.contains(r#"method="peek",outcome="refused",reason="rate"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"method="peek",outcome="fits",reason=""} 2"#), "{metrics}");
+}
+
+#[tokio::test]
+async fn report_gives_the_figures_after_the_decision() {
+    let s = TestServer::start().await;
+    let mut body = tpm(30);
+    body["report"] = json!(true);
+    let (_, granted) = s.post("/acquire", body.clone()).await;
+    assert_eq!(granted["granted"], true);
+    assert_eq!(granted["now"], at(0));
+    assert_eq!(
+        granted["limits"],
+        json!([{"key": "tpm", "used": 30, "remaining": 70}, {"key": "conc", "held": 1, "free": 1}])
+    );
+    // Without report the reply is section 3's.
+    let (_, plain) = s.post("/acquire", tpm(30)).await;
+    assert_eq!(plain.as_object().unwrap().keys().collect::<Vec<_>>(), vec!["at", "granted", "permit"]);
+}
+
+#[tokio::test]
+async fn settle_down_up_again_unknown_and_release_with_costs() {
+    let s = TestServer::start().await;
+    let (_, granted) = s.post("/acquire", tpm(90)).await;
+    let permit = granted["permit"].as_str().unwrap().to_owned();
+    assert_eq!(s.post("/acquire", tpm(20)).await.1["granted"], false);
+    let settle = |cost: u64| json!({"permit": permit, "costs": [{"key": "tpm", "cost": cost}]});
+    // Down: room at once.
+    assert_eq!(s.post("/settle", settle(10)).await, (200, json!({"settled": true})));
+    assert_eq!(s.post("/peek", tpm(90)).await.1["fits"], true);
+    // Up, above calls: counts as calls, so the next grant waits for the settled grant to leave.
+    s.clock.advance(100);
+    assert_eq!(s.post("/settle", settle(5000)).await, (200, json!({"settled": true})));
+    assert_eq!(s.post("/acquire", tpm(1)).await.1["retryAt"], at(60000));
+    // Again: the latest stands.
+    assert_eq!(s.post("/settle", settle(40)).await.1["settled"], true);
+    assert_eq!(s.post("/peek", tpm(60)).await.1["fits"], true);
+    // A key that was not a window of the grant: a named error, and nothing changes.
+    let before = s.state().await;
+    let bad = json!({"permit": permit, "costs": [{"key": "tpm", "cost": 0}, {"key": "conc", "cost": 1}]});
+    let (status, body) = s.post("/settle", bad).await;
+    assert_eq!(
+        (status, body["error"]["message"].as_str().unwrap()),
+        (400, "costs[1].key is not a window limit of the permit's grant")
+    );
+    assert_eq!(s.state().await, before);
+    // Unknown permits: settled false, whatever the keys.
+    let unknown = json!({"permit": "p-nope", "costs": [{"key": "anything", "cost": 1}]});
+    assert_eq!(s.post("/settle", unknown).await, (200, json!({"settled": false})));
+    // Release with costs: settles, then releases, in one step.
+    let release = json!({"permit": permit, "costs": [{"key": "tpm", "cost": 0}]});
+    assert_eq!(s.post("/release", release.clone()).await, (200, json!({"released": true})));
+    assert_eq!(s.post("/peek", tpm(100)).await.1["limits"][0], json!({"key": "tpm", "used": 0, "remaining": 100}));
+    assert_eq!(s.post("/release", release).await, (200, json!({"released": false})));
+    assert_eq!(s.post("/settle", settle(1)).await, (200, json!({"settled": false})));
+    // A permit without places lives its holdMs.
+    let placeless = json!({"key": "caller", "permit": true, "holdMs": 1000,
+        "limits": [{"key": "rpm", "calls": 5, "perMs": 60000}]});
+    let (_, granted) = s.post("/acquire", placeless).await;
+    let permit = granted["permit"].as_str().unwrap().to_owned();
+    s.clock.advance(999);
+    let settle = json!({"permit": permit, "costs": [{"key": "rpm", "cost": 2}]});
+    assert_eq!(s.post("/settle", settle.clone()).await.1["settled"], true);
+    s.clock.advance(1);
+    assert_eq!(s.post("/settle", settle).await.1["settled"], false);
+    let (_, metrics) = s.get("/metrics").await;
+    for line in [
+        r#"method="settle",outcome="down""#,
+        r#"method="settle",outcome="up""#,
+        r#"method="settle",outcome="unknown""#,
+        r#"method="peek",outcome="fits""#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing from {metrics}");
+    }
+}
+
+#[tokio::test]
+async fn lift_ends_a_throttle_in_force() {
+    let s = TestServer::start().await;
+    s.post("/throttle", json!({"key": "caller", "until": at(50_000)})).await;
+    assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.1["reason"], "throttle");
+    assert_eq!(s.post("/lift", json!({"key": "caller"})).await, (200, json!({"key": "caller", "lifted": true})));
+    assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.1["granted"], true);
+    assert_eq!(
+        s.post("/", json!({"method": "lift", "params": {"key": "caller"}})).await,
+        (200, json!({"key": "caller", "lifted": false}))
+    );
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(metrics.contains(r#"method="lift",outcome="lifted""#), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_refusal_naming_a_longer_window_is_not_granted_before_its_retry_at() {
+    let s = TestServer::start().await;
+    for _ in 0..5 {
+        assert_eq!(s.post("/acquire", window("b", 5, 500)).await.1["granted"], true);
+    }
+    assert_eq!(s.post("/acquire", window("b", 5, 60_000)).await.1["retryAt"], at(60_000));
+    s.clock.advance(600);
+    assert_eq!(s.post("/acquire", window("b", 5, 60_000)).await.1["retryAt"], at(60_000));
+    s.clock.set(T0.plus(60_000));
+    assert_eq!(s.post("/acquire", window("b", 5, 60_000)).await.1["granted"], true);
+}
+
+#[tokio::test]
+async fn every_bad_input_of_section_9_is_named_and_changes_nothing() {
+    let s = TestServer::start().await;
+    let (_, granted) = s.post("/acquire", tpm(10)).await;
+    let permit = granted["permit"].as_str().unwrap().to_owned();
+    let before = s.state().await;
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/acquire", json!({"key": "k", "limits": [], "report": "yes"}), "report must be true or false"),
+        ("/acquire", json!({"key": "k", "limits": [], "permit": 1}), "permit must be true or false"),
+        (
+            "/peek",
+            json!({"key": "k", "limits": [{"key": "a", "calls": 0, "perMs": 1}]}),
+            "limits[0].calls must be an integer from 1 to 1000000000",
+        ),
+        ("/peek", json!({"limits": []}), "key is required"),
+        ("/settle", json!({"costs": [{"key": "tpm", "cost": 1}]}), "permit is required"),
+        (
+            "/settle",
+            json!({"permit": "x".repeat(129), "costs": [{"key": "tpm", "cost": 1}]}),
+            "permit must be a string of 1 to 128 bytes",
+        ),
+        ("/settle", json!({"permit": permit}), "costs is required"),
+        ("/settle", json!({"permit": permit, "costs": []}), "costs must have 1 to 64 entries"),
+        (
+            "/settle",
+            json!({"permit": permit, "costs": [{"key": "tpm", "cost": -1}]}),
+            "costs[0].cost must be an integer from 0 to 1000000000",
+        ),
+        (
+            "/settle",
+            json!({"permit": permit, "costs": [{"key": "tpm", "cost": 1e3}]}),
+            "costs[0].cost must be an integer from 0 to 1000000000",
+        ),
+        ("/settle", json!({"permit": permit, "costs": [{"key": "tpm"}]}), "costs[0].cost is required"),
+        (
+            "/settle",
+            json!({"permit": permit, "costs": [{"key": "tpm", "cost": 1}, {"key": "tpm", "cost": 2}]}),
+            "costs[1].key must be unique within the request",
+        ),
+        (
+            "/settle",
+            json!({"permit": permit, "costs": [{"key": "nope", "cost": 1}]}),
+            "costs[0].key is not a window limit of the permit's grant",
+        ),
+        (
+            "/release",
+            json!({"permit": permit, "costs": [{"key": "nope", "cost": 1}]}),
+            "costs[0].key is not a window limit of the permit's grant",
+        ),
+        ("/release", json!({"permit": permit, "costs": "tpm"}), "costs must be an array"),
+        ("/lift", json!({}), "key is required"),
+        ("/lift", json!({"key": ""}), "key must be a string of 1 to 512 bytes"),
+    ];
+    for (path, body, message) in cases {
+        let (status, reply) = s.post(path, body.clone()).await;
+        assert_eq!((status, reply["error"]["code"].as_str()), (400, Some("bad_request")), "{path} {body}");
+        assert_eq!(reply["error"]["message"], message, "{path} {body}");
+        let method = path.trim_start_matches('/');
+        let (status, enveloped) = s.post("/", json!({"method": method, "params": body})).await;
+        assert_eq!((status, &enveloped), (400, &reply), "the envelope answers as {path}");
+    }
+    assert_eq!(s.state().await, before, "a request that errs changes nothing");
+    assert_eq!(s.post("/peek", json!({"key": "k", "limits": []})).await.0, 200);
+}

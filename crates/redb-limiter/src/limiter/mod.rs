@@ -1,14 +1,15 @@
 //! The limiter: engine + store + clock, usable in-process with no HTTP.
 //!
-//! This file is the public API: [`Limiter`] (open, acquire, release, throttle, state, close, in
-//! async and blocking forms), its [`LimiterOptions`] and [`LimiterError`]. How a request is
+//! This file is the public API: [`Limiter`] (open, acquire, release, throttle, peek, settle,
+//! lift, state, close, in async and blocking forms), its [`LimiterOptions`] and [`LimiterError`]. How a request is
 //! decided, committed and answered (group commit, caller commits, the replier, reopening after
 //! a failed commit) is the commit pipeline, in `pipeline.rs`; when lapsed state is forgotten is
 //! [`crate::policy`].
 //!
 //! Requests are decided at once, in the caller's thread, under one lock around the engine. A
-//! refusal or a read is answered there and then; a change is answered only once a commit holds
-//! it durably. Fail closed: when a commit fails, nothing that was not committed is granted, and
+//! refusal, a peek or a read is answered there and then (a peek writes nothing and never waits
+//! for a commit); a change (a grant, a settle, a lift, a refusal that lengthens a bucket's
+//! retention) is answered only once a commit holds it durably. Fail closed: when a commit fails, nothing that was not committed is granted, and
 //! the file is reopened and the engine rebuilt from it.
 
 mod pipeline;
@@ -20,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::engine::{DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, StateView, Totals};
+use crate::engine::{DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, Figures, Refusal, StateView, Totals};
 use crate::metrics::Metrics;
-use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest};
+use crate::request::{AcquireRequest, BadRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use crate::store::{Opener, Store, StoreError, file_opener};
 use crate::time::{Clock, Millis, SystemClock};
 use pipeline::{Command, Core, File, Reply, Shared, Writer, finish_restore, spawn_replier};
@@ -80,6 +81,36 @@ impl std::fmt::Debug for LimiterOptions {
             .field("recheck_ms", &self.recheck_ms)
             .field("caller_commits", &self.caller_commits)
             .finish_non_exhaustive()
+    }
+}
+
+/// The figures of a request's limits at the limiter's `now` (section 9.1).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Report {
+    pub now: Millis,
+    /// One entry per limit of the request, in its order.
+    pub limits: Vec<Figures>,
+}
+
+/// An acquire's answer: the decision, and the figures after it when the request asked with
+/// `report`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    pub decision: Decision,
+    pub report: Option<Report>,
+}
+
+/// A peek's answer: `refusal` is `None` exactly when an acquire at `report.now` would be granted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Peeked {
+    pub refusal: Option<Refusal>,
+    pub report: Report,
+}
+
+impl Peeked {
+    #[must_use]
+    pub fn fits(&self) -> bool {
+        self.refusal.is_none()
     }
 }
 
@@ -221,14 +252,37 @@ impl Limiter {
         self.send(true, self.shared.caller_commits, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
     }
 
-    /// Decides an acquire; a grant is answered only once it is durable.
+    /// Decides an acquire; a grant (or a refusal that lengthens a bucket's retention) is
+    /// answered only once it is durable.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+        self.ask(|r| Command::Acquire(req, r)).await.map(|a| a.decision)
+    }
+
+    /// [`Limiter::acquire`] with the figures after the decision when `req.report` is set.
+    pub async fn acquire_reported(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         self.ask(|r| Command::Acquire(req, r)).await
     }
 
-    /// Releases a permit: `true` when it freed places.
+    /// Releases a permit (settling `req.costs` first, in the same commit): `true` when it was
+    /// live. A cost naming a bucket that was not a window of its grant is a `BadRequest`.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         self.ask(|r| Command::Release(req, r)).await
+    }
+
+    /// Decides `req` as an acquire would now, changing nothing; answered at once.
+    pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        self.ask(|r| Command::Peek(req, r)).await
+    }
+
+    /// Settles a permit's grant to its real costs: `true` when the permit was live; answered
+    /// once durable.
+    pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        self.ask(|r| Command::Settle(req, r)).await
+    }
+
+    /// Ends a caller's throttle now: `true` when one was in force; answered once durable.
+    pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
+        self.ask(|r| Command::Lift(req, r)).await
     }
 
     /// Throttles a caller (only ever extends); returns the throttle in force. `until` more than
@@ -244,7 +298,27 @@ impl Limiter {
 
     /// [`Limiter::acquire`] for threads outside an async runtime.
     pub fn acquire_blocking(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+        self.ask_blocking(|r| Command::Acquire(req, r)).map(|a| a.decision)
+    }
+
+    /// [`Limiter::acquire_reported`] for threads outside an async runtime.
+    pub fn acquire_reported_blocking(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         self.ask_blocking(|r| Command::Acquire(req, r))
+    }
+
+    /// [`Limiter::peek`] for threads outside an async runtime.
+    pub fn peek_blocking(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        self.ask_blocking(|r| Command::Peek(req, r))
+    }
+
+    /// [`Limiter::settle`] for threads outside an async runtime.
+    pub fn settle_blocking(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        self.ask_blocking(|r| Command::Settle(req, r))
+    }
+
+    /// [`Limiter::lift`] for threads outside an async runtime.
+    pub fn lift_blocking(&self, req: LiftRequest) -> Result<bool, LimiterError> {
+        self.ask_blocking(|r| Command::Lift(req, r))
     }
 
     /// [`Limiter::release`] for threads outside an async runtime.
@@ -321,5 +395,53 @@ mod tests {
         drop(held);
         assert_eq!(first.recv().unwrap(), Ok(Some(T0.plus(60_000))));
         assert_eq!(second.recv().unwrap(), Ok(Some(T0.plus(60_000))));
+    }
+
+    /// A peek never waits for a commit: with the file held, so a grant's commit cannot end, a
+    /// peek is answered at once (and sees the grant decided on top, as a refusal would), while a
+    /// settle, a lift and a refusal that lengthens a retention wait for their commits.
+    #[test]
+    fn a_peek_never_waits_for_a_commit_and_changes_wait_for_theirs() {
+        use crate::request::{Cost, LiftRequest, Limit, SettleRequest};
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(T0));
+        let options = LimiterOptions { clock: Some(clock), id_seed: Some(1), ..LimiterOptions::default() };
+        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
+        let short = AcquireRequest::new("caller", vec![Limit::window("b", 2, 500).with_cost(2)]).unwrap().with_permit();
+        let Decision::Granted { permit: Some(permit), .. } = limiter.acquire_blocking(short.clone()).unwrap() else {
+            panic!("granted with a permit")
+        };
+        limiter.throttle_blocking(ThrottleRequest::new("closed", T0.plus(9_000), T0).unwrap()).unwrap();
+        let in_thread = |f: Box<dyn FnOnce(&Limiter) -> String + Send>| {
+            let (tx, rx) = mpsc::channel();
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(f(&limiter));
+            });
+            rx
+        };
+        let held = limiter.shared.lock_file();
+        let other = AcquireRequest::new("caller", vec![Limit::window("x", 1, 500)]).unwrap();
+        let grant = in_thread(Box::new(move |l| format!("{:?}", l.acquire_blocking(other))));
+        while !limiter.shared.lock().committing {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let peeked = limiter.peek_blocking(short.clone()).unwrap();
+        assert_eq!(peeked.refusal.map(|r| r.reason), Some(crate::engine::Reason::Rate));
+        let settle = SettleRequest::new(permit.to_string(), vec![Cost::new("b", 1)]).unwrap();
+        let settled = in_thread(Box::new(move |l| format!("{:?}", l.settle_blocking(settle))));
+        let lifted = in_thread(Box::new(|l| format!("{:?}", l.lift_blocking(LiftRequest::new("closed").unwrap()))));
+        // Refused whether it is decided before the settle or after it (2 + 2 > 2, 1 + 2 > 2).
+        let long = AcquireRequest::new("caller", vec![Limit::window("b", 2, 60_000).with_cost(2)]).unwrap();
+        let lengthened = in_thread(Box::new(move |l| format!("{:?}", l.acquire_blocking(long))));
+        for waiting in [&settled, &lifted, &lengthened] {
+            assert!(waiting.recv_timeout(Duration::from_millis(100)).is_err(), "answered before its commit");
+        }
+        assert!(limiter.peek_blocking(short).unwrap().report.limits[0].window.is_some());
+        drop(held);
+        assert!(grant.recv().unwrap().starts_with("Ok(Granted"));
+        assert_eq!(settled.recv().unwrap(), "Ok(true)");
+        assert_eq!(lifted.recv().unwrap(), "Ok(true)");
+        assert!(lengthened.recv().unwrap().starts_with("Ok(Refused"));
     }
 }

@@ -36,11 +36,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::{LimiterError, Snapshot, random_seed};
-use crate::engine::{Decision, Effect, Engine, EngineConfig, StateView, Totals};
+use super::{Acquired, LimiterError, Peeked, Report, Snapshot, random_seed};
+use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, Totals};
 use crate::metrics::Metrics;
 use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
-use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest};
+use crate::request::{AcquireRequest, BadRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use crate::store::{Opener, Store, StoreError};
 use crate::time::{Clock, Millis};
 
@@ -52,8 +52,11 @@ const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
 pub(super) type Reply<T> = oneshot::Sender<Result<T, LimiterError>>;
 
 pub(super) enum Command {
-    Acquire(AcquireRequest, Reply<Decision>),
+    Acquire(AcquireRequest, Reply<Acquired>),
     Release(ReleaseRequest, Reply<bool>),
+    Peek(AcquireRequest, Reply<Peeked>),
+    Settle(SettleRequest, Reply<bool>),
+    Lift(LiftRequest, Reply<bool>),
     Throttle { key: String, until: Millis, reply: Reply<Option<Millis>> },
     State { prefix: String, reply: Reply<Snapshot> },
 }
@@ -379,8 +382,14 @@ impl Drop for EndOnUnwind<'_> {
 /// An answer for a command that could not be decided (it is only ever failed).
 pub(super) fn decided_nothing(cmd: Command) -> Answer {
     match cmd {
-        Command::Acquire(_, reply) => Answer::Acquire(reply, Decision::Granted { at: Millis::ZERO, permit: None }),
-        Command::Release(_, reply) => Answer::Release(reply, false),
+        Command::Acquire(_, reply) => Answer::Acquire(
+            reply,
+            Acquired { decision: Decision::Granted { at: Millis::ZERO, permit: None }, report: None },
+        ),
+        Command::Release(_, reply) => Answer::Release(reply, Ok(false)),
+        Command::Peek(_, reply) => Answer::Peek(reply, Peeked::default()),
+        Command::Settle(_, reply) => Answer::Settle(reply, Ok(Settled::Unknown)),
+        Command::Lift(_, reply) => Answer::Lift(reply, false),
         Command::Throttle { reply, .. } => Answer::Throttle(reply, Ok(None)),
         Command::State { reply, .. } => {
             Answer::State(reply, Snapshot { now: Millis::ZERO, view: StateView::default(), totals: Totals::default() })
@@ -391,8 +400,20 @@ pub(super) fn decided_nothing(cmd: Command) -> Answer {
 pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
     let Core { engine, effects, .. } = core;
     match cmd {
-        Command::Acquire(req, reply) => Answer::Acquire(reply, engine.acquire(&req, now, effects)),
-        Command::Release(req, reply) => Answer::Release(reply, engine.release(&req.permit, now, effects)),
+        Command::Acquire(req, reply) => {
+            let decision = engine.acquire(&req, now, effects);
+            let report = req.report.then(|| Report { now, limits: engine.figures(&req, now) });
+            Answer::Acquire(reply, Acquired { decision, report })
+        }
+        Command::Release(req, reply) => {
+            Answer::Release(reply, engine.release_with(&req.permit, &req.costs, now, effects))
+        }
+        Command::Peek(req, reply) => {
+            let refusal = engine.peek(&req, now);
+            Answer::Peek(reply, Peeked { refusal, report: Report { now, limits: engine.figures(&req, now) } })
+        }
+        Command::Settle(req, reply) => Answer::Settle(reply, engine.settle(&req.permit, &req.costs, now, effects)),
+        Command::Lift(req, reply) => Answer::Lift(reply, engine.lift(&req.key, now, effects)),
         Command::Throttle { key, until, reply } => {
             let result =
                 ThrottleRequest::new(key, until, now).map(|req| engine.throttle(&req.key, req.until, now, effects));
@@ -422,8 +443,11 @@ pub(super) fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis
 
 /// A decided request, answered at once or after the commit that holds its effects.
 pub(super) enum Answer {
-    Acquire(Reply<Decision>, Decision),
-    Release(Reply<bool>, bool),
+    Acquire(Reply<Acquired>, Acquired),
+    Release(Reply<bool>, Result<bool, BadRequest>),
+    Peek(Reply<Peeked>, Peeked),
+    Settle(Reply<bool>, Result<Settled, BadRequest>),
+    Lift(Reply<bool>, bool),
     Throttle(Reply<Option<Millis>>, Result<Option<Millis>, BadRequest>),
     State(Reply<Snapshot>, Snapshot),
 }
@@ -431,16 +455,36 @@ pub(super) enum Answer {
 impl Answer {
     fn send(self, metrics: &Metrics) {
         match self {
-            Answer::Acquire(reply, decision) => {
-                match &decision {
+            Answer::Acquire(reply, acquired) => {
+                match &acquired.decision {
                     Decision::Granted { .. } => metrics.decided("acquire", "granted", ""),
                     Decision::Refused { reason, .. } => metrics.decided("acquire", "refused", reason.as_str()),
                 }
-                let _ = reply.send(Ok(decision));
+                let _ = reply.send(Ok(acquired));
             }
             Answer::Release(reply, released) => {
-                metrics.decided("release", if released { "released" } else { "unknown" }, "");
-                let _ = reply.send(Ok(released));
+                let outcome = match released {
+                    Ok(true) => "released",
+                    Ok(false) => "unknown",
+                    Err(_) => "bad_request",
+                };
+                metrics.decided("release", outcome, "");
+                let _ = reply.send(released.map_err(LimiterError::from));
+            }
+            Answer::Peek(reply, peeked) => {
+                match &peeked.refusal {
+                    None => metrics.decided("peek", "fits", ""),
+                    Some(r) => metrics.decided("peek", "refused", r.reason.as_str()),
+                }
+                let _ = reply.send(Ok(peeked));
+            }
+            Answer::Settle(reply, settled) => {
+                metrics.decided("settle", settled.as_ref().map_or("bad_request", |s| s.as_str()), "");
+                let _ = reply.send(settled.map(Settled::is_settled).map_err(LimiterError::from));
+            }
+            Answer::Lift(reply, lifted) => {
+                metrics.decided("lift", if lifted { "lifted" } else { "none" }, "");
+                let _ = reply.send(Ok(lifted));
             }
             Answer::Throttle(reply, result) => {
                 let outcome = match &result {
@@ -466,6 +510,18 @@ impl Answer {
             }
             Answer::Release(reply, _) => {
                 metrics.decided("release", "unavailable", "");
+                let _ = reply.send(Err(err()));
+            }
+            Answer::Peek(reply, _) => {
+                metrics.decided("peek", "unavailable", "");
+                let _ = reply.send(Err(err()));
+            }
+            Answer::Settle(reply, _) => {
+                metrics.decided("settle", "unavailable", "");
+                let _ = reply.send(Err(err()));
+            }
+            Answer::Lift(reply, _) => {
+                metrics.decided("lift", "unavailable", "");
                 let _ = reply.send(Err(err()));
             }
             Answer::Throttle(reply, _) => {

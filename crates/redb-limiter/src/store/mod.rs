@@ -5,15 +5,21 @@
 //! [`Effect`]s with `Durability::Immediate`. It never decides anything: every change it writes
 //! is an effect the engine reported, and a failed commit leaves the file at the last commit.
 //!
-//! # Layout (format version 2)
+//! # Layout (format version 3)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
 //! | `meta` | `"format_version"`, `"clock_floor"` | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
-//! | `grants_by_time` | (instant ms, bucket key) | total cost granted in that bucket at that millisecond |
-//! | `permits` | permit id (`u128`) | record: the places, as (bucket key, lapse ms) |
+//! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
+//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
 //! | `throttles` | caller key | `until` ms |
+//!
+//! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
+//! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
+//! places only) are read as permits that live until their last place lapses and count in no
+//! window a settle could name; opening it read-write marks it version 3, so an older build then
+//! refuses it rather than misread a newer record.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -64,7 +70,7 @@ use redb::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{BucketMeta, Effect, Engine, PermitId};
+use crate::engine::{BucketMeta, Effect, Engine, PermitId, PermitState, WindowShare};
 use crate::time::Millis;
 
 /// The table `slot` holds, opened in `txn` on first use.
@@ -79,10 +85,15 @@ fn opened<'s, 'txn, K: redb::Key + 'static, V: redb::Value + 'static>(
     Ok(slot.as_mut().expect("just opened"))
 }
 
-/// The file's layout version; a file of any other version is refused.
-pub const FORMAT_VERSION: u64 = 2;
-/// The first byte of every postcard record.
+/// The file's layout version; a file of any other version but [`PREVIOUS_FORMAT_VERSION`] is
+/// refused.
+pub const FORMAT_VERSION: u64 = 3;
+/// The version before, opened unchanged and marked [`FORMAT_VERSION`] (see the module docs).
+pub const PREVIOUS_FORMAT_VERSION: u64 = 2;
+/// The first byte of every postcard record but a permit's.
 const RECORD_SCHEMA: u8 = 1;
+/// The first byte of a permit record of format version 3.
+const PERMIT_SCHEMA: u8 = 2;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -107,7 +118,9 @@ pub enum StoreError {
     },
     #[error("{path}: not a redb-limiter file (it holds other tables and no `meta` table)")]
     Foreign { path: PathBuf },
-    #[error("{path}: unknown format version {found} (this build reads version {FORMAT_VERSION})")]
+    #[error(
+        "{path}: unknown format version {found} (this build reads versions {PREVIOUS_FORMAT_VERSION} and {FORMAT_VERSION})"
+    )]
     UnknownVersion { path: PathBuf, found: u64 },
     #[error("{path}: bad record in table `{table}`: {cause}")]
     BadRecord { path: PathBuf, table: &'static str, cause: String },
@@ -142,20 +155,76 @@ pub fn open_backend(backend: impl StorageBackend) -> Result<Database, DatabaseEr
     Database::builder().create_with_backend(backend)
 }
 
+/// A permit as format version 2 wrote it (schema byte 1): its places only.
 #[derive(Serialize, Deserialize)]
-struct PermitRecord {
+struct PermitRecordV2 {
     places: Vec<(String, u64)>,
 }
 
+/// A permit (schema byte 2).
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct PermitRecord {
+    at: u64,
+    expires: u64,
+    places: Vec<(String, u64)>,
+    windows: Vec<(String, u64, u64)>,
+}
+
+impl PermitRecord {
+    fn from_state(p: &PermitState) -> Self {
+        PermitRecord {
+            at: p.at.0,
+            expires: p.expires.0,
+            places: p.places.iter().map(|(b, lapse)| (b.to_string(), lapse.0)).collect(),
+            windows: p.windows.iter().map(|w| (w.bucket.to_string(), w.cost, w.cap)).collect(),
+        }
+    }
+
+    fn into_state(self) -> PermitState {
+        PermitState {
+            at: Millis(self.at),
+            expires: Millis(self.expires),
+            places: self.places.into_iter().map(|(b, lapse)| (Arc::from(b), Millis(lapse))).collect(),
+            windows: self
+                .windows
+                .into_iter()
+                .map(|(b, cost, cap)| WindowShare { bucket: Arc::from(b), cost, cap })
+                .collect(),
+        }
+    }
+}
+
+/// Reads a permit record of either schema.
+fn decode_permit(bytes: &[u8]) -> Result<PermitState, String> {
+    match bytes.first() {
+        Some(&RECORD_SCHEMA) => {
+            let old: PermitRecordV2 = decode_schema(RECORD_SCHEMA, bytes)?;
+            let expires = old.places.iter().map(|(_, lapse)| *lapse).max().unwrap_or(0);
+            // The grant's instant was not kept; it lived `holdMs` before its places' lapses,
+            // and it names no window, so nothing reads it.
+            Ok(PermitRecord { at: 0, expires, places: old.places, windows: Vec::new() }.into_state())
+        }
+        _ => decode_schema::<PermitRecord>(PERMIT_SCHEMA, bytes).map(PermitRecord::into_state),
+    }
+}
+
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = vec![RECORD_SCHEMA];
+    encode_schema(RECORD_SCHEMA, value)
+}
+
+fn encode_schema<T: Serialize>(schema: u8, value: &T) -> Vec<u8> {
+    let mut out = vec![schema];
     out.extend(postcard::to_allocvec(value).expect("records always serialize"));
     out
 }
 
 fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+    decode_schema(RECORD_SCHEMA, bytes)
+}
+
+fn decode_schema<'a, T: Deserialize<'a>>(schema: u8, bytes: &'a [u8]) -> Result<T, String> {
     match bytes.split_first() {
-        Some((&RECORD_SCHEMA, rest)) => {
+        Some((&first, rest)) if first == schema => {
             let (value, tail) = postcard::take_from_bytes(rest).map_err(|e| e.to_string())?;
             if tail.is_empty() { Ok(value) } else { Err(format!("{} trailing bytes", tail.len())) }
         }
@@ -178,6 +247,8 @@ fn prefetch(path: &Path) {
 #[derive(Debug, PartialEq, Eq)]
 enum Format {
     Current,
+    /// [`PREVIOUS_FORMAT_VERSION`]: read as is, marked current when opened read-write.
+    Previous,
     Empty,
 }
 
@@ -189,10 +260,10 @@ fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<Format, Store
     if tables.iter().any(|t| t == "meta") {
         let meta = txn.open_table(META).map_err(|e| corrupt(e.into()))?;
         let found = meta.get(KEY_FORMAT).map_err(|e| corrupt(e.into()))?.map_or(0, |v| v.value());
-        return if found == FORMAT_VERSION {
-            Ok(Format::Current)
-        } else {
-            Err(StoreError::UnknownVersion { path: path.to_path_buf(), found })
+        return match found {
+            FORMAT_VERSION => Ok(Format::Current),
+            PREVIOUS_FORMAT_VERSION => Ok(Format::Previous),
+            _ => Err(StoreError::UnknownVersion { path: path.to_path_buf(), found }),
         };
     }
     if tables.is_empty() { Ok(Format::Empty) } else { Err(StoreError::Foreign { path: path.to_path_buf() }) }
@@ -321,8 +392,10 @@ impl Store {
         prefetch(&path);
         let db = opener(&path).map_err(map_err)?;
         let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH };
-        if check_format(&store.db, &store.path)? == Format::Empty {
-            store.initialize()?;
+        match check_format(&store.db, &store.path)? {
+            Format::Empty => store.initialize()?,
+            Format::Previous => store.mark_current()?,
+            Format::Current => {}
         }
         Ok(store)
     }
@@ -356,6 +429,17 @@ impl Store {
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
+    /// Marks a file of the previous format version as the current one (its records are read
+    /// as they are; see the module docs).
+    fn mark_current(&self) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
+        txn.open_table(META)
+            .and_then(|mut meta| meta.insert(KEY_FORMAT, FORMAT_VERSION).map(drop).map_err(Into::into))
+            .map_err(|e| self.commit_error(e))?;
+        txn.commit().map_err(|e| self.commit_error(e))
+    }
+
     /// Loads every persisted fact into `engine` (fresh) and returns the clock floor. The caller
     /// then runs [`Engine::finish_restore`] and commits its effects to prune the file.
     pub fn load(&self, engine: &mut Engine) -> Result<Millis, StoreError> {
@@ -378,11 +462,8 @@ impl Store {
         }
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
-            let record: PermitRecord = decode(v.value()).map_err(|e| bad("permits", e))?;
-            engine.restore_permit(
-                PermitId(k.value()),
-                record.places.into_iter().map(|(b, lapse)| (b, Millis(lapse))).collect(),
-            );
+            let permit = decode_permit(v.value()).map_err(|e| bad("permits", e))?;
+            engine.restore_permit(PermitId(k.value()), permit);
         }
         for row in txn.open_table(THROTTLES).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
@@ -468,10 +549,9 @@ impl Store {
                         doomed.records.insert(bucket.clone(), kept);
                     }
                 }
-                Effect::PermitGranted { id, places } => {
-                    let record =
-                        PermitRecord { places: places.iter().map(|(b, lapse)| (b.to_string(), lapse.0)).collect() };
-                    opened(&mut permits, txn, PERMITS)?.insert(id.0, encode(&record).as_slice())?;
+                Effect::PermitSet { id, permit } => {
+                    let record = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(permit));
+                    opened(&mut permits, txn, PERMITS)?.insert(id.0, record.as_slice())?;
                 }
                 Effect::PermitEnded { id } => {
                     opened(&mut permits, txn, PERMITS)?.remove(id.0)?;
@@ -509,6 +589,13 @@ impl Store {
         Ok(())
     }
 
+    /// The format version the file records.
+    pub fn format_version(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
+        let meta = txn.open_table(META).map_err(|e| self.corrupt(e))?;
+        Ok(meta.get(KEY_FORMAT).map_err(|e| self.corrupt(e))?.map_or(0, |v| v.value()))
+    }
+
     /// The number of window entries in the file (for tests of file size and pruning).
     pub fn grant_rows(&self) -> Result<u64, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
@@ -533,6 +620,19 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(decode::<BucketMeta>(&long).unwrap_err().contains("trailing"));
+        // Permits: both schemas read; the old one as a permit with places only.
+        let state = PermitState {
+            at: Millis(5),
+            expires: Millis(900),
+            places: vec![(Arc::from("c"), Millis(900))],
+            windows: vec![WindowShare { bucket: Arc::from("w"), cost: 3, cap: 10 }],
+        };
+        let bytes = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(&state));
+        assert_eq!(decode_permit(&bytes), Ok(state));
+        let old = encode(&PermitRecordV2 { places: vec![("c".into(), 700), ("d".into(), 800)] });
+        let read = decode_permit(&old).unwrap();
+        assert_eq!((read.expires, read.places.len(), read.windows.len()), (Millis(800), 2, 0));
+        assert!(decode_permit(&[3, 0]).unwrap_err().contains("schema 3"));
     }
 
     fn grant(key: &str, at: u64, cost: u64) -> Effect {

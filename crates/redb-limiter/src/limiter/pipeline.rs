@@ -1,8 +1,10 @@
 //! The commit pipeline: how a decided request reaches the file and its answer reaches the caller.
 //!
 //! Requests are decided at once, in the caller's thread, under one lock around the engine.
-//! A decision that changes nothing (a refusal, a read) is answered there and then. A decision
-//! that changes something leaves its effects in a queue and waits: one writer thread takes every
+//! A decision that changes nothing (a refusal, a peek, a read, a settle of an unknown permit) is
+//! answered there and then. A decision that changes something (a grant, a release, a throttle,
+//! a settle, a lift, and the one refusal that writes: one that lengthens a bucket's retention)
+//! leaves its effects in a queue and waits: one writer thread takes every
 //! effect queued so far, commits them all in one durable transaction (group commit), and only
 //! then answers the requests that made them. While that commit is in flight, new requests are
 //! decided on top of it and queue for the next one, so throughput under concurrency is not one

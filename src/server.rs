@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -23,10 +24,30 @@ use redb_limiter::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, Relea
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// What the server needs besides the limiter.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// When set, every path but `GET /health` needs `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// A request's head and body must arrive within this long of its first byte.
+    pub request_timeout: Duration,
+    /// A keep-alive connection idle this long is closed.
+    pub idle_timeout: Duration,
+    /// At most this many connections are open at once; the rest wait to be accepted.
+    pub max_connections: usize,
+    /// On shutdown, connections still open this long after it began are closed unanswered.
+    pub drain_deadline: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            token: None,
+            request_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: 4096,
+            drain_deadline: Duration::from_secs(10),
+        }
+    }
 }
 
 struct App {
@@ -36,8 +57,10 @@ struct App {
 }
 
 /// Serves the wire on `listener` until `shutdown` completes, then stops accepting, finishes the
-/// requests in flight (answering any that arrive meanwhile `unavailable`) and returns. The
-/// caller then drops the limiter, which commits and closes the file.
+/// requests in flight (answering any that arrive meanwhile `unavailable`) and returns, within
+/// `config.drain_deadline` (connections idle or still sending a request are closed unanswered;
+/// see the `connections` module). The caller then drops the limiter, which commits and closes the
+/// file.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: Arc<Limiter>,
@@ -50,12 +73,13 @@ pub async fn serve(
         draining: AtomicBool::new(false),
     });
     let router = axum::Router::new().fallback(handle).with_state(app.clone());
-    let draining = app.clone();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            draining.draining.store(true, Ordering::SeqCst);
-        })
+    let limits = crate::connections::Limits {
+        request_timeout: config.request_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: config.max_connections,
+        drain_deadline: config.drain_deadline,
+    };
+    crate::connections::run(listener, router, limits, shutdown, move || app.draining.store(true, Ordering::SeqCst))
         .await
 }
 
@@ -202,6 +226,9 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
         }
         Route::Call(method) => {
             let body = read_body(&parts.headers, body).await?;
+            if let Some(conn) = parts.extensions.get::<Arc<crate::connections::Conn>>() {
+                conn.body_read();
+            }
             let now = limiter.now();
             let request = match method {
                 Some(method) => Request::from_body(method, &body, now).map_err(|e| {
@@ -231,7 +258,15 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
+        let e = e.into_inner();
+        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            too_large()
+        } else {
+            // A malformed chunked body, or one cut short.
+            Failure::bad_request(format!("body could not be read: {e}"))
+        }
+    })
 }
 
 async fn call(limiter: &Limiter, request: Request) -> Result<Response, Failure> {

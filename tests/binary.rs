@@ -141,3 +141,77 @@ async fn status_reads_a_server_or_the_file() {
     assert_eq!(json["buckets"][1]["key"], "team/rpm");
     assert_eq!(json["buckets"][1]["windowUsed"], 1);
 }
+
+/// An empty or whitespace-only token file, or an empty `REDB_LIMITER_TOKEN`, is refused at start
+/// (no ready line, the cause named); with no token at all the server says so, once.
+#[test]
+fn an_empty_token_refuses_to_start_and_no_token_is_logged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let blank = dir.path().join("token.txt");
+    std::fs::write(&blank, " \n\t\n").unwrap();
+    let serve = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_redb-limiter"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--path"]).arg(&path).env_remove("REDB_LIMITER_TOKEN");
+        cmd
+    };
+    for (what, out) in [
+        ("blank token file", serve().arg("--token-file").arg(&blank).output().unwrap()),
+        ("empty REDB_LIMITER_TOKEN", serve().env("REDB_LIMITER_TOKEN", "").output().unwrap()),
+        ("blank REDB_LIMITER_TOKEN", serve().env("REDB_LIMITER_TOKEN", "  ").output().unwrap()),
+    ] {
+        assert!(!out.status.success(), "{what}: started");
+        assert!(out.stdout.is_empty(), "{what}: printed a ready line");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("empty") && err.contains("refusing to serve"), "{what}: {err}");
+        if what == "blank token file" {
+            assert!(err.contains("token.txt"), "{err}");
+        }
+    }
+    let mut child = serve().stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("\"ready\":true"), "{line}");
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("no token configured").count(), 1, "{err}");
+}
+
+/// SIGTERM exits 0 within the drain deadline even while clients hold half-sent requests (they
+/// are closed unanswered), answering the request being decided.
+#[tokio::test]
+async fn sigterm_drains_within_the_deadline_despite_stuck_clients() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    let mut stuck = Vec::new();
+    for partial in [
+        &b"POST /acquire HTTP/1.1\r\nhost: x\r\n"[..],
+        &b"POST /acquire HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"key\":"[..],
+        &b""[..],
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream.write_all(partial).await.unwrap();
+        stuck.push(stream);
+    }
+    assert_eq!(post(&server.url, "/acquire", json!({"key": "c", "limits": []})).await["granted"], true);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || server.child.wait().unwrap()).await.unwrap();
+    let took = started.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    assert!(took < std::time::Duration::from_secs(10), "drain took {took:?}");
+    eprintln!("drained with {} stuck clients in {took:?}", stuck.len());
+    for mut stream in stuck {
+        let mut out = Vec::new();
+        let _ = stream.read_to_end(&mut out).await;
+        assert!(out.is_empty(), "a half-sent request was answered: {}", String::from_utf8_lossy(&out));
+    }
+}

@@ -2,6 +2,9 @@
 //! injected clock.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use redb_limiter::limiter::LimiterOptions;
 use redb_limiter::store::faulty::{FaultPlan, faulty_opener};
@@ -27,6 +30,13 @@ impl TestServer {
     }
 
     async fn start_with(token: Option<&str>, plan: Option<Arc<FaultPlan>>) -> Self {
+        let config = ServerConfig { token: token.map(str::to_owned), ..ServerConfig::default() };
+        Self::start_config(config, plan).await
+    }
+
+    async fn start_config(config: ServerConfig, plan: Option<Arc<FaultPlan>>) -> Self {
+        let token = config.token.clone();
+        let token = token.as_deref();
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(FakeClock::new(T0));
         let mut options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
@@ -37,7 +47,6 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let config = ServerConfig { token: token.map(str::to_owned) };
         tokio::spawn(serve(listener, limiter, config, async move {
             let _ = stopped.await;
         }));
@@ -67,6 +76,17 @@ impl TestServer {
         (resp.status().as_u16(), resp.text().await.unwrap())
     }
 
+    fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+
+    /// Sends `bytes` on a new connection and reads until the server closes it (at most 5 s).
+    async fn raw(&self, bytes: &[u8]) -> String {
+        let mut stream = tokio::net::TcpStream::connect(self.addr()).await.unwrap();
+        stream.write_all(bytes).await.unwrap();
+        read_until_closed(&mut stream).await
+    }
+
     async fn state(&self) -> Value {
         let (status, body) = self.get("/state").await;
         assert_eq!(status, 200, "{body}");
@@ -74,6 +94,21 @@ impl TestServer {
         v.as_object_mut().unwrap().remove("now");
         v
     }
+}
+
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "the server did not close the connection; read so far: {}", String::from_utf8_lossy(&out));
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status and JSON body of a raw HTTP/1.1 response.
+fn parse_response(text: &str) -> (u16, Value) {
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {text:?}"));
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head in {text:?}"));
+    assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+    (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("{body:?}: {e}")))
 }
 
 fn at(ms: u64) -> String {
@@ -331,4 +366,106 @@ async fn a_store_that_cannot_commit_answers_unavailable() {
         reply = s.post("/acquire", window("w", 1, 1000)).await;
     }
     assert_eq!((reply.0, &reply.1["granted"]), (200, &json!(true)));
+}
+
+/// Errors hyper answers by itself carry the JSON error body; a malformed chunked body is a 400
+/// (not a 413); an `until` before 1970 is a past instant. None of it changes anything.
+#[tokio::test]
+async fn malformed_http_gets_json_errors() {
+    let s = TestServer::start().await;
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"GARBAGE\r\n\r\n".to_vec(), 400, "malformed"),
+        (b"POST /acquire HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n".to_vec(), 400, "malformed"),
+        (
+            b"POST /acquire HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n".to_vec(),
+            400,
+            "malformed",
+        ),
+        (format!("GET /{} HTTP/1.1\r\nhost: x\r\n\r\n", "a".repeat(70_000)).into_bytes(), 414, "URI is too long"),
+        (
+            format!("GET /health HTTP/1.1\r\nhost: x\r\n{}\r\n", "x-h: 1\r\n".repeat(200)).into_bytes(),
+            431,
+            "head is too large",
+        ),
+        (
+            b"POST /acquire HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_vec(),
+            400,
+            "body could not be read",
+        ),
+    ];
+    for (request, status, message) in cases {
+        let text = s.raw(&request).await;
+        let (got, body) = parse_response(&text);
+        assert_eq!(got, status, "{text}");
+        assert_eq!(body["error"]["code"], "bad_request", "{text}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(message), "{text}");
+    }
+    let (status, reply) = s.post("/throttle", json!({"key": "k", "until": "1969-12-31T23:59:59.000Z"})).await;
+    assert_eq!((status, reply), (200, json!({"key": "k", "until": null})));
+    assert_eq!(s.state().await["totals"], json!({"buckets": 0, "permits": 0, "throttles": 0}));
+}
+
+fn short_timeouts() -> ServerConfig {
+    ServerConfig {
+        request_timeout: Duration::from_millis(200),
+        idle_timeout: Duration::from_millis(600),
+        ..ServerConfig::default()
+    }
+}
+
+/// A request's head and body must arrive within the request timeout of its first byte; an idle
+/// keep-alive connection is closed after the idle timeout, and one in use is not.
+#[tokio::test]
+async fn stalled_requests_and_idle_connections_are_closed() {
+    let s = TestServer::start_config(short_timeouts(), None).await;
+    for partial in [
+        &b"POST /acquire HTTP/1.1\r\nhost: x\r\n"[..],
+        &b"POST /acquire HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"key\":"[..],
+    ] {
+        let started = Instant::now();
+        assert_eq!(s.raw(partial).await, "", "closed unanswered");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(190) && took < Duration::from_millis(1500), "{took:?}");
+    }
+    // Idle after a request: closed after the idle timeout, not the request timeout.
+    let mut stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    stream.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let idle_from = Instant::now();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Still open within the idle timeout: a second request is answered, and restarts it.
+    stream.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let n = stream.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let idle_from_again = Instant::now();
+    assert_eq!(read_until_closed(&mut stream).await, "");
+    let idle = idle_from_again.elapsed();
+    assert!(idle >= Duration::from_millis(550) && idle < Duration::from_millis(2000), "{idle:?}");
+    assert!(idle_from.elapsed() >= Duration::from_millis(950));
+}
+
+/// At most `max_connections` are served at once; the next waits to be accepted and is served
+/// once one closes.
+#[tokio::test]
+async fn max_connections_is_honoured() {
+    let s = TestServer::start_config(ServerConfig { max_connections: 2, ..ServerConfig::default() }, None).await;
+    let health = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n";
+    let mut held = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+        stream.write_all(health).await.unwrap();
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        held.push(stream);
+    }
+    let mut third = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    third.write_all(health).await.unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
+    assert!(waited.is_err(), "a third connection was served while two were open");
+    drop(held.pop());
+    let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf)).await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
 }

@@ -208,11 +208,17 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
     }
     let limiter = &app.limiter;
     match route {
-        Route::Health => Ok(json(&HealthReply {
-            ok: true,
-            path: limiter.path().display().to_string(),
-            uptime_ms: limiter.uptime().as_millis() as u64,
-        })),
+        Route::Health => {
+            let reason = limiter.outage();
+            let status = if reason.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+            let reply = HealthReply {
+                ok: reason.is_none(),
+                path: limiter.path().display().to_string(),
+                uptime_ms: limiter.uptime().as_millis() as u64,
+                reason,
+            };
+            Ok((status, json(&reply)).into_response())
+        }
         Route::Metrics => {
             Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], limiter.metrics().encode())
                 .into_response())

@@ -356,7 +356,9 @@ async fn a_store_that_cannot_commit_answers_unavailable() {
     assert_eq!((status, reply["error"]["code"].as_str().unwrap()), (503, "unavailable"));
     plan.disarm();
     // The limiter reopens its file by itself (retrying while the fault lasts); until then it
-    // answers 503. Nothing was granted: once back, the window is still empty.
+    // answers 503. The fault hit the commit's first write, not its final sync (after which the
+    // call might still count, spec section 6): nothing was granted, and once back the window is
+    // still empty.
     let mut reply = s.post("/acquire", window("w", 1, 1000)).await;
     for _ in 0..200 {
         if reply.0 != 503 {
@@ -468,4 +470,65 @@ async fn max_connections_is_honoured() {
     drop(held.pop());
     let n = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf)).await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}
+
+/// Every log line the tests' tracing writes (set up once, for the whole test binary).
+static LOG: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn log_lines_naming(needle: &str) -> usize {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| tracing_subscriber::fmt().with_writer(|| LogWriter).with_ansi(false).init());
+    String::from_utf8_lossy(&LOG.lock().unwrap()).lines().filter(|l| l.contains(needle)).count()
+}
+
+/// While the store cannot commit, `/health` answers 503 with the reason; the failures are
+/// logged once, then at most once a second; once commits succeed again, health is ok.
+#[tokio::test]
+async fn health_reports_an_outage_and_it_logs_once_a_second() {
+    let plan = FaultPlan::new();
+    let s = TestServer::start_with(None, Some(plan.clone())).await;
+    let (_, health) = s.get("/health").await;
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["ok"], true);
+    assert!(health.get("reason").is_none(), "{health}");
+    let path = health["path"].as_str().unwrap().to_owned();
+    assert_eq!(log_lines_naming(&path), 0);
+    plan.fail_after(0);
+    let started = Instant::now();
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.0, 503);
+        refused += 1;
+        let (status, health) = s.get("/health").await;
+        let health: Value = serde_json::from_str(&health).unwrap();
+        assert_eq!((status, &health["ok"]), (503, &json!(false)), "{health}");
+        assert!(health["reason"].as_str().unwrap().contains(&path), "{health}");
+    }
+    let lines = log_lines_naming(&path);
+    assert!((1..=3).contains(&lines), "{lines} error lines in 1.5 s for {refused} failed requests");
+    plan.disarm();
+    let mut reply = s.post("/acquire", window("w", 1, 1000)).await;
+    for _ in 0..200 {
+        if reply.0 != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        reply = s.post("/acquire", window("w", 1, 1000)).await;
+    }
+    assert_eq!(reply.0, 200);
+    let (status, health) = s.get("/health").await;
+    assert_eq!(status, 200, "{health}");
 }

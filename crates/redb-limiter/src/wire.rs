@@ -135,6 +135,9 @@ pub struct HealthReply {
     pub ok: bool,
     pub path: String,
     pub uptime_ms: u64,
+    /// Why the store cannot commit, while it cannot (then `ok` is false).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
 }
 
 /// `GET /state`.

@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest};
 use crate::store::{Opener, Store, StoreError, file_opener};
 use crate::time::{Clock, Millis, SystemClock};
-use pipeline::{Command, Core, File, Reply, Shared, Writer, finish_restore, spawn_replier};
+use pipeline::{Command, Core, File, LogGate, Reply, Shared, Writer, finish_restore, spawn_replier};
 
 /// Why a request got no answer from the limiter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,7 +34,10 @@ pub enum LimiterError {
     /// The request is malformed; nothing changed.
     #[error("{0}")]
     BadRequest(#[from] BadRequest),
-    /// The store cannot commit (or the limiter is closing); nothing was granted.
+    /// The store cannot commit (or the limiter is closing): the request was not granted. When a
+    /// commit failed at its final sync its change may already be in the file, so the call may
+    /// still count in its windows after a restart (never more than once, never as a grant), and
+    /// a throttle may or may not have closed its key.
     #[error("unavailable: {0}")]
     Unavailable(String),
 }
@@ -143,6 +146,7 @@ impl Limiter {
                 last_now: floor,
                 deferred_since: None,
                 broken: None,
+                failing: None,
                 closing: false,
                 committing: false,
                 last_batch: 0,
@@ -155,6 +159,7 @@ impl Limiter {
             caller_commits: options.caller_commits,
             ack_before_commit: options.ack_before_commit,
             replier: OnceLock::new(),
+            log_gate: Mutex::new(LogGate::default()),
         });
         let writer = Writer { shared: shared.clone() };
         let worker = std::thread::Builder::new()
@@ -179,6 +184,14 @@ impl Limiter {
     #[must_use]
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// Why the store cannot commit now (its last commit failed, or the file cannot be reopened),
+    /// or `None` while it can. Requests meanwhile are answered `Unavailable`.
+    #[must_use]
+    pub fn outage(&self) -> Option<String> {
+        let core = self.shared.lock();
+        core.broken.clone().or_else(|| core.failing.clone())
     }
 
     #[must_use]

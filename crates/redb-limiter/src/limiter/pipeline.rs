@@ -95,6 +95,9 @@ pub(super) struct Core {
     pub(super) deferred_since: Option<Millis>,
     /// Why nothing can be decided now (a failed commit, until the file is reopened).
     pub(super) broken: Option<String>,
+    /// Why the last commit failed, until one succeeds: the store cannot commit (an outage,
+    /// which `/health` reports), even when the file reopened.
+    pub(super) failing: Option<String>,
     pub(super) closing: bool,
     /// A commit is in flight (the writer's or a caller's); the next waits for it.
     pub(super) committing: bool,
@@ -126,6 +129,7 @@ impl Core {
     /// but not committed is dropped. Returns the requests that were waiting, to fail.
     fn break_off(&mut self, why: &str) -> Vec<Waiting> {
         self.broken = Some(why.to_owned());
+        self.failing = Some(why.to_owned());
         self.effects.clear();
         self.deferred_since = None;
         std::mem::take(&mut self.waiting)
@@ -176,6 +180,33 @@ pub(super) struct Shared {
     pub(super) ack_before_commit: bool,
     /// Set by the first async call made on a Tokio runtime.
     pub(super) replier: OnceLock<Replier>,
+    /// Keeps an outage's error log to a line a second.
+    pub(super) log_gate: Mutex<LogGate>,
+}
+
+/// Logs an outage's failures once, then at most once a second, counting the lines it held back.
+#[derive(Debug, Default)]
+pub(super) struct LogGate {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogGate {
+    /// Whether to log now, and how many lines were held back since the last one.
+    fn admit(&mut self, now: Instant) -> Option<u64> {
+        if self.last.is_some_and(|last| now.duration_since(last) < Duration::from_secs(1)) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+
+    /// The outage ended: the next failure logs at once. Returns the lines held back.
+    fn reset(&mut self) -> u64 {
+        self.last = None;
+        std::mem::take(&mut self.suppressed)
+    }
 }
 
 impl Shared {
@@ -185,6 +216,14 @@ impl Shared {
 
     pub(super) fn lock_file(&self) -> MutexGuard<'_, File> {
         self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Logs a failure of the store, once and then at most once a second.
+    pub(super) fn log_failure(&self, what: &str, error: &dyn std::fmt::Display) {
+        let admitted = self.log_gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(Instant::now());
+        if let Some(suppressed) = admitted {
+            tracing::error!(error = %error, suppressed, "{what}");
+        }
     }
 
     pub(super) fn now(&self, core: &mut Core) -> Millis {
@@ -266,11 +305,11 @@ impl Shared {
             Ok(()) => {
                 drop(file);
                 std::mem::forget(unwinding); // the commit ends here, not on a later unwind
-                self.end_commit();
+                self.end_commit(true);
                 self.deliver(batch.answers);
             }
             Err(e) => {
-                tracing::error!(error = %e, "commit failed; answering unavailable and reopening the file");
+                self.log_failure("commit failed; answering unavailable and reopening the file", &e);
                 let why = e.to_string();
                 // Everything decided since was decided on top of this batch: it fails too.
                 let later = self.lock().break_off(&why);
@@ -279,7 +318,7 @@ impl Shared {
                 self.reopen(&mut file);
                 drop(file);
                 std::mem::forget(unwinding);
-                self.end_commit();
+                self.end_commit(false);
                 for waiting in batch.answers.into_iter().chain(later) {
                     waiting.answer.fail(&why, metrics);
                 }
@@ -289,9 +328,13 @@ impl Shared {
 
     /// Marks the commit in flight done, and wakes the writer if it has work, must close, or
     /// has a timer due earlier than it planned (after a caller's commit).
-    fn end_commit(&self) {
+    fn end_commit(&self, committed: bool) {
         let mut core = self.lock();
         core.committing = false;
+        if committed && core.failing.take().is_some() {
+            let suppressed = self.log_gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).reset();
+            tracing::info!(suppressed, "the store commits again");
+        }
         update_gauges(&self.metrics, &core.engine);
         let more = !core.waiting.is_empty() || core.closing || core.broken.is_some();
         let wake_writer = core.writer_should_wake() || more;
@@ -344,7 +387,7 @@ impl Shared {
                 core.effects.clear();
             }
             Err(e) => {
-                tracing::error!(error = %e, "reopening the file failed");
+                self.log_failure("reopening the file failed", &e);
                 core.broken =
                     Some(format!("{}: the file cannot be reopened after a failed commit: {e}", file.path.display()));
             }

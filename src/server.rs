@@ -149,7 +149,14 @@ fn authorized(token: &[u8], headers: &HeaderMap) -> bool {
 struct StateQuery {
     #[serde(default)]
     prefix: String,
+    #[serde(default)]
+    after: String,
+    limit: Option<String>,
 }
+
+/// The page size of `GET /state` when the query names none, and the most it may name.
+pub const STATE_LIMIT_DEFAULT: usize = 1000;
+pub const STATE_LIMIT_MAX: usize = 100_000;
 
 /// What a path serves and with which HTTP method.
 enum Route {
@@ -225,10 +232,25 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
         }
         Route::State => {
             let query = axum::extract::Query::<StateQuery>::try_from_uri(&parts.uri)
-                .map_err(|e| Failure::bad_request(format!("prefix must be a string: {e}")))?;
-            let prefix = query.0.prefix;
-            let snapshot = limiter.state(&prefix).await?;
-            Ok(json(&StateReply::new(snapshot.now, &snapshot.view, snapshot.totals)))
+                .map_err(|e| Failure::bad_request(format!("prefix, after and limit must be strings: {e}")))?;
+            let StateQuery { prefix, after, limit } = query.0;
+            let limit = match limit {
+                None => STATE_LIMIT_DEFAULT,
+                Some(text) => {
+                    text.parse::<usize>().ok().filter(|n| (1..=STATE_LIMIT_MAX).contains(n)).ok_or_else(|| {
+                        Failure::bad_request(format!("limit must be an integer from 1 to {STATE_LIMIT_MAX}"))
+                    })?
+                }
+            };
+            // Sorting the keys of a large state is work for a blocking thread, not the runtime's.
+            let limiter = app.limiter.clone();
+            let page = tokio::task::spawn_blocking(move || limiter.state_page(&prefix, &after, limit))
+                .await
+                .map_err(|e| Failure::unavailable(format!("reading the state failed: {e}")))??;
+            let snapshot = page.snapshot;
+            let mut reply = StateReply::new(snapshot.now, &snapshot.view, snapshot.totals);
+            reply.truncated = page.truncated;
+            Ok(json(&reply))
         }
         Route::Call(method) => {
             let body = read_body(&parts.headers, body).await?;

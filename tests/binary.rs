@@ -124,6 +124,14 @@ async fn status_reads_a_server_or_the_file() {
         String::from_utf8(out.stdout).unwrap()
     };
     let table = status(&["--url", &server.url]);
+    let whole = |args: &[&str]| {
+        let mut v: Value = serde_json::from_str(&status(args)).unwrap();
+        v.as_object_mut().unwrap().remove("now");
+        v
+    };
+    let paged = whole(&["--json", "--url", &server.url, "--page-size", "1"]);
+    assert_eq!(paged, whole(&["--json", "--url", &server.url]), "paging through /state one by one");
+    assert_eq!(paged["buckets"].as_array().unwrap().len(), 2);
     let rpm = table.lines().find(|l| l.starts_with("team/rpm")).unwrap_or_else(|| panic!("{table}"));
     assert!(rpm.contains("1/5") && rpm.contains("60000ms"), "{rpm}");
     let conc = table.lines().find(|l| l.starts_with("team/conc")).unwrap();

@@ -532,3 +532,106 @@ async fn health_reports_an_outage_and_it_logs_once_a_second() {
     let (status, health) = s.get("/health").await;
     assert_eq!(status, 200, "{health}");
 }
+
+/// Answers 503 until `/acquire` does, for at most `within`; returns how long that took.
+async fn until_unavailable(s: &TestServer, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (status, reply) = s.post("/acquire", window("w", 1_000_000, 1000)).await;
+        if status == 503 {
+            assert_eq!(reply["error"]["code"], "unavailable");
+            return started.elapsed();
+        }
+        assert_eq!(status, 200);
+        assert!(started.elapsed() < within, "still granting {:?} after the file went", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A file deleted, or replaced by another, while serving is noticed within a second: every
+/// request is then answered 503 and `/health` says why (and it is not reopened as a new file).
+#[tokio::test]
+async fn a_deleted_or_replaced_file_is_noticed_within_a_second() {
+    for replace in [false, true] {
+        let s = TestServer::start().await;
+        assert_eq!(s.post("/acquire", window("w", 1_000_000, 1000)).await.0, 200);
+        let path = s._dir.path().join("limiter.redb");
+        if replace {
+            let other = s._dir.path().join("other.redb");
+            std::fs::copy(&path, &other).unwrap();
+            std::fs::rename(&other, &path).unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+        let took = until_unavailable(&s, Duration::from_millis(1500)).await;
+        assert!(took <= Duration::from_millis(1100), "noticed after {took:?}");
+        let (status, health) = s.get("/health").await;
+        let health: Value = serde_json::from_str(&health).unwrap();
+        assert_eq!((status, &health["ok"]), (503, &json!(false)), "{health}");
+        let why = if replace { "replaced" } else { "deleted" };
+        assert!(health["reason"].as_str().unwrap().contains(why), "{health}");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(s.post("/acquire", window("w", 1_000_000, 1000)).await.0, 503, "still unavailable");
+        assert_eq!(path.exists(), replace, "a deleted file is not created again");
+    }
+}
+
+/// `/state` pages: at most `limit` buckets, permits and throttles each, in key order, after
+/// `after` (exclusive), `truncated` while more remain; a bad `limit` is a 400 naming it.
+#[tokio::test]
+async fn state_pages_in_key_order() {
+    let s = TestServer::start().await;
+    let limits: Vec<Value> =
+        (0..25).map(|i| json!({"key": format!("b{i:02}"), "calls": 5, "perMs": 60_000, "concurrent": 9})).collect();
+    for _ in 0..3 {
+        assert_eq!(s.post("/acquire", json!({"key": "c", "limits": limits})).await.1["granted"], true);
+    }
+    for i in 0..4 {
+        s.post("/throttle", json!({"key": format!("t{i}"), "until": at(60_000)})).await;
+    }
+    let s = &s;
+    let page = |query: String| async move {
+        let (status, body) = s.get(&format!("/state?{query}")).await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let keys = |v: &Value, kind: &str, field: &str| -> Vec<String> {
+        v[kind].as_array().unwrap().iter().map(|b| b[field].as_str().unwrap().to_owned()).collect()
+    };
+    let all = page(String::new()).await;
+    assert_eq!(all["truncated"], false);
+    let every_bucket = keys(&all, "buckets", "key");
+    assert_eq!(every_bucket, (0..25).map(|i| format!("b{i:02}")).collect::<Vec<_>>());
+    let every_permit = keys(&all, "permits", "permit");
+    assert_eq!(every_permit.len(), 3);
+    let (mut buckets, mut permits, mut throttles) = (Vec::new(), Vec::new(), Vec::new());
+    let mut after = String::new();
+    loop {
+        let p = page(format!("limit=10&after={after}")).await;
+        let (b, pe, t) = (keys(&p, "buckets", "key"), keys(&p, "permits", "permit"), keys(&p, "throttles", "key"));
+        assert!(b.len() <= 10 && pe.len() <= 10 && t.len() <= 10);
+        assert!(b.iter().all(|k| *k > after), "after is exclusive");
+        assert_eq!(p["totals"], all["totals"]);
+        buckets.extend(b.clone());
+        if after.is_empty() {
+            permits = pe;
+            throttles = t;
+        }
+        if p["truncated"] == false {
+            break;
+        }
+        after = b.last().unwrap().clone();
+    }
+    assert_eq!(buckets, every_bucket);
+    assert_eq!((permits, throttles), (every_permit, keys(&all, "throttles", "key")));
+    let tail = page("limit=10&after=b20".to_owned()).await;
+    assert_eq!((keys(&tail, "buckets", "key").len(), &tail["truncated"]), (4, &json!(false)));
+    let one = page("limit=1&prefix=t".to_owned()).await;
+    assert_eq!((keys(&one, "throttles", "key"), &one["truncated"]), (vec!["t0".to_owned()], &json!(true)));
+    assert!(keys(&one, "buckets", "key").is_empty());
+    for bad in ["limit=0", "limit=100001", "limit=ten", "limit=-1"] {
+        let (status, body) = s.get(&format!("/state?{bad}")).await;
+        assert_eq!(status, 400, "{bad}");
+        assert!(body.contains("limit must be an integer from 1 to 100000"), "{bad}: {body}");
+    }
+}

@@ -63,21 +63,26 @@ impl ServeArgs {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Resolves on SIGTERM or SIGINT. The handlers are installed at the call, not at the first
+/// poll: a signal that arrives just after the ready line still drains instead of killing.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing SIGTERM");
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM");
+        let mut interrupt = signal(SignalKind::interrupt()).expect("installing SIGINT");
+        async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = interrupt.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -95,6 +100,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let shutdown = shutdown_signal();
     let ready = serde_json::json!({
         "ready": true,
         "url": format!("http://{addr}"),
@@ -112,7 +118,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         drain_deadline: std::time::Duration::from_millis(args.drain_deadline_ms),
         ..ServerConfig::default()
     };
-    serve(listener, limiter.clone(), config, shutdown_signal()).await?;
+    serve(listener, limiter.clone(), config, shutdown).await?;
     tracing::info!("drained; closing the file");
     match Arc::into_inner(limiter) {
         Some(limiter) => tokio::task::spawn_blocking(move || limiter.close()).await?,

@@ -149,6 +149,9 @@ pub struct StateReply {
     pub permits: Vec<PermitState>,
     pub throttles: Vec<ThrottleState>,
     pub totals: TotalsState,
+    /// More buckets, permits or throttles follow (ask again with `after`).
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,6 +237,7 @@ impl StateReply {
                 permits: totals.permits as u64,
                 throttles: totals.throttles as u64,
             },
+            truncated: false,
         }
     }
 }

@@ -249,6 +249,30 @@ pub struct StateView {
     pub throttles: Vec<ThrottleView>,
 }
 
+/// The keys a page of the state may show (see [`Engine::page_keys`]).
+#[derive(Debug, Clone, Default)]
+pub struct PageKeys {
+    pub buckets: Vec<Arc<str>>,
+    pub permits: Vec<PermitId>,
+    pub throttles: Vec<Arc<str>>,
+}
+
+impl PageKeys {
+    /// Sorts each kind by key and keeps the first `keep` (the rest stand for "more remain").
+    pub fn sort_and_cut(&mut self, keep: usize) {
+        fn first<T: Ord>(v: &mut Vec<T>, keep: usize) {
+            if v.len() > keep {
+                v.select_nth_unstable(keep);
+                v.truncate(keep + 1);
+            }
+            v.sort_unstable();
+        }
+        first(&mut self.buckets, keep);
+        first(&mut self.permits, keep);
+        first(&mut self.throttles, keep);
+    }
+}
+
 /// Counts for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Totals {
@@ -618,6 +642,78 @@ impl Engine {
             .collect();
         throttles.sort_by(|a, b| a.key.cmp(&b.key));
         StateView { buckets, permits, throttles }
+    }
+
+    /// The keys a page of the state may show: buckets, permits (by their id's string form) and
+    /// throttles whose key starts with `prefix` and sorts after `after`, unsorted. It builds no
+    /// view, so that a page of a large state holds the engine only for a moment: sort the keys
+    /// without it, then build the page's views with [`Engine::view_page`].
+    #[must_use]
+    pub fn page_keys(&self, prefix: &str, after: &str) -> PageKeys {
+        let wanted = |k: &str| k.starts_with(prefix) && k > after;
+        PageKeys {
+            buckets: self.buckets.keys().filter(|k| wanted(k)).cloned().collect(),
+            permits: self.permits.keys().filter(|id| id.to_string().as_str() > after).copied().collect(),
+            throttles: self.throttles.keys().filter(|k| wanted(k)).cloned().collect(),
+        }
+    }
+
+    /// The views at `now` of `keys` (sorted, from [`Engine::page_keys`]), at most `limit` of each
+    /// kind that are live, in order; and whether keys are left over (more may remain).
+    #[must_use]
+    pub fn view_page(&self, now: Millis, prefix: &str, keys: &PageKeys, limit: usize) -> (StateView, bool) {
+        let mut truncated = false;
+        let mut buckets = Vec::new();
+        for (i, key) in keys.buckets.iter().enumerate() {
+            if buckets.len() == limit {
+                truncated |= i < keys.buckets.len();
+                break;
+            }
+            if let Some(b) = self.buckets.get(key) {
+                let live = b.places.range((now.plus(1), PermitId(0))..);
+                let view = BucketView {
+                    key: key.to_string(),
+                    meta: b.meta,
+                    window_used: b.window.used(now, b.meta.retain_ms),
+                    oldest_grant: b.window.iter().find(|(at, _)| at.plus(b.meta.retain_ms) > now).map(|(at, _)| at),
+                    grant_entries: b.window.len(),
+                    places_held: live.clone().count(),
+                    next_lapse: live.map(|(lapse, _)| *lapse).next(),
+                };
+                if view.window_used > 0 || view.places_held > 0 {
+                    buckets.push(view);
+                }
+            }
+        }
+        let mut permits = Vec::new();
+        for (i, id) in keys.permits.iter().enumerate() {
+            if permits.len() == limit {
+                truncated |= i < keys.permits.len();
+                break;
+            }
+            if let Some(p) = self.permits.get(id) {
+                let places: Vec<(String, Millis)> = p
+                    .places
+                    .iter()
+                    .filter(|(k, lapse)| *lapse > now && k.starts_with(prefix))
+                    .map(|(k, lapse)| (k.to_string(), *lapse))
+                    .collect();
+                if !places.is_empty() {
+                    permits.push(PermitView { id: *id, places });
+                }
+            }
+        }
+        let mut throttles = Vec::new();
+        for (i, key) in keys.throttles.iter().enumerate() {
+            if throttles.len() == limit {
+                truncated |= i < keys.throttles.len();
+                break;
+            }
+            if let Some(until) = self.throttles.get(key).filter(|u| **u > now) {
+                throttles.push(ThrottleView { key: key.to_string(), until: *until });
+            }
+        }
+        (StateView { buckets, permits, throttles }, truncated)
     }
 
     /// Every persisted fact of the engine, for tests that compare a rebuilt engine with a live

@@ -94,6 +94,14 @@ pub struct Snapshot {
     pub totals: Totals,
 }
 
+/// One page of the state (see [`Limiter::state_page`]).
+#[derive(Debug, Clone)]
+pub struct StatePage {
+    pub snapshot: Snapshot,
+    /// More buckets, permits or throttles may follow the page's last keys.
+    pub truncated: bool,
+}
+
 /// The durable limiter. Cheap to share behind an `Arc`; dropping it (or [`Limiter::close`])
 /// commits what is queued, answers every waiting request and closes the file.
 pub struct Limiter {
@@ -146,6 +154,7 @@ impl Limiter {
                 last_now: floor,
                 deferred_since: None,
                 broken: None,
+                lost: false,
                 failing: None,
                 closing: false,
                 committing: false,
@@ -161,7 +170,7 @@ impl Limiter {
             replier: OnceLock::new(),
             log_gate: Mutex::new(LogGate::default()),
         });
-        let writer = Writer { shared: shared.clone() };
+        let writer = Writer { shared: shared.clone(), file_checked: Instant::now() };
         let worker = std::thread::Builder::new()
             .name("redb-limiter-writer".into())
             .spawn(move || writer.run())
@@ -253,6 +262,35 @@ impl Limiter {
     /// The live state whose keys start with `prefix`.
     pub async fn state(&self, prefix: &str) -> Result<Snapshot, LimiterError> {
         self.ask(|reply| Command::State { prefix: prefix.to_owned(), reply }).await
+    }
+
+    /// At most `limit` live buckets, permits and throttles each whose keys start with `prefix`
+    /// and sort after `after`, in key order (a permit's key is its id). Built without holding
+    /// up decisions for more than a moment: the engine is locked once to collect the matching
+    /// keys (no views), the keys are sorted without it, and it is locked again to build the
+    /// page's views alone. Blocking (it sorts): call it off an async runtime's threads.
+    pub fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
+        let limit = limit.max(1);
+        let unavailable =
+            |core: &Core| core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned()));
+        let mut keys = {
+            let core = self.shared.lock();
+            if let Some(why) = unavailable(&core) {
+                return Err(LimiterError::Unavailable(why));
+            }
+            core.engine.page_keys(prefix, after)
+        };
+        // Twice the page, so that keys gone or idle by the second look seldom shorten it.
+        keys.sort_and_cut(limit.saturating_mul(2));
+        let mut core = self.shared.lock();
+        if let Some(why) = unavailable(&core) {
+            return Err(LimiterError::Unavailable(why));
+        }
+        let now = self.shared.now(&mut core);
+        let (view, truncated) = core.engine.view_page(now, prefix, &keys, limit);
+        let totals = core.engine.totals();
+        drop(core);
+        Ok(StatePage { snapshot: Snapshot { now, view, totals }, truncated })
     }
 
     /// [`Limiter::acquire`] for threads outside an async runtime.

@@ -31,7 +31,7 @@
 //! its own lock, taken by that committer (and by the writer to reopen the file or close it).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -48,6 +48,9 @@ use crate::time::{Clock, Millis};
 const REPLIER_MIN_ANSWERS: usize = 4;
 /// How long the writer waits before trying again to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
+/// How often the writer checks that the file at the path is still the one it has open (a file
+/// deleted or replaced while serving is noticed within a second).
+const FILE_CHECK_EVERY: Duration = Duration::from_millis(500);
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, LimiterError>>;
 
@@ -95,6 +98,9 @@ pub(super) struct Core {
     pub(super) deferred_since: Option<Millis>,
     /// Why nothing can be decided now (a failed commit, until the file is reopened).
     pub(super) broken: Option<String>,
+    /// The file was deleted or replaced while open: `broken` for good, never reopened (that
+    /// would start from an empty file and forget what was granted).
+    pub(super) lost: bool,
     /// Why the last commit failed, until one succeeds: the store cannot commit (an outage,
     /// which `/health` reports), even when the file reopened.
     pub(super) failing: Option<String>,
@@ -526,6 +532,8 @@ impl Answer {
 /// retries reopening a file whose commit failed.
 pub(super) struct Writer {
     pub(super) shared: Arc<Shared>,
+    /// When the writer last checked that the file at the path is the one it has open.
+    pub(super) file_checked: Instant,
 }
 
 /// What one commit carries.
@@ -536,7 +544,7 @@ pub(super) struct Batch {
 }
 
 impl Writer {
-    pub(super) fn run(self) {
+    pub(super) fn run(mut self) {
         while let Some(batch) = self.next_batch() {
             self.shared.commit(batch);
         }
@@ -552,10 +560,23 @@ impl Writer {
     /// Waits until there is something to commit and no commit in flight: effects a request
     /// waits for, a sweep's effects that may wait no longer, or the close. `None` once closed
     /// with nothing left.
-    fn next_batch(&self) -> Option<Batch> {
-        let shared = &self.shared;
+    fn next_batch(&mut self) -> Option<Batch> {
+        let shared = self.shared.clone();
         let mut core = shared.lock();
         loop {
+            if core.lost {
+                if core.closing {
+                    return None;
+                }
+                core = shared.wake.wait_timeout(core, FILE_CHECK_EVERY).unwrap_or_else(PoisonError::into_inner).0;
+                continue;
+            }
+            if !core.committing && self.file_checked.elapsed() >= FILE_CHECK_EVERY {
+                drop(core);
+                self.check_file();
+                core = shared.lock();
+                continue;
+            }
             // While a commit is in flight (a caller's), only sweep: its committer wakes us when
             // it ends with more queued, or with the file broken, or on close.
             if core.broken.is_some() && !core.committing {
@@ -594,14 +615,33 @@ impl Writer {
             // memory and the file: they need not wake it more often than every SWEEP_GRAIN_MS.
             let wake = wake.map(|at| at.max(now.plus(SWEEP_GRAIN_MS)));
             core.writer_sleeps_until = Some(wake.unwrap_or(Millis(u64::MAX)));
-            core = match wake {
-                Some(at) => {
-                    let wait = Duration::from_millis(at.since(now));
-                    shared.wake.wait_timeout(core, wait).unwrap_or_else(std::sync::PoisonError::into_inner).0
-                }
-                None => shared.wake.wait(core).unwrap_or_else(std::sync::PoisonError::into_inner),
-            };
+            // However far the next deadline, wake in time to check the file.
+            let wait = wake.map_or(FILE_CHECK_EVERY, |at| Duration::from_millis(at.since(now)).min(FILE_CHECK_EVERY));
+            core = shared.wake.wait_timeout(core, wait).unwrap_or_else(PoisonError::into_inner).0;
             core.writer_sleeps_until = None;
+        }
+    }
+
+    /// Checks that the file at the path is still the one open; when it was deleted or replaced,
+    /// fails what waits and answers `Unavailable` from then on (see [`Core::lost`]).
+    fn check_file(&mut self) {
+        let shared = &self.shared;
+        let checked = match &shared.lock_file().store {
+            Some(store) => store.check_file(),
+            None => Ok(()),
+        };
+        self.file_checked = Instant::now();
+        if let Err(e) = checked {
+            tracing::error!(error = %e, "the file is gone; answering unavailable until the server is restarted");
+            let why = e.to_string();
+            let waiting = {
+                let mut core = shared.lock();
+                core.lost = true;
+                core.break_off(&why)
+            };
+            for waiting in waiting {
+                waiting.answer.fail(&why, &shared.metrics);
+            }
         }
     }
 }

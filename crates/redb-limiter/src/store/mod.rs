@@ -111,6 +111,9 @@ pub enum StoreError {
     Io { path: PathBuf, cause: String },
     #[error("{path}: commit failed: {cause}")]
     Commit { path: PathBuf, cause: String },
+    /// The file open is no longer the one at its path (deleted, or replaced by another).
+    #[error("{path}: {cause}; nothing more is committed until the server is restarted")]
+    Lost { path: PathBuf, cause: &'static str },
 }
 
 /// Opens the database: the file backend in production, a fault-injecting one in tests.
@@ -194,6 +197,22 @@ pub struct Store {
     doomed: Doomed,
     /// [`DELETE_BATCH`](crate::policy::DELETE_BATCH); smaller in tests.
     delete_batch: usize,
+    /// The file's identity (device, inode) when opened; `None` where there is none to read.
+    identity: Option<(u64, u64)>,
+}
+
+/// A file's identity: (device, inode) on Unix.
+fn identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        None
+    }
 }
 
 /// Doomed grants, by when they are due for deletion (then oldest first), and by bucket; and the
@@ -308,7 +327,8 @@ impl Store {
         }
         prefetch(&path);
         let db = opener(&path).map_err(map_err)?;
-        let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH };
+        let identity = std::fs::metadata(&path).ok().as_ref().and_then(identity);
+        let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH, identity };
         if check_format(&store.db, &store.path)? == Format::Empty {
             store.initialize()?;
         }
@@ -318,6 +338,20 @@ impl Store {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the file at the path is still the one open: an error when it was deleted or
+    /// replaced (renamed over, or deleted and created again), since commits then go to a file
+    /// no restart will read. A file that cannot be looked at for another reason passes.
+    pub fn check_file(&self) -> Result<(), StoreError> {
+        let lost = |cause| StoreError::Lost { path: self.path.clone(), cause };
+        match std::fs::metadata(&self.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(lost("the file was deleted while open")),
+            Ok(meta) if self.identity.is_some() && identity(&meta) != self.identity => {
+                Err(lost("the file was replaced by another while open"))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn corrupt(&self, e: impl std::fmt::Display) -> StoreError {

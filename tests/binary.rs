@@ -223,3 +223,96 @@ async fn sigterm_drains_within_the_deadline_despite_stuck_clients() {
         assert!(out.is_empty(), "a half-sent request was answered: {}", String::from_utf8_lossy(&out));
     }
 }
+
+/// One byte flipped at each of 600 offsets of a cleanly closed file with known state (windows,
+/// a held place, a throttle): `status --path` (which opens the file as `serve` does) either
+/// refuses it naming the file, or shows exactly the original state; `check` agrees with it.
+/// The file's last commit is made redundant (it rewrites the floor only), so that damage to the
+/// newest commit, rolled back as a torn tail (the store's fault model), shows no difference.
+#[test]
+fn flipped_bytes_are_refused_or_change_nothing() {
+    use redb_limiter::limiter::Limiter;
+    use redb_limiter::request::{AcquireRequest, Limit, ThrottleRequest};
+    use redb_limiter::store::{Store, file_opener};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("known.redb");
+    {
+        let limiter = Limiter::open(&path).unwrap();
+        for i in 0..40 {
+            let limits = vec![
+                Limit::window(format!("team/{}/rpm", i % 7), 1000, 2_678_400_000),
+                Limit::window("global/tpm", 1_000_000, 2_678_400_000).with_cost(1 + i),
+            ];
+            assert!(limiter.acquire_blocking(AcquireRequest::new("caller", limits).unwrap()).unwrap().is_granted());
+        }
+        let conc = vec![Limit::concurrent("team/conc", 3).with_hold_ms(86_400_000)];
+        assert!(limiter.acquire_blocking(AcquireRequest::new("caller", conc).unwrap()).unwrap().is_granted());
+        let now = limiter.now();
+        limiter.throttle_blocking(ThrottleRequest::new("throttled", now.plus(80_000_000), now).unwrap()).unwrap();
+        limiter.close();
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let floor = store.load(&mut redb_limiter::engine::Engine::new(Default::default())).unwrap();
+        store.commit(&[], floor).unwrap();
+    }
+    let status = |file: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+            .args(["status", "--json", "--path"])
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let state_of = |out: &std::process::Output| {
+        let mut v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_object_mut().unwrap().remove("now");
+        v
+    };
+    let original = std::fs::read(&path).unwrap();
+    let copy = dir.path().join("flipped.redb");
+    std::fs::write(&copy, &original).unwrap();
+    let out = status(&copy);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let expected = state_of(&out);
+    assert_eq!(expected["totals"], json!({"buckets": 9, "permits": 1, "throttles": 1}));
+
+    // Offsets: 450 among the bytes in use (non-zero), 150 anywhere; a fixed xorshift sequence.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let used: Vec<usize> = (0..original.len()).filter(|&i| original[i] != 0).collect();
+    let mut offsets: Vec<usize> = (0..450).map(|_| used[next() as usize % used.len()]).collect();
+    offsets.extend((0..150).map(|_| next() as usize % original.len()));
+    let (mut refused, mut unchanged, mut differed) = (0, 0, Vec::new());
+    for (n, &offset) in offsets.iter().enumerate() {
+        let mut bytes = original.clone();
+        bytes[offset] ^= (next() % 255 + 1) as u8;
+        std::fs::write(&copy, &bytes).unwrap();
+        let out = status(&copy);
+        let refused_here = !out.status.success();
+        if refused_here {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("flipped.redb"), "offset {offset}: refused without naming the file: {err}");
+            refused += 1;
+        } else if state_of(&out) == expected {
+            unchanged += 1;
+        } else {
+            differed.push(offset);
+        }
+        if n % 10 == 0 {
+            std::fs::write(&copy, &bytes).unwrap();
+            let check =
+                Command::new(env!("CARGO_BIN_EXE_redb-limiter")).args(["check", "--path"]).arg(&copy).output().unwrap();
+            assert_eq!(!check.status.success(), refused_here, "offset {offset}: check and status disagree");
+        }
+    }
+    eprintln!(
+        "{} offsets flipped in a {}-byte file: {refused} refused naming the file, {unchanged} served the original state, {} differed",
+        offsets.len(),
+        original.len(),
+        differed.len()
+    );
+    assert!(differed.is_empty(), "flips at {differed:?} were served as a different state");
+}

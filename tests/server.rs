@@ -635,3 +635,47 @@ async fn state_pages_in_key_order() {
         assert!(body.contains("limit must be an integer from 1 to 100000"), "{bad}: {body}");
     }
 }
+
+/// A burst of 100,000 keys that then go idle leaves no lasting growth: the writer forgets them,
+/// deletes their grants and compacts the file while serving, to at most 2 MiB within 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_file_shrinks_after_a_burst_of_keys_goes_idle() {
+    let s = TestServer::start().await;
+    let path = s._dir.path().join("limiter.redb");
+    let size = || std::fs::metadata(&path).unwrap().len();
+    let mut set = tokio::task::JoinSet::new();
+    for r in 0..1563 {
+        if set.len() >= 8 {
+            set.join_next().await.unwrap().unwrap();
+        }
+        let limits: Vec<Value> =
+            (0..64).map(|i| json!({"key": format!("burst/{:06}", r * 64 + i), "calls": 1, "perMs": 1000})).collect();
+        let (http, url) = (s.http.clone(), s.url.clone());
+        set.spawn(async move {
+            let body = json!({"key": "burst", "limits": limits}).to_string();
+            let resp = http.post(format!("{url}/acquire")).body(body).send().await.unwrap();
+            assert_eq!(resp.status().as_u16(), 200);
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        done.unwrap();
+    }
+    assert_eq!(s.state().await["totals"]["buckets"], 100_032);
+    let peak = size();
+    let idle_from = Instant::now();
+    let mut after = peak;
+    while idle_from.elapsed() < Duration::from_secs(60) {
+        s.clock.advance(1000);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        after = size();
+        if after <= 2 << 20 {
+            break;
+        }
+    }
+    let took = idle_from.elapsed();
+    eprintln!("100,032 keys: file {peak} bytes at the burst's end, {after} bytes {took:?} after it went idle");
+    assert!(after <= 2 << 20, "still {after} bytes after {took:?} (peak {peak})");
+    assert_eq!(s.state().await["totals"]["buckets"], 0);
+    // Still serving, from the compacted file.
+    assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.1["granted"], true);
+}

@@ -623,14 +623,52 @@ impl Writer {
     }
 
     /// Checks that the file at the path is still the one open; when it was deleted or replaced,
-    /// fails what waits and answers `Unavailable` from then on (see [`Core::lost`]).
+    /// fails what waits and answers `Unavailable` from then on (see [`Core::lost`]). At a quiet
+    /// moment (nothing queued or in flight) it also compacts the file when free space dominates
+    /// it; requests decided meanwhile queue for the writer's next commit.
     fn check_file(&mut self) {
         let shared = &self.shared;
-        let checked = match &shared.lock_file().store {
+        let mut file = shared.lock_file();
+        let checked = match &file.store {
             Some(store) => store.check_file(),
             None => Ok(()),
         };
         self.file_checked = Instant::now();
+        if checked.is_ok() && file.store.is_some() {
+            let quiet = {
+                let mut core = shared.lock();
+                let quiet = !core.committing && core.waiting.is_empty() && core.effects.is_empty() && !core.closing;
+                core.committing |= quiet;
+                quiet
+            };
+            if quiet {
+                let started = Instant::now();
+                let store = file.store.as_mut().expect("checked above");
+                let compacted = store.compact_if_sparse();
+                match &compacted {
+                    Ok(Some((before, after))) => tracing::info!(
+                        before,
+                        after,
+                        ms = started.elapsed().as_millis() as u64,
+                        "compacted the file: free space dominated it"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => {
+                        shared.log_failure("compacting the file failed; reopening it", e);
+                        let why = e.to_string();
+                        let waiting = shared.lock().break_off(&why);
+                        shared.reopen(&mut file);
+                        for waiting in waiting {
+                            waiting.answer.fail(&why, &shared.metrics);
+                        }
+                    }
+                }
+                drop(file);
+                shared.end_commit(matches!(compacted, Ok(Some(_))));
+            }
+            return;
+        }
+        drop(file);
         if let Err(e) = checked {
             tracing::error!(error = %e, "the file is gone; answering unavailable until the server is restarted");
             let why = e.to_string();

@@ -47,6 +47,25 @@
 //!
 //! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
 //! record is an error, never a panic.
+//!
+//! The file's size follows the live state: once free space dominates it (a burst of keys that
+//! went idle and were deleted), [`Store::compact_if_sparse`] gives the space back while serving;
+//! the writer calls it at quiet moments.
+//!
+//! # Fault model
+//!
+//! Crashes, power loss and torn writes at any instant lose nothing acknowledged: every commit is
+//! `Durability::Immediate`, and redb recovers to the last whole commit. Damage to the bytes of the
+//! file is refused at open with the file named, never served: every open verifies the checksum
+//! of every page of the committed trees (redb's integrity check), a panic of redb on a damaged
+//! file is caught and reported as corruption, and every record loaded is checked against what
+//! the engine can have written (keys of 1 to 512 bytes, a bucket's `perMs`, `calls` and
+//! `concurrent` within the request bounds, a grant row's cost, a permit id's sequence, a lapse or
+//! a throttle's end at most 24 hours after the file's floor). One case cannot be told from a
+//! crash, as in every database: damage to the newest commit's own header is indistinguishable
+//! from that commit torn by a crash, and the file is rolled back to the commit before it. Damage
+//! to free space changes nothing. A 503 after a commit failed at its final sync may still count
+//! after a restart (the sync may have reached the disk), never more than once.
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod faulty;
@@ -65,6 +84,9 @@ use redb::{
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{BucketMeta, Effect, Engine, PermitId};
+use crate::request::{
+    MAX_CALLS, MAX_CONCURRENT, MAX_HOLD_MS, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS, MAX_THROTTLE_AHEAD_MS,
+};
 use crate::time::Millis;
 
 /// The table `slot` holds, opened in `txn` on first use.
@@ -78,6 +100,15 @@ fn opened<'s, 'txn, K: redb::Key + 'static, V: redb::Value + 'static>(
     }
     Ok(slot.as_mut().expect("just opened"))
 }
+
+/// The most one grant row (a bucket's grants in one millisecond) can hold: far more than any
+/// window is granted, far less than a flipped high byte makes of it.
+const MAX_GRANT_ROW_COST: u64 = 1 << 50;
+/// The highest permit sequence one run of the limiter can reach (see `PermitIds`).
+const MAX_PERMIT_SEQUENCE: u64 = 1 << 48;
+
+/// A file no larger than this is never compacted while serving (see [`Store::compact_if_sparse`]).
+pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
 /// The file's layout version; a file of any other version is refused.
 pub const FORMAT_VERSION: u64 = 2;
@@ -128,9 +159,11 @@ pub fn file_opener() -> Opener {
     })
 }
 
-/// Opens a database on any backend with the store's settings.
+/// Opens a database on any backend with the store's settings: every page's checksum is
+/// verified at open (redb's integrity check), before anything is read from it, so a flipped
+/// byte anywhere in the trees is refused, never loaded (see the module docs' fault model).
 pub fn open_backend(backend: impl StorageBackend) -> Result<Database, DatabaseError> {
-    Database::builder().create_with_backend(backend)
+    Database::builder().set_check_integrity_on_open(true).create_with_backend(backend)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -316,17 +349,27 @@ impl Store {
         // Look before writing: a file that is not ours, of another version or busy is refused
         // through a read-only open, which never modifies it. A file that needs recovery after a
         // crash cannot be opened read-only; the read-write open below repairs it.
+        // redb may panic on a damaged file where it does not check it (a read-only open, or any
+        // open of pages it has not verified): that is a corrupt file too, refused, never a crash.
+        let unreadable = |what: &str| StoreError::Corrupt {
+            path: path.clone(),
+            cause: format!("redb could not {what} it (its structure is damaged)"),
+        };
         if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
-            match Database::builder().open_read_only(&path) {
+            let looked = std::panic::catch_unwind(|| Database::builder().open_read_only(&path))
+                .map_err(|_| unreadable("read"))?;
+            match looked {
                 Ok(db) => {
-                    check_format(&db, &path)?;
+                    let format = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_format(&db, &path)));
+                    format.map_err(|_| unreadable("read"))??;
                 }
                 Err(DatabaseError::RepairAborted) => {}
                 Err(e) => return Err(map_err(e)),
             }
         }
         prefetch(&path);
-        let db = opener(&path).map_err(map_err)?;
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opener(&path)));
+        let db = opened.map_err(|_| unreadable("open"))?.map_err(map_err)?;
         let identity = std::fs::metadata(&path).ok().as_ref().and_then(identity);
         let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH, identity };
         if check_format(&store.db, &store.path)? == Format::Empty {
@@ -338,6 +381,27 @@ impl Store {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Compacts the file when free space dominates it: larger than [`COMPACT_ABOVE_BYTES`] with
+    /// less than a quarter of it allocated to live pages. Returns the file's size before and
+    /// after when it compacted. For quiet moments: it holds the file until done (a file of a few
+    /// tens of MB with little live data compacts in well under a second).
+    pub fn compact_if_sparse(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
+        let len = || std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let before = len();
+        if before <= COMPACT_ABOVE_BYTES {
+            return Ok(None);
+        }
+        let txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        let stats = txn.stats().map_err(|e| self.commit_error(e))?;
+        txn.abort().map_err(|e| self.commit_error(e))?;
+        let allocated = stats.allocated_pages().saturating_mul(stats.page_size() as u64);
+        if allocated.saturating_mul(4) > before {
+            return Ok(None);
+        }
+        self.db.compact().map_err(|e| self.commit_error(e))?;
+        Ok(Some((before, len())))
     }
 
     /// Whether the file at the path is still the one open: an error when it was deleted or
@@ -388,19 +452,41 @@ impl Store {
         let grants = txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?;
         let newest = grants.last().map_err(|e| self.corrupt(e))?.map_or(0, |(k, _)| k.value().0);
         let floor = Millis(recorded.max(newest));
+        // Every record is checked against what the engine can have written (see the module
+        // docs' fault model): a record out of those bounds is damage, refused with the file named.
+        let key_ok = |key: &str| !key.is_empty() && key.len() <= MAX_KEY_BYTES;
+        let ahead_ok = |at: u64| at <= floor.0.saturating_add(MAX_HOLD_MS.max(MAX_THROTTLE_AHEAD_MS));
         for row in txn.open_table(BUCKETS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let meta: BucketMeta = decode(v.value()).map_err(|e| bad("buckets", e))?;
+            if !key_ok(k.value())
+                || meta.retain_ms > MAX_PER_MS
+                || meta.last_calls > MAX_CALLS
+                || meta.last_concurrent > MAX_CONCURRENT
+            {
+                return Err(bad("buckets", format!("a record out of bounds: {:?} {meta:?}", k.value())));
+            }
             engine.restore_bucket(k.value(), meta);
         }
         for row in grants.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let (at, bucket) = k.value();
+            if !key_ok(bucket) || v.value() > MAX_GRANT_ROW_COST {
+                return Err(bad("grants_by_time", format!("a grant out of bounds: {bucket:?} at {at}: {}", v.value())));
+            }
             engine.restore_grant(bucket, Millis(at), v.value());
         }
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let record: PermitRecord = decode(v.value()).map_err(|e| bad("permits", e))?;
+            // Ids are `nonce << 64 | sequence`, the sequence counting one run's permits from 0.
+            if k.value() as u64 > MAX_PERMIT_SEQUENCE
+                || record.places.is_empty()
+                || record.places.len() > MAX_LIMITS
+                || record.places.iter().any(|(b, lapse)| !key_ok(b) || !ahead_ok(*lapse))
+            {
+                return Err(bad("permits", format!("a permit out of bounds: {}", PermitId(k.value()))));
+            }
             engine.restore_permit(
                 PermitId(k.value()),
                 record.places.into_iter().map(|(b, lapse)| (b, Millis(lapse))).collect(),
@@ -408,6 +494,9 @@ impl Store {
         }
         for row in txn.open_table(THROTTLES).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            if !key_ok(k.value()) || !ahead_ok(v.value()) {
+                return Err(bad("throttles", format!("a throttle out of bounds: {:?} until {}", k.value(), v.value())));
+            }
             engine.restore_throttle(k.value(), Millis(v.value()));
         }
         Ok(floor)

@@ -166,6 +166,9 @@ impl AsyncWrite for Watched {
 /// content type: every response of the router has one), the same status with the JSON error
 /// body, closing the connection as hyper does after such an error.
 fn json_error_for(buf: &[u8]) -> Option<Vec<u8>> {
+    if !buf.starts_with(b"HTTP/1.") {
+        return None;
+    }
     let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&buf[..head_end]).ok()?;
     let status_line = head.lines().next()?;

@@ -252,25 +252,26 @@ pub struct StateView {
 /// The keys a page of the state may show (see [`Engine::page_keys`]).
 #[derive(Debug, Clone, Default)]
 pub struct PageKeys {
+    /// How many of each kind were asked for: one more means more remain beyond.
+    pub keep: usize,
     pub buckets: Vec<Arc<str>>,
     pub permits: Vec<PermitId>,
     pub throttles: Vec<Arc<str>>,
 }
 
-impl PageKeys {
-    /// Sorts each kind by key and keeps the first `keep` (the rest stand for "more remain").
-    pub fn sort_and_cut(&mut self, keep: usize) {
-        fn first<T: Ord>(v: &mut Vec<T>, keep: usize) {
-            if v.len() > keep {
-                v.select_nth_unstable(keep);
-                v.truncate(keep + 1);
-            }
-            v.sort_unstable();
+/// The `keep + 1` lowest of `items`, sorted.
+fn lowest<T: Ord>(items: impl Iterator<Item = T>, keep: usize) -> Vec<T> {
+    let mut heap = std::collections::BinaryHeap::with_capacity(keep.saturating_add(2).min(1 << 16));
+    for item in items {
+        if heap.len() <= keep {
+            heap.push(item);
+        } else if let Some(mut highest) = heap.peek_mut()
+            && item < *highest
+        {
+            *highest = item;
         }
-        first(&mut self.buckets, keep);
-        first(&mut self.permits, keep);
-        first(&mut self.throttles, keep);
     }
+    heap.into_sorted_vec()
 }
 
 /// Counts for metrics.
@@ -644,17 +645,24 @@ impl Engine {
         StateView { buckets, permits, throttles }
     }
 
-    /// The keys a page of the state may show: buckets, permits (by their id's string form) and
-    /// throttles whose key starts with `prefix` and sorts after `after`, unsorted. It builds no
-    /// view, so that a page of a large state holds the engine only for a moment: sort the keys
-    /// without it, then build the page's views with [`Engine::view_page`].
+    /// The keys a page of the state may show: the `keep + 1` lowest keys of buckets, permits
+    /// (by their id's string form) and throttles each, that start with `prefix` and sort after
+    /// `after`, sorted (one more than `keep` stands for "more remain"). One pass over the keys,
+    /// comparing and cloning only those kept, so that a page of a large state holds the engine
+    /// for a moment; [`Engine::view_page`] then builds the page's views alone.
     #[must_use]
-    pub fn page_keys(&self, prefix: &str, after: &str) -> PageKeys {
-        let wanted = |k: &str| k.starts_with(prefix) && k > after;
+    pub fn page_keys(&self, prefix: &str, after: &str, keep: usize) -> PageKeys {
+        let wanted = |k: &&Arc<str>| k.starts_with(prefix) && &***k > after;
+        let permit_after = after.parse::<PermitId>().ok();
+        let permit_wanted = |id: &&PermitId| match permit_after {
+            Some(cursor) => **id > cursor,
+            None => after.is_empty() || id.to_string().as_str() > after,
+        };
         PageKeys {
-            buckets: self.buckets.keys().filter(|k| wanted(k)).cloned().collect(),
-            permits: self.permits.keys().filter(|id| id.to_string().as_str() > after).copied().collect(),
-            throttles: self.throttles.keys().filter(|k| wanted(k)).cloned().collect(),
+            keep,
+            buckets: lowest(self.buckets.keys().filter(wanted), keep).into_iter().cloned().collect(),
+            permits: lowest(self.permits.keys().filter(permit_wanted), keep).into_iter().copied().collect(),
+            throttles: lowest(self.throttles.keys().filter(wanted), keep).into_iter().cloned().collect(),
         }
     }
 
@@ -662,7 +670,9 @@ impl Engine {
     /// kind that are live, in order; and whether keys are left over (more may remain).
     #[must_use]
     pub fn view_page(&self, now: Millis, prefix: &str, keys: &PageKeys, limit: usize) -> (StateView, bool) {
-        let mut truncated = false;
+        // Keys beyond those listed: more remain whatever the page shows.
+        let mut truncated =
+            [keys.buckets.len(), keys.permits.len(), keys.throttles.len()].iter().any(|n| *n > keys.keep);
         let mut buckets = Vec::new();
         for (i, key) in keys.buckets.iter().enumerate() {
             if buckets.len() == limit {

@@ -266,27 +266,17 @@ impl Limiter {
 
     /// At most `limit` live buckets, permits and throttles each whose keys start with `prefix`
     /// and sort after `after`, in key order (a permit's key is its id). Built without holding
-    /// up decisions for more than a moment: the engine is locked once to collect the matching
-    /// keys (no views), the keys are sorted without it, and it is locked again to build the
-    /// page's views alone. Blocking (it sorts): call it off an async runtime's threads.
+    /// up decisions for more than a moment: one pass over the keys keeps the lowest (see
+    /// [`Engine::page_keys`]) and only the page's views are built; nothing is serialized here.
     pub fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
         let limit = limit.max(1);
-        let unavailable =
-            |core: &Core| core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned()));
-        let mut keys = {
-            let core = self.shared.lock();
-            if let Some(why) = unavailable(&core) {
-                return Err(LimiterError::Unavailable(why));
-            }
-            core.engine.page_keys(prefix, after)
-        };
-        // Twice the page, so that keys gone or idle by the second look seldom shorten it.
-        keys.sort_and_cut(limit.saturating_mul(2));
         let mut core = self.shared.lock();
-        if let Some(why) = unavailable(&core) {
+        if let Some(why) = core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned())) {
             return Err(LimiterError::Unavailable(why));
         }
         let now = self.shared.now(&mut core);
+        // Twice the page, so that keys idle by now seldom shorten it.
+        let keys = core.engine.page_keys(prefix, after, limit.saturating_mul(2));
         let (view, truncated) = core.engine.view_page(now, prefix, &keys, limit);
         let totals = core.engine.totals();
         drop(core);

@@ -626,6 +626,13 @@ async fn state_pages_in_key_order() {
     assert_eq!((permits, throttles), (every_permit, keys(&all, "throttles", "key")));
     let tail = page("limit=10&after=b20".to_owned()).await;
     assert_eq!((keys(&tail, "buckets", "key").len(), &tail["truncated"]), (4, &json!(false)));
+    let b1 = page("limit=3&prefix=b1".to_owned()).await;
+    assert_eq!(
+        (keys(&b1, "buckets", "key"), &b1["truncated"]),
+        (vec!["b10".into(), "b11".into(), "b12".into()], &json!(true))
+    );
+    let b19 = page("prefix=b1&after=b18".to_owned()).await;
+    assert_eq!((keys(&b19, "buckets", "key"), &b19["truncated"]), (vec!["b19".to_owned()], &json!(false)));
     let one = page("limit=1&prefix=t".to_owned()).await;
     assert_eq!((keys(&one, "throttles", "key"), &one["truncated"]), (vec!["t0".to_owned()], &json!(true)));
     assert!(keys(&one, "buckets", "key").is_empty());

@@ -208,6 +208,8 @@ impl Permit {
 pub struct Engine {
     config: EngineConfig,
     buckets: Map<Arc<str>, Bucket>,
+    /// The keys of `buckets`, in order: a page of the state is read from it without a scan.
+    bucket_keys: BTreeSet<Arc<str>>,
     permits: Map<PermitId, Permit>,
     throttles: Map<Arc<str>, Millis>,
     timers: Timers,
@@ -288,6 +290,7 @@ impl Engine {
         Engine {
             config,
             buckets: Map::default(),
+            bucket_keys: BTreeSet::new(),
             permits: Map::default(),
             throttles: Map::default(),
             timers: Timers::default(),
@@ -323,7 +326,7 @@ impl Engine {
                 // A cost of 0 fills nothing; a window-only bucket has nothing to record.
                 continue;
             }
-            let bucket = bucket_entry(&mut self.buckets, &limit.key);
+            let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key);
             let key = bucket.key.clone();
             let mut meta = bucket.meta;
             if let Some(w) = limit.window
@@ -443,6 +446,7 @@ impl Engine {
         bucket.prune(now);
         self.held_places -= before - bucket.places.len();
         if bucket.is_idle() {
+            self.bucket_keys.remove(key);
             effects.extend(self.buckets.remove(key).map(Bucket::into_forgotten));
             return;
         }
@@ -524,19 +528,19 @@ impl Engine {
 
     /// Restores a bucket's settings from the file (before its grants).
     pub fn restore_bucket(&mut self, key: &str, meta: BucketMeta) {
-        bucket_entry(&mut self.buckets, key).meta = meta;
+        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).meta = meta;
     }
 
     /// Restores one persisted grant. Grants of one bucket must come in time order.
     pub fn restore_grant(&mut self, key: &str, at: Millis, cost: u64) {
-        bucket_entry(&mut self.buckets, key).window.restore(at, cost);
+        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).window.restore(at, cost);
     }
 
     /// Restores a persisted permit with its places.
     pub fn restore_permit(&mut self, id: PermitId, places: Vec<(String, Millis)>) {
         let mut kept = Vec::with_capacity(places.len());
         for (key, lapse) in places {
-            let bucket = bucket_entry(&mut self.buckets, &key);
+            let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &key);
             bucket.places.insert((lapse, id));
             self.held_places += 1;
             kept.push((bucket.key.clone(), lapse));
@@ -559,6 +563,7 @@ impl Engine {
             bucket.timer_at = Millis(u64::MAX);
             bucket.prune(now);
             if bucket.is_idle() {
+                self.bucket_keys.remove(&key);
                 effects.extend(self.buckets.remove(&key).map(Bucket::into_forgotten));
             } else {
                 effects.extend(bucket.take_pruned());
@@ -589,6 +594,7 @@ impl Engine {
     /// Counts of live buckets, permits and throttles.
     #[must_use]
     pub fn totals(&self) -> Totals {
+        debug_assert_eq!(self.bucket_keys.len(), self.buckets.len(), "the key index follows the buckets");
         Totals { buckets: self.buckets.len(), permits: self.permits.len(), throttles: self.throttles.len() }
     }
 
@@ -647,12 +653,22 @@ impl Engine {
 
     /// The keys a page of the state may show: the `keep + 1` lowest keys of buckets, permits
     /// (by their id's string form) and throttles each, that start with `prefix` and sort after
-    /// `after`, sorted (one more than `keep` stands for "more remain"). One pass over the keys,
-    /// comparing and cloning only those kept, so that a page of a large state holds the engine
-    /// for a moment; [`Engine::view_page`] then builds the page's views alone.
+    /// `after`, sorted (one more than `keep` stands for "more remain"). Buckets are read in
+    /// order from their index (a page of a large state holds the engine for a moment); permits
+    /// and throttles, fewer, in one pass that clones only those kept. [`Engine::view_page`]
+    /// then builds the page's views alone.
     #[must_use]
     pub fn page_keys(&self, prefix: &str, after: &str, keep: usize) -> PageKeys {
+        use std::ops::Bound;
         let wanted = |k: &&Arc<str>| k.starts_with(prefix) && &***k > after;
+        let from = if prefix > after { Bound::Included(prefix) } else { Bound::Excluded(after) };
+        let buckets = self
+            .bucket_keys
+            .range::<str, _>((from, Bound::Unbounded))
+            .take_while(|k| k.starts_with(prefix))
+            .take(keep.saturating_add(1))
+            .cloned()
+            .collect();
         let permit_after = after.parse::<PermitId>().ok();
         let permit_wanted = |id: &&PermitId| match permit_after {
             Some(cursor) => **id > cursor,
@@ -660,7 +676,7 @@ impl Engine {
         };
         PageKeys {
             keep,
-            buckets: lowest(self.buckets.keys().filter(wanted), keep).into_iter().cloned().collect(),
+            buckets,
             permits: lowest(self.permits.keys().filter(permit_wanted), keep).into_iter().copied().collect(),
             throttles: lowest(self.throttles.keys().filter(wanted), keep).into_iter().cloned().collect(),
         }
@@ -750,9 +766,14 @@ impl Engine {
 }
 
 /// The bucket named `key`, created empty when missing.
-fn bucket_entry<'a>(buckets: &'a mut Map<Arc<str>, Bucket>, key: &str) -> &'a mut Bucket {
+fn bucket_entry<'a>(
+    buckets: &'a mut Map<Arc<str>, Bucket>,
+    keys: &mut BTreeSet<Arc<str>>,
+    key: &str,
+) -> &'a mut Bucket {
     if !buckets.contains_key(key) {
         let key: Arc<str> = Arc::from(key);
+        keys.insert(key.clone());
         buckets.insert(key.clone(), Bucket::new(key));
     }
     buckets.get_mut(key).expect("inserted above")

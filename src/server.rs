@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -32,11 +33,31 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const PAGE_HTML: &str = include_str!("page.html");
 
 /// What the server needs besides the limiter.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// When set, every path but `GET /health` and the page (`GET /`) needs
     /// `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// A request's head and body must arrive within this long of its first byte.
+    pub request_timeout: Duration,
+    /// A keep-alive connection idle this long is closed.
+    pub idle_timeout: Duration,
+    /// At most this many connections are open at once; the rest wait to be accepted.
+    pub max_connections: usize,
+    /// On shutdown, connections still open this long after it began are closed unanswered.
+    pub drain_deadline: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            token: None,
+            request_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: 4096,
+            drain_deadline: Duration::from_secs(10),
+        }
+    }
 }
 
 struct App {
@@ -47,8 +68,10 @@ struct App {
 }
 
 /// Serves the wire on `listener` until `shutdown` completes, then stops accepting, finishes the
-/// requests in flight (answering any that arrive meanwhile `unavailable`) and returns. The
-/// caller then drops the limiter, which commits and closes the file.
+/// requests in flight (answering any that arrive meanwhile `unavailable`) and returns, within
+/// `config.drain_deadline` (connections idle or still sending a request are closed unanswered;
+/// see the `connections` module). The caller then drops the limiter, which commits and closes the
+/// file.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: Arc<Limiter>,
@@ -62,12 +85,13 @@ pub async fn serve(
         recent: Recent::default(),
     });
     let router = axum::Router::new().fallback(handle).with_state(app.clone());
-    let draining = app.clone();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            draining.draining.store(true, Ordering::SeqCst);
-        })
+    let limits = crate::connections::Limits {
+        request_timeout: config.request_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: config.max_connections,
+        drain_deadline: config.drain_deadline,
+    };
+    crate::connections::run(listener, router, limits, shutdown, move || app.draining.store(true, Ordering::SeqCst))
         .await
 }
 
@@ -137,7 +161,14 @@ fn authorized(token: &[u8], headers: &HeaderMap) -> bool {
 struct StateQuery {
     #[serde(default)]
     prefix: String,
+    #[serde(default)]
+    after: String,
+    limit: Option<String>,
 }
+
+/// The page size of `GET /state` when the query names none, and the most it may name.
+pub const STATE_LIMIT_DEFAULT: usize = 1000;
+pub const STATE_LIMIT_MAX: usize = 100_000;
 
 /// What a path serves and with which HTTP method.
 enum Route {
@@ -204,11 +235,17 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
     }
     let limiter = &app.limiter;
     match route {
-        Route::Health => Ok(json(&HealthReply {
-            ok: true,
-            path: limiter.path().display().to_string(),
-            uptime_ms: limiter.uptime().as_millis() as u64,
-        })),
+        Route::Health => {
+            let reason = limiter.outage();
+            let status = if reason.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+            let reply = HealthReply {
+                ok: reason.is_none(),
+                path: limiter.path().display().to_string(),
+                uptime_ms: limiter.uptime().as_millis() as u64,
+                reason,
+            };
+            Ok((status, json(&reply)).into_response())
+        }
         Route::Metrics => {
             Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], limiter.metrics().encode())
                 .into_response())
@@ -216,13 +253,31 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
         Route::Recent => Ok(json(&app.recent.reply(limiter.now()))),
         Route::State => {
             let query = axum::extract::Query::<StateQuery>::try_from_uri(&parts.uri)
-                .map_err(|e| Failure::bad_request(format!("prefix must be a string: {e}")))?;
-            let prefix = query.0.prefix;
-            let snapshot = limiter.state(&prefix).await?;
-            Ok(json(&StateReply::new(snapshot.now, &snapshot.view, snapshot.totals)))
+                .map_err(|e| Failure::bad_request(format!("prefix, after and limit must be strings: {e}")))?;
+            let StateQuery { prefix, after, limit } = query.0;
+            let limit = match limit {
+                None => STATE_LIMIT_DEFAULT,
+                Some(text) => {
+                    text.parse::<usize>().ok().filter(|n| (1..=STATE_LIMIT_MAX).contains(n)).ok_or_else(|| {
+                        Failure::bad_request(format!("limit must be an integer from 1 to {STATE_LIMIT_MAX}"))
+                    })?
+                }
+            };
+            // Sorting the keys of a large state is work for a blocking thread, not the runtime's.
+            let limiter = app.limiter.clone();
+            let page = tokio::task::spawn_blocking(move || limiter.state_page(&prefix, &after, limit))
+                .await
+                .map_err(|e| Failure::unavailable(format!("reading the state failed: {e}")))??;
+            let snapshot = page.snapshot;
+            let mut reply = StateReply::new(snapshot.now, &snapshot.view, snapshot.totals);
+            reply.truncated = page.truncated;
+            Ok(json(&reply))
         }
         Route::Call(method) => {
             let body = read_body(&parts.headers, body).await?;
+            if let Some(conn) = parts.extensions.get::<Arc<crate::connections::Conn>>() {
+                conn.body_read();
+            }
             let now = limiter.now();
             let request = match method {
                 Some(method) => Request::from_body(method, &body, now).map_err(|e| {
@@ -252,7 +307,15 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
+        let e = e.into_inner();
+        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            too_large()
+        } else {
+            // A malformed chunked body, or one cut short.
+            Failure::bad_request(format!("body could not be read: {e}"))
+        }
+    })
 }
 
 async fn call(app: &App, request: Request) -> Result<Response, Failure> {

@@ -44,7 +44,7 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let config = ServerConfig { token: token.map(str::to_owned) };
+        let config = ServerConfig { token: token.map(str::to_owned), ..ServerConfig::default() };
         let done = tokio::spawn(serve(listener, limiter, config, async move {
             let _ = stopped.await;
         }));

@@ -1,6 +1,6 @@
 //! `redb-limiter status`: a table of buckets (window use against the last `calls` seen, oldest
 //! grant, places held), throttles with time left, and totals; from a running server's `/state`
-//! or straight from the file when no server holds it.
+//! (page by page) or straight from the file when no server holds it.
 //!
 //! `--watch` redraws the same view in place once a second, as the live page shows it: bars,
 //! fullest first, places about to lapse, and (from a server) the latest refusals and decisions
@@ -39,20 +39,52 @@ pub struct StatusArgs {
     /// Redraw a live view once a second until q or Ctrl-C.
     #[arg(long)]
     pub watch: bool,
+    /// How many buckets, permits and throttles each to ask a server for at once.
+    #[arg(long, hide = true, default_value_t = 1000)]
+    pub page_size: usize,
 }
 
-async fn from_server(url: &str, token: Option<&str>, prefix: &str) -> anyhow::Result<StateReply> {
+/// The whole state from a server's `/state`, page by page (each page at most `page_size` of
+/// each kind, from `after`). A kind whose page came back full may have more: the next page
+/// starts after the lowest of those kinds' last keys; what comes back twice is kept once.
+async fn from_server(url: &str, token: Option<&str>, prefix: &str, page_size: usize) -> anyhow::Result<StateReply> {
+    use std::collections::BTreeMap;
     let server = HttpLimiter::new(url, token.map(str::to_owned));
-    let resp = server
-        .request(reqwest::Method::GET, "/state")
-        .query(&[("prefix", prefix)])
-        .send()
-        .await
-        .with_context(|| format!("asking {url}"))?;
-    let status = resp.status();
-    let body = resp.text().await?;
-    anyhow::ensure!(status.is_success(), "{url}/state answered {status}: {body}");
-    Ok(serde_json::from_str(&body)?)
+    let (mut buckets, mut permits, mut throttles) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let mut after = String::new();
+    loop {
+        let limit = page_size.to_string();
+        let query = [("prefix", prefix), ("after", after.as_str()), ("limit", limit.as_str())];
+        let resp = server
+            .request(reqwest::Method::GET, "/state")
+            .query(&query)
+            .send()
+            .await
+            .with_context(|| format!("asking {url}"))?;
+        let status = resp.status();
+        let body = resp.text().await?;
+        anyhow::ensure!(status.is_success(), "{url}/state answered {status}: {body}");
+        let mut page: StateReply = serde_json::from_str(&body)?;
+        let full_lasts = [
+            (page.buckets.len() >= page_size).then(|| page.buckets.last().map(|b| b.key.clone())).flatten(),
+            (page.permits.len() >= page_size).then(|| page.permits.last().map(|p| p.permit.clone())).flatten(),
+            (page.throttles.len() >= page_size).then(|| page.throttles.last().map(|t| t.key.clone())).flatten(),
+        ];
+        buckets.extend(page.buckets.drain(..).map(|b| (b.key.clone(), b)));
+        permits.extend(page.permits.drain(..).map(|p| (p.permit.clone(), p)));
+        throttles.extend(page.throttles.drain(..).map(|t| (t.key.clone(), t)));
+        let next = full_lasts.into_iter().flatten().min();
+        match next {
+            Some(next) if page.truncated && next > after => after = next,
+            _ => {
+                page.buckets = buckets.into_values().collect();
+                page.permits = permits.into_values().collect();
+                page.throttles = throttles.into_values().collect();
+                page.truncated = false;
+                return Ok(page);
+            }
+        }
+    }
 }
 
 /// Reads `path` of a server as JSON, with its token.
@@ -90,7 +122,7 @@ fn from_file(path: PathBuf, prefix: &str) -> anyhow::Result<StateReply> {
 
 async fn fetch(args: &StatusArgs) -> anyhow::Result<StateReply> {
     match (&args.url, &args.path) {
-        (Some(url), _) => from_server(url, args.token.as_deref(), &args.prefix).await,
+        (Some(url), _) => from_server(url, args.token.as_deref(), &args.prefix, args.page_size.max(1)).await,
         (None, path) => {
             let path = path.clone().unwrap_or_else(|| PathBuf::from(redb_limiter::DEFAULT_PATH));
             let prefix = args.prefix.clone();

@@ -241,6 +241,9 @@ pub struct HealthReply {
     pub ok: bool,
     pub path: String,
     pub uptime_ms: u64,
+    /// Why the store cannot commit, while it cannot (then `ok` is false).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
 }
 
 /// `GET /state`.
@@ -252,6 +255,9 @@ pub struct StateReply {
     pub permits: Vec<PermitState>,
     pub throttles: Vec<ThrottleState>,
     pub totals: TotalsState,
+    /// More buckets, permits or throttles follow (ask again with `after`).
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -337,6 +343,7 @@ impl StateReply {
                 permits: totals.permits as u64,
                 throttles: totals.throttles as u64,
             },
+            truncated: false,
         }
     }
 }

@@ -312,6 +312,8 @@ impl Bucket {
 pub struct Engine {
     config: EngineConfig,
     buckets: Map<Arc<str>, Bucket>,
+    /// The keys of `buckets`, in order: a page of the state is read from it without a scan.
+    bucket_keys: BTreeSet<Arc<str>>,
     permits: Map<PermitId, PermitState>,
     throttles: Map<Arc<str>, Millis>,
     timers: Timers,
@@ -355,6 +357,31 @@ pub struct StateView {
     pub throttles: Vec<ThrottleView>,
 }
 
+/// The keys a page of the state may show (see [`Engine::page_keys`]).
+#[derive(Debug, Clone, Default)]
+pub struct PageKeys {
+    /// How many of each kind were asked for: one more means more remain beyond.
+    pub keep: usize,
+    pub buckets: Vec<Arc<str>>,
+    pub permits: Vec<PermitId>,
+    pub throttles: Vec<Arc<str>>,
+}
+
+/// The `keep + 1` lowest of `items`, sorted.
+fn lowest<T: Ord>(items: impl Iterator<Item = T>, keep: usize) -> Vec<T> {
+    let mut heap = std::collections::BinaryHeap::with_capacity(keep.saturating_add(2).min(1 << 16));
+    for item in items {
+        if heap.len() <= keep {
+            heap.push(item);
+        } else if let Some(mut highest) = heap.peek_mut()
+            && item < *highest
+        {
+            *highest = item;
+        }
+    }
+    heap.into_sorted_vec()
+}
+
 /// Counts for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Totals {
@@ -369,6 +396,7 @@ impl Engine {
         Engine {
             config,
             buckets: Map::default(),
+            bucket_keys: BTreeSet::new(),
             permits: Map::default(),
             throttles: Map::default(),
             timers: Timers::default(),
@@ -417,7 +445,7 @@ impl Engine {
                 }
                 continue;
             }
-            let bucket = bucket_entry(&mut self.buckets, &limit.key);
+            let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key);
             let key = bucket.key.clone();
             let old = bucket.meta;
             // An idle bucket keeps nothing: it starts again as if new (as if it was forgotten).
@@ -668,6 +696,7 @@ impl Engine {
         bucket.prune(now);
         self.held_places -= before - bucket.places.len();
         if bucket.is_idle() {
+            self.bucket_keys.remove(key);
             effects.extend(self.buckets.remove(key).map(Bucket::into_forgotten));
             return;
         }
@@ -749,18 +778,18 @@ impl Engine {
 
     /// Restores a bucket's settings from the file (before its grants).
     pub fn restore_bucket(&mut self, key: &str, meta: BucketMeta) {
-        bucket_entry(&mut self.buckets, key).meta = meta;
+        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).meta = meta;
     }
 
     /// Restores one persisted grant. Grants of one bucket must come in time order.
     pub fn restore_grant(&mut self, key: &str, at: Millis, cost: u64) {
-        bucket_entry(&mut self.buckets, key).window.restore(at, cost);
+        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).window.restore(at, cost);
     }
 
     /// Restores a persisted permit with its places and window shares.
     pub fn restore_permit(&mut self, id: PermitId, mut permit: PermitState) {
         for (key, lapse) in &mut permit.places {
-            let bucket = bucket_entry(&mut self.buckets, key);
+            let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, key);
             bucket.places.insert((*lapse, id));
             self.held_places += 1;
             *key = bucket.key.clone();
@@ -783,6 +812,7 @@ impl Engine {
             bucket.timer_at = Millis(u64::MAX);
             bucket.prune(now);
             if bucket.is_idle() {
+                self.bucket_keys.remove(&key);
                 effects.extend(self.buckets.remove(&key).map(Bucket::into_forgotten));
             } else {
                 effects.extend(bucket.take_pruned());
@@ -812,6 +842,7 @@ impl Engine {
     /// Counts of live buckets, permits and throttles.
     #[must_use]
     pub fn totals(&self) -> Totals {
+        debug_assert_eq!(self.bucket_keys.len(), self.buckets.len(), "the key index follows the buckets");
         Totals { buckets: self.buckets.len(), permits: self.permits.len(), throttles: self.throttles.len() }
     }
 
@@ -870,6 +901,98 @@ impl Engine {
         StateView { buckets, permits, throttles }
     }
 
+    /// The keys a page of the state may show: the `keep + 1` lowest keys of buckets, permits
+    /// (by their id's string form) and throttles each, that start with `prefix` and sort after
+    /// `after`, sorted (one more than `keep` stands for "more remain"). Buckets are read in
+    /// order from their index (a page of a large state holds the engine for a moment); permits
+    /// and throttles, fewer, in one pass that clones only those kept. [`Engine::view_page`]
+    /// then builds the page's views alone.
+    #[must_use]
+    pub fn page_keys(&self, prefix: &str, after: &str, keep: usize) -> PageKeys {
+        use std::ops::Bound;
+        let wanted = |k: &&Arc<str>| k.starts_with(prefix) && &***k > after;
+        let from = if prefix > after { Bound::Included(prefix) } else { Bound::Excluded(after) };
+        let buckets = self
+            .bucket_keys
+            .range::<str, _>((from, Bound::Unbounded))
+            .take_while(|k| k.starts_with(prefix))
+            .take(keep.saturating_add(1))
+            .cloned()
+            .collect();
+        let permit_after = after.parse::<PermitId>().ok();
+        let permit_wanted = |id: &&PermitId| match permit_after {
+            Some(cursor) => **id > cursor,
+            None => after.is_empty() || id.to_string().as_str() > after,
+        };
+        PageKeys {
+            keep,
+            buckets,
+            permits: lowest(self.permits.keys().filter(permit_wanted), keep).into_iter().copied().collect(),
+            throttles: lowest(self.throttles.keys().filter(wanted), keep).into_iter().cloned().collect(),
+        }
+    }
+
+    /// The views at `now` of `keys` (sorted, from [`Engine::page_keys`]), at most `limit` of each
+    /// kind that are live, in order; and whether keys are left over (more may remain).
+    #[must_use]
+    pub fn view_page(&self, now: Millis, prefix: &str, keys: &PageKeys, limit: usize) -> (StateView, bool) {
+        // Keys beyond those listed: more remain whatever the page shows.
+        let mut truncated =
+            [keys.buckets.len(), keys.permits.len(), keys.throttles.len()].iter().any(|n| *n > keys.keep);
+        let mut buckets = Vec::new();
+        for (i, key) in keys.buckets.iter().enumerate() {
+            if buckets.len() == limit {
+                truncated |= i < keys.buckets.len();
+                break;
+            }
+            if let Some(b) = self.buckets.get(key) {
+                let live = b.places.range((now.plus(1), PermitId(0))..);
+                let view = BucketView {
+                    key: key.to_string(),
+                    meta: b.meta,
+                    window_used: b.window.used(now, b.meta.retain_ms),
+                    oldest_grant: b.window.iter().find(|(at, _)| at.plus(b.meta.retain_ms) > now).map(|(at, _)| at),
+                    grant_entries: b.window.len(),
+                    places_held: live.clone().count(),
+                    next_lapse: live.map(|(lapse, _)| *lapse).next(),
+                };
+                if view.window_used > 0 || view.places_held > 0 {
+                    buckets.push(view);
+                }
+            }
+        }
+        let mut permits = Vec::new();
+        for (i, id) in keys.permits.iter().enumerate() {
+            if permits.len() == limit {
+                truncated |= i < keys.permits.len();
+                break;
+            }
+            if let Some(p) = self.permits.get(id).filter(|p| p.expires > now) {
+                let places: Vec<(String, Millis)> = p
+                    .places
+                    .iter()
+                    .filter(|(k, lapse)| *lapse > now && k.starts_with(prefix))
+                    .map(|(k, lapse)| (k.to_string(), *lapse))
+                    .collect();
+                // A permit without places (asked for with `permit`) is listed when no prefix is.
+                if !places.is_empty() || (prefix.is_empty() && p.places.is_empty()) {
+                    permits.push(PermitView { id: *id, expires: p.expires, places });
+                }
+            }
+        }
+        let mut throttles = Vec::new();
+        for (i, key) in keys.throttles.iter().enumerate() {
+            if throttles.len() == limit {
+                truncated |= i < keys.throttles.len();
+                break;
+            }
+            if let Some(until) = self.throttles.get(key).filter(|u| **u > now) {
+                throttles.push(ThrottleView { key: key.to_string(), until: *until });
+            }
+        }
+        (StateView { buckets, permits, throttles }, truncated)
+    }
+
     /// Every persisted fact of the engine, for tests that compare a rebuilt engine with a live
     /// one: per bucket its meta and window entries, the permits' places, the throttles.
     #[doc(hidden)]
@@ -900,9 +1023,14 @@ impl Engine {
 }
 
 /// The bucket named `key`, created empty when missing.
-fn bucket_entry<'a>(buckets: &'a mut Map<Arc<str>, Bucket>, key: &str) -> &'a mut Bucket {
+fn bucket_entry<'a>(
+    buckets: &'a mut Map<Arc<str>, Bucket>,
+    keys: &mut BTreeSet<Arc<str>>,
+    key: &str,
+) -> &'a mut Bucket {
     if !buckets.contains_key(key) {
         let key: Arc<str> = Arc::from(key);
+        keys.insert(key.clone());
         buckets.insert(key.clone(), Bucket::new(key));
     }
     buckets.get_mut(key).expect("inserted above")

@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::request::{AcquireRequest, BadRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use crate::store::{Opener, Store, StoreError, file_opener};
 use crate::time::{Clock, Millis, SystemClock};
-use pipeline::{Command, Core, File, Reply, Shared, Writer, finish_restore, spawn_replier};
+use pipeline::{Command, Core, File, LogGate, Reply, Shared, Writer, finish_restore, spawn_replier};
 
 /// Why a request got no answer from the limiter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,7 +35,10 @@ pub enum LimiterError {
     /// The request is malformed; nothing changed.
     #[error("{0}")]
     BadRequest(#[from] BadRequest),
-    /// The store cannot commit (or the limiter is closing); nothing was granted.
+    /// The store cannot commit (or the limiter is closing): the request was not granted. When a
+    /// commit failed at its final sync its change may already be in the file, so the call may
+    /// still count in its windows after a restart (never more than once, never as a grant), and
+    /// a throttle may or may not have closed its key.
     #[error("unavailable: {0}")]
     Unavailable(String),
 }
@@ -122,6 +125,14 @@ pub struct Snapshot {
     pub totals: Totals,
 }
 
+/// One page of the state (see [`Limiter::state_page`]).
+#[derive(Debug, Clone)]
+pub struct StatePage {
+    pub snapshot: Snapshot,
+    /// More buckets, permits or throttles may follow the page's last keys.
+    pub truncated: bool,
+}
+
 /// The durable limiter. Cheap to share behind an `Arc`; dropping it (or [`Limiter::close`])
 /// commits what is queued, answers every waiting request and closes the file.
 pub struct Limiter {
@@ -174,6 +185,8 @@ impl Limiter {
                 last_now: floor,
                 deferred_since: None,
                 broken: None,
+                lost: false,
+                failing: None,
                 closing: false,
                 committing: false,
                 last_batch: 0,
@@ -186,8 +199,9 @@ impl Limiter {
             caller_commits: options.caller_commits,
             ack_before_commit: options.ack_before_commit,
             replier: OnceLock::new(),
+            log_gate: Mutex::new(LogGate::default()),
         });
-        let writer = Writer { shared: shared.clone() };
+        let writer = Writer { shared: shared.clone(), file_checked: Instant::now() };
         let worker = std::thread::Builder::new()
             .name("redb-limiter-writer".into())
             .spawn(move || writer.run())
@@ -210,6 +224,14 @@ impl Limiter {
     #[must_use]
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// Why the store cannot commit now (its last commit failed, or the file cannot be reopened),
+    /// or `None` while it can. Requests meanwhile are answered `Unavailable`.
+    #[must_use]
+    pub fn outage(&self) -> Option<String> {
+        let core = self.shared.lock();
+        core.broken.clone().or_else(|| core.failing.clone())
     }
 
     #[must_use]
@@ -294,6 +316,25 @@ impl Limiter {
     /// The live state whose keys start with `prefix`.
     pub async fn state(&self, prefix: &str) -> Result<Snapshot, LimiterError> {
         self.ask(|reply| Command::State { prefix: prefix.to_owned(), reply }).await
+    }
+
+    /// At most `limit` live buckets, permits and throttles each whose keys start with `prefix`
+    /// and sort after `after`, in key order (a permit's key is its id). Built without holding
+    /// up decisions for more than a moment: one pass over the keys keeps the lowest (see
+    /// [`Engine::page_keys`]) and only the page's views are built; nothing is serialized here.
+    pub fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
+        let limit = limit.max(1);
+        let mut core = self.shared.lock();
+        if let Some(why) = core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned())) {
+            return Err(LimiterError::Unavailable(why));
+        }
+        let now = self.shared.now(&mut core);
+        // Twice the page, so that keys idle by now seldom shorten it.
+        let keys = core.engine.page_keys(prefix, after, limit.saturating_mul(2));
+        let (view, truncated) = core.engine.view_page(now, prefix, &keys, limit);
+        let totals = core.engine.totals();
+        drop(core);
+        Ok(StatePage { snapshot: Snapshot { now, view, totals }, truncated })
     }
 
     /// [`Limiter::acquire`] for threads outside an async runtime.

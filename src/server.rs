@@ -2,12 +2,15 @@
 //!
 //! It owns routing, the order of checks (token first, then 404/405, then the 64 KiB body
 //! limit, then parsing), the mapping of every error to its status and code, and draining on
-//! shutdown. It decides nothing itself: every request goes to the limiter, and a reply is
+//! shutdown. `GET /` is the live page (`page.html`, embedded; it needs no token, as it carries
+//! no data) and `GET /recent` the feed of latest refusals it reads (see [`crate::recent`]).
+//! It decides nothing itself: every request goes to the limiter, and a reply is
 //! written only after the limiter answered (which is after the commit).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -15,29 +18,60 @@ use axum::http::{HeaderMap, Method as HttpMethod, Request as HttpRequest, Status
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::recent::Recent;
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{EnvelopeError, Method, Request};
-use redb_limiter::wire::{AcquireReply, ErrorBody, ErrorReply, HealthReply, ReleaseReply, StateReply, ThrottleReply};
+use redb_limiter::wire::{
+    AcquireReply, ErrorBody, ErrorReply, HealthReply, LiftReply, PeekReply, ReleaseReply, SettleReply, StateReply,
+    ThrottleReply, acquire_reply_with_report,
+};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// The live page `GET /` serves: one self-contained HTML file (no external script, style or font).
+pub const PAGE_HTML: &str = include_str!("page.html");
+
 /// What the server needs besides the limiter.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// When set, every path but `GET /health` needs `Authorization: Bearer <token>`.
+    /// When set, every path but `GET /health` and the page (`GET /`) needs
+    /// `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// A request's head and body must arrive within this long of its first byte.
+    pub request_timeout: Duration,
+    /// A keep-alive connection idle this long is closed.
+    pub idle_timeout: Duration,
+    /// At most this many connections are open at once; the rest wait to be accepted.
+    pub max_connections: usize,
+    /// On shutdown, connections still open this long after it began are closed unanswered.
+    pub drain_deadline: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            token: None,
+            request_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            max_connections: 4096,
+            drain_deadline: Duration::from_secs(10),
+        }
+    }
 }
 
 struct App {
     limiter: Arc<Limiter>,
     token: Option<Vec<u8>>,
     draining: AtomicBool,
+    recent: Recent,
 }
 
 /// Serves the wire on `listener` until `shutdown` completes, then stops accepting, finishes the
-/// requests in flight (answering any that arrive meanwhile `unavailable`) and returns. The
-/// caller then drops the limiter, which commits and closes the file.
+/// requests in flight (answering any that arrive meanwhile `unavailable`) and returns, within
+/// `config.drain_deadline` (connections idle or still sending a request are closed unanswered;
+/// see the `connections` module). The caller then drops the limiter, which commits and closes the
+/// file.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: Arc<Limiter>,
@@ -48,14 +82,16 @@ pub async fn serve(
         limiter,
         token: config.token.map(|t| t.trim().as_bytes().to_vec()).filter(|t| !t.is_empty()),
         draining: AtomicBool::new(false),
+        recent: Recent::default(),
     });
     let router = axum::Router::new().fallback(handle).with_state(app.clone());
-    let draining = app.clone();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            draining.draining.store(true, Ordering::SeqCst);
-        })
+    let limits = crate::connections::Limits {
+        request_timeout: config.request_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: config.max_connections,
+        drain_deadline: config.drain_deadline,
+    };
+    crate::connections::run(listener, router, limits, shutdown, move || app.draining.store(true, Ordering::SeqCst))
         .await
 }
 
@@ -125,7 +161,14 @@ fn authorized(token: &[u8], headers: &HeaderMap) -> bool {
 struct StateQuery {
     #[serde(default)]
     prefix: String,
+    #[serde(default)]
+    after: String,
+    limit: Option<String>,
 }
+
+/// The page size of `GET /state` when the query names none, and the most it may name.
+pub const STATE_LIMIT_DEFAULT: usize = 1000;
+pub const STATE_LIMIT_MAX: usize = 100_000;
 
 /// What a path serves and with which HTTP method.
 enum Route {
@@ -133,6 +176,7 @@ enum Route {
     Health,
     State,
     Metrics,
+    Recent,
 }
 
 fn route(path: &str) -> Option<(Route, HttpMethod)> {
@@ -140,10 +184,14 @@ fn route(path: &str) -> Option<(Route, HttpMethod)> {
         "/acquire" => (Route::Call(Some(Method::Acquire)), HttpMethod::POST),
         "/release" => (Route::Call(Some(Method::Release)), HttpMethod::POST),
         "/throttle" => (Route::Call(Some(Method::Throttle)), HttpMethod::POST),
+        "/peek" => (Route::Call(Some(Method::Peek)), HttpMethod::POST),
+        "/settle" => (Route::Call(Some(Method::Settle)), HttpMethod::POST),
+        "/lift" => (Route::Call(Some(Method::Lift)), HttpMethod::POST),
         "/" => (Route::Call(None), HttpMethod::POST),
         "/health" => (Route::Health, HttpMethod::GET),
         "/state" => (Route::State, HttpMethod::GET),
         "/metrics" => (Route::Metrics, HttpMethod::GET),
+        "/recent" => (Route::Recent, HttpMethod::GET),
         _ => return None,
     })
 }
@@ -158,6 +206,9 @@ async fn handle(State(app): State<Arc<App>>, req: HttpRequest<Body>) -> Response
 async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
+    if path == "/" && parts.method == HttpMethod::GET {
+        return Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE_HTML).into_response());
+    }
     let is_health = path == "/health" && parts.method == HttpMethod::GET;
     if let Some(token) = &app.token
         && !is_health
@@ -184,24 +235,49 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
     }
     let limiter = &app.limiter;
     match route {
-        Route::Health => Ok(json(&HealthReply {
-            ok: true,
-            path: limiter.path().display().to_string(),
-            uptime_ms: limiter.uptime().as_millis() as u64,
-        })),
+        Route::Health => {
+            let reason = limiter.outage();
+            let status = if reason.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+            let reply = HealthReply {
+                ok: reason.is_none(),
+                path: limiter.path().display().to_string(),
+                uptime_ms: limiter.uptime().as_millis() as u64,
+                reason,
+            };
+            Ok((status, json(&reply)).into_response())
+        }
         Route::Metrics => {
             Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], limiter.metrics().encode())
                 .into_response())
         }
+        Route::Recent => Ok(json(&app.recent.reply(limiter.now()))),
         Route::State => {
             let query = axum::extract::Query::<StateQuery>::try_from_uri(&parts.uri)
-                .map_err(|e| Failure::bad_request(format!("prefix must be a string: {e}")))?;
-            let prefix = query.0.prefix;
-            let snapshot = limiter.state(&prefix).await?;
-            Ok(json(&StateReply::new(snapshot.now, &snapshot.view, snapshot.totals)))
+                .map_err(|e| Failure::bad_request(format!("prefix, after and limit must be strings: {e}")))?;
+            let StateQuery { prefix, after, limit } = query.0;
+            let limit = match limit {
+                None => STATE_LIMIT_DEFAULT,
+                Some(text) => {
+                    text.parse::<usize>().ok().filter(|n| (1..=STATE_LIMIT_MAX).contains(n)).ok_or_else(|| {
+                        Failure::bad_request(format!("limit must be an integer from 1 to {STATE_LIMIT_MAX}"))
+                    })?
+                }
+            };
+            // Sorting the keys of a large state is work for a blocking thread, not the runtime's.
+            let limiter = app.limiter.clone();
+            let page = tokio::task::spawn_blocking(move || limiter.state_page(&prefix, &after, limit))
+                .await
+                .map_err(|e| Failure::unavailable(format!("reading the state failed: {e}")))??;
+            let snapshot = page.snapshot;
+            let mut reply = StateReply::new(snapshot.now, &snapshot.view, snapshot.totals);
+            reply.truncated = page.truncated;
+            Ok(json(&reply))
         }
         Route::Call(method) => {
             let body = read_body(&parts.headers, body).await?;
+            if let Some(conn) = parts.extensions.get::<Arc<crate::connections::Conn>>() {
+                conn.body_read();
+            }
             let now = limiter.now();
             let request = match method {
                 Some(method) => Request::from_body(method, &body, now).map_err(|e| {
@@ -213,11 +289,11 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
                     EnvelopeError::UnknownMethod(name) => Failure::new(
                         StatusCode::NOT_FOUND,
                         "not_found",
-                        format!("method {name:?} is not acquire, release or throttle"),
+                        format!("method {name:?} is not acquire, release, throttle, peek, settle or lift"),
                     ),
                 })?,
             };
-            call(limiter, request).await
+            call(app, request).await
         }
     }
 }
@@ -231,13 +307,36 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())
+    axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
+        let e = e.into_inner();
+        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            too_large()
+        } else {
+            // A malformed chunked body, or one cut short.
+            Failure::bad_request(format!("body could not be read: {e}"))
+        }
+    })
 }
 
-async fn call(limiter: &Limiter, request: Request) -> Result<Response, Failure> {
+async fn call(app: &App, request: Request) -> Result<Response, Failure> {
+    let limiter = &app.limiter;
     Ok(match request {
-        Request::Acquire(req) => json(&AcquireReply::from(&limiter.acquire(req).await?)),
+        Request::Acquire(req) => {
+            let caller = req.key.clone();
+            let acquired = limiter.acquire_reported(req).await?;
+            app.recent.record(limiter.now(), &caller, &acquired.decision);
+            match &acquired.report {
+                Some(report) => json(&acquire_reply_with_report(&acquired.decision, report)),
+                None => json(&AcquireReply::from(&acquired.decision)),
+            }
+        }
         Request::Release(req) => json(&ReleaseReply { released: limiter.release(req).await? }),
+        Request::Peek(req) => json(&PeekReply::from(&limiter.peek(req).await?)),
+        Request::Settle(req) => json(&SettleReply { settled: limiter.settle(req).await? }),
+        Request::Lift(req) => {
+            let key = req.key.clone();
+            json(&LiftReply { key, lifted: limiter.lift(req).await? })
+        }
         Request::Throttle(req) => {
             let key = req.key.clone();
             let until = limiter.throttle(req).await?;

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use redb_limiter::engine::{Decision, Engine, EngineConfig};
 use redb_limiter::limiter::LimiterOptions;
-use redb_limiter::{AcquireRequest, Limit, Limiter, Millis, Reason};
+use redb_limiter::{AcquireRequest, Cost, Limit, Limiter, Millis, Reason};
 use redb_limiter_client::contract;
-use redb_limiter_client::{AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, Refusal, WaitReport};
+use redb_limiter_client::{
+    AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, PeekOutcome, Refusal, WaitReport,
+};
 use redb_limiter_server::server::{ServerConfig, serve};
 
 const T0: Millis = Millis(1_800_000_000_000);
@@ -54,6 +56,31 @@ impl LimiterApi for EngineLimiter {
     async fn throttle(&self, key: String, until: Millis) -> Result<Option<Millis>, ClientError> {
         let now = self.now();
         Ok(self.engine.lock().unwrap().throttle(&key, until, now, &mut Vec::new()))
+    }
+
+    async fn peek(&self, req: AcquireRequest) -> Result<PeekOutcome, ClientError> {
+        let now = self.now();
+        let engine = self.engine.lock().unwrap();
+        let refusal =
+            engine.peek(&req, now).map(|r| Refusal { retry_at: r.retry_at, reason: r.reason, limit: r.limit });
+        Ok(PeekOutcome { refusal, now, limits: engine.figures(&req, now) })
+    }
+
+    async fn settle(&self, permit: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let now = self.now();
+        let settled = self.engine.lock().unwrap().settle(&permit, &costs, now, &mut Vec::new());
+        settled.map(|s| s.is_settled()).map_err(|e| ClientError::BadRequest(e.0))
+    }
+
+    async fn release_with_costs(&self, permit: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let now = self.now();
+        let released = self.engine.lock().unwrap().release_with(&permit, &costs, now, &mut Vec::new());
+        released.map_err(|e| ClientError::BadRequest(e.0))
+    }
+
+    async fn lift(&self, key: String) -> Result<bool, ClientError> {
+        let now = self.now();
+        Ok(self.engine.lock().unwrap().lift(&key, now, &mut Vec::new()))
     }
 
     fn now(&self) -> Millis {
@@ -230,4 +257,70 @@ async fn http_errors_are_typed() {
     drop(closed);
     let gone = HttpLimiter::new(dead, None);
     assert!(matches!(gone.acquire(window_req(1)).await, Err(ClientError::Unreachable(_))));
+}
+
+/// Section 9 on the host side, the same through the embedded limiter and over HTTP: peek,
+/// `Permit::settle` (a permit dropped after a settle still releases), release with costs, lift.
+async fn settle_and_peek_through<L: LimiterApi>(limiter: Arc<L>) {
+    let client = Client::new(limiter.clone());
+    let tpm = |cost| {
+        AcquireRequest::new("host", vec![Limit::window("tpm", 100, 60_000).with_cost(cost), Limit::concurrent("c", 1)])
+            .unwrap()
+    };
+    let peeked = client.peek(tpm(90)).await.unwrap();
+    assert!(peeked.fits());
+    assert_eq!(peeked.limits[0].window, Some((0, 100)));
+    let permit = client.try_acquire(tpm(90)).await.unwrap();
+    let peeked = client.peek(tpm(20)).await.unwrap();
+    assert_eq!(
+        peeked.refusal.as_ref().map(|r| (r.reason, r.limit.as_str())),
+        Some((Reason::Rate, "tpm")),
+        "the later retryAt stands"
+    );
+    assert_eq!(peeked.limits[0].window, Some((90, 10)));
+    assert_eq!(peeked.limits[1].places, Some((1, 0)));
+    // Settle down, then drop: the place is released, and the settled cost stays.
+    assert!(permit.settle(vec![Cost::new("tpm", 15)]).await.unwrap());
+    let bad = permit.settle(vec![Cost::new("c", 1)]).await;
+    assert!(matches!(bad, Err(ClientError::BadRequest(m)) if m.contains("costs[0].key")), "a place is no window");
+    drop(permit);
+    let mut released = false;
+    for _ in 0..100 {
+        let peeked = client.peek(tpm(85)).await.unwrap();
+        if peeked.fits() {
+            assert_eq!(peeked.limits[0].window, Some((15, 85)));
+            released = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(released, "a permit dropped after a settle released its place");
+    // Release with costs: one step.
+    let permit = client.try_acquire(tpm(50)).await.unwrap();
+    assert!(permit.release_with_costs(vec![Cost::new("tpm", 0)]).await.unwrap());
+    assert_eq!(client.peek(tpm(1)).await.unwrap().limits[0].window, Some((15, 85)));
+    // A place-less permit asked for with `permit`.
+    let placeless = AcquireRequest::new("host", vec![Limit::window("rpm", 5, 60_000)]).unwrap().with_permit();
+    let permit = client.try_acquire(placeless).await.unwrap();
+    assert!(permit.id().is_some());
+    assert!(permit.settle(vec![Cost::new("rpm", 5)]).await.unwrap());
+    assert!(
+        !client.peek(AcquireRequest::new("host", vec![Limit::window("rpm", 5, 60_000)]).unwrap()).await.unwrap().fits()
+    );
+    assert!(permit.release().await.unwrap());
+    // Lift.
+    let until = limiter.now().plus(60_000);
+    limiter.throttle("host".into(), until).await.unwrap();
+    assert!(limiter.lift("host".into()).await.unwrap());
+    assert!(!limiter.lift("host".into()).await.unwrap());
+}
+
+#[tokio::test]
+async fn settle_and_peek_embedded_and_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), LimiterOptions::default()).unwrap());
+    settle_and_peek_through(embedded).await;
+    let (url, _dir, _stop) = start_server().await;
+    settle_and_peek_through(Arc::new(HttpLimiter::new(&url, None))).await;
 }

@@ -10,7 +10,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter_client::vendor::{
-    MAX_WAIT_MS, MIN_WAIT_MS, parse_go_duration, parse_proto_duration, parse_retry_after, vendor_budget, vendor_wait,
+    MAX_WAIT_MS, MIN_WAIT_MS, parse_go_duration, parse_proto_duration, parse_retry_after, parse_seconds, vendor_budget,
+    vendor_wait,
 };
 
 /// The longest Go duration: `i64::MAX` nanoseconds, in milliseconds rounded up.
@@ -29,6 +30,20 @@ fn check_parsers(text: &str, now: Millis) {
         assert!(ms <= MAX_PROTO_MS, "{text:?} gave {ms}");
     }
     let _ = parse_retry_after(text, now);
+    // Plain seconds (a budget reset in either header family): digits, at most one dot with
+    // digits on both sides, nothing else; whole milliseconds rounded up.
+    if let Some(ms) = parse_seconds(text) {
+        let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
+        assert!(!whole.is_empty() && whole.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+        assert!(frac.len() <= 9 && frac.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+        assert!(text.contains('.') == !frac.is_empty(), "{text:?}");
+        if let Ok(seconds) = whole.parse::<u64>() {
+            assert!(
+                ms >= seconds.saturating_mul(1000) && ms <= seconds.saturating_mul(1000).saturating_add(1000),
+                "{text:?} gave {ms}"
+            );
+        }
+    }
 }
 
 fuzz_target!(|data: &[u8]| {

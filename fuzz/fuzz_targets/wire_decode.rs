@@ -1,21 +1,35 @@
 //! Arbitrary bytes as the body of each method and of the envelope: never a panic; either a
 //! valid request or a `BadRequest` whose message starts with the field at fault (or, for the
 //! envelope, an unknown method); and an envelope around a JSON body answers as the direct path.
+//! Covers the bodies of section 9 too: `peek` (an acquire's params), `settle` and `release` with
+//! `costs`, `lift`, and an acquire's `report` and `permit`.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::request::{
-    AcquireRequest, BadRequest, EnvelopeError, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method, Request,
+    AcquireRequest, BadRequest, Cost, EnvelopeError, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method, Request,
+    SettleRequest,
 };
 
-const METHODS: [Method; 3] = [Method::Acquire, Method::Release, Method::Throttle];
+const METHODS: [Method; 6] =
+    [Method::Acquire, Method::Release, Method::Throttle, Method::Peek, Method::Settle, Method::Lift];
 /// Instants the decoders run at: a plausible now, and the ends of time (`until` bounds saturate).
 const NOWS: [Millis; 3] = [Millis(1_800_000_000_000), Millis::ZERO, Millis(u64::MAX)];
 
 /// Whether `field` is a field of the wire: `key`, `limits[3].perMs` and so on.
 fn is_field(field: &str) -> bool {
+    if let Some(rest) = field.strip_prefix("costs[") {
+        let Some((index, rest)) = rest.split_once(']') else { return false };
+        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) || index.parse::<usize>().is_err() {
+            return false;
+        }
+        return match rest.strip_prefix('.') {
+            None => rest.is_empty(),
+            Some(sub) => ["key", "cost"].contains(&sub),
+        };
+    }
     if let Some(rest) = field.strip_prefix("limits[") {
         let Some((index, rest)) = rest.split_once(']') else { return false };
         if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) || index.parse::<usize>().is_err() {
@@ -26,7 +40,8 @@ fn is_field(field: &str) -> bool {
             Some(sub) => ["key", "calls", "perMs", "concurrent", "cost", "holdMs"].contains(&sub),
         };
     }
-    ["key", "limits", "cost", "holdMs", "permit", "until", "body", "method", "params"].contains(&field)
+    ["key", "limits", "cost", "holdMs", "permit", "until", "body", "method", "params", "report", "costs"]
+        .contains(&field)
 }
 
 fn check_error(err: &BadRequest, input: &[u8]) {
@@ -40,13 +55,38 @@ fn check_error(err: &BadRequest, input: &[u8]) {
     assert!(err.0.len() > field.len() + 1, "message names no rule: {:?}", err.0);
 }
 
+fn check_costs(costs: &[Cost]) {
+    assert!((1..=64).contains(&costs.len()));
+    for (i, c) in costs.iter().enumerate() {
+        assert!((1..=512).contains(&c.key.len()) && c.cost <= 1_000_000_000);
+        assert!(!costs[..i].iter().any(|o| o.key == c.key), "duplicate key {:?}", c.key);
+    }
+}
+
 fn check_request(req: &Request, now: Millis) {
     match req {
-        Request::Acquire(r) => {
+        Request::Acquire(r) | Request::Peek(r) => {
             r.validate().expect("a decoded acquire is within every bound");
-            assert_eq!(AcquireRequest::new(r.key.clone(), r.limits.clone()).as_ref(), Ok(r));
+            let mut rebuilt = AcquireRequest::new(r.key.clone(), r.limits.clone())
+                .and_then(|b| b.with_hold_ms(r.hold_ms))
+                .expect("valid");
+            rebuilt.report = r.report;
+            rebuilt.permit = r.permit;
+            assert_eq!(&rebuilt, r);
+            assert_eq!(AcquireRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
         }
-        Request::Release(r) => assert!((1..=MAX_PERMIT_BYTES).contains(&r.permit.len())),
+        Request::Release(r) => {
+            assert!((1..=MAX_PERMIT_BYTES).contains(&r.permit.len()));
+            if !r.costs.is_empty() {
+                check_costs(&r.costs);
+            }
+        }
+        Request::Settle(r) => {
+            assert!((1..=MAX_PERMIT_BYTES).contains(&r.permit.len()));
+            check_costs(&r.costs);
+            assert_eq!(SettleRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
+        }
+        Request::Lift(r) => assert!((1..=512).contains(&r.key.len())),
         Request::Throttle(t) => {
             assert!((1..=512).contains(&t.key.len()));
             assert!(t.until <= now.plus(MAX_THROTTLE_AHEAD_MS));

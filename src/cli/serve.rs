@@ -18,7 +18,8 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 takes a free port.
     #[arg(long, env = "REDB_LIMITER_LISTEN", default_value = "127.0.0.1:7411")]
     pub listen: String,
-    /// A file holding the bearer token every path but `GET /health` requires (trimmed).
+    /// A file holding the bearer token every path but `GET /health` and the page `GET /` requires
+    /// (trimmed).
     #[arg(long, env = "REDB_LIMITER_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// The bearer token itself (prefer --token-file; the environment keeps it out of `ps`).
@@ -27,40 +28,70 @@ pub struct ServeArgs {
     /// A call refused for concurrency is told to retry at most this many ms later.
     #[arg(long, env = "REDB_LIMITER_RECHECK_MS", default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub recheck_ms: u64,
+    /// At most this many connections open at once; the rest wait to be accepted.
+    #[arg(long, env = "REDB_LIMITER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+    /// On SIGTERM, connections still open this long after it are closed unanswered.
+    #[arg(long, hide = true, default_value_t = 10_000)]
+    pub drain_deadline_ms: u64,
 }
 
 impl ServeArgs {
+    /// The token to require, if any. A token file that is empty or only whitespace, or an empty
+    /// token, is an error: a server meant to be closed must not run open.
     fn token(&self) -> anyhow::Result<Option<String>> {
-        let token = match &self.token_file {
-            Some(file) => Some(
-                std::fs::read_to_string(file).with_context(|| format!("reading the token file {}", file.display()))?,
-            ),
-            None => self.token.clone(),
-        };
-        Ok(token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()))
+        if let Some(file) = &self.token_file {
+            let token =
+                std::fs::read_to_string(file).with_context(|| format!("reading the token file {}", file.display()))?;
+            let token = token.trim();
+            anyhow::ensure!(
+                !token.is_empty(),
+                "the token file {} is empty or only whitespace; refusing to serve without the token it was meant to hold",
+                file.display()
+            );
+            return Ok(Some(token.to_owned()));
+        }
+        // Clap may pass an empty environment value on or drop it; either way it is refused.
+        let empty_env = std::env::var_os("REDB_LIMITER_TOKEN").is_some_and(|v| v.to_string_lossy().trim().is_empty());
+        match &self.token {
+            Some(token) if !token.trim().is_empty() => Ok(Some(token.trim().to_owned())),
+            Some(_) => {
+                anyhow::bail!("the token (REDB_LIMITER_TOKEN or --token) is empty; refusing to serve without one")
+            }
+            None if empty_env => anyhow::bail!("REDB_LIMITER_TOKEN is empty; refusing to serve without a token"),
+            None => Ok(None),
+        }
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Resolves on SIGTERM or SIGINT. The handlers are installed at the call, not at the first
+/// poll: a signal that arrives just after the ready line still drains instead of killing.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing SIGTERM");
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM");
+        let mut interrupt = signal(SignalKind::interrupt()).expect("installing SIGINT");
+        async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = interrupt.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let token = args.token()?;
+    if token.is_none() {
+        tracing::warn!("no token configured: every path is open to anyone who can reach the listen address");
+    }
     // The runtime serves nothing else, so a request may commit in its own thread when the file
     // is idle: one at a time, that saves two thread hand-offs per request.
     let options = LimiterOptions { recheck_ms: args.recheck_ms, caller_commits: true, ..LimiterOptions::default() };
@@ -70,6 +101,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let shutdown = shutdown_signal();
     let ready = serde_json::json!({
         "ready": true,
         "url": format!("http://{addr}"),
@@ -81,7 +113,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         out.flush()?;
     }
     tracing::info!(%addr, path = %limiter.path().display(), "serving");
-    serve(listener, limiter.clone(), ServerConfig { token }, shutdown_signal()).await?;
+    let config = ServerConfig {
+        token,
+        max_connections: args.max_connections as usize,
+        drain_deadline: std::time::Duration::from_millis(args.drain_deadline_ms),
+        ..ServerConfig::default()
+    };
+    serve(listener, limiter.clone(), config, shutdown).await?;
     tracing::info!("drained; closing the file");
     match Arc::into_inner(limiter) {
         Some(limiter) => tokio::task::spawn_blocking(move || limiter.close()).await?,

@@ -38,6 +38,15 @@ pub const CASES: &[&str] = &[
     "errors: every bad field is a 400 naming it, and changes nothing",
     "errors: unknown path 404, wrong method 405, body over 64 KiB 413",
     "instants: every instant is written in toISOString form",
+    "peek: decides exactly as the acquire after it",
+    "peek: counts nowhere and holds no place",
+    "report: an acquire with report gives the figures after its decision",
+    "settle: down frees room at once",
+    "settle: up delays the next grant until the grant leaves",
+    "settle: an unknown permit is not settled; a key not of the grant is a 400",
+    "release: with costs settles, then releases",
+    "lift: ends a throttle in force, and only then says lifted",
+    "rule 3: a refusal naming a longer window keeps the grants that long",
 ];
 
 #[derive(Clone)]
@@ -314,6 +323,122 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             let s = g["at"].as_str().unwrap_or_default();
             ensure!(s.len() == 24 && s.ends_with('Z') && s.as_bytes()[19] == b'.', "at {s:?}");
             ensure!(at.since(wall_clock_now()) < 5_000, "at {s} is far from now");
+            Ok(())
+        }
+        17 => {
+            granted(&c.acquire(c.window("p17", 1, 60_000)).await?)?;
+            let peek = c.post("/peek", c.window("p17", 1, 60_000)).await?;
+            ensure!(peek["fits"] == false, "a full window must not fit: {peek}");
+            let acquired = c.acquire(c.window("p17", 1, 60_000)).await?;
+            let retry = refused(&acquired, "rate", &c.key("p17"))?;
+            ensure!(instant(&peek, "retryAt")? == retry, "peek {peek} and acquire {acquired} differ");
+            ensure!(peek["reason"] == "rate" && peek["limit"] == c.key("p17"), "peek {peek}");
+            let fits = c.post("/peek", c.window("p17b", 1, 60_000)).await?;
+            ensure!(fits["fits"] == true && fits.get("retryAt").is_none(), "an empty window fits: {fits}");
+            granted(&c.acquire(c.window("p17b", 1, 60_000)).await?)?;
+            Ok(())
+        }
+        18 => {
+            let both = json!({"key": c.key("caller"), "limits": [
+                {"key": c.key("w18"), "calls": 1, "perMs": 60_000}, {"key": c.key("c18"), "concurrent": 1}]});
+            for _ in 0..3 {
+                let peek = c.post("/peek", both.clone()).await?;
+                ensure!(peek["fits"] == true, "{peek}");
+                let figures = json!([{"key": c.key("w18"), "used": 0, "remaining": 1},
+                    {"key": c.key("c18"), "held": 0, "free": 1}]);
+                ensure!(peek["limits"] == figures, "figures {} != {figures}", peek["limits"]);
+                instant(&peek, "now")?;
+            }
+            granted(&c.acquire(both).await?)?;
+            Ok(())
+        }
+        19 => {
+            let body = json!({"key": c.key("caller"), "report": true, "limits": [
+                {"key": c.key("w19"), "calls": 10, "perMs": 60_000, "cost": 3}, {"key": c.key("c19"), "concurrent": 2}]});
+            let g = c.acquire(body).await?;
+            granted(&g)?;
+            instant(&g, "now")?;
+            let figures = json!([{"key": c.key("w19"), "used": 3, "remaining": 7},
+                {"key": c.key("c19"), "held": 1, "free": 1}]);
+            ensure!(g["limits"] == figures, "figures {} != {figures}", g["limits"]);
+            let plain = c.acquire(c.window("w19b", 1, 60_000)).await?;
+            ensure!(plain.get("limits").is_none() && plain.get("now").is_none(), "no report unasked: {plain}");
+            Ok(())
+        }
+        20 | 21 => {
+            let tpm = |cost: u64| {
+                json!({"key": c.key("caller"), "permit": true,
+                "limits": [{"key": c.key("tpm"), "calls": 100, "perMs": 60_000, "cost": cost}]})
+            };
+            let g = c.acquire(tpm(90)).await?;
+            let at = granted(&g)?;
+            let permit = g["permit"].as_str().ok_or("permit: true must give a permit")?.to_owned();
+            refused(&c.acquire(tpm(20)).await?, "rate", &c.key("tpm"))?;
+            let settle = |cost: u64| json!({"permit": permit, "costs": [{"key": c.key("tpm"), "cost": cost}]});
+            if case == 20 {
+                ensure!(c.post("/settle", settle(10)).await? == json!({"settled": true}), "settle down");
+                granted(&c.acquire(tpm(90)).await?)?;
+            } else {
+                ensure!(c.post("/settle", settle(100)).await? == json!({"settled": true}), "settle up");
+                let retry = refused(&c.acquire(tpm(1)).await?, "rate", &c.key("tpm"))?;
+                ensure!(retry == at.plus(60_000), "retryAt {retry} is not the grant's {at} + perMs");
+            }
+            Ok(())
+        }
+        22 => {
+            let unknown = json!({"permit": format!("{}nope", c.prefix), "costs": [{"key": c.key("any"), "cost": 1}]});
+            ensure!(c.post("/settle", unknown).await? == json!({"settled": false}), "unknown permit");
+            let g = c
+                .acquire(json!({"key": c.key("caller"), "permit": true, "limits": [
+                {"key": c.key("w22"), "calls": 5, "perMs": 60_000}, {"key": c.key("c22"), "concurrent": 1}]}))
+                .await?;
+            let permit = g["permit"].as_str().ok_or("a permit")?.to_owned();
+            let bad = json!({"permit": permit, "costs": [{"key": c.key("w22"), "cost": 5}, {"key": c.key("c22"), "cost": 1}]});
+            let (status, v) = c.send(reqwest::Method::POST, "/settle", Some(bad.to_string())).await?;
+            ensure!(
+                status == 400 && v["error"]["message"].as_str().is_some_and(|m| m.contains("costs[1].key")),
+                "{status} {v}"
+            );
+            // Nothing changed: the window still has room for 4 more.
+            let fits = c
+                .post(
+                    "/peek",
+                    json!({"key": c.key("caller"), "cost": 4, "limits": [
+                {"key": c.key("w22"), "calls": 5, "perMs": 60_000}]}),
+                )
+                .await?;
+            ensure!(fits["fits"] == true, "a settle that erred changed the window: {fits}");
+            Ok(())
+        }
+        23 => {
+            let body = json!({"key": c.key("caller"), "limits": [
+                {"key": c.key("w23"), "calls": 10, "perMs": 60_000, "cost": 10}, {"key": c.key("c23"), "concurrent": 1}]});
+            let g = c.acquire(body.clone()).await?;
+            let permit = g["permit"].as_str().ok_or("a permit")?.to_owned();
+            let release = json!({"permit": permit, "costs": [{"key": c.key("w23"), "cost": 0}]});
+            ensure!(c.post("/release", release.clone()).await? == json!({"released": true}), "release with costs");
+            granted(&c.acquire(body).await?)?;
+            ensure!(c.post("/release", release).await? == json!({"released": false}), "second release");
+            Ok(())
+        }
+        24 => {
+            let caller = c.key("t24");
+            let until = format_instant(wall_clock_now().plus(60_000));
+            c.post("/throttle", json!({"key": caller, "until": until})).await?;
+            refused(&c.acquire(json!({"key": caller, "limits": []})).await?, "throttle", &caller)?;
+            ensure!(c.post("/lift", json!({"key": caller})).await? == json!({"key": caller, "lifted": true}), "lift");
+            granted(&c.acquire(json!({"key": caller, "limits": []})).await?)?;
+            ensure!(c.post("/lift", json!({"key": caller})).await? == json!({"key": caller, "lifted": false}), "again");
+            Ok(())
+        }
+        25 => {
+            for _ in 0..2 {
+                granted(&c.acquire(c.window("r25", 2, 300)).await?)?;
+            }
+            let retry = refused(&c.acquire(c.window("r25", 2, 60_000)).await?, "rate", &c.key("r25"))?;
+            sleep_past(wall_clock_now().plus(400)).await;
+            let again = refused(&c.acquire(c.window("r25", 2, 60_000)).await?, "rate", &c.key("r25"))?;
+            ensure!(again == retry, "granted or moved before its retryAt: {again} != {retry}");
             Ok(())
         }
         _ => Err(format!("no case {case}")),

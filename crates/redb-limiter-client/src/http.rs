@@ -1,12 +1,20 @@
-//! [`HttpLimiter`]: the three methods over the wire, against any limiter that serves it.
+//! [`HttpLimiter`]: the methods of the wire over HTTP, against any limiter that serves it.
 
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
-use crate::{ClientError, LimiterApi, Outcome, Refusal};
-use redb_limiter::request::AcquireRequest;
+use crate::{ClientError, LimiterApi, Outcome, PeekOutcome, Refusal};
+use redb_limiter::engine::Figures;
+use redb_limiter::request::{AcquireRequest, Cost, ReleaseRequest, SettleRequest};
 use redb_limiter::time::{Millis, format_instant};
-use redb_limiter::wire::{AcquireReply, ErrorReply, ReleaseReply, ThrottleReply};
+use redb_limiter::wire::{
+    AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply,
+};
+
+/// One limit's figures as the wire gave them.
+fn figures(f: LimitFigures) -> Figures {
+    Figures { key: f.key, window: f.used.zip(f.remaining), places: f.held.zip(f.free) }
+}
 
 /// A remote limiter at `url` (for example `http://127.0.0.1:7411`), with an optional token.
 #[derive(Debug, Clone)]
@@ -80,5 +88,31 @@ impl LimiterApi for HttpLimiter {
     async fn throttle(&self, key: String, until: Millis) -> Result<Option<Millis>, ClientError> {
         let body = serde_json::json!({ "key": key, "until": format_instant(until) });
         Ok(self.post::<ThrottleReply>("throttle", body).await?.until.map(|i| i.0))
+    }
+
+    async fn peek(&self, req: AcquireRequest) -> Result<PeekOutcome, ClientError> {
+        let reply = self.post::<PeekReply>("peek", req.to_json()).await?;
+        let refusal = match (reply.fits, reply.refusal()) {
+            (true, _) => None,
+            (false, Some(r)) => Some(Refusal { retry_at: r.retry_at, reason: r.reason, limit: r.limit }),
+            (false, None) => {
+                return Err(ClientError::Protocol("peek: fits false without retryAt, reason and limit".into()));
+            }
+        };
+        Ok(PeekOutcome { refusal, now: reply.now.0, limits: reply.limits.into_iter().map(figures).collect() })
+    }
+
+    async fn settle(&self, permit: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let req = SettleRequest::new(permit, costs).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(self.post::<SettleReply>("settle", req.to_json()).await?.settled)
+    }
+
+    async fn release_with_costs(&self, permit: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let req = ReleaseRequest::with_costs(permit, costs).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(self.post::<ReleaseReply>("release", req.to_json()).await?.released)
+    }
+
+    async fn lift(&self, key: String) -> Result<bool, ClientError> {
+        Ok(self.post::<LiftReply>("lift", serde_json::json!({ "key": key })).await?.lifted)
     }
 }

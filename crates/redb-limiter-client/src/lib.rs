@@ -1,16 +1,21 @@
 //! The host side: the limiter never waits, the host does.
 //!
-//! - [`LimiterApi`]: the three methods, implemented by the in-process [`Limiter`] (no HTTP) and
+//! - [`LimiterApi`]: the methods of the wire, implemented by the in-process [`Limiter`] (no HTTP) and
 //!   by [`HttpLimiter`] (any server of the wire), so a host switches between embedded and remote
 //!   by changing one value.
 //! - [`Client`]: waits as a host must. On a refusal it sleeps until `retryAt` and asks again;
 //!   waiters of the same request shape are served first-in first-out (a large call is never
 //!   starved by smaller ones behind it); `max_wait`, `max_waiters` and cancellation by drop are
 //!   honoured, and a grant that arrives after cancellation is released, never leaked.
-//! - [`Permit`]: the grant as a guard that holds its places until it is dropped or released.
+//! - [`Permit`]: the grant as a guard that holds its places until it is dropped or released;
+//!   [`Permit::settle`] sets its grant's real costs after the call.
+//! - [`Client::peek`]: would a call fit now, and how full is each limit; nothing changes.
 //! - [`Client::observe_response`]: a provider's 429 or exhausted budget throttles the caller.
+//! - [`estimate`]: an LLM request's token estimate before the call, its real usage from the
+//!   provider's reply after it.
 
 pub mod contract;
+pub mod estimate;
 mod http;
 mod permit;
 pub mod vendor;
@@ -25,9 +30,9 @@ pub use http::HttpLimiter;
 pub use permit::{Permit, PermitStream};
 
 use crate::vendor::{vendor_budget, vendor_wait};
-use redb_limiter::engine::{Decision, Reason};
+use redb_limiter::engine::{Decision, Figures, Reason};
 use redb_limiter::limiter::{Limiter, LimiterError};
-use redb_limiter::request::{AcquireRequest, ReleaseRequest, ThrottleRequest};
+use redb_limiter::request::{AcquireRequest, Cost, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use redb_limiter::time::{Millis, wall_clock_now};
 
 /// The answer to one `acquire`, as any limiter of the wire gives it (the permit is opaque).
@@ -43,6 +48,22 @@ pub struct Refusal {
     pub retry_at: Millis,
     pub reason: Reason,
     pub limit: String,
+}
+
+/// The answer to a `peek`: `refusal` is `None` exactly when an acquire at `now` would be
+/// granted; `limits` has the figures of each limit, in the request's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeekOutcome {
+    pub refusal: Option<Refusal>,
+    pub now: Millis,
+    pub limits: Vec<Figures>,
+}
+
+impl PeekOutcome {
+    #[must_use]
+    pub fn fits(&self) -> bool {
+        self.refusal.is_none()
+    }
 }
 
 /// Why the host got no grant.
@@ -83,13 +104,25 @@ impl From<LimiterError> for ClientError {
     }
 }
 
-/// The three methods of the wire, whoever serves them.
+/// The methods of the wire, whoever serves them.
 pub trait LimiterApi: Send + Sync + 'static {
     fn acquire(&self, req: AcquireRequest) -> impl Future<Output = Result<Outcome, ClientError>> + Send;
-    /// `true` when the permit freed places.
+    /// `true` when the permit was live (its places, if any, are freed).
     fn release(&self, permit: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// The throttle in force for `key` afterwards.
     fn throttle(&self, key: String, until: Millis) -> impl Future<Output = Result<Option<Millis>, ClientError>> + Send;
+    /// Decides `req` as an acquire would, changing nothing.
+    fn peek(&self, req: AcquireRequest) -> impl Future<Output = Result<PeekOutcome, ClientError>> + Send;
+    /// Settles a permit's grant to `costs`: `true` when the permit was live.
+    fn settle(&self, permit: String, costs: Vec<Cost>) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// Settles `costs`, then releases, in one step: `true` when the permit was live.
+    fn release_with_costs(
+        &self,
+        permit: String,
+        costs: Vec<Cost>,
+    ) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// Ends the throttle of `key`: `true` when one was in force.
+    fn lift(&self, key: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// The limiter's notion of now (the host's wall clock for a remote limiter).
     fn now(&self) -> Millis {
         wall_clock_now()
@@ -112,6 +145,30 @@ impl LimiterApi for Limiter {
     async fn throttle(&self, key: String, until: Millis) -> Result<Option<Millis>, ClientError> {
         let req = ThrottleRequest::new(key, until, Limiter::now(self)).map_err(|e| ClientError::BadRequest(e.0))?;
         Ok(Limiter::throttle(self, req).await?)
+    }
+
+    async fn peek(&self, req: AcquireRequest) -> Result<PeekOutcome, ClientError> {
+        let peeked = Limiter::peek(self, req).await?;
+        Ok(PeekOutcome {
+            refusal: peeked.refusal.map(|r| Refusal { retry_at: r.retry_at, reason: r.reason, limit: r.limit }),
+            now: peeked.report.now,
+            limits: peeked.report.limits,
+        })
+    }
+
+    async fn settle(&self, permit: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let req = SettleRequest::new(permit, costs).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(Limiter::settle(self, req).await?)
+    }
+
+    async fn release_with_costs(&self, permit: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let req = ReleaseRequest::with_costs(permit, costs).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(Limiter::release(self, req).await?)
+    }
+
+    async fn lift(&self, key: String) -> Result<bool, ClientError> {
+        let req = LiftRequest::new(key).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(Limiter::lift(self, req).await?)
     }
 
     fn now(&self) -> Millis {
@@ -200,6 +257,11 @@ impl<L: LimiterApi> Client<L> {
     #[must_use]
     pub fn limiter(&self) -> &Arc<L> {
         &self.limiter
+    }
+
+    /// Would `req` be granted now, and how full is each of its limits? Changes nothing.
+    pub async fn peek(&self, req: AcquireRequest) -> Result<PeekOutcome, ClientError> {
+        self.limiter.peek(req).await
     }
 
     /// Asks once; never waits.

@@ -1,12 +1,15 @@
 //! The grant as a guard: it holds its concurrency places until it is released explicitly or
 //! dropped (then it is released in the background), including across a streamed response
 //! wrapped in [`PermitStream`], which lets go only when the stream is drained or dropped.
+//! A permit asked for with `permit: true` can be settled to its real costs after the call
+//! ([`Permit::settle`], any number of times) and still releases when dropped.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::{ClientError, LimiterApi};
+use redb_limiter::request::Cost;
 use redb_limiter::time::Millis;
 
 /// A granted call. Dropping it releases its places.
@@ -39,10 +42,28 @@ impl<L: LimiterApi> Permit<L> {
         self.permit.as_deref()
     }
 
-    /// Releases the places now; `true` when it freed any (`false` once they lapsed).
+    /// Releases the places now; `true` when the permit was live (`false` once it lapsed).
     pub async fn release(mut self) -> Result<bool, ClientError> {
         match self.permit.take() {
             Some(permit) => self.limiter.release(permit).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Sets the grant's real cost in each named window bucket (the latest settle stands); the
+    /// permit keeps its places and still releases when dropped. `Ok(false)` when the permit is
+    /// no longer live (or the grant got none: ask with `permit: true`).
+    pub async fn settle(&self, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        match &self.permit {
+            Some(permit) => self.limiter.settle(permit.clone(), costs).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Settles `costs` and releases, in one durable step; `true` when the permit was live.
+    pub async fn release_with_costs(mut self, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        match self.permit.take() {
+            Some(permit) => self.limiter.release_with_costs(permit, costs).await,
             None => Ok(false),
         }
     }

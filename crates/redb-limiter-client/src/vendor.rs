@@ -66,14 +66,16 @@ pub fn vendor_wait(headers: &HeaderMap, body: &[u8], now: Millis, default_ms: u6
 #[must_use]
 pub fn vendor_budget(headers: &HeaderMap, now: Millis) -> Option<Millis> {
     let exhausted = |remaining: &str| header(headers, remaining).and_then(parse_count) == Some(0);
-    let anthropic = INSTANT_BUDGETS
-        .iter()
-        .filter(|(remaining, _)| exhausted(remaining))
-        .filter_map(|(_, reset)| parse_instant(header(headers, reset)?).ok());
-    let openai = DURATION_BUDGETS
-        .iter()
-        .filter(|(remaining, _)| exhausted(remaining))
-        .filter_map(|(_, reset)| Some(now.plus(parse_go_duration(header(headers, reset)?)?)));
+    // Either family may give its reset as plain seconds from now (`30`, `0.5`).
+    let seconds = |value: &str| parse_seconds(value).map(|ms| now.plus(ms));
+    let anthropic = INSTANT_BUDGETS.iter().filter(|(remaining, _)| exhausted(remaining)).filter_map(|(_, reset)| {
+        let value = header(headers, reset)?;
+        parse_instant(value).ok().or_else(|| seconds(value))
+    });
+    let openai = DURATION_BUDGETS.iter().filter(|(remaining, _)| exhausted(remaining)).filter_map(|(_, reset)| {
+        let value = header(headers, reset)?;
+        parse_go_duration(value).map(|ms| now.plus(ms)).or_else(|| seconds(value))
+    });
     anthropic.chain(openai).filter(|&reset| reset > now).max().map(|reset| reset.min(now.plus(MAX_WAIT_MS)))
 }
 
@@ -166,6 +168,17 @@ pub fn parse_proto_duration(s: &str) -> Option<u64> {
         return None;
     }
     // Whole seconds are whole milliseconds, so only the fraction needs rounding up.
+    seconds.checked_mul(1_000)?.checked_add(frac.scaled(1_000_000_000)?.div_ceil(1_000_000))
+}
+
+/// Plain decimal seconds (`30`, `0.5`: `digits[.digits]`, no sign, no unit) into milliseconds,
+/// rounded up; at most 9 fractional digits.
+#[must_use]
+pub fn parse_seconds(s: &str) -> Option<u64> {
+    let (seconds, frac, rest) = number(s.as_bytes(), Dot::Strict, 9)?;
+    if !rest.is_empty() {
+        return None;
+    }
     seconds.checked_mul(1_000)?.checked_add(frac.scaled(1_000_000_000)?.div_ceil(1_000_000))
 }
 
@@ -575,6 +588,28 @@ mod tests {
             ("anthropic-ratelimit-requests-reset", "2026-01-01T00:00:03Z"),
         ]);
         assert_eq!(vendor_budget(&mixed, NOW), Some(NOW.plus(5_000)));
+    }
+
+    /// Either family's reset may be plain seconds from now.
+    #[test]
+    fn budget_resets_given_as_plain_seconds() {
+        let now = parse_instant("2026-01-01T00:00:00Z").unwrap();
+        let openai = headers(&[("x-ratelimit-remaining-tokens", "0"), ("x-ratelimit-reset-tokens", "30")]);
+        assert_eq!(vendor_budget(&openai, now), Some(now.plus(30_000)));
+        let openai = headers(&[("x-ratelimit-remaining-requests", "0"), ("x-ratelimit-reset-requests", "0.5")]);
+        assert_eq!(vendor_budget(&openai, now), Some(now.plus(500)));
+        let anthropic =
+            headers(&[("anthropic-ratelimit-tokens-remaining", "0"), ("anthropic-ratelimit-tokens-reset", "30")]);
+        assert_eq!(vendor_budget(&anthropic, now), Some(now.plus(30_000)));
+        let anthropic =
+            headers(&[("anthropic-ratelimit-requests-remaining", "0"), ("anthropic-ratelimit-requests-reset", "0.5")]);
+        assert_eq!(vendor_budget(&anthropic, now), Some(now.plus(500)));
+        for (value, ms) in [("0", Some(0)), ("30", Some(30_000)), ("0.5", Some(500)), ("1.0001", Some(1_001))] {
+            assert_eq!(parse_seconds(value), ms, "{value}");
+        }
+        for bad in ["", "-1", "+1", ".5", "1.", "1s", "1e3", " 1", "0x10", "1.0000000001"] {
+            assert_eq!(parse_seconds(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -40,13 +40,28 @@
 --   watermark past every old grant), exactly as if its row had been deleted, which sweep()
 --   then does.
 --
--- Concurrency: a decision first runs on a snapshot with no lock. A refusal (or peek) that
--- changes nothing returns from there: no row lock, no transaction id, no WAL. A grant, or a
--- refusal that lengthens a retention, locks the bucket rows it writes in one order (sorted by
--- key, through INSERT ... ON CONFLICT DO UPDATE ... WHERE false, which creates missing rows
--- and locks existing ones in the same pass), decides again under the locks unless no bucket
--- changed since the snapshot, and writes. Safe under READ COMMITTED with any number of
--- sessions and servers.
+-- Concurrency (safe under READ COMMITTED with any number of sessions and servers):
+--   A decision first runs on snapshots with no lock. A refusal (or peek) that changes nothing
+--   returns from there: no row lock, no transaction id, no WAL. A refusal that lengthens a
+--   live bucket's retention (rule 3) locks and writes just that.
+--   A grant that writes one existing bucket row writes it with UPDATE ... WHERE xmin = the
+--   xmin it read: the UPDATE takes the row lock and, under READ COMMITTED, re-checks that
+--   condition on the row's latest version, so it succeeds only if nobody wrote the row since,
+--   and then the decision stands (every grant, settle and retention change writes the bucket
+--   row; releases only free room; sweep deletes only what no decision can see). Otherwise
+--   (a new bucket, a changed row, several buckets) the grant locks every bucket row it writes
+--   in one order, sorted by key (INSERT ... ON CONFLICT DO UPDATE ... WHERE false creates a
+--   missing row or locks the existing one), decides again on snapshots taken after the
+--   locks, and writes. One order for every multi-row lock means no deadlock between acquires;
+--   settle locks its permit row and then its buckets in the same key order.
+--   An instant (now) is read before the rows it judges, so sweep() deletes nothing until
+--   margin_ms (default 60 s) after it stopped counting.
+--
+-- Cost: statements are small and take scalar parameters: each costs microseconds, where one
+-- statement joining everything would cost more to start than to run, and statements over
+-- unnest() of array parameters would be planned again on every call. acquire() decides the
+-- common case (one limit) itself with at most five index probes and one write statement;
+-- _acquire_any() decides every request.
 
 BEGIN;
 
@@ -95,15 +110,19 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.buckets (
   id bigint GENERATED ALWAYS AS IDENTITY UNIQUE, -- compact key for grants, places and fen
   retain_ms bigint NOT NULL DEFAULT 0,         -- grants are kept this long (rule 3)
   pruned_to bigint NOT NULL DEFAULT -9223372036854775808, -- grants at or before it are gone
-  total bigint NOT NULL DEFAULT 0,             -- cum of the newest grant row: all costs recorded
   dtotal bigint NOT NULL DEFAULT 0,            -- all settle deltas (the Fenwick tree's total)
   fen boolean NOT NULL DEFAULT false,          -- the Fenwick tree has nodes: read it
+  last_calls bigint NOT NULL DEFAULT 0,        -- calls of the latest granted window (display)
+  last_concurrent bigint NOT NULL DEFAULT 0,   -- concurrent of the latest granted place (display)
+  -- what every grant changes, last and together (a smaller WAL record per update):
+  total bigint NOT NULL DEFAULT 0,             -- cum of the newest grant row: all costs recorded
   last_seq bigint NOT NULL DEFAULT 0,          -- sequence number of the newest grant row
   last_at bigint,                              -- instant of the newest grant row
-  floor_ms bigint NOT NULL DEFAULT 0,          -- the latest instant written: the clock floor
-  last_calls bigint NOT NULL DEFAULT 0,        -- calls of the latest granted window (display)
-  last_concurrent bigint NOT NULL DEFAULT 0    -- concurrent of the latest granted place (display)
-);
+  floor_ms bigint NOT NULL DEFAULT 0           -- the latest instant written: the clock floor
+)
+-- Every grant updates its bucket row: a few rows per page keep those updates HOT (no index
+-- writes) and spread concurrent writers over many pages.
+WITH (fillfactor = 50);
 COMMENT ON TABLE __SCHEMA__.buckets IS
   'one row per bucket: its lock, retention (rule 3), running totals and clock floor';
 
@@ -353,7 +372,8 @@ COMMENT ON FUNCTION __SCHEMA__._lengthen(jsonb, bigint, bigint) IS
   'a refusal lengthens the retention of the live buckets it names with a longer perMs';
 
 ---------------------------------------------------------------------------------------------
--- acquire / report / peek.
+-- acquire / report / peek: _acquire_any decides any request; acquire (below) is the entry
+-- point and decides the common case with fewer statements.
 --
 -- req:  {"key": caller, "holdMs": n, "permit": bool,
 --        "limits": [{"key", "calls"?, "perMs"?, "concurrent"?, "cost", "holdMs"}]}
@@ -366,79 +386,72 @@ COMMENT ON FUNCTION __SCHEMA__._lengthen(jsonb, bigint, bigint) IS
 --          refused: {"granted": false, "retryAt", "reason", "limit", "now"[, "limits"]}
 --          peek:    {"fits": true|false[, "retryAt", "reason", "limit"], "now", "limits"}
 --
--- The decision reads each bucket row, its window (one probe), its places and the caller's
--- throttle in one statement on a snapshot, without locks. A refusal or peek returns from there
--- (one read-only statement, nothing written). A grant that writes one bucket row writes it with
--- UPDATE ... WHERE xmin = the snapshot's: that takes the row lock, and under READ COMMITTED
--- succeeds only when nobody changed the row since the snapshot, so the snapshot's decision
--- stands; then it inserts the grant row. Otherwise (a new bucket, several buckets, or a
--- concurrent change) it locks every row it writes in key order (creating missing ones),
--- decides again on a fresh snapshot, and writes.
-CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(req jsonb, mode text, recheck_ms bigint,
+-- Pass 1 decides on a snapshot, without locks: per limit one read of the bucket row, one probe
+-- of its window (which also finds the rate retryAt) and one of its places, plus the caller's
+-- throttle. A refusal or peek returns from there: it reads, locks nothing, writes nothing.
+-- A grant that writes one existing bucket row writes it with UPDATE ... WHERE xmin = the
+-- snapshot's: the UPDATE takes the row lock and, under READ COMMITTED, re-checks the
+-- condition on the row's latest version, so it succeeds only when nobody changed the row
+-- since the snapshot and the snapshot's decision stands; then it inserts the grant row.
+-- Otherwise (a new bucket, several buckets, a concurrent change) it locks every row it writes
+-- in key order, creating missing ones, and pass 2 decides again on a snapshot taken after the
+-- locks, then writes. (Statements are small and take scalar parameters only: each costs a
+-- few microseconds, where one statement joining everything would cost more to start than to
+-- run.)
+CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_any(req jsonb, mode text, recheck_ms bigint,
                                               permit_id text, at_ms bigint DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE plpgsql VOLATILE
--- (its statements take arrays as parameters; with custom plans, they would be planned again
--- on every call)
-SET plan_cache_mode = force_generic_plan AS
+LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
   v_caller text := req->>'key';
-  v_want boolean := coalesce((req->>'permit')::boolean, false);
-  v_req_hold bigint := coalesce((req->>'holdMs')::bigint, 600000);
-  v_req_cost bigint := coalesce((req->>'cost')::bigint, 1);
   v_figures boolean := mode <> 'acquire';
-  v_limits jsonb := coalesce(req->'limits', '[]');
+  v_limits jsonb := req->'limits';
   n integer;
   i integer;
-  k integer;
+  j integer;
   e jsonb;
   -- the request, per limit
-  lk text[] := '{}'; lcalls bigint[] := '{}'; lper bigint[] := '{}'; lconc bigint[] := '{}';
-  lcost bigint[] := '{}'; lhold bigint[] := '{}';
+  lk text[]; lcalls bigint[]; lper bigint[]; lconc bigint[]; lcost bigint[]; lhold bigint[];
   v_any_conc boolean := false;
-  -- the bucket rows read, per limit (NULL: no such bucket)
+  -- the bucket rows read, per limit (bid NULL: no such bucket)
+  b record;
   bid bigint[]; br bigint[]; bw bigint[]; btot bigint[]; bdtot bigint[]; bfen boolean[];
   bseq bigint[]; blast bigint[]; bcalls bigint[]; bconc bigint[]; bxm text[];
-  bused bigint[]; brate bigint[]; bclapse bigint[]; bheld bigint[];
-  r_pos integer[]; r_id bigint[]; r_r bigint[]; r_w bigint[]; r_tot bigint[]; r_dtot bigint[];
-  r_fen boolean[]; r_seq bigint[]; r_last bigint[]; r_calls bigint[]; r_conc bigint[];
-  r_xm text[]; r_used bigint[]; r_rate bigint[]; r_clapse bigint[]; r_held bigint[];
+  used bigint[]; held bigint[]; grow boolean[];
   v_until bigint;
-  v_clock bigint;
+  v_clock bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
   v_now bigint;
+  v_locked boolean := false;  -- the rows to write are locked (pass 2)
   -- the decision
   v_refused boolean;
   v_retry bigint;
   v_reason text;
   v_lim text;
   v_at bigint;
+  v_rate bigint;
+  v_used bigint;
   v_grow boolean;
-  grow boolean[];
-  used bigint[];
-  held bigint[];
-  v_pass integer;
+  v_fig jsonb;
+  v_reply jsonb;
   -- the writes
   v_permit text;
   v_need boolean[];
-  v_need_keys text[];
+  v_keys text[];
   v_nneed integer;
+  v_one integer;
+  v_key text;
   v_reset boolean;
-  r_new bigint; w_new bigint; v_seq bigint; v_d bigint; v_rows integer;
-  u_key text[]; u_r bigint[]; u_w bigint[]; u_tot bigint[]; u_seq bigint[]; u_last bigint[];
-  u_calls bigint[]; u_conc bigint[]; u_xm text[];
-  g_bid bigint[]; g_seq bigint[]; g_cost bigint[]; g_cum bigint[]; v_merge boolean;
-  p_bid bigint[]; p_lapse bigint[];
-  f_bid bigint[]; f_idx bigint[]; f_d bigint[];
+  v_r bigint; v_w bigint; v_seq bigint; v_d bigint; v_calls bigint; v_conc bigint;
+  v_rows integer;
   v_windows jsonb;
+  p_bid bigint[]; p_lapse bigint[];
   v_lapse bigint;
-  v_reply jsonb;
-  v_fig jsonb;
 BEGIN
   IF mode NOT IN ('acquire', 'report', 'peek') THEN
     RAISE EXCEPTION 'mode must be acquire, report or peek, not %', mode USING ERRCODE = '22023';
   END IF;
-  n := jsonb_array_length(v_limits);
+  n := coalesce(jsonb_array_length(v_limits), 0);
   FOR i IN 1 .. n LOOP
     e := v_limits->(i - 1);
     lk[i] := e->>'key';
@@ -446,103 +459,82 @@ BEGIN
     lper[i] := (e->>'perMs')::bigint;
     lconc[i] := (e->>'concurrent')::bigint;
     lcost[i] := CASE WHEN lcalls[i] IS NULL THEN 0
-                     ELSE least(coalesce((e->>'cost')::bigint, v_req_cost), lcalls[i]) END;
-    lhold[i] := coalesce((e->>'holdMs')::bigint, v_req_hold);
-    IF lconc[i] IS NOT NULL THEN
-      v_any_conc := true;
-    END IF;
+                     ELSE least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lcalls[i]) END;
+    lhold[i] := coalesce((e->>'holdMs')::bigint, (req->>'holdMs')::bigint, 600000);
+    v_any_conc := v_any_conc OR lconc[i] IS NOT NULL;
   END LOOP;
-  v_clock := coalesce(at_ms, __SCHEMA__._clock_ms());
 
-  -- Pass 1 decides on a snapshot, without locks. Pass 2 (only when pass 1 grants and the
-  -- optimistic write could not be used) decides again after locking the rows it writes.
   FOR v_pass IN 1 .. 2 LOOP
-    -- Every row, probe and the throttle in one statement.
-    WITH x AS MATERIALIZED (
-      SELECT bk.*, bk.xmin::text AS xm, array_position(lk, bk.key) AS pos
-        FROM __SCHEMA__.buckets bk
-       WHERE bk.key = ANY (lk)
-    ),
-    t AS (
-      SELECT greatest(v_clock, (SELECT max(x.floor_ms) FROM x)) AS now
-    )
-    SELECT t.now, (SELECT th.until FROM __SCHEMA__.throttles th WHERE th.key = v_caller),
-           array_agg(y.pos), array_agg(y.id), array_agg(y.retain_ms), array_agg(y.pruned_to),
-           array_agg(y.total), array_agg(y.dtotal), array_agg(y.fen), array_agg(y.last_seq),
-           array_agg(y.last_at), array_agg(y.last_calls), array_agg(y.last_concurrent),
-           array_agg(y.xm), array_agg(y.used), array_agg(y.rate_at), array_agg(y.clapse),
-           array_agg(y.held)
-      INTO v_now, v_until, r_pos, r_id, r_r, r_w, r_tot, r_dtot, r_fen, r_seq, r_last, r_calls,
-           r_conc, r_xm, r_used, r_rate, r_clapse, r_held
-      FROM t
-      LEFT JOIN LATERAL (
-        SELECT x.*, u.used,
-               -- rate: when enough of the oldest grants have left for this cost to fit, that
-               -- is when the first row whose running total reaches total + cost - calls leaves
-               CASE WHEN lcost[x.pos] > 0 AND u.used + lcost[x.pos] > lcalls[x.pos] THEN
-                 CASE WHEN x.fen
-                      THEN __SCHEMA__._rate_retry(x.id, greatest(x.pruned_to, t.now - x.retain_ms, t.now - lper[x.pos]),
-                             x.total + x.dtotal + lcost[x.pos] - lcalls[x.pos], lper[x.pos], true, x.last_at)
-                      ELSE (SELECT g.at FROM __SCHEMA__.grants g
-                             WHERE g.bucket = x.id AND g.cum >= x.total + lcost[x.pos] - lcalls[x.pos]
-                             ORDER BY g.cum, g.at LIMIT 1) + lper[x.pos] END END AS rate_at,
-               -- concurrency: full when the concurrent-th latest live lapse exists; room comes
-               -- back when held - concurrent + 1 places have lapsed, at that very lapse
-               CASE WHEN lconc[x.pos] IS NOT NULL THEN
-                 (SELECT p.lapse FROM __SCHEMA__.places p WHERE p.bucket = x.id AND p.lapse > t.now
-                   ORDER BY p.lapse DESC OFFSET lconc[x.pos] - 1 LIMIT 1) END AS clapse,
-               CASE WHEN lconc[x.pos] IS NOT NULL AND v_figures THEN
-                 (SELECT count(*) FROM __SCHEMA__.places p WHERE p.bucket = x.id AND p.lapse > t.now) END AS held
-          FROM x
-          LEFT JOIN LATERAL (
-            -- the cost counting under this request's window: one probe (+ Fenwick if settled)
-            SELECT CASE WHEN lcalls[x.pos] IS NULL THEN NULL
-                        WHEN lcost[x.pos] = 0 AND NOT v_figures THEN 0
-                        ELSE coalesce((SELECT x.total - (g.cum - g.cost)
-                                              + CASE WHEN x.fen THEN x.dtotal - __SCHEMA__._fen_sum(x.id, g.seq - 1)
-                                                     ELSE 0 END
-                                         FROM __SCHEMA__.grants g
-                                        WHERE g.bucket = x.id
-                                          AND g.at > greatest(x.pruned_to, t.now - x.retain_ms, t.now - lper[x.pos])
-                                        ORDER BY g.at LIMIT 1), 0) END AS used
-            OFFSET 0) u ON true
-      ) y ON true
-     GROUP BY t.now;
-
-    -- Per limit, in request order.
-    bid := '{}'; br := '{}'; bw := '{}'; btot := '{}'; bdtot := '{}'; bfen := '{}'; bseq := '{}';
-    blast := '{}'; bcalls := '{}'; bconc := '{}'; bxm := '{}'; bused := '{}'; brate := '{}';
-    bclapse := '{}'; bheld := '{}';
-    FOR k IN 1 .. coalesce(cardinality(r_pos), 0) LOOP
-      i := r_pos[k];
-      CONTINUE WHEN i IS NULL;
-      bid[i] := r_id[k]; br[i] := r_r[k]; bw[i] := r_w[k]; btot[i] := r_tot[k];
-      bdtot[i] := r_dtot[k]; bfen[i] := r_fen[k]; bseq[i] := r_seq[k]; blast[i] := r_last[k];
-      bcalls[i] := r_calls[k]; bconc[i] := r_conc[k]; bxm[i] := r_xm[k]; bused[i] := r_used[k];
-      brate[i] := r_rate[k]; bclapse[i] := r_clapse[k]; bheld[i] := r_held[k];
+    -- The rows, then the clock: now is the latest of the clock and the buckets' floors.
+    v_now := v_clock;
+    FOR i IN 1 .. n LOOP
+      SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.dtotal, bk.fen, bk.last_seq,
+             bk.last_at, bk.last_calls, bk.last_concurrent, bk.floor_ms, bk.xmin::text AS xm
+        INTO b FROM __SCHEMA__.buckets bk WHERE bk.key = lk[i];
+      IF FOUND THEN
+        bid[i] := b.id; br[i] := b.retain_ms; bw[i] := b.pruned_to; btot[i] := b.total;
+        bdtot[i] := b.dtotal; bfen[i] := b.fen; bseq[i] := b.last_seq; blast[i] := b.last_at;
+        bcalls[i] := b.last_calls; bconc[i] := b.last_concurrent; bxm[i] := b.xm;
+        v_now := greatest(v_now, b.floor_ms);
+      ELSE
+        bid[i] := NULL;
+      END IF;
     END LOOP;
+    SELECT th.until INTO v_until FROM __SCHEMA__.throttles th WHERE th.key = v_caller;
 
     -- The refusal that stands: the latest retryAt; on a tie the throttle, else the first
     -- limit in request order, and within a limit rate before concurrency.
-    v_refused := false;
-    v_retry := NULL; v_reason := NULL; v_lim := NULL;
+    v_refused := coalesce(v_until > v_now, false);
+    v_retry := CASE WHEN v_refused THEN v_until END;
+    v_reason := CASE WHEN v_refused THEN 'throttle' END;
+    v_lim := CASE WHEN v_refused THEN v_caller END;
     v_grow := false;
-    grow := '{}'; used := '{}'; held := '{}';
-    IF v_until > v_now THEN
-      v_refused := true; v_retry := v_until; v_reason := 'throttle'; v_lim := v_caller;
-    END IF;
     FOR i IN 1 .. n LOOP
-      used[i] := CASE WHEN lcalls[i] IS NOT NULL THEN coalesce(bused[i], 0) END;
-      held[i] := CASE WHEN lconc[i] IS NOT NULL THEN coalesce(bheld[i], 0) END;
+      used[i] := CASE WHEN lcalls[i] IS NOT NULL THEN 0 END;
+      held[i] := CASE WHEN lconc[i] IS NOT NULL THEN 0 END;
       grow[i] := false;
       CONTINUE WHEN bid[i] IS NULL;  -- a bucket that does not exist has room
-      IF brate[i] IS NOT NULL AND (NOT v_refused OR brate[i] > v_retry) THEN
-        v_refused := true; v_retry := brate[i]; v_reason := 'rate'; v_lim := lk[i];
+      IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_figures) THEN
+        -- The cost counting under this request's window (one probe, + the Fenwick tree if
+        -- the bucket was ever settled) and, when it does not fit, the rate retryAt: when the
+        -- first row whose running total reaches total + cost - calls leaves.
+        SELECT w.used,
+               CASE WHEN lcost[i] > 0 AND w.used + lcost[i] > lcalls[i] THEN
+                 CASE WHEN bfen[i]
+                      THEN __SCHEMA__._rate_retry(bid[i], greatest(bw[i], v_now - br[i], v_now - lper[i]),
+                             btot[i] + bdtot[i] + lcost[i] - lcalls[i], lper[i], true, blast[i])
+                      ELSE (SELECT g.at FROM __SCHEMA__.grants g
+                             WHERE g.bucket = bid[i] AND g.cum >= btot[i] + lcost[i] - lcalls[i]
+                             ORDER BY g.cum, g.at LIMIT 1) + lper[i] END END
+          INTO v_used, v_rate
+          FROM (SELECT coalesce((SELECT btot[i] - (g.cum - g.cost)
+                                        + CASE WHEN bfen[i] THEN bdtot[i] - __SCHEMA__._fen_sum(bid[i], g.seq - 1)
+                                               ELSE 0 END
+                                   FROM __SCHEMA__.grants g
+                                  WHERE g.bucket = bid[i]
+                                    AND g.at > greatest(bw[i], v_now - br[i], v_now - lper[i])
+                                  ORDER BY g.at LIMIT 1), 0) AS used) w;
+        used[i] := v_used;
+        IF v_rate IS NOT NULL AND (NOT v_refused OR v_rate > v_retry) THEN
+          v_refused := true; v_retry := v_rate; v_reason := 'rate'; v_lim := lk[i];
+        END IF;
       END IF;
-      IF bclapse[i] IS NOT NULL THEN
-        v_at := least(bclapse[i], v_now + recheck_ms);
-        IF NOT v_refused OR v_at > v_retry THEN
-          v_refused := true; v_retry := v_at; v_reason := 'concurrency'; v_lim := lk[i];
+      IF lconc[i] IS NOT NULL THEN
+        -- Full when the concurrent-th latest live lapse exists; room comes back when
+        -- held - concurrent + 1 places have lapsed, that is at that very lapse.
+        SELECT p.lapse INTO v_at FROM __SCHEMA__.places p
+         WHERE p.bucket = bid[i] AND p.lapse > v_now
+         ORDER BY p.lapse DESC OFFSET lconc[i] - 1 LIMIT 1;
+        IF FOUND THEN
+          v_at := least(v_at, v_now + recheck_ms);
+          IF NOT v_refused OR v_at > v_retry THEN
+            v_refused := true; v_retry := v_at; v_reason := 'concurrency'; v_lim := lk[i];
+          END IF;
+        END IF;
+        IF v_figures THEN
+          SELECT count(*) INTO v_at FROM __SCHEMA__.places p
+           WHERE p.bucket = bid[i] AND p.lapse > v_now;
+          held[i] := v_at;
         END IF;
       END IF;
       IF lper[i] > br[i] THEN
@@ -582,156 +574,132 @@ BEGIN
       RETURN v_reply;
     END IF;
 
-    -- A grant. What it writes, per bucket: the grant (window cost > 0, or any window when a
+    -- A grant. It writes, per bucket: the grant (window cost > 0, or any window when a
     -- permit is issued, so that settle finds the grant), a place, a growing retention.
-    v_permit := CASE WHEN v_any_conc OR v_want THEN permit_id END;
-    v_need := '{}';
-    v_need_keys := '{}';
+    v_permit := CASE WHEN v_any_conc OR coalesce((req->>'permit')::boolean, false) THEN permit_id END;
     v_nneed := 0;
+    v_keys := NULL;
     FOR i IN 1 .. n LOOP
       v_need[i] := lcost[i] > 0 OR lconc[i] IS NOT NULL OR grow[i]
                    OR (lcalls[i] IS NOT NULL AND v_permit IS NOT NULL);
       IF v_need[i] THEN
-        v_need_keys := v_need_keys || lk[i];
         v_nneed := v_nneed + 1;
+        v_one := i;
+        -- kept sorted (byte order): the order in which the rows are locked
+        j := v_nneed;
+        WHILE j > 1 AND v_keys[j - 1] COLLATE "C" > lk[i] COLLATE "C" LOOP
+          v_keys[j] := v_keys[j - 1];
+          j := j - 1;
+        END LOOP;
+        v_keys[j] := lk[i];
       END IF;
     END LOOP;
-
-    u_key := '{}'; u_r := '{}'; u_w := '{}'; u_tot := '{}'; u_seq := '{}'; u_last := '{}';
-    u_calls := '{}'; u_conc := '{}'; u_xm := '{}';
-    g_bid := '{}'; g_seq := '{}'; g_cost := '{}'; g_cum := '{}'; v_merge := false;
-    p_bid := '{}'; p_lapse := '{}'; f_bid := '{}'; f_idx := '{}'; f_d := '{}';
-    v_windows := '[]';
-    IF v_pass = 2 OR v_nneed = 0 OR (v_nneed = 1 AND bid[array_position(v_need, true)] IS NOT NULL) THEN
-      -- Compute the writes from the rows read (under the locks in pass 2).
-      FOR i IN 1 .. n LOOP
-        CONTINUE WHEN NOT v_need[i];
-        r_new := br[i];
-        w_new := bw[i];
-        v_reset := false;
-        -- an idle bucket starts afresh (checked only where that could change something)
-        IF (br[i] > coalesce(lper[i], 0)
-            OR (bcalls[i] > 0 AND NOT (lcalls[i] IS NOT NULL AND lcost[i] > 0))
-            OR (bconc[i] > 0 AND lconc[i] IS NULL))
-           AND __SCHEMA__._idle(bid[i], v_now, br[i], bw[i], btot[i], bdtot[i], bfen[i]) THEN
-          v_reset := true;
-          IF br[i] > 0 THEN
-            w_new := greatest(bw[i], v_now - br[i]);
-          END IF;
-          r_new := coalesce(lper[i], 0);
-        ELSIF lper[i] > br[i] THEN
-          -- a longer window lengthens retention; what the old one let go stays gone
-          IF br[i] > 0 THEN
-            w_new := greatest(bw[i], v_now - br[i]);
-          END IF;
-          r_new := lper[i];
-        END IF;
-        v_seq := bseq[i];
-        IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_permit IS NOT NULL) THEN
-          IF blast[i] IS NOT DISTINCT FROM v_now THEN
-            v_merge := true;  -- a row at this millisecond exists: merge into it
-          ELSE
-            v_seq := bseq[i] + 1;
-            IF bfen[i] THEN
-              -- the new Fenwick node's share: deltas of rows (seq - lowbit(seq), seq - 1]
-              SELECT coalesce(sum(f.d), 0) INTO v_d FROM __SCHEMA__.fen f
-               WHERE f.bucket = bid[i] AND f.idx = ANY (__SCHEMA__._fen_down(v_seq - 1))
-                 AND f.idx > v_seq - (v_seq & -v_seq);
-              IF v_d <> 0 THEN
-                f_bid := f_bid || bid[i]; f_idx := f_idx || v_seq; f_d := f_d || v_d;
-              END IF;
-            END IF;
-          END IF;
-          g_bid := g_bid || bid[i]; g_seq := g_seq || v_seq; g_cost := g_cost || lcost[i];
-          g_cum := g_cum || (btot[i] + lcost[i]);
-          IF v_permit IS NOT NULL THEN
-            v_windows := v_windows || jsonb_build_array(jsonb_build_object(
-              'k', lk[i], 'b', bid[i], 'calls', lcalls[i], 'per', lper[i], 'cost', lcost[i]));
-          END IF;
-        END IF;
-        IF lconc[i] IS NOT NULL AND v_permit IS NOT NULL THEN
-          p_bid := p_bid || bid[i];
-          p_lapse := p_lapse || (v_now + lhold[i]);
-        END IF;
-        u_key := u_key || lk[i]; u_r := u_r || r_new; u_w := u_w || w_new;
-        u_tot := u_tot || (btot[i] + lcost[i]); u_seq := u_seq || v_seq;
-        u_last := u_last || CASE WHEN v_seq <> bseq[i] THEN v_now ELSE blast[i] END;
-        -- display figures: a granted window / place sets them, a fresh start forgets them
-        u_calls := u_calls || CASE WHEN lcalls[i] IS NOT NULL AND lcost[i] > 0 THEN lcalls[i]
-                                   WHEN v_reset THEN 0 END;
-        u_conc := u_conc || CASE WHEN lconc[i] IS NOT NULL THEN lconc[i] WHEN v_reset THEN 0 END;
-        u_xm := u_xm || bxm[i];
-      END LOOP;
-
-      IF v_pass = 1 AND v_nneed = 1 THEN
-        -- Optimistic: the one row, only if nobody changed it since the snapshot (the UPDATE
-        -- locks it, and re-checks the condition on its latest version).
-        UPDATE __SCHEMA__.buckets AS b
-           SET retain_ms = u_r[1], pruned_to = u_w[1], total = u_tot[1], last_seq = u_seq[1],
-               last_at = u_last[1], floor_ms = greatest(b.floor_ms, v_now),
-               last_calls = coalesce(u_calls[1], b.last_calls),
-               last_concurrent = coalesce(u_conc[1], b.last_concurrent)
-         WHERE b.key = u_key[1] AND b.xmin::text = u_xm[1];
-        GET DIAGNOSTICS v_rows = ROW_COUNT;
-        EXIT WHEN v_rows = 1;
-        -- changed meanwhile (or deleted): lock, decide again
-      ELSIF v_pass = 2 OR v_nneed = 0 THEN
-        IF v_nneed > 0 THEN
-          UPDATE __SCHEMA__.buckets AS b
-             SET retain_ms = u_r[array_position(u_key, b.key)],
-                 pruned_to = u_w[array_position(u_key, b.key)],
-                 total = u_tot[array_position(u_key, b.key)],
-                 last_seq = u_seq[array_position(u_key, b.key)],
-                 last_at = u_last[array_position(u_key, b.key)],
-                 floor_ms = greatest(b.floor_ms, v_now),
-                 last_calls = coalesce(u_calls[array_position(u_key, b.key)], b.last_calls),
-                 last_concurrent = coalesce(u_conc[array_position(u_key, b.key)], b.last_concurrent)
-           WHERE b.key = ANY (u_key);
-        END IF;
-        EXIT;
-      END IF;
+    EXIT WHEN v_locked OR v_nneed = 0;
+    IF v_nneed = 1 AND bid[v_one] IS NOT NULL THEN
+      EXIT;  -- write the one row optimistically below
     END IF;
-
-    -- Lock every row this grant writes, in key order: ON CONFLICT DO UPDATE ... WHERE false
-    -- creates missing rows and locks existing ones (updating nothing), one after the other.
-    -- The next pass reads them on a snapshot taken after the locks.
-    INSERT INTO __SCHEMA__.buckets AS b (key)
-    SELECT nk FROM unnest(v_need_keys) AS nk ORDER BY nk COLLATE "C"
-    ON CONFLICT (key) DO UPDATE SET key = excluded.key WHERE false;
+    -- Lock every row the grant writes, in key order: ON CONFLICT DO UPDATE ... WHERE false
+    -- creates a missing row or locks the existing one (updating nothing). Pass 2 reads them
+    -- on snapshots taken after the locks.
+    FOR j IN 1 .. v_nneed LOOP
+      v_key := v_keys[j];
+      INSERT INTO __SCHEMA__.buckets AS bk (key) VALUES (v_key)
+      ON CONFLICT (key) DO UPDATE SET key = excluded.key WHERE false;
+    END LOOP;
+    v_locked := true;
     v_clock := greatest(v_now, coalesce(at_ms, __SCHEMA__._clock_ms()));
   END LOOP;
 
-  -- The grant's rows.
-  IF cardinality(f_bid) > 0 THEN
-    INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d)
-    SELECT * FROM unnest(f_bid, f_idx, f_d)
-    ON CONFLICT (bucket, idx) DO UPDATE SET d = excluded.d;
-  END IF;
-  IF cardinality(g_bid) > 0 THEN
-    IF v_merge THEN
-      INSERT INTO __SCHEMA__.grants AS g (bucket, at, seq, cost, cum)
-      SELECT x.b, v_now, x.s, x.c, x.m FROM unnest(g_bid, g_seq, g_cost, g_cum) AS x(b, s, c, m)
-      ON CONFLICT (bucket, at) DO UPDATE SET cost = g.cost + excluded.cost, cum = excluded.cum;
-    ELSE
-      -- a new millisecond in every bucket (no row can exist at or after it): plain inserts
-      INSERT INTO __SCHEMA__.grants (bucket, at, seq, cost, cum)
-      SELECT x.b, v_now, x.s, x.c, x.m FROM unnest(g_bid, g_seq, g_cost, g_cum) AS x(b, s, c, m);
+  -- Write the grant, bucket by bucket.
+  v_windows := '[]';
+  FOR i IN 1 .. n LOOP
+    CONTINUE WHEN NOT v_need[i];
+    -- Retention (rule 3): an idle bucket starts afresh (checked only where that could change
+    -- something); a longer window lengthens retention, and what the old one let go stays gone.
+    v_r := br[i];
+    v_w := bw[i];
+    v_reset := false;
+    IF (br[i] > coalesce(lper[i], 0)
+        OR (bcalls[i] > 0 AND NOT (lcalls[i] IS NOT NULL AND lcost[i] > 0))
+        OR (bconc[i] > 0 AND lconc[i] IS NULL))
+       AND __SCHEMA__._idle(bid[i], v_now, br[i], bw[i], btot[i], bdtot[i], bfen[i]) THEN
+      v_reset := true;
+      IF br[i] > 0 THEN
+        v_w := greatest(bw[i], v_now - br[i]);
+      END IF;
+      v_r := coalesce(lper[i], 0);
+    ELSIF lper[i] > br[i] THEN
+      IF br[i] > 0 THEN
+        v_w := greatest(bw[i], v_now - br[i]);
+      END IF;
+      v_r := lper[i];
     END IF;
-  END IF;
-  IF cardinality(p_bid) > 0 THEN
-    INSERT INTO __SCHEMA__.places (bucket, lapse, permit)
-    SELECT x.b, x.l, v_permit FROM unnest(p_bid, p_lapse) AS x(b, l);
-  END IF;
+    v_seq := bseq[i];
+    IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_permit IS NOT NULL)
+       AND blast[i] IS DISTINCT FROM v_now THEN
+      v_seq := bseq[i] + 1;  -- a new row; else merged into this millisecond's row
+    END IF;
+    -- display figures: a granted window / place sets them, a fresh start forgets them
+    v_calls := CASE WHEN lcalls[i] IS NOT NULL AND lcost[i] > 0 THEN lcalls[i]
+                    WHEN v_reset THEN 0 ELSE bcalls[i] END;
+    v_conc := CASE WHEN lconc[i] IS NOT NULL THEN lconc[i] WHEN v_reset THEN 0 ELSE bconc[i] END;
+    IF v_nneed = 1 AND NOT v_locked THEN
+      -- The one row, only if nobody changed it since the snapshot.
+      UPDATE __SCHEMA__.buckets AS bk
+         SET retain_ms = v_r, pruned_to = v_w, total = btot[i] + lcost[i], last_seq = v_seq,
+             last_at = CASE WHEN v_seq <> bseq[i] THEN v_now ELSE blast[i] END,
+             floor_ms = greatest(bk.floor_ms, v_now), last_calls = v_calls, last_concurrent = v_conc
+       WHERE bk.key = lk[i] AND bk.xmin::text = bxm[i];
+      GET DIAGNOSTICS v_rows = ROW_COUNT;
+      IF v_rows = 0 THEN
+        -- Changed (or forgotten) since: decide again under the lock, from the start.
+        RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, v_now);
+      END IF;
+    ELSE
+      UPDATE __SCHEMA__.buckets AS bk
+         SET retain_ms = v_r, pruned_to = v_w, total = btot[i] + lcost[i], last_seq = v_seq,
+             last_at = CASE WHEN v_seq <> bseq[i] THEN v_now ELSE blast[i] END,
+             floor_ms = greatest(bk.floor_ms, v_now), last_calls = v_calls, last_concurrent = v_conc
+       WHERE bk.key = lk[i];
+    END IF;
+    IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_permit IS NOT NULL) THEN
+      IF v_seq <> bseq[i] THEN
+        -- a new millisecond in the bucket (no row can exist at or after it): a plain insert
+        INSERT INTO __SCHEMA__.grants (bucket, at, seq, cost, cum)
+        VALUES (bid[i], v_now, v_seq, lcost[i], btot[i] + lcost[i]);
+        IF bfen[i] THEN
+          -- the new Fenwick node's share: deltas of rows (seq - lowbit(seq), seq - 1]
+          SELECT coalesce(sum(f.d), 0) INTO v_d FROM __SCHEMA__.fen f
+           WHERE f.bucket = bid[i] AND f.idx = ANY (__SCHEMA__._fen_down(v_seq - 1))
+             AND f.idx > v_seq - (v_seq & -v_seq);
+          IF v_d <> 0 THEN
+            INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d) VALUES (bid[i], v_seq, v_d)
+            ON CONFLICT (bucket, idx) DO UPDATE SET d = excluded.d;
+          END IF;
+        END IF;
+      ELSE
+        INSERT INTO __SCHEMA__.grants AS g (bucket, at, seq, cost, cum)
+        VALUES (bid[i], v_now, v_seq, lcost[i], btot[i] + lcost[i])
+        ON CONFLICT (bucket, at) DO UPDATE SET cost = g.cost + excluded.cost, cum = excluded.cum;
+      END IF;
+      IF v_permit IS NOT NULL THEN
+        v_windows := v_windows || jsonb_build_array(jsonb_build_object(
+          'k', lk[i], 'b', bid[i], 'calls', lcalls[i], 'per', lper[i], 'cost', lcost[i]));
+      END IF;
+    END IF;
+    IF lconc[i] IS NOT NULL AND v_permit IS NOT NULL THEN
+      INSERT INTO __SCHEMA__.places (bucket, lapse, permit) VALUES (bid[i], v_now + lhold[i], v_permit);
+      p_bid := p_bid || bid[i];
+      p_lapse := p_lapse || (v_now + lhold[i]);
+      v_lapse := greatest(v_lapse, v_now + lhold[i]);
+    END IF;
+  END LOOP;
   IF v_permit IS NOT NULL THEN
-    v_lapse := NULL;
-    FOR i IN 1 .. cardinality(p_lapse) LOOP
-      v_lapse := greatest(v_lapse, p_lapse[i]);
-    END LOOP;
-    IF v_want THEN
-      v_lapse := greatest(v_lapse, v_now + v_req_hold);
+    IF coalesce((req->>'permit')::boolean, false) THEN
+      v_lapse := greatest(v_lapse, v_now + coalesce((req->>'holdMs')::bigint, 600000));
     END IF;
     INSERT INTO __SCHEMA__.permits (id, at, lapse, place_buckets, place_lapses, windows)
-    VALUES (v_permit, v_now, v_lapse, p_bid, p_lapse, v_windows);
+    VALUES (v_permit, v_now, v_lapse, coalesce(p_bid, '{}'), coalesce(p_lapse, '{}'), v_windows);
   END IF;
 
   v_reply := jsonb_build_object('granted', true, 'at', v_now, 'permit', v_permit, 'now', v_now);
@@ -741,8 +709,171 @@ BEGIN
   RETURN v_reply;
 END
 $$;
+COMMENT ON FUNCTION __SCHEMA__._acquire_any(jsonb, text, bigint, text, bigint) IS
+  'acquire, report or peek for any request (acquire decides the common case itself)';
+
+-- acquire: the entry point (see _acquire_any for the contract). It decides itself the common
+-- case, with few statements: mode 'acquire', one limit, no permit flag, a bucket that exists,
+-- was never settled, and whose retention this request neither lengthens nor may restart.
+-- Everything else goes to _acquire_any, which gives the same answers for every request; the
+-- two are tested against each other and against the reference engine.
+-- A refusal is one read-only statement; a grant one more, which writes only if the bucket
+-- row is unchanged since the read (see _acquire_any), else it reads and decides again.
+CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(req jsonb, mode text, recheck_ms bigint,
+                                              permit_id text, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_l jsonb := req->'limits';
+  v_k text;
+  v_calls bigint;
+  v_per bigint;
+  v_conc bigint;
+  v_cost bigint;
+  v_hold bigint;
+  v_rec boolean;
+  b record;
+  v_retry bigint;
+  v_reason text;
+  v_used bigint;
+  v_at bigint;
+  v_seq bigint;
+  v_try integer;
+BEGIN
+  IF mode <> 'acquire' OR jsonb_array_length(v_l) <> 1 OR (req->>'permit')::boolean THEN
+    RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
+  END IF;
+  v_l := v_l->0;
+  v_k := v_l->>'key';
+  v_calls := (v_l->>'calls')::bigint;
+  v_per := (v_l->>'perMs')::bigint;
+  v_conc := (v_l->>'concurrent')::bigint;
+  v_cost := CASE WHEN v_calls IS NOT NULL
+                 THEN least(coalesce((v_l->>'cost')::bigint, (req->>'cost')::bigint, 1), v_calls) END;
+  -- a grant records a window row when it costs, or when it holds a place (its permit can
+  -- then settle it)
+  v_rec := coalesce(v_cost > 0, false) OR (v_calls IS NOT NULL AND v_conc IS NOT NULL);
+  FOR v_try IN 1 .. 3 LOOP
+    -- The row and now (the clock, floored by the bucket). Each read here is one index probe:
+    -- several tiny statements cost less to run than one that joins them.
+    SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.fen, bk.last_seq, bk.last_at,
+           bk.last_calls, bk.last_concurrent, bk.xmin::text AS xm,
+           greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), bk.floor_ms) AS now
+      INTO b
+      FROM __SCHEMA__.buckets bk WHERE bk.key = v_k;
+    IF NOT FOUND OR b.fen OR v_per > b.retain_ms THEN
+      -- a new bucket, a settled one, or a window longer than the retention (rule 3)
+      RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
+    END IF;
+    -- The refusal that stands: the latest retryAt; on a tie the throttle, then rate, then
+    -- concurrency.
+    v_retry := NULL;
+    SELECT th.until INTO v_at FROM __SCHEMA__.throttles th WHERE th.key = req->>'key';
+    IF v_at > b.now THEN
+      v_retry := v_at;
+      v_reason := 'throttle';
+    END IF;
+    IF v_cost > 0 THEN
+      -- the cost counting under this request's window: one probe
+      SELECT b.total - (g.cum - g.cost) INTO v_used FROM __SCHEMA__.grants g
+       WHERE g.bucket = b.id AND g.at > greatest(b.pruned_to, b.now - b.retain_ms, b.now - v_per)
+       ORDER BY g.at LIMIT 1;
+      IF v_used + v_cost > v_calls THEN
+        -- when enough of the oldest grants have left for this cost to fit: when the first
+        -- row whose running total reaches total + cost - calls leaves the window
+        SELECT g.at + v_per INTO v_at FROM __SCHEMA__.grants g
+         WHERE g.bucket = b.id AND g.cum >= b.total + v_cost - v_calls
+         ORDER BY g.cum, g.at LIMIT 1;
+        IF v_at > coalesce(v_retry, v_at - 1) THEN
+          v_retry := v_at;
+          v_reason := 'rate';
+        END IF;
+      END IF;
+    END IF;
+    IF v_conc IS NOT NULL THEN
+      -- full when the concurrent-th latest live lapse exists; room comes back at that lapse
+      SELECT p.lapse INTO v_at FROM __SCHEMA__.places p
+       WHERE p.bucket = b.id AND p.lapse > b.now
+       ORDER BY p.lapse DESC OFFSET v_conc - 1 LIMIT 1;
+      IF FOUND AND least(v_at, b.now + recheck_ms) > coalesce(v_retry, b.now) THEN
+        v_retry := least(v_at, b.now + recheck_ms);
+        v_reason := 'concurrency';
+      END IF;
+    END IF;
+    IF v_retry IS NOT NULL THEN
+      RETURN jsonb_build_object('granted', false, 'retryAt', v_retry, 'reason', v_reason,
+                                'limit', CASE WHEN v_reason = 'throttle' THEN req->>'key' ELSE v_k END,
+                                'now', b.now);
+    END IF;
+
+    -- A grant. A bucket that may be idle with a longer retention, or figures this grant
+    -- does not set, may start afresh (rule 3): the general path decides that.
+    IF b.retain_ms > coalesce(v_per, 0)
+       OR (b.last_calls > 0 AND NOT coalesce(v_cost, 0) > 0)
+       OR (b.last_concurrent > 0 AND v_conc IS NULL) THEN
+      RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
+    END IF;
+    v_seq := CASE WHEN v_rec AND b.last_at IS DISTINCT FROM b.now THEN b.last_seq + 1
+                  ELSE b.last_seq END;
+    -- Written only if nobody changed the row since it was read: the UPDATE locks the row and
+    -- re-checks its condition on the row's latest version. The grant row goes in the same
+    -- statement, only if the UPDATE did.
+    IF v_seq <> b.last_seq THEN
+      -- a new millisecond in the bucket (no row can exist at or after it): a plain insert
+      WITH u AS (
+        UPDATE __SCHEMA__.buckets AS bk
+           SET total = b.total + v_cost, last_seq = v_seq, last_at = b.now,
+               floor_ms = greatest(bk.floor_ms, b.now),
+               last_calls = CASE WHEN v_cost > 0 THEN v_calls ELSE bk.last_calls END,
+               last_concurrent = coalesce(v_conc, bk.last_concurrent)
+         WHERE bk.key = v_k AND bk.xmin::text = b.xm
+        RETURNING bk.id
+      )
+      INSERT INTO __SCHEMA__.grants (bucket, at, seq, cost, cum)
+      SELECT u.id, b.now, v_seq, v_cost, b.total + v_cost FROM u;
+    ELSE
+      WITH u AS (
+        UPDATE __SCHEMA__.buckets AS bk
+           SET total = b.total + coalesce(v_cost, 0),
+               floor_ms = greatest(bk.floor_ms, b.now),
+               last_calls = CASE WHEN v_cost > 0 THEN v_calls ELSE bk.last_calls END,
+               last_concurrent = coalesce(v_conc, bk.last_concurrent)
+         WHERE bk.key = v_k AND bk.xmin::text = b.xm
+        RETURNING bk.id
+      )
+      -- merged into this millisecond's row (or none recorded)
+      INSERT INTO __SCHEMA__.grants AS g (bucket, at, seq, cost, cum)
+      SELECT u.id, b.now, v_seq, v_cost, b.total + v_cost FROM u WHERE v_rec
+      ON CONFLICT (bucket, at) DO UPDATE SET cost = g.cost + excluded.cost, cum = excluded.cum;
+      IF NOT v_rec THEN
+        -- nothing recorded: did the UPDATE happen? (then the row carries this transaction)
+        PERFORM 1 FROM __SCHEMA__.buckets bk
+         WHERE bk.key = v_k AND bk.xmin = pg_current_xact_id_if_assigned()::xid;
+      END IF;
+    END IF;
+    IF FOUND THEN
+      IF v_conc IS NULL THEN
+        RETURN jsonb_build_object('granted', true, 'at', b.now, 'permit', NULL, 'now', b.now);
+      END IF;
+      v_hold := coalesce((v_l->>'holdMs')::bigint, (req->>'holdMs')::bigint, 600000);
+      INSERT INTO __SCHEMA__.places (bucket, lapse, permit) VALUES (b.id, b.now + v_hold, permit_id);
+      INSERT INTO __SCHEMA__.permits (id, at, lapse, place_buckets, place_lapses, windows)
+      VALUES (permit_id, b.now, b.now + v_hold, ARRAY[b.id], ARRAY[b.now + v_hold],
+              CASE WHEN v_calls IS NULL THEN '[]'::jsonb
+                   ELSE jsonb_build_array(jsonb_build_object('k', v_k, 'b', b.id, 'calls', v_calls,
+                                                             'per', v_per, 'cost', v_cost)) END);
+      RETURN jsonb_build_object('granted', true, 'at', b.now, 'permit', permit_id, 'now', b.now);
+    END IF;
+    -- Changed since the read (the UPDATE then usually holds the row's lock): read again.
+    at_ms := greatest(b.now, coalesce(at_ms, __SCHEMA__._clock_ms()));
+  END LOOP;
+  RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
+END
+$$;
 COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
   'acquire, report or peek (wire sections 3 and 9.1-9.2); refusals and peeks write nothing';
+
 
 ---------------------------------------------------------------------------------------------
 -- settle: {"settled": true|false}; raises RL400 naming costs[i].key for a key that was not a
@@ -837,6 +968,7 @@ LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
   p record;
+  i integer;
   v_clock bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
 BEGIN
   IF costs IS NOT NULL THEN
@@ -846,9 +978,11 @@ BEGIN
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  DELETE FROM __SCHEMA__.places pl
-   USING unnest(p.place_buckets, p.place_lapses) AS x(b, l)
-   WHERE pl.bucket = x.b AND pl.lapse = x.l AND pl.permit = p.id;
+  -- (one primary-key delete per place: a join with unnest would be planned on every call)
+  FOR i IN 1 .. cardinality(p.place_buckets) LOOP
+    DELETE FROM __SCHEMA__.places pl
+     WHERE pl.bucket = p.place_buckets[i] AND pl.lapse = p.place_lapses[i] AND pl.permit = p.id;
+  END LOOP;
   RETURN p.lapse > greatest(v_clock, p.at);
 END
 $$;
@@ -1011,13 +1145,17 @@ COMMENT ON FUNCTION __SCHEMA__.totals() IS 'row counts per table, for metrics (a
 -- bucket's retention, Fenwick nodes no read can reach, and idle buckets. Buckets are visited
 -- `batch` at a time from a cursor kept in meta, so a call's work is bounded; a bucket locked
 -- by a request in flight is skipped this time. Returns the number of rows deleted; call it
--- again while that is > 0. Every deletion is of state already invisible to the decisions.
-CREATE OR REPLACE FUNCTION __SCHEMA__.sweep(batch integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
+-- again while that is > 0. Every deletion is of state already invisible to the decisions,
+-- and by margin_ms at least: a decision reads its instant and then its rows in statements
+-- that follow, so what counts at that instant must still be there a moment later.
+CREATE OR REPLACE FUNCTION __SCHEMA__.sweep(batch integer DEFAULT 1000, at_ms bigint DEFAULT NULL,
+                                            margin_ms bigint DEFAULT 60000)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
-  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  -- everything up to this instant is past for any decision still in flight
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms()) - margin_ms;
   v_done integer := 0;
   v_k integer;
   v_cursor text;
@@ -1118,7 +1256,7 @@ BEGIN
   RETURN v_done;
 END
 $$;
-COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint) IS
+COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint, bigint) IS
   'delete lapsed permits, passed throttles, grants past retention and idle buckets, in batches';
 
 -- The format version this schema carries.

@@ -398,7 +398,11 @@ fn snapshot_from(reply: &Value) -> Option<Snapshot> {
         for place in p.get("places")?.as_array()? {
             places.push((place.get("bucket")?.as_str()?.to_owned(), millis_at(place, "lapse")?));
         }
-        view.permits.push(PermitView { id: PermitId::from_str(p.get("permit")?.as_str()?).ok()?, places });
+        view.permits.push(PermitView {
+            id: PermitId::from_str(p.get("permit")?.as_str()?).ok()?,
+            expires: millis_at(p, "lapse")?,
+            places,
+        });
     }
     for t in reply.get("throttles")?.as_array()? {
         view.throttles.push(ThrottleView { key: t.get("key")?.as_str()?.to_owned(), until: millis_at(t, "until")? });

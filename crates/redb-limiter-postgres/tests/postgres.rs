@@ -207,7 +207,7 @@ fn request(caller: u8, limits: &[LimitSpec]) -> AcquireRequest {
 fn the_database_decides_as_the_engine_does() {
     let Some(url) = database_url() else { return };
     let rt = runtime();
-    let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
     runner
         .run(&prop::collection::vec(op(), 1..60), |ops| {

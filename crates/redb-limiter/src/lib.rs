@@ -46,9 +46,11 @@ pub mod store;
 pub mod time;
 pub mod wire;
 
-pub use engine::{Decision, PermitId, Reason};
-pub use limiter::{Limiter, LimiterError, LimiterOptions};
-pub use request::{AcquireRequest, BadRequest, Limit, ReleaseRequest, ThrottleRequest};
+pub use engine::{Decision, Figures, PermitId, Reason, Refusal};
+pub use limiter::{Acquired, Limiter, LimiterError, LimiterOptions, Peeked, Report};
+pub use request::{
+    AcquireRequest, BadRequest, Cost, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
+};
 pub use time::Millis;
 
 /// The file the limiter serves when none is named: `limiter.redb` in the working folder.

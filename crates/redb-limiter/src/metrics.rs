@@ -1,7 +1,7 @@
 //! Metrics: what `/metrics` exposes, in Prometheus text format.
 //!
 //! It owns the registry and the handles the limiter updates (decisions by method, outcome and
-//! reason; commit latency; batch size; live buckets, held places, throttles). Updating a handle
+//! reason, peeks, settles and lifts included; commit latency; batch size; live buckets, held places, throttles). Updating a handle
 //! is a few atomic operations; nothing here touches the engine or the store.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -13,10 +13,12 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    /// `acquire`, `release` or `throttle`.
+    /// `acquire`, `release`, `throttle`, `peek`, `settle` or `lift`.
     pub method: &'static str,
-    /// `granted`/`refused` (acquire), `released`/`unknown` (release), `in_force`/`none`/
-    /// `bad_request` (throttle: whether a throttle is in force afterwards), or `unavailable`.
+    /// `granted`/`refused` (acquire), `released`/`unknown` (release), `in_force`/`none`
+    /// (throttle), `fits`/`refused` (peek), `up`/`down`/`unchanged`/`unknown` (settle: the
+    /// direction any window moved, or a permit not live), `lifted`/`none` (lift), `bad_request`,
+    /// or `unavailable`.
     pub outcome: &'static str,
     /// The refusal's reason (`rate`, `concurrency`, `throttle`), else empty.
     pub reason: &'static str,

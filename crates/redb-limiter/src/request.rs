@@ -1,7 +1,9 @@
-//! The three requests, validated: every bound of the wire spec lives here, next to the types.
+//! The requests, validated: every bound of the wire spec lives here, next to the types.
 //!
-//! A value of [`AcquireRequest`], [`ReleaseRequest`] or [`ThrottleRequest`] is always within the
-//! spec's bounds, so the engine never checks input again. Parsing from JSON happens here too
+//! A value of [`AcquireRequest`] (also a `peek`'s params), [`ReleaseRequest`],
+//! [`ThrottleRequest`], [`SettleRequest`] or [`LiftRequest`] is always within the spec's bounds,
+//! so the engine never checks input again (but for what only the state can tell: whether a
+//! settled key was a window of the permit's grant). Parsing from JSON happens here too
 //! (from a `serde_json::Value`, so that every error names the field at fault, e.g.
 //! `limits[1].perMs must be an integer from 1 to 2678400000`). This module never decides
 //! anything: it only says whether a request is well formed.
@@ -53,17 +55,47 @@ pub struct Limit {
     pub hold_ms: u64,
 }
 
-/// An `acquire`: the caller `key` and the buckets the call counts in.
+/// An `acquire` (or a `peek`): the caller `key` and the buckets the call counts in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcquireRequest {
     pub key: String,
     pub limits: Vec<Limit>,
+    /// The request's own `holdMs`: how long a permit asked for with `permit` lives when it holds
+    /// no place that lapses later.
+    pub hold_ms: u64,
+    /// Answer with the figures of each limit after the decision (section 9.2).
+    pub report: bool,
+    /// Give a grant a permit even when it holds no concurrency place (section 9.3).
+    pub permit: bool,
 }
 
-/// A `release` of a permit (any string of 1 to 128 bytes).
+/// One entry of a settle's `costs`: the grant's cost in the window bucket `key` becomes `cost`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cost {
+    pub key: String,
+    pub cost: u64,
+}
+
+/// A `release` of a permit (any string of 1 to 128 bytes), settling `costs` first when given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseRequest {
     pub permit: String,
+    /// Empty: a plain release.
+    pub costs: Vec<Cost>,
+}
+
+/// A `settle`: the real costs of a permit's grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleRequest {
+    pub permit: String,
+    /// 1 to 64 entries, keys unique.
+    pub costs: Vec<Cost>,
+}
+
+/// A `lift`: end the throttle of caller `key` now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiftRequest {
+    pub key: String,
 }
 
 /// A `throttle`: close the caller `key` until `until`.
@@ -167,16 +199,45 @@ impl Limit {
 }
 
 impl AcquireRequest {
-    /// Builds a request and checks every bound.
+    /// Builds a request and checks every bound (`holdMs` the default, no report, no permit
+    /// unless a limit has `concurrent`).
     pub fn new(key: impl Into<String>, limits: Vec<Limit>) -> Result<Self, BadRequest> {
-        let req = AcquireRequest { key: key.into(), limits };
+        let req = AcquireRequest { key: key.into(), limits, hold_ms: DEFAULT_HOLD_MS, report: false, permit: false };
         req.validate()?;
         Ok(req)
+    }
+
+    /// Asks for a permit even without concurrency places (section 9.3).
+    #[must_use]
+    pub fn with_permit(mut self) -> Self {
+        self.permit = true;
+        self
+    }
+
+    /// Asks for the figures of each limit with the answer (section 9.2).
+    #[must_use]
+    pub fn with_report(mut self) -> Self {
+        self.report = true;
+        self
+    }
+
+    /// Sets the request's own `holdMs` (a place-less permit's life); limits keep theirs.
+    pub fn with_hold_ms(mut self, hold_ms: u64) -> Result<Self, BadRequest> {
+        self.hold_ms = hold_ms;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Whether a grant of this request gets a permit.
+    #[must_use]
+    pub fn wants_permit(&self) -> bool {
+        self.permit || self.limits.iter().any(|l| l.concurrent.is_some())
     }
 
     /// Checks every bound of the spec's acquire table.
     pub fn validate(&self) -> Result<(), BadRequest> {
         check_key("key", &self.key)?;
+        check_range("holdMs", self.hold_ms, 1, MAX_HOLD_MS)?;
         if self.limits.len() > MAX_LIMITS {
             return Err(BadRequest::field("limits", format_args!("must have at most {MAX_LIMITS} entries")));
         }
@@ -224,22 +285,114 @@ impl AcquireRequest {
                 hold_ms: optional_int(lim, "holdMs", f("holdMs"), 1, MAX_HOLD_MS)?.unwrap_or(hold_ms),
             });
         }
-        AcquireRequest::new(key, limits)
+        let report = optional_bool(obj, "report")?;
+        let permit = optional_bool(obj, "permit")?;
+        let req = AcquireRequest { key: key.to_owned(), limits, hold_ms, report, permit };
+        req.validate()?;
+        Ok(req)
+    }
+}
+
+fn check_permit(permit: &str) -> Result<(), BadRequest> {
+    if permit.is_empty() || permit.len() > MAX_PERMIT_BYTES {
+        return Err(BadRequest::field("permit", format_args!("must be a string of 1 to {MAX_PERMIT_BYTES} bytes")));
+    }
+    Ok(())
+}
+
+fn check_costs(costs: &[Cost]) -> Result<(), BadRequest> {
+    if costs.is_empty() || costs.len() > MAX_LIMITS {
+        return Err(BadRequest::field("costs", format_args!("must have 1 to {MAX_LIMITS} entries")));
+    }
+    for (i, c) in costs.iter().enumerate() {
+        check_key(format_args!("costs[{i}].key"), &c.key)?;
+        check_range(format_args!("costs[{i}].cost"), c.cost, 0, MAX_COST)?;
+        if costs[..i].iter().any(|o| o.key == c.key) {
+            return Err(BadRequest::field(format_args!("costs[{i}].key"), "must be unique within the request"));
+        }
+    }
+    Ok(())
+}
+
+/// The `costs` array of a settle or release, parsed and checked.
+fn parse_costs(raw: &Value) -> Result<Vec<Cost>, BadRequest> {
+    let Value::Array(items) = raw else { return Err(BadRequest::field("costs", "must be an array")) };
+    if items.is_empty() || items.len() > MAX_LIMITS {
+        return Err(BadRequest::field("costs", format_args!("must have 1 to {MAX_LIMITS} entries")));
+    }
+    let mut costs = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let obj = object(item, format_args!("costs[{i}]"))?;
+        let key = required_str(obj, "key", format_args!("costs[{i}].key"))?;
+        let cost = optional_int(obj, "cost", format_args!("costs[{i}].cost"), 0, MAX_COST)?
+            .ok_or_else(|| BadRequest::field(format_args!("costs[{i}].cost"), "is required"))?;
+        costs.push(Cost { key: key.to_owned(), cost });
+    }
+    check_costs(&costs)?;
+    Ok(costs)
+}
+
+impl Cost {
+    #[must_use]
+    pub fn new(key: impl Into<String>, cost: u64) -> Self {
+        Cost { key: key.into(), cost }
     }
 }
 
 impl ReleaseRequest {
     pub fn new(permit: impl Into<String>) -> Result<Self, BadRequest> {
         let permit = permit.into();
-        if permit.is_empty() || permit.len() > MAX_PERMIT_BYTES {
-            return Err(BadRequest::field("permit", format_args!("must be a string of 1 to {MAX_PERMIT_BYTES} bytes")));
-        }
-        Ok(ReleaseRequest { permit })
+        check_permit(&permit)?;
+        Ok(ReleaseRequest { permit, costs: Vec::new() })
+    }
+
+    /// A release that settles `costs` first, in one durable step.
+    pub fn with_costs(permit: impl Into<String>, costs: Vec<Cost>) -> Result<Self, BadRequest> {
+        let permit = permit.into();
+        check_permit(&permit)?;
+        check_costs(&costs)?;
+        Ok(ReleaseRequest { permit, costs })
     }
 
     pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
         let obj = object(params, "params")?;
-        ReleaseRequest::new(required_str(obj, "permit", "permit")?)
+        let permit = required_str(obj, "permit", "permit")?;
+        check_permit(permit)?;
+        let costs = match obj.get("costs") {
+            None => Vec::new(),
+            Some(raw) => parse_costs(raw)?,
+        };
+        Ok(ReleaseRequest { permit: permit.to_owned(), costs })
+    }
+}
+
+impl SettleRequest {
+    pub fn new(permit: impl Into<String>, costs: Vec<Cost>) -> Result<Self, BadRequest> {
+        let permit = permit.into();
+        check_permit(&permit)?;
+        check_costs(&costs)?;
+        Ok(SettleRequest { permit, costs })
+    }
+
+    pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
+        let obj = object(params, "params")?;
+        let permit = required_str(obj, "permit", "permit")?;
+        check_permit(permit)?;
+        let costs = parse_costs(obj.get("costs").ok_or_else(|| BadRequest::field("costs", "is required"))?)?;
+        Ok(SettleRequest { permit: permit.to_owned(), costs })
+    }
+}
+
+impl LiftRequest {
+    pub fn new(key: impl Into<String>) -> Result<Self, BadRequest> {
+        let key = key.into();
+        check_key("key", &key)?;
+        Ok(LiftRequest { key })
+    }
+
+    pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
+        let obj = object(params, "params")?;
+        LiftRequest::new(required_str(obj, "key", "key")?)
     }
 }
 
@@ -280,6 +433,15 @@ fn required_str<'a>(
         Some(Value::String(s)) => Ok(s),
         Some(_) => Err(BadRequest::field(field, "must be a string")),
         None => Err(BadRequest::field(field, "is required")),
+    }
+}
+
+/// An optional JSON boolean (`false` when absent); anything else is an error naming it.
+fn optional_bool(obj: &Map<String, Value>, name: &str) -> Result<bool, BadRequest> {
+    match obj.get(name) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(BadRequest::field(name, "must be true or false")),
     }
 }
 
@@ -408,22 +570,28 @@ mod tests {
     }
 }
 
-/// The three methods of the wire.
+/// The methods of the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Method {
     Acquire,
     Release,
     Throttle,
+    Peek,
+    Settle,
+    Lift,
 }
 
 impl Method {
-    /// The method named on the wire (`acquire`, `release`, `throttle`).
+    /// The method named on the wire (`acquire`, `release`, `throttle`, `peek`, `settle`, `lift`).
     #[must_use]
     pub fn from_name(name: &str) -> Option<Method> {
         match name {
             "acquire" => Some(Method::Acquire),
             "release" => Some(Method::Release),
             "throttle" => Some(Method::Throttle),
+            "peek" => Some(Method::Peek),
+            "settle" => Some(Method::Settle),
+            "lift" => Some(Method::Lift),
             _ => None,
         }
     }
@@ -434,6 +602,9 @@ impl Method {
             Method::Acquire => "acquire",
             Method::Release => "release",
             Method::Throttle => "throttle",
+            Method::Peek => "peek",
+            Method::Settle => "settle",
+            Method::Lift => "lift",
         }
     }
 }
@@ -444,6 +615,10 @@ pub enum Request {
     Acquire(AcquireRequest),
     Release(ReleaseRequest),
     Throttle(ThrottleRequest),
+    /// A `peek` takes exactly an acquire's params.
+    Peek(AcquireRequest),
+    Settle(SettleRequest),
+    Lift(LiftRequest),
 }
 
 /// Why an envelope (`POST /` with `{method, params}`) is not a request.
@@ -467,6 +642,9 @@ impl Request {
             Method::Acquire => Request::Acquire(AcquireRequest::from_json(params)?),
             Method::Release => Request::Release(ReleaseRequest::from_json(params)?),
             Method::Throttle => Request::Throttle(ThrottleRequest::from_json(params, now)?),
+            Method::Peek => Request::Peek(AcquireRequest::from_json(params)?),
+            Method::Settle => Request::Settle(SettleRequest::from_json(params)?),
+            Method::Lift => Request::Lift(LiftRequest::from_json(params)?),
         })
     }
 
@@ -509,7 +687,7 @@ mod envelope_tests {
         assert!(Request::from_body(Method::Release, b"{", now).unwrap_err().0.starts_with("body is not valid JSON"));
         assert_eq!(
             Request::from_envelope(br#"{"method":"release","params":{"permit":"p"}}"#, now),
-            Ok(Request::Release(ReleaseRequest { permit: "p".into() }))
+            Ok(Request::Release(ReleaseRequest { permit: "p".into(), costs: Vec::new() }))
         );
     }
 
@@ -552,7 +730,40 @@ impl AcquireRequest {
                 Value::Object(m)
             })
             .collect();
-        serde_json::json!({ "key": self.key, "limits": limits })
+        let mut body = serde_json::json!({ "key": self.key, "holdMs": self.hold_ms, "limits": limits });
+        if self.report {
+            body["report"] = Value::Bool(true);
+        }
+        if self.permit {
+            body["permit"] = Value::Bool(true);
+        }
+        body
+    }
+}
+
+impl Cost {
+    fn to_json(&self) -> Value {
+        serde_json::json!({ "key": self.key, "cost": self.cost })
+    }
+}
+
+impl ReleaseRequest {
+    /// The request in the wire's JSON form.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let mut body = serde_json::json!({ "permit": self.permit });
+        if !self.costs.is_empty() {
+            body["costs"] = Value::Array(self.costs.iter().map(Cost::to_json).collect());
+        }
+        body
+    }
+}
+
+impl SettleRequest {
+    /// The request in the wire's JSON form.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({ "permit": self.permit, "costs": self.costs.iter().map(Cost::to_json).collect::<Vec<_>>() })
     }
 }
 
@@ -571,6 +782,59 @@ mod to_json_tests {
             ],
         )
         .unwrap();
+        assert_eq!(AcquireRequest::from_json(&req.to_json()), Ok(req.clone()));
+        let req = req.with_permit().with_report().with_hold_ms(5).unwrap();
         assert_eq!(AcquireRequest::from_json(&req.to_json()), Ok(req));
+        let settle = SettleRequest::new("p-1", vec![Cost::new("w", 7), Cost::new("both", 0)]).unwrap();
+        assert_eq!(SettleRequest::from_json(&settle.to_json()), Ok(settle));
+        let release = ReleaseRequest::with_costs("p-1", vec![Cost::new("w", 7)]).unwrap();
+        assert_eq!(ReleaseRequest::from_json(&release.to_json()), Ok(release));
+        let plain = ReleaseRequest::new("p-1").unwrap();
+        assert_eq!(ReleaseRequest::from_json(&plain.to_json()), Ok(plain));
+    }
+
+    /// Section 9.5: every bad field of the new bodies is named; booleans are strict.
+    #[test]
+    fn settle_lift_and_options_name_their_bad_fields() {
+        let acquire = |v: Value| AcquireRequest::from_json(&v).unwrap_err().0;
+        assert_eq!(acquire(serde_json::json!({"key": "k", "limits": [], "report": 1})), "report must be true or false");
+        assert_eq!(
+            acquire(serde_json::json!({"key": "k", "limits": [], "permit": "true"})),
+            "permit must be true or false"
+        );
+        assert!(AcquireRequest::from_json(&serde_json::json!({"key": "k", "limits": [], "permit": false})).is_ok());
+        let settle = |v: Value| SettleRequest::from_json(&v).unwrap_err().0;
+        assert_eq!(settle(serde_json::json!({"costs": [{"key": "a", "cost": 1}]})), "permit is required");
+        assert_eq!(settle(serde_json::json!({"permit": "", "costs": []})), "permit must be a string of 1 to 128 bytes");
+        assert_eq!(settle(serde_json::json!({"permit": "p"})), "costs is required");
+        assert_eq!(settle(serde_json::json!({"permit": "p", "costs": {}})), "costs must be an array");
+        assert_eq!(settle(serde_json::json!({"permit": "p", "costs": []})), "costs must have 1 to 64 entries");
+        let many: Vec<Value> = (0..65).map(|i| serde_json::json!({"key": format!("b{i}"), "cost": 1})).collect();
+        assert_eq!(settle(serde_json::json!({"permit": "p", "costs": many})), "costs must have 1 to 64 entries");
+        assert_eq!(settle(serde_json::json!({"permit": "p", "costs": [5]})), "costs[0] must be a JSON object");
+        assert_eq!(settle(serde_json::json!({"permit": "p", "costs": [{"cost": 1}]})), "costs[0].key is required");
+        assert_eq!(
+            settle(serde_json::json!({"permit": "p", "costs": [{"key": "", "cost": 1}]})),
+            "costs[0].key must be a string of 1 to 512 bytes"
+        );
+        assert_eq!(settle(serde_json::json!({"permit": "p", "costs": [{"key": "a"}]})), "costs[0].cost is required");
+        assert_eq!(
+            settle(serde_json::json!({"permit": "p", "costs": [{"key": "a", "cost": 1.5}]})),
+            "costs[0].cost must be an integer from 0 to 1000000000"
+        );
+        assert_eq!(
+            settle(serde_json::json!({"permit": "p", "costs": [{"key": "a", "cost": 1000000001}]})),
+            "costs[0].cost must be an integer from 0 to 1000000000"
+        );
+        assert_eq!(
+            settle(serde_json::json!({"permit": "p", "costs": [{"key": "a", "cost": 1}, {"key": "a", "cost": 2}]})),
+            "costs[1].key must be unique within the request"
+        );
+        assert_eq!(
+            ReleaseRequest::from_json(&serde_json::json!({"permit": "p", "costs": []})).unwrap_err().0,
+            "costs must have 1 to 64 entries"
+        );
+        assert_eq!(LiftRequest::from_json(&serde_json::json!({})).unwrap_err().0, "key is required");
+        assert_eq!(LiftRequest::from_json(&serde_json::json!({"key": 3})).unwrap_err().0, "key must be a string");
     }
 }

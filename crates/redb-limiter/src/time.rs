@@ -63,8 +63,9 @@ pub struct InstantError(&'static str);
 
 /// Parses an RFC 3339 instant: `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`.
 ///
-/// The fraction may have any number of digits; it is cut to whole milliseconds (floor). Instants
-/// before the Unix epoch, leap seconds and anything that is not RFC 3339 are refused.
+/// The fraction may have any number of digits; it is cut to whole milliseconds (floor). An
+/// instant before the Unix epoch reads as the epoch (it is past either way); leap seconds and
+/// anything that is not RFC 3339 are refused.
 pub fn parse_instant(s: &str) -> Result<Millis, InstantError> {
     const FORM: InstantError = InstantError("must be an RFC 3339 instant like 2026-11-30T03:11:09.123Z");
     let b = s.as_bytes();
@@ -134,10 +135,9 @@ pub fn parse_instant(s: &str) -> Result<Millis, InstantError> {
     let offset = jiff::tz::Offset::from_seconds(offset_secs).map_err(|_| FORM)?;
     let ts = offset.to_timestamp(date.to_datetime(time)).map_err(|_| InstantError("is out of range"))?;
     let ms = ts.as_millisecond() + millis;
-    if ms < 0 {
-        return Err(InstantError("is before 1970-01-01T00:00:00.000Z"));
-    }
-    Ok(Millis(ms as u64))
+    // Before the epoch is long past: read as the epoch, the earliest instant there is here (a
+    // throttle until then changes nothing, as any past `until`).
+    Ok(Millis(ms.max(0) as u64))
 }
 
 /// Where the limiter reads `now`. Implementations never run backwards.
@@ -259,12 +259,14 @@ mod tests {
             "2026-11-30T23:59:60Z",
             "2026-11-30T03:11:09+0100",
             "2026-11-30T03:11:09+01",
-            "1969-12-31T23:59:59.999Z",
             "+2026-11-30T03:11:09Z",
             "2026-11-30T03:11:09.123Zjunk",
             "２026-11-30T03:11:09Z",
         ] {
             assert!(parse_instant(bad).is_err(), "{bad:?} should be refused");
+        }
+        for past in ["1969-12-31T23:59:59.999Z", "0001-01-01T00:00:00Z", "1970-01-01T00:30:00+01:00"] {
+            assert_eq!(parse_instant(past), Ok(Millis::ZERO), "{past:?} is before the epoch: read as it");
         }
     }
 

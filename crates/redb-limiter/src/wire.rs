@@ -1,10 +1,12 @@
 //! The wire's reply bodies, shared by the server (which writes them) and the HTTP client
 //! (which reads them). Field names and forms are the spec's: camelCase, instants in
-//! `toISOString` form, `permit` only when the grant holds places.
+//! `toISOString` form, `permit` only when the grant holds places or was asked for; the figures
+//! of section 9 (`now`, `limits`) only on a peek and an acquire that asked for a report.
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Decision, Reason, StateView, Totals};
+use crate::engine::{Decision, Figures, Reason, Refusal, StateView, Totals};
+use crate::limiter::{Peeked, Report};
 use crate::time::{Millis, format_instant, parse_instant};
 
 /// An instant as the wire writes it.
@@ -98,6 +100,115 @@ impl AcquireReply {
     }
 }
 
+/// One limit's figures (section 9.1): `used`/`remaining` for a window, `held`/`free` for
+/// concurrency.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitFigures {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub used: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub held: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub free: Option<u64>,
+}
+
+impl From<&Figures> for LimitFigures {
+    fn from(f: &Figures) -> Self {
+        LimitFigures {
+            key: f.key.clone(),
+            used: f.window.map(|w| w.0),
+            remaining: f.window.map(|w| w.1),
+            held: f.places.map(|p| p.0),
+            free: f.places.map(|p| p.1),
+        }
+    }
+}
+
+/// The figures an acquire with `report` (and every peek) adds to its reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportFields {
+    pub now: Instant,
+    pub limits: Vec<LimitFigures>,
+}
+
+impl From<&Report> for ReportFields {
+    fn from(r: &Report) -> Self {
+        ReportFields { now: Instant(r.now), limits: r.limits.iter().map(LimitFigures::from).collect() }
+    }
+}
+
+/// An acquire's reply with its report: section 3's body plus `now` and `limits`.
+#[must_use]
+pub fn acquire_reply_with_report(decision: &Decision, report: &Report) -> serde_json::Value {
+    let mut body = serde_json::to_value(AcquireReply::from(decision)).expect("replies always serialize");
+    let fields = serde_json::to_value(ReportFields::from(report)).expect("replies always serialize");
+    if let (Some(body), serde_json::Value::Object(fields)) = (body.as_object_mut(), fields) {
+        body.extend(fields);
+    }
+    body
+}
+
+/// The reply to `peek`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeekReply {
+    pub fits: bool,
+    #[serde(rename = "retryAt", skip_serializing_if = "Option::is_none", default)]
+    pub retry_at: Option<Instant>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub limit: Option<String>,
+    pub now: Instant,
+    pub limits: Vec<LimitFigures>,
+}
+
+impl From<&Peeked> for PeekReply {
+    fn from(p: &Peeked) -> Self {
+        PeekReply {
+            fits: p.refusal.is_none(),
+            retry_at: p.refusal.as_ref().map(|r| Instant(r.retry_at)),
+            reason: p.refusal.as_ref().map(|r| r.reason.as_str().to_owned()),
+            limit: p.refusal.as_ref().map(|r| r.limit.clone()),
+            now: Instant(p.report.now),
+            limits: p.report.limits.iter().map(LimitFigures::from).collect(),
+        }
+    }
+}
+
+impl PeekReply {
+    /// The refusal an acquire would have answered, or `None` when it fits (or the reply is not
+    /// well formed: a `fits: false` without its retryAt, reason and limit).
+    #[must_use]
+    pub fn refusal(&self) -> Option<Refusal> {
+        if self.fits {
+            return None;
+        }
+        let reason = match self.reason.as_deref()? {
+            "rate" => Reason::Rate,
+            "concurrency" => Reason::Concurrency,
+            "throttle" => Reason::Throttle,
+            _ => return None,
+        };
+        Some(Refusal { retry_at: self.retry_at?.0, reason, limit: self.limit.clone()? })
+    }
+}
+
+/// The reply to `settle`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleReply {
+    pub settled: bool,
+}
+
+/// The reply to `lift`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiftReply {
+    pub key: String,
+    pub lifted: bool,
+}
+
 /// The reply to `release`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseReply {
@@ -130,6 +241,9 @@ pub struct HealthReply {
     pub ok: bool,
     pub path: String,
     pub uptime_ms: u64,
+    /// Why the store cannot commit, while it cannot (then `ok` is false).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
 }
 
 /// `GET /state`.
@@ -141,6 +255,9 @@ pub struct StateReply {
     pub permits: Vec<PermitState>,
     pub throttles: Vec<ThrottleState>,
     pub totals: TotalsState,
+    /// More buckets, permits or throttles follow (ask again with `after`).
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,6 +343,7 @@ impl StateReply {
                 permits: totals.permits as u64,
                 throttles: totals.throttles as u64,
             },
+            truncated: false,
         }
     }
 }
@@ -251,5 +369,37 @@ mod tests {
         assert_eq!(serde_json::from_str::<AcquireReply>(&text).unwrap(), refused);
         let throttle = ThrottleReply { key: "k".into(), until: None };
         assert_eq!(serde_json::to_string(&throttle).unwrap(), r#"{"key":"k","until":null}"#);
+    }
+
+    #[test]
+    fn section_9_replies_have_the_spec_form() {
+        let at = Millis(1_795_921_869_123);
+        let report = Report {
+            now: at,
+            limits: vec![
+                Figures { key: "a/rpm".into(), window: Some((50, 0)), places: None },
+                Figures { key: "a/conc".into(), window: None, places: Some((1, 3)) },
+            ],
+        };
+        let refusal = Refusal { retry_at: at.plus(500), reason: Reason::Rate, limit: "a/rpm".into() };
+        let peek = PeekReply::from(&Peeked { refusal: Some(refusal.clone()), report: report.clone() });
+        let text = serde_json::to_string(&peek).unwrap();
+        assert_eq!(
+            text,
+            r#"{"fits":false,"retryAt":"2026-11-29T03:11:09.623Z","reason":"rate","limit":"a/rpm","now":"2026-11-29T03:11:09.123Z","limits":[{"key":"a/rpm","used":50,"remaining":0},{"key":"a/conc","held":1,"free":3}]}"#
+        );
+        let back: PeekReply = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.refusal(), Some(refusal));
+        let fits = PeekReply::from(&Peeked { refusal: None, report: report.clone() });
+        assert!(!serde_json::to_string(&fits).unwrap().contains("retryAt"));
+        let granted = acquire_reply_with_report(&Decision::Granted { at, permit: None }, &report);
+        assert_eq!(granted["granted"], true);
+        assert_eq!(granted["now"], "2026-11-29T03:11:09.123Z");
+        assert_eq!(granted["limits"][1]["free"], 3);
+        assert_eq!(
+            serde_json::to_string(&LiftReply { key: "k".into(), lifted: true }).unwrap(),
+            r#"{"key":"k","lifted":true}"#
+        );
+        assert_eq!(serde_json::to_string(&SettleReply { settled: false }).unwrap(), r#"{"settled":false}"#);
     }
 }

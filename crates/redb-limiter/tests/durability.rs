@@ -452,3 +452,52 @@ fn one_runtime_thread_leaves_commits_to_the_writer() {
     });
     assert!(commits(&limiter) < 32, "{} commits for 64 concurrent grants", commits(&limiter));
 }
+
+/// Section 9 across a restart: a settled cost is what counts after it, a refusal that lengthened
+/// a bucket's retention keeps its grants that long, a lift stays lifted, and a peek writes
+/// nothing (the file's bytes do not change).
+#[test]
+fn settles_lifts_and_lengthening_refusals_are_durable_and_peeks_write_nothing() {
+    use redb_limiter::{Cost, LiftRequest, SettleRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    let tpm = |cost| {
+        AcquireRequest::new("caller", vec![Limit::window("tpm", 100, 60_000).with_cost(cost)]).unwrap().with_permit()
+    };
+    let Decision::Granted { permit: Some(permit), .. } = limiter.acquire_blocking(tpm(90)).unwrap() else {
+        panic!("granted with a permit")
+    };
+    assert!(
+        limiter.settle_blocking(SettleRequest::new(permit.to_string(), vec![Cost::new("tpm", 20)]).unwrap()).unwrap()
+    );
+    // Five grants in a short window, then a refusal naming a minute.
+    for _ in 0..5 {
+        assert!(limiter.acquire_blocking(window("short", 5, 500)).unwrap().is_granted());
+    }
+    assert!(!limiter.acquire_blocking(window("short", 5, 60_000)).unwrap().is_granted());
+    limiter.throttle_blocking(ThrottleRequest::new("closed", T0.plus(50_000), T0).unwrap()).unwrap();
+    assert!(limiter.lift_blocking(LiftRequest::new("closed").unwrap()).unwrap());
+    // Peeks leave the file's bytes as they are.
+    let before = std::fs::read(&path).unwrap();
+    for cost in [1, 80, 81] {
+        limiter.peek_blocking(tpm(cost)).unwrap();
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), before, "a peek wrote to the file");
+    drop(limiter);
+
+    clock.advance(1000);
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    // 20 counts, not 90: 80 fit, 81 do not.
+    assert!(limiter.peek_blocking(tpm(80)).unwrap().fits());
+    assert!(!limiter.peek_blocking(tpm(81)).unwrap().fits());
+    // The short grants are kept for the minute the refusal named.
+    assert_eq!(
+        limiter.acquire_blocking(window("short", 5, 60_000)).unwrap(),
+        Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "short".into() }
+    );
+    assert!(limiter.acquire_blocking(AcquireRequest::new("closed", vec![]).unwrap()).unwrap().is_granted());
+    // The settled permit still releases.
+    assert!(limiter.release_blocking(ReleaseRequest::new(permit.to_string()).unwrap()).unwrap());
+}

@@ -21,6 +21,8 @@ pub(crate) struct Plan {
     pub(crate) per_ms: u64,
     pub(crate) cost: u64,
     pub(crate) concurrent: Option<u64>,
+    /// Settle every grant (`--settle`).
+    pub(crate) settle: bool,
     pub(crate) mix: Mix,
     pub(crate) duration: Duration,
     pub(crate) warmup: Duration,
@@ -69,9 +71,13 @@ impl Plan {
             Some(t) => format!("Authorization: Bearer {t}\r\n"),
             None => String::new(),
         };
+        if args.settle && args.concurrent.is_some() {
+            bail!("--settle and --concurrent do not go together: a settled grant's places would never be released");
+        }
+        let second = if args.settle { "settle" } else { "release" };
         let release_path = match args.path.strip_suffix("acquire") {
-            Some(prefix) if prefix.ends_with('/') => format!("{prefix}release"),
-            _ => "/release".to_owned(),
+            Some(prefix) if prefix.ends_with('/') => format!("{prefix}{second}"),
+            _ => format!("/{second}"),
         };
         let head = |path: &str| {
             format!(
@@ -89,6 +95,7 @@ impl Plan {
             per_ms,
             cost: args.cost,
             concurrent: args.concurrent,
+            settle: args.settle,
             mix: args.mix,
             duration: Duration::from_secs_f64(args.seconds),
             warmup: Duration::from_secs_f64(args.warmup_seconds),
@@ -164,7 +171,14 @@ impl Conn {
 
     /// Send one acquire for `key` and read its reply; on `Connection: close` the stream is
     /// dropped after the reply, on failure at once.
-    pub(crate) async fn acquire(&mut self, key: u64, want_permit: bool) -> Result<Answer, WireError> {
+    /// With `settle_to`, a grant's permit is settled to that cost in bucket `key` by the second
+    /// request; without it, released.
+    pub(crate) async fn acquire(
+        &mut self,
+        key: u64,
+        want_permit: bool,
+        settle_to: Option<u64>,
+    ) -> Result<Answer, WireError> {
         let stream = self.stream.as_mut().ok_or(WireError::Eof)?;
         let req = self.requests.acquire(key);
         let result = exchange(stream, &mut self.recv, req).await;
@@ -182,7 +196,10 @@ impl Conn {
             && verdict == Verdict::Granted
             && let Some(permit) = permit(body)
         {
-            self.requests.prepare_release(permit);
+            match settle_to {
+                Some(cost) => self.requests.prepare_settle(permit, key, cost),
+                None => self.requests.prepare_release(permit),
+            }
             release = true;
         }
         if reply.close {
@@ -258,7 +275,7 @@ impl Conn {
                 }
                 tries += 1;
                 sent += 1;
-                let exchange = self.acquire(key, plan.concurrent.is_some());
+                let exchange = self.acquire(key, plan.concurrent.is_some(), None);
                 let answer = match tokio::time::timeout(PREFILL_EXCHANGE_TIMEOUT, exchange).await {
                     Ok(Ok(answer)) => answer,
                     Ok(Err(e)) => {
@@ -295,7 +312,7 @@ impl Conn {
 
     /// The measured loop: acquire a random key, one request in flight, until `end`.
     pub(crate) async fn drive(&mut self, plan: &Plan, measure_from: Instant, end: Instant, stats: &mut Stats) {
-        let want_permit = plan.concurrent.is_some();
+        let want_permit = plan.concurrent.is_some() || plan.settle;
         let mut pending_release = false;
         loop {
             if !self.ensure_connected(plan, end, stats).await {
@@ -320,7 +337,8 @@ impl Conn {
             }
             let measured = started >= measure_from;
             let key = self.keys.u64(..plan.keys);
-            match self.acquire(key, want_permit).await {
+            let settle_to = plan.settle.then(|| self.keys.u64(..=plan.cost.saturating_mul(2)));
+            match self.acquire(key, want_permit, settle_to).await {
                 Ok(answer) => {
                     self.failures = 0;
                     pending_release = answer.release;
@@ -370,9 +388,12 @@ pub(crate) const RELEASE_BODY_TAIL: &[u8] = b"\"}";
 
 impl Requests {
     pub(crate) fn new(plan: &Plan, conn: usize) -> Requests {
-        let body_head =
-            format!("{{\"key\":\"bench/caller:{conn}\",\"cost\":{},\"limits\":[{{\"key\":\"bench/b:", plan.cost)
-                .into_bytes();
+        let permit = if plan.settle { ",\"permit\":true,\"holdMs\":10000" } else { "" };
+        let body_head = format!(
+            "{{\"key\":\"bench/caller:{conn}\",\"cost\":{}{permit},\"limits\":[{{\"key\":\"bench/b:",
+            plan.cost
+        )
+        .into_bytes();
         Requests {
             acquire_head: plan.acquire_head.clone(),
             body_head,
@@ -407,6 +428,27 @@ impl Requests {
         buf.extend_from_slice(RELEASE_BODY_HEAD);
         buf.extend_from_slice(permit);
         buf.extend_from_slice(RELEASE_BODY_TAIL);
+    }
+
+    /// Format the settle of `permit`'s grant in bucket `key` to `cost`.
+    pub(crate) fn prepare_settle(&mut self, permit: &[u8], key: u64, cost: u64) {
+        const HEAD: &[u8] = b"\",\"costs\":[{\"key\":\"bench/b:";
+        const MID: &[u8] = b"\",\"cost\":";
+        const TAIL: &[u8] = b"}]}";
+        let len =
+            RELEASE_BODY_HEAD.len() + permit.len() + HEAD.len() + digits(key) + MID.len() + digits(cost) + TAIL.len();
+        let buf = &mut self.release;
+        buf.clear();
+        buf.extend_from_slice(&self.release_head);
+        push_u64(buf, len as u64);
+        buf.extend_from_slice(b"\r\n\r\n");
+        buf.extend_from_slice(RELEASE_BODY_HEAD);
+        buf.extend_from_slice(permit);
+        buf.extend_from_slice(HEAD);
+        push_u64(buf, key);
+        buf.extend_from_slice(MID);
+        push_u64(buf, cost);
+        buf.extend_from_slice(TAIL);
     }
 
     pub(crate) fn release(&self) -> &[u8] {

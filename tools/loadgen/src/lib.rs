@@ -17,7 +17,9 @@
 //! read by `Content-Length`; chunked replies are refused with a clear error. A reply is
 //! classified by scanning its body for `"granted":true` / `"granted":false`, and with
 //! `--concurrent` the `"permit"` of a grant is released by a second request on the same
-//! connection before the next acquire.
+//! connection before the next acquire; with `--settle` every acquire asks for a permit
+//! (`"permit": true`) and the grant is settled to a random cost (0 to twice `--cost`) by a
+//! second request on the same connection (`POST /settle`).
 //!
 //! The run is bounded: it stops by time, a reply still missing a few seconds after the end is cut
 //! off and counted as an error, and a connection that keeps failing gives up after a few
@@ -137,6 +139,11 @@ pub struct BenchArgs {
     /// measures the generator's own ceiling (`--mix granted` only).
     #[arg(long)]
     pub sink: bool,
+    /// Acquire with `"permit": true` (the permit lives 10 s) and settle each grant to a random
+    /// cost from 0 to twice `--cost` with a second request on the same connection
+    /// (`POST /settle`, the sibling of `--path`); not with `--concurrent` or `--sink`.
+    #[arg(long)]
+    pub settle: bool,
 }
 
 /// The outcome of a run. Latencies are in microseconds, from writing an acquire to having read
@@ -165,10 +172,13 @@ pub struct Report {
     pub reconnects: u64,
     /// Attempts to (re)connect that failed.
     pub connect_failures: u64,
-    /// Permits released with a 2xx reply (only with `--concurrent`).
+    /// Permits released (with `--concurrent`) or grants settled (with `--settle`) with a 2xx
+    /// reply.
     pub released: u64,
-    /// Releases that failed or were answered non-2xx.
+    /// Releases (or settles) that failed or were answered non-2xx.
     pub release_errors: u64,
+    /// Whether each grant was settled (`--settle`) rather than released.
+    pub settle: bool,
     /// Measured wall time.
     pub seconds: f64,
     /// Answered acquires (`granted + refused + other`) per second.
@@ -240,6 +250,12 @@ impl fmt::Display for Report {
         if self.concurrent.is_some() {
             writeln!(f, "  released     {:>12}  (failed releases {})", self.released, self.release_errors)?;
         }
+        if self.settle {
+            writeln!(f, "  settled      {:>12}  (failed settles {})", self.released, self.release_errors)?;
+            if self.seconds > 0.0 {
+                writeln!(f, "  settled/s    {:>12.0}", self.released as f64 / self.seconds)?;
+            }
+        }
         writeln!(
             f,
             "  latency µs   {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
@@ -285,6 +301,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let sink = if args.sink {
         if plan.mix != Mix::Granted {
             bail!("--sink grants everything: it takes --mix granted only");
+        }
+        if plan.settle {
+            bail!("--sink gives no permits to settle: it takes no --settle");
         }
         let sink = Sink::start().context("starting the no-op server")?;
         plan.addr = sink.addr;
@@ -513,6 +532,7 @@ mod tests {
             per_ms: 60_000,
             cost: 2,
             concurrent: Some(3),
+            settle: false,
             mix: Mix::Refused,
             duration: Duration::from_secs(1),
             warmup: Duration::ZERO,
@@ -541,6 +561,19 @@ mod tests {
         let split = find(req, b"\r\n\r\n").unwrap();
         let v: Value = serde_json::from_slice(&req[split + 4..]).unwrap();
         assert_eq!(v, json!({"permit": "p-1\"2"}));
+        reqs.prepare_settle(b"p-9", 12345, 0);
+        let req = reqs.release();
+        let split = find(req, b"\r\n\r\n").unwrap();
+        let head = std::str::from_utf8(&req[..split]).unwrap();
+        assert!(head.ends_with(&format!("Content-Length: {}", req.len() - split - 4)), "{head}");
+        let v: Value = serde_json::from_slice(&req[split + 4..]).unwrap();
+        assert_eq!(v, json!({"permit": "p-9", "costs": [{"key": "bench/b:12345", "cost": 0}]}));
+        let settling = Plan { settle: true, concurrent: None, ..plan };
+        let mut reqs = Requests::new(&settling, 1);
+        let req = reqs.acquire(7).to_vec();
+        let split = find(&req, b"\r\n\r\n").unwrap();
+        let v: Value = serde_json::from_slice(&req[split + 4..]).unwrap();
+        assert_eq!((v["permit"].clone(), v["holdMs"].clone()), (json!(true), json!(10000)));
     }
 
     #[test]

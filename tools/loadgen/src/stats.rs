@@ -86,6 +86,7 @@ impl Stats {
             connect_failures: self.connect_failures,
             released: self.released,
             release_errors: self.release_errors,
+            settle: plan.settle,
             seconds,
             rps: if seconds > 0.0 { answered as f64 / seconds } else { 0.0 },
             min_us: if h.is_empty() { 0 } else { h.min() },

@@ -1,5 +1,10 @@
-//! The engine: a pure, deterministic state machine that decides `acquire`, `release` and
-//! `throttle` exactly as the wire spec's sections 3 to 5 say.
+//! The engine: a pure, deterministic state machine that decides `acquire`, `release`,
+//! `throttle`, `peek`, `settle` and `lift` exactly as the wire spec's sections 3 to 5 and 9 say.
+//!
+//! There is one copy of the rules: [`Engine::peek`] and [`Engine::acquire`] both ask the same
+//! read-only decision (`refusal`), which judges a window only by the grants its bucket still
+//! keeps, whether or not they were pruned from memory yet; `acquire` prunes first (to keep memory
+//! small) and then changes the state, `peek` changes nothing.
 //!
 //! It owns the in-memory state (buckets with their windows and places, permits, throttles) and
 //! the timers that forget what has lapsed. It never reads a clock (every call takes `now`),
@@ -40,7 +45,7 @@ use timers::{Due, Timers};
 use window::Window;
 
 use crate::policy::PRUNE_BATCH;
-use crate::request::AcquireRequest;
+use crate::request::{AcquireRequest, BadRequest, Cost};
 use crate::time::Millis;
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -104,6 +109,94 @@ impl Decision {
     }
 }
 
+/// Why a call would not be granted now: what a refused `acquire` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub retry_at: Millis,
+    pub reason: Reason,
+    /// The bucket key (for a throttle, the caller key) whose `retry_at` stands.
+    pub limit: String,
+}
+
+impl From<Refusal> for Decision {
+    fn from(r: Refusal) -> Self {
+        Decision::Refused { retry_at: r.retry_at, reason: r.reason, limit: r.limit }
+    }
+}
+
+/// How full one limit of a request is at an instant (section 9.1): for a window, the cost
+/// counting under the request's `perMs` and what is left of `calls`; for concurrency, the
+/// unlapsed places and what is left of `concurrent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Figures {
+    pub key: String,
+    /// `(used, remaining)` when the limit has a window.
+    pub window: Option<(u64, u64)>,
+    /// `(held, free)` when the limit has `concurrent`.
+    pub places: Option<(u64, u64)>,
+}
+
+/// What a settle did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Not a live permit: nothing changed (`settled: false`).
+    Unknown,
+    /// Settled; no window counts differently (the same figures, or grants that left).
+    Unchanged,
+    /// Settled; at least one window counts less, none more.
+    Down,
+    /// Settled; at least one window counts more.
+    Up,
+}
+
+impl Settled {
+    /// `Up` over `Down` over `Unchanged`.
+    fn max_with(self, other: Settled) -> Settled {
+        match (self, other) {
+            (Settled::Up, _) | (_, Settled::Up) => Settled::Up,
+            (Settled::Down, _) | (_, Settled::Down) => Settled::Down,
+            _ => self,
+        }
+    }
+
+    /// Whether the permit was live (`settled: true` on the wire).
+    #[must_use]
+    pub fn is_settled(self) -> bool {
+        self != Settled::Unknown
+    }
+
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settled::Unknown => "unknown",
+            Settled::Unchanged => "unchanged",
+            Settled::Down => "down",
+            Settled::Up => "up",
+        }
+    }
+}
+
+/// One window bucket a permit's grant counts in: what it counts there now (capped at `cap`),
+/// and the bucket's `calls` at the grant (the cap of a settle).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowShare {
+    pub bucket: Arc<str>,
+    pub cost: u64,
+    pub cap: u64,
+}
+
+/// A live permit: its grant's instant, until when it lives, its places (bucket, lapse) and its
+/// window shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermitState {
+    pub at: Millis,
+    /// The permit lives while `now < expires`: its last place's lapse, or its request's
+    /// `holdMs` after the grant when asked for with `permit` and that is later.
+    pub expires: Millis,
+    pub places: Vec<(Arc<str>, Millis)>,
+    pub windows: Vec<WindowShare>,
+}
+
 /// One change to the state, for the store to persist.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
@@ -116,8 +209,8 @@ pub enum Effect {
     /// The bucket is idle (empty window, no places) and forgotten; `grants` are those of its
     /// grants still in the file.
     BucketForgotten { bucket: Arc<str>, grants: Vec<Millis> },
-    /// A permit was granted, holding one place in each of these buckets until its lapse.
-    PermitGranted { id: PermitId, places: Vec<(Arc<str>, Millis)> },
+    /// A permit was granted or settled: its record is now `permit`.
+    PermitSet { id: PermitId, permit: PermitState },
     /// A permit is gone: released, or every one of its places lapsed.
     PermitEnded { id: PermitId },
     /// The caller is throttled until `until`.
@@ -129,7 +222,8 @@ pub enum Effect {
 /// What a bucket keeps besides its grants and places.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct BucketMeta {
-    /// Grants are kept this long: the longest `perMs` a granted request named.
+    /// Grants are kept this long: the longest `perMs` any acquire named while the bucket was
+    /// not idle (rule 3).
     pub retain_ms: u64,
     /// The `calls` of the latest granted request with a window (for display only).
     pub last_calls: u64,
@@ -190,6 +284,21 @@ impl Bucket {
         Effect::BucketForgotten { bucket: self.key, grants: self.unpersisted_prune }
     }
 
+    /// Places unlapsed at `now` (those lapsed but not yet pruned are skipped), soonest first.
+    fn live_places(&self, now: Millis) -> impl Iterator<Item = Millis> + '_ {
+        self.places.range((now.plus(1), PermitId(0))..).map(|&(lapse, _)| lapse)
+    }
+
+    /// The number of places unlapsed at `now`.
+    fn held(&self, now: Millis) -> u64 {
+        (self.places.len() - self.places.range(..(now.plus(1), PermitId(0))).count()) as u64
+    }
+
+    /// The grants of a window of `per_ms` that count at `now`: only those the bucket still keeps.
+    fn count_ms(&self, per_ms: u64) -> u64 {
+        per_ms.min(self.meta.retain_ms)
+    }
+
     /// When the bucket becomes idle if nothing else happens.
     fn idle_at(&self) -> Millis {
         let window_end = self.window.newest().map_or(Millis::ZERO, |t| t.plus(self.meta.retain_ms));
@@ -198,23 +307,14 @@ impl Bucket {
     }
 }
 
-#[derive(Debug)]
-struct Permit {
-    places: Vec<(Arc<str>, Millis)>,
-}
-
-impl Permit {
-    fn last_lapse(&self) -> Millis {
-        self.places.iter().map(|&(_, lapse)| lapse).max().unwrap_or(Millis::ZERO)
-    }
-}
-
 /// The limiter's state and rules. See the module docs.
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
     buckets: Map<Arc<str>, Bucket>,
-    permits: Map<PermitId, Permit>,
+    /// The keys of `buckets`, in order: a page of the state is read from it without a scan.
+    bucket_keys: BTreeSet<Arc<str>>,
+    permits: Map<PermitId, PermitState>,
     throttles: Map<Arc<str>, Millis>,
     timers: Timers,
     ids: PermitIds,
@@ -237,6 +337,8 @@ pub struct BucketView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PermitView {
     pub id: PermitId,
+    /// The permit lives until then.
+    pub expires: Millis,
     /// The places still held, as (bucket, lapse).
     pub places: Vec<(String, Millis)>,
 }
@@ -255,6 +357,31 @@ pub struct StateView {
     pub throttles: Vec<ThrottleView>,
 }
 
+/// The keys a page of the state may show (see [`Engine::page_keys`]).
+#[derive(Debug, Clone, Default)]
+pub struct PageKeys {
+    /// How many of each kind were asked for: one more means more remain beyond.
+    pub keep: usize,
+    pub buckets: Vec<Arc<str>>,
+    pub permits: Vec<PermitId>,
+    pub throttles: Vec<Arc<str>>,
+}
+
+/// The `keep + 1` lowest of `items`, sorted.
+fn lowest<T: Ord>(items: impl Iterator<Item = T>, keep: usize) -> Vec<T> {
+    let mut heap = std::collections::BinaryHeap::with_capacity(keep.saturating_add(2).min(1 << 16));
+    for item in items {
+        if heap.len() <= keep {
+            heap.push(item);
+        } else if let Some(mut highest) = heap.peek_mut()
+            && item < *highest
+        {
+            *highest = item;
+        }
+    }
+    heap.into_sorted_vec()
+}
+
 /// Counts for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Totals {
@@ -269,6 +396,7 @@ impl Engine {
         Engine {
             config,
             buckets: Map::default(),
+            bucket_keys: BTreeSet::new(),
             permits: Map::default(),
             throttles: Map::default(),
             timers: Timers::default(),
@@ -283,33 +411,46 @@ impl Engine {
     }
 
     /// Decides an `acquire` at `now`: all or nothing over every limit and the caller's throttle.
-    /// A grant pushes its effects; a refusal changes nothing that needs persisting.
+    /// A grant pushes its effects; a refusal changes nothing but the retention of the buckets
+    /// it names with a longer `perMs` (rule 3), which it pushes as effects too.
     pub fn acquire(&mut self, req: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) -> Decision {
-        if let Some(refusal) = self.refusal(req, now) {
-            return refusal;
+        for limit in &req.limits {
+            self.prune_bucket(&limit.key, now);
         }
-        let permit = if req.limits.iter().any(|l| l.concurrent.is_some()) {
+        if let Some(refusal) = self.refusal(req, now) {
+            for limit in &req.limits {
+                if let Some(w) = limit.window {
+                    self.lengthen(&limit.key, w.per_ms, effects);
+                }
+            }
+            return refusal.into();
+        }
+        let permit = req.wants_permit().then(|| {
             let mut id = self.ids.next_id();
             while self.permits.contains_key(&id) {
                 id = self.ids.next_id();
             }
-            Some(id)
-        } else {
-            None
-        };
+            id
+        });
         let mut places = Vec::new();
+        let mut windows = Vec::new();
         for limit in &req.limits {
             let cost = limit.window.map_or(0, |w| limit.cost.min(w.calls));
-            if cost == 0 && limit.concurrent.is_none() {
-                // A cost of 0 fills nothing; a window-only bucket has nothing to record.
+            // A permit's grant counts in every window it names, at 0 too, so it can be settled.
+            let records = limit.window.is_some() && (cost > 0 || permit.is_some());
+            if !records && limit.concurrent.is_none() {
+                // A cost of 0 fills nothing; it may still lengthen the bucket's retention.
+                if let Some(w) = limit.window {
+                    self.lengthen(&limit.key, w.per_ms, effects);
+                }
                 continue;
             }
-            let bucket = bucket_entry(&mut self.buckets, &limit.key);
+            let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key);
             let key = bucket.key.clone();
-            let mut meta = bucket.meta;
-            if let Some(w) = limit.window
-                && cost > 0
-            {
+            let old = bucket.meta;
+            // An idle bucket keeps nothing: it starts again as if new (as if it was forgotten).
+            let mut meta = if bucket.is_idle() { BucketMeta::default() } else { old };
+            if let (Some(w), true) = (limit.window, records) {
                 meta.retain_ms = meta.retain_ms.max(w.per_ms);
                 meta.last_calls = w.calls;
             }
@@ -318,16 +459,19 @@ impl Engine {
             }
             // A window that grows must not let what it pruned under the old length count again
             // from the file: report those grants first, so the store deletes them with the record.
-            if meta.retain_ms > bucket.meta.retain_ms || bucket.unpersisted_prune.len() >= PRUNE_BATCH {
+            if meta.retain_ms > old.retain_ms || bucket.unpersisted_prune.len() >= PRUNE_BATCH {
                 effects.extend(bucket.take_pruned());
             }
-            if meta != bucket.meta {
+            if meta != old {
                 bucket.meta = meta;
                 effects.push(Effect::BucketMeta { bucket: key.clone(), meta });
             }
-            if cost > 0 {
+            if let (Some(w), true) = (limit.window, records) {
                 let total = bucket.window.record(now, cost);
                 effects.push(Effect::WindowGrant { bucket: key.clone(), at: now, cost: total });
+                if permit.is_some() {
+                    windows.push(WindowShare { bucket: key.clone(), cost, cap: w.calls });
+                }
             }
             if let (Some(_), Some(id)) = (limit.concurrent, permit) {
                 let lapse = now.plus(limit.hold_ms);
@@ -342,17 +486,69 @@ impl Engine {
             }
         }
         if let Some(id) = permit {
-            let permit = Permit { places };
-            self.timers.push(permit.last_lapse(), Due::Permit(id));
-            effects.push(Effect::PermitGranted { id, places: permit.places.clone() });
+            let last_lapse = places.iter().map(|&(_, lapse)| lapse).max().unwrap_or(Millis::ZERO);
+            let expires = if req.permit { last_lapse.max(now.plus(req.hold_ms)) } else { last_lapse };
+            let permit = PermitState { at: now, expires, places, windows };
+            self.timers.push(expires, Due::Permit(id));
+            effects.push(Effect::PermitSet { id, permit: permit.clone() });
             self.permits.insert(id, permit);
         }
         Decision::Granted { at: now, permit }
     }
 
+    /// Decides `req` at `now` as [`Engine::acquire`] would, changing nothing: `None` when it
+    /// would be granted.
+    #[must_use]
+    pub fn peek(&self, req: &AcquireRequest, now: Millis) -> Option<Refusal> {
+        self.refusal(req, now)
+    }
+
+    /// The figures of each limit of `req` at `now` (section 9.1), in the request's order.
+    #[must_use]
+    pub fn figures(&self, req: &AcquireRequest, now: Millis) -> Vec<Figures> {
+        req.limits
+            .iter()
+            .map(|limit| {
+                let bucket = self.buckets.get(limit.key.as_str());
+                let window = limit.window.map(|w| {
+                    let used = bucket.map_or(0, |b| b.window.used(now, b.count_ms(w.per_ms)));
+                    (used, w.calls.saturating_sub(used))
+                });
+                let places = limit.concurrent.map(|c| {
+                    let held = bucket.map_or(0, |b| b.held(now));
+                    (held, c.saturating_sub(held))
+                });
+                Figures { key: limit.key.clone(), window, places }
+            })
+            .collect()
+    }
+
+    /// Prunes the bucket `key` at `now`, if it exists.
+    fn prune_bucket(&mut self, key: &str, now: Millis) {
+        if let Some(bucket) = self.buckets.get_mut(key) {
+            let before = bucket.places.len();
+            bucket.prune(now);
+            self.held_places -= before - bucket.places.len();
+        }
+    }
+
+    /// Rule 3: an acquire naming `per_ms` for a bucket that keeps its grants less long makes it
+    /// keep them that long. An idle bucket (pruned at `now`) keeps nothing to lengthen.
+    fn lengthen(&mut self, key: &str, per_ms: u64, effects: &mut Vec<Effect>) {
+        let Some(bucket) = self.buckets.get_mut(key) else { return };
+        if per_ms <= bucket.meta.retain_ms || bucket.is_idle() {
+            return;
+        }
+        effects.extend(bucket.take_pruned());
+        bucket.meta.retain_ms = per_ms;
+        effects.push(Effect::BucketMeta { bucket: bucket.key.clone(), meta: bucket.meta });
+        // Its idle instant moves later: its timer, when it fires, reschedules itself.
+    }
+
     /// The refusal that stands for `req` at `now`, if any (rule 6): the latest `retryAt`; on a
-    /// tie the throttle, else the first tied limit in request order.
-    fn refusal(&mut self, req: &AcquireRequest, now: Millis) -> Option<Decision> {
+    /// tie the throttle, else the first tied limit in request order. Read-only, and the same
+    /// whether or not the named buckets were pruned at `now`.
+    fn refusal(&self, req: &AcquireRequest, now: Millis) -> Option<Refusal> {
         let mut worst: Option<(Millis, Reason, Option<usize>)> = None;
         let mut consider = |retry_at: Millis, reason: Reason, limit: Option<usize>| {
             if worst.is_none_or(|(at, _, _)| retry_at > at) {
@@ -365,27 +561,30 @@ impl Engine {
             consider(until, Reason::Throttle, None);
         }
         for (i, limit) in req.limits.iter().enumerate() {
-            let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) else {
+            let Some(bucket) = self.buckets.get(limit.key.as_str()) else {
                 continue; // a new bucket always has room: cost is capped at calls, concurrent >= 1
             };
-            let before = bucket.places.len();
-            bucket.prune(now);
-            self.held_places -= before - bucket.places.len();
             if let Some(w) = limit.window
-                && let Some(at) = bucket.window.refused_until(now, w.calls, w.per_ms, limit.cost.min(w.calls))
+                && let Some(at) = bucket.window.refused_until(
+                    now,
+                    w.calls,
+                    bucket.count_ms(w.per_ms),
+                    w.per_ms,
+                    limit.cost.min(w.calls),
+                )
             {
                 consider(at, Reason::Rate, Some(i));
             }
             if let Some(c) = limit.concurrent {
-                let held = bucket.places.len() as u64;
+                let held = bucket.held(now);
                 if held >= c {
                     // Room comes back when held - c + 1 places have lapsed.
-                    let (lapse, _) = bucket.places.iter().nth((held - c) as usize).expect("held > held - c");
-                    consider((*lapse).min(now.plus(self.config.recheck_ms)), Reason::Concurrency, Some(i));
+                    let lapse = bucket.live_places(now).nth((held - c) as usize).expect("held > held - c");
+                    consider(lapse.min(now.plus(self.config.recheck_ms)), Reason::Concurrency, Some(i));
                 }
             }
         }
-        worst.map(|(retry_at, reason, limit)| Decision::Refused {
+        worst.map(|(retry_at, reason, limit)| Refusal {
             retry_at,
             reason,
             limit: match limit {
@@ -395,8 +594,82 @@ impl Engine {
         })
     }
 
-    /// Releases a permit. True when it freed at least one place; false for a string that is not
-    /// a permit we hold, or one already released or lapsed.
+    /// Settles a permit's grant (section 9.3): in each named window bucket its cost becomes the
+    /// given one (capped at the bucket's `calls` at the grant), at the grant's own instant.
+    /// [`Settled::Unknown`] for a string that is not a live permit (nothing changes); a key
+    /// that was not a window of the grant is a `BadRequest` and nothing changes. A grant that
+    /// already left a bucket's window changes nothing there.
+    pub fn settle(
+        &mut self,
+        permit: &str,
+        costs: &[Cost],
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Settled, BadRequest> {
+        let Some(id) = self.live_permit(permit, now) else { return Ok(Settled::Unknown) };
+        let state = self.permits.get(&id).expect("live");
+        for (i, c) in costs.iter().enumerate() {
+            if !state.windows.iter().any(|w| *w.bucket == *c.key) {
+                return Err(BadRequest(format!("costs[{i}].key is not a window limit of the permit's grant")));
+            }
+        }
+        let mut outcome = Settled::Unchanged;
+        for c in costs {
+            self.prune_bucket(&c.key, now);
+            let state = self.permits.get_mut(&id).expect("live");
+            let share = state.windows.iter_mut().find(|w| *w.bucket == *c.key).expect("checked above");
+            let new = c.cost.min(share.cap);
+            if new == share.cost {
+                continue;
+            }
+            let Some(bucket) = self.buckets.get_mut(&*share.bucket) else { continue };
+            let Some(total) = bucket.window.settle(state.at, share.cost, new) else { continue };
+            outcome = outcome.max_with(if new > share.cost { Settled::Up } else { Settled::Down });
+            share.cost = new;
+            effects.push(Effect::WindowGrant { bucket: bucket.key.clone(), at: state.at, cost: total });
+        }
+        if outcome != Settled::Unchanged {
+            effects.push(Effect::PermitSet { id, permit: self.permits[&id].clone() });
+        }
+        Ok(outcome)
+    }
+
+    /// The id of `permit` when it is a permit that lives at `now`.
+    fn live_permit(&self, permit: &str, now: Millis) -> Option<PermitId> {
+        let id = permit.parse::<PermitId>().ok()?;
+        self.permits.get(&id).is_some_and(|p| p.expires > now).then_some(id)
+    }
+
+    /// Ends the throttle of `key` now (section 9.4): true when one was in force.
+    pub fn lift(&mut self, key: &str, now: Millis, effects: &mut Vec<Effect>) -> bool {
+        if self.throttled_until(key, now).is_none() {
+            return false;
+        }
+        let (key, _) = self.throttles.remove_entry(key).expect("in force");
+        effects.push(Effect::ThrottleEnded { key });
+        true
+    }
+
+    /// Settles `costs` (when any) and releases the permit, in one step: true when the permit
+    /// was live. A bad key is a `BadRequest` and nothing changes.
+    pub fn release_with(
+        &mut self,
+        permit: &str,
+        costs: &[Cost],
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Result<bool, BadRequest> {
+        if !costs.is_empty() {
+            let before = effects.len();
+            if !self.settle(permit, costs, now, effects)?.is_settled() {
+                effects.truncate(before);
+            }
+        }
+        Ok(self.release(permit, now, effects))
+    }
+
+    /// Releases a permit. True when it was live (its places, if any, are freed); false for a
+    /// string that is not a permit we hold, or one already released or lapsed.
     pub fn release(&mut self, permit: &str, now: Millis, effects: &mut Vec<Effect>) -> bool {
         let Ok(id) = permit.parse::<PermitId>() else {
             return false;
@@ -404,9 +677,8 @@ impl Engine {
         let Some(permit) = self.permits.remove(&id) else {
             return false;
         };
-        let mut freed = false;
+        let live = permit.expires > now;
         for (key, lapse) in &permit.places {
-            freed |= *lapse > now;
             let Some(bucket) = self.buckets.get_mut(key) else { continue };
             if bucket.places.remove(&(*lapse, id)) {
                 self.held_places -= 1;
@@ -414,7 +686,7 @@ impl Engine {
             self.settle_bucket(key, now, effects);
         }
         effects.push(Effect::PermitEnded { id });
-        freed
+        live
     }
 
     /// After a bucket lost places early: forget it if idle, or bring its timer forward.
@@ -424,6 +696,7 @@ impl Engine {
         bucket.prune(now);
         self.held_places -= before - bucket.places.len();
         if bucket.is_idle() {
+            self.bucket_keys.remove(key);
             effects.extend(self.buckets.remove(key).map(Bucket::into_forgotten));
             return;
         }
@@ -487,7 +760,7 @@ impl Engine {
                     }
                 }
                 Due::Permit(id) => {
-                    if self.permits.get(&id).is_some_and(|p| p.last_lapse() <= now) {
+                    if self.permits.get(&id).is_some_and(|p| p.expires <= now) {
                         self.permits.remove(&id);
                         effects.push(Effect::PermitEnded { id });
                     }
@@ -505,24 +778,23 @@ impl Engine {
 
     /// Restores a bucket's settings from the file (before its grants).
     pub fn restore_bucket(&mut self, key: &str, meta: BucketMeta) {
-        bucket_entry(&mut self.buckets, key).meta = meta;
+        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).meta = meta;
     }
 
     /// Restores one persisted grant. Grants of one bucket must come in time order.
     pub fn restore_grant(&mut self, key: &str, at: Millis, cost: u64) {
-        bucket_entry(&mut self.buckets, key).window.restore(at, cost);
+        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).window.restore(at, cost);
     }
 
-    /// Restores a persisted permit with its places.
-    pub fn restore_permit(&mut self, id: PermitId, places: Vec<(String, Millis)>) {
-        let mut kept = Vec::with_capacity(places.len());
-        for (key, lapse) in places {
-            let bucket = bucket_entry(&mut self.buckets, &key);
-            bucket.places.insert((lapse, id));
+    /// Restores a persisted permit with its places and window shares.
+    pub fn restore_permit(&mut self, id: PermitId, mut permit: PermitState) {
+        for (key, lapse) in &mut permit.places {
+            let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, key);
+            bucket.places.insert((*lapse, id));
             self.held_places += 1;
-            kept.push((bucket.key.clone(), lapse));
+            *key = bucket.key.clone();
         }
-        self.permits.insert(id, Permit { places: kept });
+        self.permits.insert(id, permit);
     }
 
     /// Restores a persisted throttle.
@@ -540,6 +812,7 @@ impl Engine {
             bucket.timer_at = Millis(u64::MAX);
             bucket.prune(now);
             if bucket.is_idle() {
+                self.bucket_keys.remove(&key);
                 effects.extend(self.buckets.remove(&key).map(Bucket::into_forgotten));
             } else {
                 effects.extend(bucket.take_pruned());
@@ -548,14 +821,13 @@ impl Engine {
             }
         }
         self.held_places = self.buckets.values().map(|b| b.places.len()).sum();
-        let lapsed: Vec<PermitId> =
-            self.permits.iter().filter(|(_, p)| p.last_lapse() <= now).map(|(id, _)| *id).collect();
+        let lapsed: Vec<PermitId> = self.permits.iter().filter(|(_, p)| p.expires <= now).map(|(id, _)| *id).collect();
         for id in lapsed {
             self.permits.remove(&id);
             effects.push(Effect::PermitEnded { id });
         }
         for (id, p) in &self.permits {
-            self.timers.push(p.last_lapse(), Due::Permit(*id));
+            self.timers.push(p.expires, Due::Permit(*id));
         }
         let passed: Vec<Arc<str>> = self.throttles.iter().filter(|(_, u)| **u <= now).map(|(k, _)| k.clone()).collect();
         for key in passed {
@@ -570,6 +842,7 @@ impl Engine {
     /// Counts of live buckets, permits and throttles.
     #[must_use]
     pub fn totals(&self) -> Totals {
+        debug_assert_eq!(self.bucket_keys.len(), self.buckets.len(), "the key index follows the buckets");
         Totals { buckets: self.buckets.len(), permits: self.permits.len(), throttles: self.throttles.len() }
     }
 
@@ -604,8 +877,10 @@ impl Engine {
         let mut permits: Vec<PermitView> = self
             .permits
             .iter()
+            .filter(|(_, p)| p.expires > now)
             .map(|(id, p)| PermitView {
                 id: *id,
+                expires: p.expires,
                 places: p
                     .places
                     .iter()
@@ -613,7 +888,7 @@ impl Engine {
                     .map(|(k, lapse)| (k.to_string(), *lapse))
                     .collect(),
             })
-            .filter(|p| !p.places.is_empty())
+            .filter(|p| !p.places.is_empty() || (prefix.is_empty() && self.permits[&p.id].places.is_empty()))
             .collect();
         permits.sort_by_key(|p| p.id);
         let mut throttles: Vec<ThrottleView> = self
@@ -624,6 +899,98 @@ impl Engine {
             .collect();
         throttles.sort_by(|a, b| a.key.cmp(&b.key));
         StateView { buckets, permits, throttles }
+    }
+
+    /// The keys a page of the state may show: the `keep + 1` lowest keys of buckets, permits
+    /// (by their id's string form) and throttles each, that start with `prefix` and sort after
+    /// `after`, sorted (one more than `keep` stands for "more remain"). Buckets are read in
+    /// order from their index (a page of a large state holds the engine for a moment); permits
+    /// and throttles, fewer, in one pass that clones only those kept. [`Engine::view_page`]
+    /// then builds the page's views alone.
+    #[must_use]
+    pub fn page_keys(&self, prefix: &str, after: &str, keep: usize) -> PageKeys {
+        use std::ops::Bound;
+        let wanted = |k: &&Arc<str>| k.starts_with(prefix) && &***k > after;
+        let from = if prefix > after { Bound::Included(prefix) } else { Bound::Excluded(after) };
+        let buckets = self
+            .bucket_keys
+            .range::<str, _>((from, Bound::Unbounded))
+            .take_while(|k| k.starts_with(prefix))
+            .take(keep.saturating_add(1))
+            .cloned()
+            .collect();
+        let permit_after = after.parse::<PermitId>().ok();
+        let permit_wanted = |id: &&PermitId| match permit_after {
+            Some(cursor) => **id > cursor,
+            None => after.is_empty() || id.to_string().as_str() > after,
+        };
+        PageKeys {
+            keep,
+            buckets,
+            permits: lowest(self.permits.keys().filter(permit_wanted), keep).into_iter().copied().collect(),
+            throttles: lowest(self.throttles.keys().filter(wanted), keep).into_iter().cloned().collect(),
+        }
+    }
+
+    /// The views at `now` of `keys` (sorted, from [`Engine::page_keys`]), at most `limit` of each
+    /// kind that are live, in order; and whether keys are left over (more may remain).
+    #[must_use]
+    pub fn view_page(&self, now: Millis, prefix: &str, keys: &PageKeys, limit: usize) -> (StateView, bool) {
+        // Keys beyond those listed: more remain whatever the page shows.
+        let mut truncated =
+            [keys.buckets.len(), keys.permits.len(), keys.throttles.len()].iter().any(|n| *n > keys.keep);
+        let mut buckets = Vec::new();
+        for (i, key) in keys.buckets.iter().enumerate() {
+            if buckets.len() == limit {
+                truncated |= i < keys.buckets.len();
+                break;
+            }
+            if let Some(b) = self.buckets.get(key) {
+                let live = b.places.range((now.plus(1), PermitId(0))..);
+                let view = BucketView {
+                    key: key.to_string(),
+                    meta: b.meta,
+                    window_used: b.window.used(now, b.meta.retain_ms),
+                    oldest_grant: b.window.iter().find(|(at, _)| at.plus(b.meta.retain_ms) > now).map(|(at, _)| at),
+                    grant_entries: b.window.len(),
+                    places_held: live.clone().count(),
+                    next_lapse: live.map(|(lapse, _)| *lapse).next(),
+                };
+                if view.window_used > 0 || view.places_held > 0 {
+                    buckets.push(view);
+                }
+            }
+        }
+        let mut permits = Vec::new();
+        for (i, id) in keys.permits.iter().enumerate() {
+            if permits.len() == limit {
+                truncated |= i < keys.permits.len();
+                break;
+            }
+            if let Some(p) = self.permits.get(id).filter(|p| p.expires > now) {
+                let places: Vec<(String, Millis)> = p
+                    .places
+                    .iter()
+                    .filter(|(k, lapse)| *lapse > now && k.starts_with(prefix))
+                    .map(|(k, lapse)| (k.to_string(), *lapse))
+                    .collect();
+                // A permit without places (asked for with `permit`) is listed when no prefix is.
+                if !places.is_empty() || (prefix.is_empty() && p.places.is_empty()) {
+                    permits.push(PermitView { id: *id, expires: p.expires, places });
+                }
+            }
+        }
+        let mut throttles = Vec::new();
+        for (i, key) in keys.throttles.iter().enumerate() {
+            if throttles.len() == limit {
+                truncated |= i < keys.throttles.len();
+                break;
+            }
+            if let Some(until) = self.throttles.get(key).filter(|u| **u > now) {
+                throttles.push(ThrottleView { key: key.to_string(), until: *until });
+            }
+        }
+        (StateView { buckets, permits, throttles }, truncated)
     }
 
     /// Every persisted fact of the engine, for tests that compare a rebuilt engine with a live
@@ -645,14 +1012,25 @@ impl Engine {
                 facts.throttles.insert(key.to_string(), *until);
             }
         }
+        for (id, p) in &self.permits {
+            if p.expires > now {
+                let shares = p.windows.iter().map(|w| (w.bucket.to_string(), w.cost)).collect();
+                facts.permits.insert(*id, (p.at, p.expires, shares));
+            }
+        }
         facts
     }
 }
 
 /// The bucket named `key`, created empty when missing.
-fn bucket_entry<'a>(buckets: &'a mut Map<Arc<str>, Bucket>, key: &str) -> &'a mut Bucket {
+fn bucket_entry<'a>(
+    buckets: &'a mut Map<Arc<str>, Bucket>,
+    keys: &mut BTreeSet<Arc<str>>,
+    key: &str,
+) -> &'a mut Bucket {
     if !buckets.contains_key(key) {
         let key: Arc<str> = Arc::from(key);
+        keys.insert(key.clone());
         buckets.insert(key.clone(), Bucket::new(key));
     }
     buckets.get_mut(key).expect("inserted above")
@@ -665,6 +1043,9 @@ pub struct Facts {
     #[allow(clippy::type_complexity)]
     pub buckets: std::collections::BTreeMap<String, (Vec<(Millis, u64)>, Vec<(Millis, PermitId)>)>,
     pub throttles: std::collections::BTreeMap<String, Millis>,
+    /// Live permits: grant instant, expiry, and what the grant counts per window bucket.
+    #[allow(clippy::type_complexity)]
+    pub permits: std::collections::BTreeMap<PermitId, (Millis, Millis, Vec<(String, u64)>)>,
 }
 
 #[cfg(test)]

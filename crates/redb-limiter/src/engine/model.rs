@@ -1,32 +1,88 @@
 //! Test oracles shared by the property tests and the fuzz targets (the `model` feature):
 //!
-//! - [`Reference`]: a brute-force limiter that keeps every grant and permit forever and
-//!   recomputes each decision from scratch, straight from the spec's rules.
+//! - [`Reference`]: a brute-force limiter that keeps every grant as its own entry and recomputes
+//!   each decision from scratch, straight from the spec's rules (sections 3 and 9), with time
+//!   stepping forward only between operations ([`Reference::advance`] before each).
 //! - [`EffectLog`]: what the store would hold, as plain maps the effects are applied to (as
 //!   redb's fuzzer keeps a `BTreeMap` beside the real table), and an engine rebuilt from it.
 //!
-//! The reference assumes each bucket key is always named with the same `perMs` (rule 3 with
-//! changing windows has its own named test); it is slow on purpose and never used in serving.
+//! Rule 3 in the reference: a bucket keeps its grants for the longest `perMs` any acquire
+//! (granted or refused, whatever its cost; never a peek) named for it while it was not idle; a
+//! bucket with no kept grant and no unlapsed place is idle and keeps nothing, not even that
+//! length. It is slow on purpose and never used in serving.
 
 use std::collections::BTreeMap;
 
-use super::{BucketMeta, Effect, Engine, EngineConfig, Facts, PermitId, Reason};
-use crate::request::AcquireRequest;
+use super::{BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, PermitId, PermitState, Reason};
+use crate::request::{AcquireRequest, Cost};
 use crate::time::Millis;
+
+/// A permit in the reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefPermit {
+    pub at: Millis,
+    pub expires: Millis,
+    pub places: Vec<(String, Millis)>,
+    /// (bucket, what the grant counts there now, the bucket's calls at the grant)
+    pub windows: Vec<(String, u64, u64)>,
+}
 
 /// The brute-force reference limiter.
 #[derive(Debug, Default, Clone)]
 pub struct Reference {
-    /// Every grant ever, per bucket: (instant, cost capped at calls).
-    pub grants: BTreeMap<String, Vec<(Millis, u64)>>,
-    /// The `perMs` each bucket is named with.
-    pub per_ms: BTreeMap<String, u64>,
-    /// Live permits → places (bucket, lapse); removed on release.
-    pub permits: BTreeMap<PermitId, Vec<(String, Millis)>>,
+    /// The grants each bucket keeps, one entry per grant: (instant, cost, the permit that may
+    /// settle it).
+    pub grants: BTreeMap<String, Vec<(Millis, u64, Option<PermitId>)>>,
+    /// How long each non-idle bucket keeps its grants.
+    pub retain: BTreeMap<String, u64>,
+    /// Live permits; removed on release.
+    pub permits: BTreeMap<PermitId, RefPermit>,
     pub throttles: BTreeMap<String, Millis>,
+    /// Every grant ever (instant, cost capped at calls and as settled while kept, permit), per
+    /// bucket.
+    pub history: BTreeMap<String, Vec<(Millis, u64, Option<PermitId>)>>,
+    /// Buckets whose window may hold more than granted (a settle up) or was named with more than
+    /// one `perMs`: [`Reference::max_window_use`] does not bound them.
+    pub unbounded: std::collections::BTreeSet<String>,
+    /// The `perMs` each bucket was first named with.
+    pub first_per_ms: BTreeMap<String, u64>,
 }
 
 impl Reference {
+    /// Moves time to `now`: buckets forget the grants they no longer keep, and idle buckets
+    /// forget their retention.
+    pub fn advance(&mut self, now: Millis) {
+        let keys: Vec<String> = self.grants.keys().chain(self.retain.keys()).cloned().collect();
+        for key in keys {
+            let retain = self.retain.get(&key).copied().unwrap_or(0);
+            if let Some(g) = self.grants.get_mut(&key) {
+                g.retain(|(t, _, _)| t.plus(retain) > now);
+                if g.is_empty() {
+                    self.grants.remove(&key);
+                }
+            }
+            if self.is_idle(&key, now) {
+                self.retain.remove(&key);
+            }
+        }
+    }
+
+    fn is_idle(&self, key: &str, now: Millis) -> bool {
+        !self.grants.contains_key(key) && self.live_places(key, now).next().is_none()
+    }
+
+    fn live_places<'a>(&'a self, key: &'a str, now: Millis) -> impl Iterator<Item = Millis> + 'a {
+        self.permits.values().flat_map(|p| &p.places).filter(move |(b, l)| b == key && *l > now).map(|(_, l)| *l)
+    }
+
+    /// The cost counting in `key` under a window of `per_ms` at `now`, oldest first.
+    fn live(&self, key: &str, per_ms: u64, now: Millis) -> Vec<(Millis, u64)> {
+        self.grants
+            .get(key)
+            .map(|g| g.iter().filter(|(t, _, _)| t.plus(per_ms) > now).map(|(t, c, _)| (*t, *c)).collect())
+            .unwrap_or_default()
+    }
+
     /// The refusal that stands for `r` at `now` as (retryAt, reason, key), or `None` to grant.
     #[must_use]
     pub fn decide(&self, r: &AcquireRequest, now: Millis, recheck_ms: u64) -> Option<(Millis, Reason, String)> {
@@ -44,11 +100,7 @@ impl Reference {
         for l in &r.limits {
             if let Some(w) = l.window {
                 let cost = l.cost.min(w.calls);
-                let live: Vec<(Millis, u64)> = self
-                    .grants
-                    .get(&l.key)
-                    .map(|g| g.iter().copied().filter(|(t, _)| t.plus(w.per_ms) > now).collect())
-                    .unwrap_or_default();
+                let live = self.live(&l.key, w.per_ms, now);
                 let used: u64 = live.iter().map(|(_, c)| c).sum();
                 if cost > 0 && used + cost > w.calls {
                     // The first grant whose leaving makes room.
@@ -64,13 +116,7 @@ impl Reference {
                 }
             }
             if let Some(c) = l.concurrent {
-                let mut lapses: Vec<Millis> = self
-                    .permits
-                    .values()
-                    .flatten()
-                    .filter(|(b, lapse)| *b == l.key && *lapse > now)
-                    .map(|(_, lapse)| *lapse)
-                    .collect();
+                let mut lapses: Vec<Millis> = self.live_places(&l.key, now).collect();
                 lapses.sort();
                 let held = lapses.len() as u64;
                 if held >= c {
@@ -81,15 +127,65 @@ impl Reference {
         worst
     }
 
+    /// The figures of section 9.1 for `r` at `now`.
+    #[must_use]
+    pub fn figures(&self, r: &AcquireRequest, now: Millis) -> Vec<Figures> {
+        r.limits
+            .iter()
+            .map(|l| Figures {
+                key: l.key.clone(),
+                window: l.window.map(|w| {
+                    let used: u64 = self.live(&l.key, w.per_ms, now).iter().map(|(_, c)| c).sum();
+                    (used, w.calls.saturating_sub(used))
+                }),
+                places: l.concurrent.map(|c| {
+                    let held = self.live_places(&l.key, now).count() as u64;
+                    (held, c.saturating_sub(held))
+                }),
+            })
+            .collect()
+    }
+
+    fn note_per_ms(&mut self, key: &str, per_ms: u64) {
+        if *self.first_per_ms.entry(key.to_owned()).or_insert(per_ms) != per_ms {
+            self.unbounded.insert(key.to_owned());
+        }
+    }
+
+    /// Rule 3: naming `per_ms` makes a non-idle bucket keep its grants at least that long.
+    fn lengthen(&mut self, key: &str, per_ms: u64, now: Millis) {
+        if !self.is_idle(key, now) {
+            let retain = self.retain.entry(key.to_owned()).or_insert(0);
+            *retain = (*retain).max(per_ms);
+        }
+    }
+
+    /// A refused acquire of `r` at `now`: it lengthens the retention of the buckets it names.
+    pub fn refuse(&mut self, r: &AcquireRequest, now: Millis) {
+        for l in &r.limits {
+            if let Some(w) = l.window {
+                self.note_per_ms(&l.key, w.per_ms);
+                self.lengthen(&l.key, w.per_ms, now);
+            }
+        }
+    }
+
     /// Records a grant of `r` at `now` holding `permit`.
     pub fn grant(&mut self, r: &AcquireRequest, now: Millis, permit: Option<PermitId>) {
         let mut places = Vec::new();
+        let mut windows = Vec::new();
         for l in &r.limits {
             if let Some(w) = l.window {
+                self.note_per_ms(&l.key, w.per_ms);
                 let cost = l.cost.min(w.calls);
-                if cost > 0 {
-                    self.grants.entry(l.key.clone()).or_default().push((now, cost));
-                    self.per_ms.insert(l.key.clone(), w.per_ms);
+                if cost > 0 || permit.is_some() {
+                    self.grants.entry(l.key.clone()).or_default().push((now, cost, permit));
+                    self.history.entry(l.key.clone()).or_default().push((now, cost, permit));
+                    let retain = self.retain.entry(l.key.clone()).or_insert(0);
+                    *retain = (*retain).max(w.per_ms);
+                    windows.push((l.key.clone(), cost, w.calls));
+                } else {
+                    self.lengthen(&l.key, w.per_ms, now);
                 }
             }
             if l.concurrent.is_some() {
@@ -97,13 +193,42 @@ impl Reference {
             }
         }
         if let Some(id) = permit {
-            self.permits.insert(id, places);
+            let last = places.iter().map(|(_, l)| *l).max().unwrap_or(Millis::ZERO);
+            let expires = if r.permit { last.max(now.plus(r.hold_ms)) } else { last };
+            self.permits.insert(id, RefPermit { at: now, expires, places, windows });
         }
     }
 
-    /// A release: true when it freed a place.
+    /// A settle: `Ok(false)` for a permit not live, `Err(())` for a key not a window of its grant.
+    #[allow(clippy::result_unit_err)]
+    pub fn settle(&mut self, id: Option<PermitId>, costs: &[Cost], now: Millis) -> Result<bool, ()> {
+        let Some(id) = id.filter(|id| self.permits.get(id).is_some_and(|p| p.expires > now)) else {
+            return Ok(false);
+        };
+        let permit = self.permits.get_mut(&id).expect("live");
+        if costs.iter().any(|c| !permit.windows.iter().any(|(b, _, _)| *b == c.key)) {
+            return Err(());
+        }
+        for c in costs {
+            let share = permit.windows.iter_mut().find(|(b, _, _)| *b == c.key).expect("checked");
+            let new = c.cost.min(share.2);
+            let kept = self.grants.get_mut(&c.key).and_then(|g| g.iter_mut().find(|(_, _, p)| *p == Some(id)));
+            if let Some(grant) = kept {
+                if new > grant.1 {
+                    self.unbounded.insert(c.key.clone());
+                }
+                grant.1 = new;
+                share.1 = new;
+                let past = self.history.get_mut(&c.key).and_then(|g| g.iter_mut().rfind(|(_, _, p)| *p == Some(id)));
+                past.expect("a kept grant is in the history").1 = new;
+            }
+        }
+        Ok(true)
+    }
+
+    /// A release: true when the permit was live.
     pub fn release(&mut self, id: Option<PermitId>, now: Millis) -> bool {
-        id.and_then(|id| self.permits.remove(&id)).is_some_and(|places| places.iter().any(|(_, l)| *l > now))
+        id.and_then(|id| self.permits.remove(&id)).is_some_and(|p| p.expires > now)
     }
 
     /// A throttle: the one in force afterwards.
@@ -116,29 +241,31 @@ impl Reference {
         current
     }
 
+    /// A lift: true when a throttle was in force.
+    pub fn lift(&mut self, key: &str, now: Millis) -> bool {
+        self.throttles.remove(key).is_some_and(|u| u > now)
+    }
+
     /// The facts the engine must hold at `now`.
     #[must_use]
     pub fn facts(&self, now: Millis) -> Facts {
         let mut facts = Facts::default();
-        let keys = self.grants.keys().chain(self.permits.values().flatten().map(|(b, _)| b));
+        let keys = self.grants.keys().chain(self.permits.values().flat_map(|p| &p.places).map(|(b, _)| b));
         for key in keys {
             if facts.buckets.contains_key(key) {
                 continue;
             }
-            let per_ms = self.per_ms.get(key).copied().unwrap_or(0);
             let mut grants: Vec<(Millis, u64)> = Vec::new();
-            for &(t, c) in self.grants.get(key).into_iter().flatten() {
-                if t.plus(per_ms) > now {
-                    match grants.last_mut() {
-                        Some(last) if last.0 == t => last.1 += c,
-                        _ => grants.push((t, c)),
-                    }
+            for &(t, c, _) in self.grants.get(key).into_iter().flatten() {
+                match grants.last_mut() {
+                    Some(last) if last.0 == t => last.1 += c,
+                    _ => grants.push((t, c)),
                 }
             }
             let mut places: Vec<(Millis, PermitId)> = self
                 .permits
                 .iter()
-                .flat_map(|(id, ps)| ps.iter().filter(|(b, l)| b == key && *l > now).map(|(_, l)| (*l, *id)))
+                .flat_map(|(id, p)| p.places.iter().filter(|(b, l)| b == key && *l > now).map(|(_, l)| (*l, *id)))
                 .collect();
             places.sort();
             if !grants.is_empty() || !places.is_empty() {
@@ -150,20 +277,32 @@ impl Reference {
                 facts.throttles.insert(k.clone(), *u);
             }
         }
+        for (id, p) in &self.permits {
+            if p.expires > now {
+                let shares = p.windows.iter().map(|(b, c, _)| (b.clone(), *c)).collect();
+                facts.permits.insert(*id, (p.at, p.expires, shares));
+            }
+        }
         facts
     }
 
-    /// The instants after `now` at which something leaves: window edges, lapses, throttle ends.
+    /// The instants after `now` at which something leaves: window edges, lapses, permit ends,
+    /// throttle ends.
     #[must_use]
     pub fn edges(&self, now: Millis) -> Vec<Millis> {
         let mut edges: Vec<Millis> = self
             .grants
             .iter()
             .flat_map(|(k, g)| {
-                let per = self.per_ms.get(k).copied().unwrap_or(0);
-                g.iter().map(move |(t, _)| t.plus(per))
+                let per = self.retain.get(k).copied().unwrap_or(0);
+                g.iter().map(move |(t, _, _)| t.plus(per))
             })
-            .chain(self.permits.values().flatten().map(|(_, l)| *l))
+            .chain(
+                self.first_per_ms
+                    .iter()
+                    .flat_map(|(k, per)| self.grants.get(k).into_iter().flatten().map(move |(t, _, _)| t.plus(*per))),
+            )
+            .chain(self.permits.values().flat_map(|p| p.places.iter().map(|(_, l)| *l).chain([p.expires])))
             .chain(self.throttles.values().copied())
             .filter(|&t| t > now)
             .collect();
@@ -172,14 +311,15 @@ impl Reference {
         edges
     }
 
-    /// The most any window of `per_ms` of `bucket` ever held: checked against `calls`.
+    /// The most any window of `per_ms` of `bucket` ever held (as settled): checked against
+    /// `calls` for the buckets not in [`Reference::unbounded`].
     #[must_use]
     pub fn max_window_use(&self, bucket: &str, per_ms: u64) -> u64 {
-        let grants = self.grants.get(bucket).map(Vec::as_slice).unwrap_or_default();
+        let grants = self.history.get(bucket).map(Vec::as_slice).unwrap_or_default();
         grants
             .iter()
-            .map(|(start, _)| {
-                grants.iter().filter(|(t, _)| t >= start && *t < start.plus(per_ms)).map(|(_, c)| c).sum()
+            .map(|(start, _, _)| {
+                grants.iter().filter(|(t, _, _)| t >= start && *t < start.plus(per_ms)).map(|(_, c, _)| c).sum()
             })
             .max()
             .unwrap_or(0)
@@ -191,7 +331,7 @@ impl Reference {
 pub struct EffectLog {
     pub meta: BTreeMap<String, BucketMeta>,
     pub grants: BTreeMap<(String, Millis), u64>,
-    pub permits: BTreeMap<PermitId, Vec<(String, Millis)>>,
+    pub permits: BTreeMap<PermitId, PermitState>,
     pub throttles: BTreeMap<String, Millis>,
 }
 
@@ -221,8 +361,8 @@ impl EffectLog {
                         "forgetting {bucket} left grants in the file"
                     );
                 }
-                Effect::PermitGranted { id, places } => {
-                    self.permits.insert(*id, places.iter().map(|(b, l)| (b.to_string(), *l)).collect());
+                Effect::PermitSet { id, permit } => {
+                    self.permits.insert(*id, permit.clone());
                 }
                 Effect::PermitEnded { id } => {
                     self.permits.remove(id);

@@ -63,13 +63,21 @@ impl Window {
     }
 
     /// When a window of `per_ms`/`calls` will have room for `cost` (already capped at `calls`),
-    /// or `None` when it has room at `now`.
-    pub(crate) fn refused_until(&self, now: Millis, calls: u64, per_ms: u64, cost: u64) -> Option<Millis> {
+    /// or `None` when it has room at `now`. Only grants made less than `count_ms` (at most
+    /// `per_ms`) ago count: the bucket may not keep them as long as `per_ms` (rule 3).
+    pub(crate) fn refused_until(
+        &self,
+        now: Millis,
+        calls: u64,
+        count_ms: u64,
+        per_ms: u64,
+        cost: u64,
+    ) -> Option<Millis> {
         if cost == 0 {
             return None;
         }
         let last = self.last_cum();
-        let i = self.first_counting(now, per_ms);
+        let i = self.first_counting(now, count_ms);
         let before = if i == 0 { self.pruned_cum } else { self.entries[i - 1].cum };
         let used = last.wrapping_sub(before);
         if used + cost <= calls {
@@ -100,6 +108,21 @@ impl Window {
                 cost
             }
         }
+    }
+
+    /// Replaces `old`, part of the cost recorded at `at`, with `new`: the grant keeps its
+    /// instant. Returns the total now recorded at `at`, or `None` when no grant at `at` is kept
+    /// (it left the window; nothing changes).
+    pub(crate) fn settle(&mut self, at: Millis, old: u64, new: u64) -> Option<u64> {
+        let i = self.entries.binary_search_by_key(&at, |e| e.at).ok()?;
+        let entry = &mut self.entries[i];
+        entry.cost = entry.cost - old + new;
+        let total = entry.cost;
+        let delta = new.wrapping_sub(old);
+        for e in self.entries.range_mut(i..) {
+            e.cum = e.cum.wrapping_add(delta);
+        }
+        Some(total)
     }
 
     /// Restores one persisted grant; entries must arrive in time order.
@@ -149,11 +172,11 @@ mod tests {
     fn refused_until_walks_to_the_grant_that_makes_room() {
         let w = window(&[(100, 2), (150, 3), (160, 1)]);
         // calls 6, used 6: cost 1 needs the first grant gone; cost 4 needs the second gone too.
-        assert_eq!(w.refused_until(Millis(170), 6, 100, 1), Some(Millis(200)));
-        assert_eq!(w.refused_until(Millis(170), 6, 100, 4), Some(Millis(250)));
-        assert_eq!(w.refused_until(Millis(170), 6, 100, 6), Some(Millis(260)));
-        assert_eq!(w.refused_until(Millis(170), 7, 100, 1), None);
-        assert_eq!(w.refused_until(Millis(170), 6, 100, 0), None);
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 100, 1), Some(Millis(200)));
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 100, 4), Some(Millis(250)));
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 100, 6), Some(Millis(260)));
+        assert_eq!(w.refused_until(Millis(170), 7, 100, 100, 1), None);
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 100, 0), None);
     }
 
     #[test]
@@ -164,6 +187,22 @@ mod tests {
         w.prune(Millis(200), 100, &mut dropped);
         assert_eq!(dropped, vec![Millis(100)]);
         assert_eq!(w.used(Millis(200), 100), 1);
-        assert_eq!(w.refused_until(Millis(200), 1, 100, 1), Some(Millis(300)));
+        assert_eq!(w.refused_until(Millis(200), 1, 100, 100, 1), Some(Millis(300)));
+    }
+
+    #[test]
+    fn settle_changes_a_grant_in_place_and_keeps_the_sums() {
+        let mut w = window(&[(100, 2), (150, 3), (160, 1)]);
+        assert_eq!(w.settle(Millis(150), 3, 10), Some(10));
+        assert_eq!(w.used(Millis(170), 100), 13);
+        // calls 6: overfull until the settled grant leaves.
+        assert_eq!(w.refused_until(Millis(170), 6, 100, 100, 1), Some(Millis(250)));
+        assert_eq!(w.settle(Millis(150), 10, 0), Some(0));
+        assert_eq!(w.used(Millis(170), 100), 3);
+        assert_eq!(w.used(Millis(200), 100), 1);
+        assert_eq!(w.settle(Millis(155), 1, 2), None);
+        // Only grants younger than count_ms count, whatever per_ms says.
+        assert_eq!(w.refused_until(Millis(170), 3, 50, 100, 3), Some(Millis(260)));
+        assert_eq!(w.refused_until(Millis(170), 3, 9, 100, 3), None);
     }
 }

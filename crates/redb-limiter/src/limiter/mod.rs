@@ -1,14 +1,15 @@
 //! The limiter: engine + store + clock, usable in-process with no HTTP.
 //!
-//! This file is the public API: [`Limiter`] (open, acquire, release, throttle, state, close, in
-//! async and blocking forms), its [`LimiterOptions`] and [`LimiterError`]. How a request is
+//! This file is the public API: [`Limiter`] (open, acquire, release, throttle, peek, settle,
+//! lift, state, close, in async and blocking forms), its [`LimiterOptions`] and [`LimiterError`]. How a request is
 //! decided, committed and answered (group commit, caller commits, the replier, reopening after
 //! a failed commit) is the commit pipeline, in `pipeline.rs`; when lapsed state is forgotten is
 //! [`crate::policy`].
 //!
 //! Requests are decided at once, in the caller's thread, under one lock around the engine. A
-//! refusal or a read is answered there and then; a change is answered only once a commit holds
-//! it durably. Fail closed: when a commit fails, nothing that was not committed is granted, and
+//! refusal, a peek or a read is answered there and then (a peek writes nothing and never waits
+//! for a commit); a change (a grant, a settle, a lift, a refusal that lengthens a bucket's
+//! retention) is answered only once a commit holds it durably. Fail closed: when a commit fails, nothing that was not committed is granted, and
 //! the file is reopened and the engine rebuilt from it.
 
 mod pipeline;
@@ -20,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::engine::{DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, StateView, Totals};
+use crate::engine::{DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, Figures, Refusal, StateView, Totals};
 use crate::metrics::Metrics;
-use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest};
+use crate::request::{AcquireRequest, BadRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use crate::store::{Opener, Store, StoreError, file_opener};
 use crate::time::{Clock, Millis, SystemClock};
-use pipeline::{Command, Core, File, Reply, Shared, Writer, finish_restore, spawn_replier};
+use pipeline::{Command, Core, File, LogGate, Reply, Shared, Writer, finish_restore, spawn_replier};
 
 /// Why a request got no answer from the limiter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,7 +35,10 @@ pub enum LimiterError {
     /// The request is malformed; nothing changed.
     #[error("{0}")]
     BadRequest(#[from] BadRequest),
-    /// The store cannot commit (or the limiter is closing); nothing was granted.
+    /// The store cannot commit (or the limiter is closing): the request was not granted. When a
+    /// commit failed at its final sync its change may already be in the file, so the call may
+    /// still count in its windows after a restart (never more than once, never as a grant), and
+    /// a throttle may or may not have closed its key.
     #[error("unavailable: {0}")]
     Unavailable(String),
 }
@@ -83,12 +87,50 @@ impl std::fmt::Debug for LimiterOptions {
     }
 }
 
+/// The figures of a request's limits at the limiter's `now` (section 9.1).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Report {
+    pub now: Millis,
+    /// One entry per limit of the request, in its order.
+    pub limits: Vec<Figures>,
+}
+
+/// An acquire's answer: the decision, and the figures after it when the request asked with
+/// `report`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    pub decision: Decision,
+    pub report: Option<Report>,
+}
+
+/// A peek's answer: `refusal` is `None` exactly when an acquire at `report.now` would be granted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Peeked {
+    pub refusal: Option<Refusal>,
+    pub report: Report,
+}
+
+impl Peeked {
+    #[must_use]
+    pub fn fits(&self) -> bool {
+        self.refusal.is_none()
+    }
+}
+
 /// A snapshot of the live state.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub now: Millis,
     pub view: StateView,
     pub totals: Totals,
+}
+
+/// One page of the state (see [`Limiter::state_page`]).
+#[derive(Debug, Clone)]
+pub struct StatePage {
+    pub snapshot: Snapshot,
+    /// More buckets, permits or throttles may follow the page's last keys.
+    pub truncated: bool,
 }
 
 /// The durable limiter. Cheap to share behind an `Arc`; dropping it (or [`Limiter::close`])
@@ -143,6 +185,8 @@ impl Limiter {
                 last_now: floor,
                 deferred_since: None,
                 broken: None,
+                lost: false,
+                failing: None,
                 closing: false,
                 committing: false,
                 last_batch: 0,
@@ -155,8 +199,9 @@ impl Limiter {
             caller_commits: options.caller_commits,
             ack_before_commit: options.ack_before_commit,
             replier: OnceLock::new(),
+            log_gate: Mutex::new(LogGate::default()),
         });
-        let writer = Writer { shared: shared.clone() };
+        let writer = Writer { shared: shared.clone(), file_checked: Instant::now() };
         let worker = std::thread::Builder::new()
             .name("redb-limiter-writer".into())
             .spawn(move || writer.run())
@@ -179,6 +224,14 @@ impl Limiter {
     #[must_use]
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
+    }
+
+    /// Why the store cannot commit now (its last commit failed, or the file cannot be reopened),
+    /// or `None` while it can. Requests meanwhile are answered `Unavailable`.
+    #[must_use]
+    pub fn outage(&self) -> Option<String> {
+        let core = self.shared.lock();
+        core.broken.clone().or_else(|| core.failing.clone())
     }
 
     #[must_use]
@@ -221,14 +274,37 @@ impl Limiter {
         self.send(true, self.shared.caller_commits, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
     }
 
-    /// Decides an acquire; a grant is answered only once it is durable.
+    /// Decides an acquire; a grant (or a refusal that lengthens a bucket's retention) is
+    /// answered only once it is durable.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+        self.ask(|r| Command::Acquire(req, r)).await.map(|a| a.decision)
+    }
+
+    /// [`Limiter::acquire`] with the figures after the decision when `req.report` is set.
+    pub async fn acquire_reported(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         self.ask(|r| Command::Acquire(req, r)).await
     }
 
-    /// Releases a permit: `true` when it freed places.
+    /// Releases a permit (settling `req.costs` first, in the same commit): `true` when it was
+    /// live. A cost naming a bucket that was not a window of its grant is a `BadRequest`.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         self.ask(|r| Command::Release(req, r)).await
+    }
+
+    /// Decides `req` as an acquire would now, changing nothing; answered at once.
+    pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        self.ask(|r| Command::Peek(req, r)).await
+    }
+
+    /// Settles a permit's grant to its real costs: `true` when the permit was live; answered
+    /// once durable.
+    pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        self.ask(|r| Command::Settle(req, r)).await
+    }
+
+    /// Ends a caller's throttle now: `true` when one was in force; answered once durable.
+    pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
+        self.ask(|r| Command::Lift(req, r)).await
     }
 
     /// Throttles a caller (only ever extends); returns the throttle in force. `until` more than
@@ -242,9 +318,48 @@ impl Limiter {
         self.ask(|reply| Command::State { prefix: prefix.to_owned(), reply }).await
     }
 
+    /// At most `limit` live buckets, permits and throttles each whose keys start with `prefix`
+    /// and sort after `after`, in key order (a permit's key is its id). Built without holding
+    /// up decisions for more than a moment: one pass over the keys keeps the lowest (see
+    /// [`Engine::page_keys`]) and only the page's views are built; nothing is serialized here.
+    pub fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
+        let limit = limit.max(1);
+        let mut core = self.shared.lock();
+        if let Some(why) = core.broken.clone().or_else(|| core.closing.then(|| "the limiter is closed".to_owned())) {
+            return Err(LimiterError::Unavailable(why));
+        }
+        let now = self.shared.now(&mut core);
+        // Twice the page, so that keys idle by now seldom shorten it.
+        let keys = core.engine.page_keys(prefix, after, limit.saturating_mul(2));
+        let (view, truncated) = core.engine.view_page(now, prefix, &keys, limit);
+        let totals = core.engine.totals();
+        drop(core);
+        Ok(StatePage { snapshot: Snapshot { now, view, totals }, truncated })
+    }
+
     /// [`Limiter::acquire`] for threads outside an async runtime.
     pub fn acquire_blocking(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+        self.ask_blocking(|r| Command::Acquire(req, r)).map(|a| a.decision)
+    }
+
+    /// [`Limiter::acquire_reported`] for threads outside an async runtime.
+    pub fn acquire_reported_blocking(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         self.ask_blocking(|r| Command::Acquire(req, r))
+    }
+
+    /// [`Limiter::peek`] for threads outside an async runtime.
+    pub fn peek_blocking(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        self.ask_blocking(|r| Command::Peek(req, r))
+    }
+
+    /// [`Limiter::settle`] for threads outside an async runtime.
+    pub fn settle_blocking(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        self.ask_blocking(|r| Command::Settle(req, r))
+    }
+
+    /// [`Limiter::lift`] for threads outside an async runtime.
+    pub fn lift_blocking(&self, req: LiftRequest) -> Result<bool, LimiterError> {
+        self.ask_blocking(|r| Command::Lift(req, r))
     }
 
     /// [`Limiter::release`] for threads outside an async runtime.
@@ -321,5 +436,53 @@ mod tests {
         drop(held);
         assert_eq!(first.recv().unwrap(), Ok(Some(T0.plus(60_000))));
         assert_eq!(second.recv().unwrap(), Ok(Some(T0.plus(60_000))));
+    }
+
+    /// A peek never waits for a commit: with the file held, so a grant's commit cannot end, a
+    /// peek is answered at once (and sees the grant decided on top, as a refusal would), while a
+    /// settle, a lift and a refusal that lengthens a retention wait for their commits.
+    #[test]
+    fn a_peek_never_waits_for_a_commit_and_changes_wait_for_theirs() {
+        use crate::request::{Cost, LiftRequest, Limit, SettleRequest};
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(T0));
+        let options = LimiterOptions { clock: Some(clock), id_seed: Some(1), ..LimiterOptions::default() };
+        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
+        let short = AcquireRequest::new("caller", vec![Limit::window("b", 2, 500).with_cost(2)]).unwrap().with_permit();
+        let Decision::Granted { permit: Some(permit), .. } = limiter.acquire_blocking(short.clone()).unwrap() else {
+            panic!("granted with a permit")
+        };
+        limiter.throttle_blocking(ThrottleRequest::new("closed", T0.plus(9_000), T0).unwrap()).unwrap();
+        let in_thread = |f: Box<dyn FnOnce(&Limiter) -> String + Send>| {
+            let (tx, rx) = mpsc::channel();
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(f(&limiter));
+            });
+            rx
+        };
+        let held = limiter.shared.lock_file();
+        let other = AcquireRequest::new("caller", vec![Limit::window("x", 1, 500)]).unwrap();
+        let grant = in_thread(Box::new(move |l| format!("{:?}", l.acquire_blocking(other))));
+        while !limiter.shared.lock().committing {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let peeked = limiter.peek_blocking(short.clone()).unwrap();
+        assert_eq!(peeked.refusal.map(|r| r.reason), Some(crate::engine::Reason::Rate));
+        let settle = SettleRequest::new(permit.to_string(), vec![Cost::new("b", 1)]).unwrap();
+        let settled = in_thread(Box::new(move |l| format!("{:?}", l.settle_blocking(settle))));
+        let lifted = in_thread(Box::new(|l| format!("{:?}", l.lift_blocking(LiftRequest::new("closed").unwrap()))));
+        // Refused whether it is decided before the settle or after it (2 + 2 > 2, 1 + 2 > 2).
+        let long = AcquireRequest::new("caller", vec![Limit::window("b", 2, 60_000).with_cost(2)]).unwrap();
+        let lengthened = in_thread(Box::new(move |l| format!("{:?}", l.acquire_blocking(long))));
+        for waiting in [&settled, &lifted, &lengthened] {
+            assert!(waiting.recv_timeout(Duration::from_millis(100)).is_err(), "answered before its commit");
+        }
+        assert!(limiter.peek_blocking(short).unwrap().report.limits[0].window.is_some());
+        drop(held);
+        assert!(grant.recv().unwrap().starts_with("Ok(Granted"));
+        assert_eq!(settled.recv().unwrap(), "Ok(true)");
+        assert_eq!(lifted.recv().unwrap(), "Ok(true)");
+        assert!(lengthened.recv().unwrap().starts_with("Ok(Refused"));
     }
 }

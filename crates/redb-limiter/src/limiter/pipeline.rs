@@ -1,8 +1,10 @@
 //! The commit pipeline: how a decided request reaches the file and its answer reaches the caller.
 //!
 //! Requests are decided at once, in the caller's thread, under one lock around the engine.
-//! A decision that changes nothing (a refusal, a read) is answered there and then. A decision
-//! that changes something leaves its effects in a queue and waits: one writer thread takes every
+//! A decision that changes nothing (a refusal, a peek, a read, a settle of an unknown permit) is
+//! answered there and then. A decision that changes something (a grant, a release, a throttle,
+//! a settle, a lift, and the one refusal that writes: one that lengthens a bucket's retention)
+//! leaves its effects in a queue and waits: one writer thread takes every
 //! effect queued so far, commits them all in one durable transaction (group commit), and only
 //! then answers the requests that made them. While that commit is in flight, new requests are
 //! decided on top of it and queue for the next one, so throughput under concurrency is not one
@@ -31,16 +33,16 @@
 //! its own lock, taken by that committer (and by the writer to reopen the file or close it).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::{LimiterError, Snapshot, random_seed};
-use crate::engine::{Decision, Effect, Engine, EngineConfig, StateView, Totals};
+use super::{Acquired, LimiterError, Peeked, Report, Snapshot, random_seed};
+use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, Totals};
 use crate::metrics::Metrics;
 use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
-use crate::request::{AcquireRequest, BadRequest, ReleaseRequest, ThrottleRequest};
+use crate::request::{AcquireRequest, BadRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use crate::store::{Opener, Store, StoreError};
 use crate::time::{Clock, Millis};
 
@@ -48,12 +50,18 @@ use crate::time::{Clock, Millis};
 const REPLIER_MIN_ANSWERS: usize = 4;
 /// How long the writer waits before trying again to reopen a file whose commit failed.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(100);
+/// How often the writer checks that the file at the path is still the one it has open (a file
+/// deleted or replaced while serving is noticed within a second).
+const FILE_CHECK_EVERY: Duration = Duration::from_millis(500);
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, LimiterError>>;
 
 pub(super) enum Command {
-    Acquire(AcquireRequest, Reply<Decision>),
+    Acquire(AcquireRequest, Reply<Acquired>),
     Release(ReleaseRequest, Reply<bool>),
+    Peek(AcquireRequest, Reply<Peeked>),
+    Settle(SettleRequest, Reply<bool>),
+    Lift(LiftRequest, Reply<bool>),
     Throttle { key: String, until: Millis, reply: Reply<Option<Millis>> },
     State { prefix: String, reply: Reply<Snapshot> },
 }
@@ -95,6 +103,12 @@ pub(super) struct Core {
     pub(super) deferred_since: Option<Millis>,
     /// Why nothing can be decided now (a failed commit, until the file is reopened).
     pub(super) broken: Option<String>,
+    /// The file was deleted or replaced while open: `broken` for good, never reopened (that
+    /// would start from an empty file and forget what was granted).
+    pub(super) lost: bool,
+    /// Why the last commit failed, until one succeeds: the store cannot commit (an outage,
+    /// which `/health` reports), even when the file reopened.
+    pub(super) failing: Option<String>,
     pub(super) closing: bool,
     /// A commit is in flight (the writer's or a caller's); the next waits for it.
     pub(super) committing: bool,
@@ -126,6 +140,7 @@ impl Core {
     /// but not committed is dropped. Returns the requests that were waiting, to fail.
     fn break_off(&mut self, why: &str) -> Vec<Waiting> {
         self.broken = Some(why.to_owned());
+        self.failing = Some(why.to_owned());
         self.effects.clear();
         self.deferred_since = None;
         std::mem::take(&mut self.waiting)
@@ -176,6 +191,33 @@ pub(super) struct Shared {
     pub(super) ack_before_commit: bool,
     /// Set by the first async call made on a Tokio runtime.
     pub(super) replier: OnceLock<Replier>,
+    /// Keeps an outage's error log to a line a second.
+    pub(super) log_gate: Mutex<LogGate>,
+}
+
+/// Logs an outage's failures once, then at most once a second, counting the lines it held back.
+#[derive(Debug, Default)]
+pub(super) struct LogGate {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogGate {
+    /// Whether to log now, and how many lines were held back since the last one.
+    fn admit(&mut self, now: Instant) -> Option<u64> {
+        if self.last.is_some_and(|last| now.duration_since(last) < Duration::from_secs(1)) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+
+    /// The outage ended: the next failure logs at once. Returns the lines held back.
+    fn reset(&mut self) -> u64 {
+        self.last = None;
+        std::mem::take(&mut self.suppressed)
+    }
 }
 
 impl Shared {
@@ -185,6 +227,14 @@ impl Shared {
 
     pub(super) fn lock_file(&self) -> MutexGuard<'_, File> {
         self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Logs a failure of the store, once and then at most once a second.
+    pub(super) fn log_failure(&self, what: &str, error: &dyn std::fmt::Display) {
+        let admitted = self.log_gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(Instant::now());
+        if let Some(suppressed) = admitted {
+            tracing::error!(error = %error, suppressed, "{what}");
+        }
     }
 
     pub(super) fn now(&self, core: &mut Core) -> Millis {
@@ -266,11 +316,11 @@ impl Shared {
             Ok(()) => {
                 drop(file);
                 std::mem::forget(unwinding); // the commit ends here, not on a later unwind
-                self.end_commit();
+                self.end_commit(true);
                 self.deliver(batch.answers);
             }
             Err(e) => {
-                tracing::error!(error = %e, "commit failed; answering unavailable and reopening the file");
+                self.log_failure("commit failed; answering unavailable and reopening the file", &e);
                 let why = e.to_string();
                 // Everything decided since was decided on top of this batch: it fails too.
                 let later = self.lock().break_off(&why);
@@ -279,7 +329,7 @@ impl Shared {
                 self.reopen(&mut file);
                 drop(file);
                 std::mem::forget(unwinding);
-                self.end_commit();
+                self.end_commit(false);
                 for waiting in batch.answers.into_iter().chain(later) {
                     waiting.answer.fail(&why, metrics);
                 }
@@ -289,9 +339,13 @@ impl Shared {
 
     /// Marks the commit in flight done, and wakes the writer if it has work, must close, or
     /// has a timer due earlier than it planned (after a caller's commit).
-    fn end_commit(&self) {
+    fn end_commit(&self, committed: bool) {
         let mut core = self.lock();
         core.committing = false;
+        if committed && core.failing.take().is_some() {
+            let suppressed = self.log_gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).reset();
+            tracing::info!(suppressed, "the store commits again");
+        }
         update_gauges(&self.metrics, &core.engine);
         let more = !core.waiting.is_empty() || core.closing || core.broken.is_some();
         let wake_writer = core.writer_should_wake() || more;
@@ -344,7 +398,7 @@ impl Shared {
                 core.effects.clear();
             }
             Err(e) => {
-                tracing::error!(error = %e, "reopening the file failed");
+                self.log_failure("reopening the file failed", &e);
                 core.broken =
                     Some(format!("{}: the file cannot be reopened after a failed commit: {e}", file.path.display()));
             }
@@ -379,8 +433,14 @@ impl Drop for EndOnUnwind<'_> {
 /// An answer for a command that could not be decided (it is only ever failed).
 pub(super) fn decided_nothing(cmd: Command) -> Answer {
     match cmd {
-        Command::Acquire(_, reply) => Answer::Acquire(reply, Decision::Granted { at: Millis::ZERO, permit: None }),
-        Command::Release(_, reply) => Answer::Release(reply, false),
+        Command::Acquire(_, reply) => Answer::Acquire(
+            reply,
+            Acquired { decision: Decision::Granted { at: Millis::ZERO, permit: None }, report: None },
+        ),
+        Command::Release(_, reply) => Answer::Release(reply, Ok(false)),
+        Command::Peek(_, reply) => Answer::Peek(reply, Peeked::default()),
+        Command::Settle(_, reply) => Answer::Settle(reply, Ok(Settled::Unknown)),
+        Command::Lift(_, reply) => Answer::Lift(reply, false),
         Command::Throttle { reply, .. } => Answer::Throttle(reply, Ok(None)),
         Command::State { reply, .. } => {
             Answer::State(reply, Snapshot { now: Millis::ZERO, view: StateView::default(), totals: Totals::default() })
@@ -391,8 +451,20 @@ pub(super) fn decided_nothing(cmd: Command) -> Answer {
 pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
     let Core { engine, effects, .. } = core;
     match cmd {
-        Command::Acquire(req, reply) => Answer::Acquire(reply, engine.acquire(&req, now, effects)),
-        Command::Release(req, reply) => Answer::Release(reply, engine.release(&req.permit, now, effects)),
+        Command::Acquire(req, reply) => {
+            let decision = engine.acquire(&req, now, effects);
+            let report = req.report.then(|| Report { now, limits: engine.figures(&req, now) });
+            Answer::Acquire(reply, Acquired { decision, report })
+        }
+        Command::Release(req, reply) => {
+            Answer::Release(reply, engine.release_with(&req.permit, &req.costs, now, effects))
+        }
+        Command::Peek(req, reply) => {
+            let refusal = engine.peek(&req, now);
+            Answer::Peek(reply, Peeked { refusal, report: Report { now, limits: engine.figures(&req, now) } })
+        }
+        Command::Settle(req, reply) => Answer::Settle(reply, engine.settle(&req.permit, &req.costs, now, effects)),
+        Command::Lift(req, reply) => Answer::Lift(reply, engine.lift(&req.key, now, effects)),
         Command::Throttle { key, until, reply } => {
             let result =
                 ThrottleRequest::new(key, until, now).map(|req| engine.throttle(&req.key, req.until, now, effects));
@@ -422,8 +494,11 @@ pub(super) fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis
 
 /// A decided request, answered at once or after the commit that holds its effects.
 pub(super) enum Answer {
-    Acquire(Reply<Decision>, Decision),
-    Release(Reply<bool>, bool),
+    Acquire(Reply<Acquired>, Acquired),
+    Release(Reply<bool>, Result<bool, BadRequest>),
+    Peek(Reply<Peeked>, Peeked),
+    Settle(Reply<bool>, Result<Settled, BadRequest>),
+    Lift(Reply<bool>, bool),
     Throttle(Reply<Option<Millis>>, Result<Option<Millis>, BadRequest>),
     State(Reply<Snapshot>, Snapshot),
 }
@@ -431,16 +506,36 @@ pub(super) enum Answer {
 impl Answer {
     fn send(self, metrics: &Metrics) {
         match self {
-            Answer::Acquire(reply, decision) => {
-                match &decision {
+            Answer::Acquire(reply, acquired) => {
+                match &acquired.decision {
                     Decision::Granted { .. } => metrics.decided("acquire", "granted", ""),
                     Decision::Refused { reason, .. } => metrics.decided("acquire", "refused", reason.as_str()),
                 }
-                let _ = reply.send(Ok(decision));
+                let _ = reply.send(Ok(acquired));
             }
             Answer::Release(reply, released) => {
-                metrics.decided("release", if released { "released" } else { "unknown" }, "");
-                let _ = reply.send(Ok(released));
+                let outcome = match released {
+                    Ok(true) => "released",
+                    Ok(false) => "unknown",
+                    Err(_) => "bad_request",
+                };
+                metrics.decided("release", outcome, "");
+                let _ = reply.send(released.map_err(LimiterError::from));
+            }
+            Answer::Peek(reply, peeked) => {
+                match &peeked.refusal {
+                    None => metrics.decided("peek", "fits", ""),
+                    Some(r) => metrics.decided("peek", "refused", r.reason.as_str()),
+                }
+                let _ = reply.send(Ok(peeked));
+            }
+            Answer::Settle(reply, settled) => {
+                metrics.decided("settle", settled.as_ref().map_or("bad_request", |s| s.as_str()), "");
+                let _ = reply.send(settled.map(Settled::is_settled).map_err(LimiterError::from));
+            }
+            Answer::Lift(reply, lifted) => {
+                metrics.decided("lift", if lifted { "lifted" } else { "none" }, "");
+                let _ = reply.send(Ok(lifted));
             }
             Answer::Throttle(reply, result) => {
                 let outcome = match &result {
@@ -468,6 +563,18 @@ impl Answer {
                 metrics.decided("release", "unavailable", "");
                 let _ = reply.send(Err(err()));
             }
+            Answer::Peek(reply, _) => {
+                metrics.decided("peek", "unavailable", "");
+                let _ = reply.send(Err(err()));
+            }
+            Answer::Settle(reply, _) => {
+                metrics.decided("settle", "unavailable", "");
+                let _ = reply.send(Err(err()));
+            }
+            Answer::Lift(reply, _) => {
+                metrics.decided("lift", "unavailable", "");
+                let _ = reply.send(Err(err()));
+            }
             Answer::Throttle(reply, _) => {
                 metrics.decided("throttle", "unavailable", "");
                 let _ = reply.send(Err(err()));
@@ -483,6 +590,8 @@ impl Answer {
 /// retries reopening a file whose commit failed.
 pub(super) struct Writer {
     pub(super) shared: Arc<Shared>,
+    /// When the writer last checked that the file at the path is the one it has open.
+    pub(super) file_checked: Instant,
 }
 
 /// What one commit carries.
@@ -493,7 +602,7 @@ pub(super) struct Batch {
 }
 
 impl Writer {
-    pub(super) fn run(self) {
+    pub(super) fn run(mut self) {
         while let Some(batch) = self.next_batch() {
             self.shared.commit(batch);
         }
@@ -509,10 +618,23 @@ impl Writer {
     /// Waits until there is something to commit and no commit in flight: effects a request
     /// waits for, a sweep's effects that may wait no longer, or the close. `None` once closed
     /// with nothing left.
-    fn next_batch(&self) -> Option<Batch> {
-        let shared = &self.shared;
+    fn next_batch(&mut self) -> Option<Batch> {
+        let shared = self.shared.clone();
         let mut core = shared.lock();
         loop {
+            if core.lost {
+                if core.closing {
+                    return None;
+                }
+                core = shared.wake.wait_timeout(core, FILE_CHECK_EVERY).unwrap_or_else(PoisonError::into_inner).0;
+                continue;
+            }
+            if !core.committing && self.file_checked.elapsed() >= FILE_CHECK_EVERY {
+                drop(core);
+                self.check_file();
+                core = shared.lock();
+                continue;
+            }
             // While a commit is in flight (a caller's), only sweep: its committer wakes us when
             // it ends with more queued, or with the file broken, or on close.
             if core.broken.is_some() && !core.committing {
@@ -551,14 +673,71 @@ impl Writer {
             // memory and the file: they need not wake it more often than every SWEEP_GRAIN_MS.
             let wake = wake.map(|at| at.max(now.plus(SWEEP_GRAIN_MS)));
             core.writer_sleeps_until = Some(wake.unwrap_or(Millis(u64::MAX)));
-            core = match wake {
-                Some(at) => {
-                    let wait = Duration::from_millis(at.since(now));
-                    shared.wake.wait_timeout(core, wait).unwrap_or_else(std::sync::PoisonError::into_inner).0
-                }
-                None => shared.wake.wait(core).unwrap_or_else(std::sync::PoisonError::into_inner),
-            };
+            // However far the next deadline, wake in time to check the file.
+            let wait = wake.map_or(FILE_CHECK_EVERY, |at| Duration::from_millis(at.since(now)).min(FILE_CHECK_EVERY));
+            core = shared.wake.wait_timeout(core, wait).unwrap_or_else(PoisonError::into_inner).0;
             core.writer_sleeps_until = None;
+        }
+    }
+
+    /// Checks that the file at the path is still the one open; when it was deleted or replaced,
+    /// fails what waits and answers `Unavailable` from then on (see [`Core::lost`]). At a quiet
+    /// moment (nothing queued or in flight) it also compacts the file when free space dominates
+    /// it; requests decided meanwhile queue for the writer's next commit.
+    fn check_file(&mut self) {
+        let shared = &self.shared;
+        let mut file = shared.lock_file();
+        let checked = match &file.store {
+            Some(store) => store.check_file(),
+            None => Ok(()),
+        };
+        self.file_checked = Instant::now();
+        if checked.is_ok() && file.store.is_some() {
+            let quiet = {
+                let mut core = shared.lock();
+                let quiet = !core.committing && core.waiting.is_empty() && core.effects.is_empty() && !core.closing;
+                core.committing |= quiet;
+                quiet
+            };
+            if quiet {
+                let started = Instant::now();
+                let store = file.store.as_mut().expect("checked above");
+                let compacted = store.compact_if_sparse();
+                match &compacted {
+                    Ok(Some((before, after))) => tracing::info!(
+                        before,
+                        after,
+                        ms = started.elapsed().as_millis() as u64,
+                        "compacted the file: free space dominated it"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => {
+                        shared.log_failure("compacting the file failed; reopening it", e);
+                        let why = e.to_string();
+                        let waiting = shared.lock().break_off(&why);
+                        shared.reopen(&mut file);
+                        for waiting in waiting {
+                            waiting.answer.fail(&why, &shared.metrics);
+                        }
+                    }
+                }
+                drop(file);
+                shared.end_commit(matches!(compacted, Ok(Some(_))));
+            }
+            return;
+        }
+        drop(file);
+        if let Err(e) = checked {
+            tracing::error!(error = %e, "the file is gone; answering unavailable until the server is restarted");
+            let why = e.to_string();
+            let waiting = {
+                let mut core = shared.lock();
+                core.lost = true;
+                core.break_off(&why)
+            };
+            for waiting in waiting {
+                waiting.answer.fail(&why, &shared.metrics);
+            }
         }
     }
 }

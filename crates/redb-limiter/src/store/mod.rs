@@ -5,15 +5,21 @@
 //! [`Effect`]s with `Durability::Immediate`. It never decides anything: every change it writes
 //! is an effect the engine reported, and a failed commit leaves the file at the last commit.
 //!
-//! # Layout (format version 2)
+//! # Layout (format version 3)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
 //! | `meta` | `"format_version"`, `"clock_floor"` | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
-//! | `grants_by_time` | (instant ms, bucket key) | total cost granted in that bucket at that millisecond |
-//! | `permits` | permit id (`u128`) | record: the places, as (bucket key, lapse ms) |
+//! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
+//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
 //! | `throttles` | caller key | `until` ms |
+//!
+//! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
+//! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
+//! places only) are read as permits that live until their last place lapses and count in no
+//! window a settle could name; opening it read-write marks it version 3, so an older build then
+//! refuses it rather than misread a newer record.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -47,6 +53,25 @@
 //!
 //! A record is one schema-version byte followed by postcard bytes, decoded in our code, so a bad
 //! record is an error, never a panic.
+//!
+//! The file's size follows the live state: once free space dominates it (a burst of keys that
+//! went idle and were deleted), [`Store::compact_if_sparse`] gives the space back while serving;
+//! the writer calls it at quiet moments.
+//!
+//! # Fault model
+//!
+//! Crashes, power loss and torn writes at any instant lose nothing acknowledged: every commit is
+//! `Durability::Immediate`, and redb recovers to the last whole commit. Damage to the bytes of the
+//! file is refused at open with the file named, never served: every open verifies the checksum
+//! of every page of the committed trees (redb's integrity check), a panic of redb on a damaged
+//! file is caught and reported as corruption, and every record loaded is checked against what
+//! the engine can have written (keys of 1 to 512 bytes, a bucket's `perMs`, `calls` and
+//! `concurrent` within the request bounds, a grant row's cost, a permit id's sequence, a lapse or
+//! a throttle's end at most 24 hours after the file's floor). One case cannot be told from a
+//! crash, as in every database: damage to the newest commit's own header is indistinguishable
+//! from that commit torn by a crash, and the file is rolled back to the commit before it. Damage
+//! to free space changes nothing. A 503 after a commit failed at its final sync may still count
+//! after a restart (the sync may have reached the disk), never more than once.
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod faulty;
@@ -64,7 +89,10 @@ use redb::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{BucketMeta, Effect, Engine, PermitId};
+use crate::engine::{BucketMeta, Effect, Engine, PermitId, PermitState, WindowShare};
+use crate::request::{
+    MAX_CALLS, MAX_CONCURRENT, MAX_HOLD_MS, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS, MAX_THROTTLE_AHEAD_MS,
+};
 use crate::time::Millis;
 
 /// The table `slot` holds, opened in `txn` on first use.
@@ -79,10 +107,24 @@ fn opened<'s, 'txn, K: redb::Key + 'static, V: redb::Value + 'static>(
     Ok(slot.as_mut().expect("just opened"))
 }
 
-/// The file's layout version; a file of any other version is refused.
-pub const FORMAT_VERSION: u64 = 2;
-/// The first byte of every postcard record.
+/// The most one grant row (a bucket's grants in one millisecond) can hold: far more than any
+/// window is granted, far less than a flipped high byte makes of it.
+const MAX_GRANT_ROW_COST: u64 = 1 << 50;
+/// The highest permit sequence one run of the limiter can reach (see `PermitIds`).
+const MAX_PERMIT_SEQUENCE: u64 = 1 << 48;
+
+/// A file no larger than this is never compacted while serving (see [`Store::compact_if_sparse`]).
+pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
+
+/// The file's layout version; a file of any other version but [`PREVIOUS_FORMAT_VERSION`] is
+/// refused.
+pub const FORMAT_VERSION: u64 = 3;
+/// The version before, opened unchanged and marked [`FORMAT_VERSION`] (see the module docs).
+pub const PREVIOUS_FORMAT_VERSION: u64 = 2;
+/// The first byte of every postcard record but a permit's.
 const RECORD_SCHEMA: u8 = 1;
+/// The first byte of a permit record of format version 3.
+const PERMIT_SCHEMA: u8 = 2;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -107,7 +149,9 @@ pub enum StoreError {
     },
     #[error("{path}: not a redb-limiter file (it holds other tables and no `meta` table)")]
     Foreign { path: PathBuf },
-    #[error("{path}: unknown format version {found} (this build reads version {FORMAT_VERSION})")]
+    #[error(
+        "{path}: unknown format version {found} (this build reads versions {PREVIOUS_FORMAT_VERSION} and {FORMAT_VERSION})"
+    )]
     UnknownVersion { path: PathBuf, found: u64 },
     #[error("{path}: bad record in table `{table}`: {cause}")]
     BadRecord { path: PathBuf, table: &'static str, cause: String },
@@ -123,6 +167,9 @@ pub enum StoreError {
         #[source]
         cause: redb::Error,
     },
+    /// The file open is no longer the one at its path (deleted, or replaced by another).
+    #[error("{path}: {cause}; nothing more is committed until the server is restarted")]
+    Lost { path: PathBuf, cause: &'static str },
 }
 
 /// Opens the database: the file backend in production, a fault-injecting one in tests.
@@ -137,25 +184,83 @@ pub fn file_opener() -> Opener {
     })
 }
 
-/// Opens a database on any backend with the store's settings.
+/// Opens a database on any backend with the store's settings: every page's checksum is
+/// verified at open (redb's integrity check), before anything is read from it, so a flipped
+/// byte anywhere in the trees is refused, never loaded (see the module docs' fault model).
 pub fn open_backend(backend: impl StorageBackend) -> Result<Database, DatabaseError> {
-    Database::builder().create_with_backend(backend)
+    Database::builder().set_check_integrity_on_open(true).create_with_backend(backend)
 }
 
+/// A permit as format version 2 wrote it (schema byte 1): its places only.
 #[derive(Serialize, Deserialize)]
-struct PermitRecord {
+struct PermitRecordV2 {
     places: Vec<(String, u64)>,
 }
 
+/// A permit (schema byte 2).
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct PermitRecord {
+    at: u64,
+    expires: u64,
+    places: Vec<(String, u64)>,
+    windows: Vec<(String, u64, u64)>,
+}
+
+impl PermitRecord {
+    fn from_state(p: &PermitState) -> Self {
+        PermitRecord {
+            at: p.at.0,
+            expires: p.expires.0,
+            places: p.places.iter().map(|(b, lapse)| (b.to_string(), lapse.0)).collect(),
+            windows: p.windows.iter().map(|w| (w.bucket.to_string(), w.cost, w.cap)).collect(),
+        }
+    }
+
+    fn into_state(self) -> PermitState {
+        PermitState {
+            at: Millis(self.at),
+            expires: Millis(self.expires),
+            places: self.places.into_iter().map(|(b, lapse)| (Arc::from(b), Millis(lapse))).collect(),
+            windows: self
+                .windows
+                .into_iter()
+                .map(|(b, cost, cap)| WindowShare { bucket: Arc::from(b), cost, cap })
+                .collect(),
+        }
+    }
+}
+
+/// Reads a permit record of either schema.
+fn decode_permit(bytes: &[u8]) -> Result<PermitState, String> {
+    match bytes.first() {
+        Some(&RECORD_SCHEMA) => {
+            let old: PermitRecordV2 = decode_schema(RECORD_SCHEMA, bytes)?;
+            let expires = old.places.iter().map(|(_, lapse)| *lapse).max().unwrap_or(0);
+            // The grant's instant was not kept; it lived `holdMs` before its places' lapses,
+            // and it names no window, so nothing reads it.
+            Ok(PermitRecord { at: 0, expires, places: old.places, windows: Vec::new() }.into_state())
+        }
+        _ => decode_schema::<PermitRecord>(PERMIT_SCHEMA, bytes).map(PermitRecord::into_state),
+    }
+}
+
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = vec![RECORD_SCHEMA];
+    encode_schema(RECORD_SCHEMA, value)
+}
+
+fn encode_schema<T: Serialize>(schema: u8, value: &T) -> Vec<u8> {
+    let mut out = vec![schema];
     out.extend(postcard::to_allocvec(value).expect("records always serialize"));
     out
 }
 
 fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+    decode_schema(RECORD_SCHEMA, bytes)
+}
+
+fn decode_schema<'a, T: Deserialize<'a>>(schema: u8, bytes: &'a [u8]) -> Result<T, String> {
     match bytes.split_first() {
-        Some((&RECORD_SCHEMA, rest)) => {
+        Some((&first, rest)) if first == schema => {
             let (value, tail) = postcard::take_from_bytes(rest).map_err(|e| e.to_string())?;
             if tail.is_empty() { Ok(value) } else { Err(format!("{} trailing bytes", tail.len())) }
         }
@@ -178,6 +283,8 @@ fn prefetch(path: &Path) {
 #[derive(Debug, PartialEq, Eq)]
 enum Format {
     Current,
+    /// [`PREVIOUS_FORMAT_VERSION`]: read as is, marked current when opened read-write.
+    Previous,
     Empty,
 }
 
@@ -189,10 +296,10 @@ fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<Format, Store
     if tables.iter().any(|t| t == "meta") {
         let meta = txn.open_table(META).map_err(|e| corrupt(e.into()))?;
         let found = meta.get(KEY_FORMAT).map_err(|e| corrupt(e.into()))?.map_or(0, |v| v.value());
-        return if found == FORMAT_VERSION {
-            Ok(Format::Current)
-        } else {
-            Err(StoreError::UnknownVersion { path: path.to_path_buf(), found })
+        return match found {
+            FORMAT_VERSION => Ok(Format::Current),
+            PREVIOUS_FORMAT_VERSION => Ok(Format::Previous),
+            _ => Err(StoreError::UnknownVersion { path: path.to_path_buf(), found }),
         };
     }
     if tables.is_empty() { Ok(Format::Empty) } else { Err(StoreError::Foreign { path: path.to_path_buf() }) }
@@ -206,6 +313,22 @@ pub struct Store {
     doomed: Doomed,
     /// [`DELETE_BATCH`](crate::policy::DELETE_BATCH); smaller in tests.
     delete_batch: usize,
+    /// The file's identity (device, inode) when opened; `None` where there is none to read.
+    identity: Option<(u64, u64)>,
+}
+
+/// A file's identity: (device, inode) on Unix.
+fn identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        None
+    }
 }
 
 /// Doomed grants, by when they are due for deletion (then oldest first), and by bucket; and the
@@ -309,20 +432,33 @@ impl Store {
         // Look before writing: a file that is not ours, of another version or busy is refused
         // through a read-only open, which never modifies it. A file that needs recovery after a
         // crash cannot be opened read-only; the read-write open below repairs it.
+        // redb may panic on a damaged file where it does not check it (a read-only open, or any
+        // open of pages it has not verified): that is a corrupt file too, refused, never a crash.
+        let unreadable = |what: &str| StoreError::Corrupt {
+            path: path.clone(),
+            cause: redb::Error::Corrupted(format!("redb could not {what} it (its structure is damaged)")),
+        };
         if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
-            match Database::builder().open_read_only(&path) {
+            let looked = std::panic::catch_unwind(|| Database::builder().open_read_only(&path))
+                .map_err(|_| unreadable("read"))?;
+            match looked {
                 Ok(db) => {
-                    check_format(&db, &path)?;
+                    let format = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_format(&db, &path)));
+                    format.map_err(|_| unreadable("read"))??;
                 }
                 Err(DatabaseError::RepairAborted) => {}
                 Err(e) => return Err(map_err(e)),
             }
         }
         prefetch(&path);
-        let db = opener(&path).map_err(map_err)?;
-        let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH };
-        if check_format(&store.db, &store.path)? == Format::Empty {
-            store.initialize()?;
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opener(&path)));
+        let db = opened.map_err(|_| unreadable("open"))?.map_err(map_err)?;
+        let identity = std::fs::metadata(&path).ok().as_ref().and_then(identity);
+        let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH, identity };
+        match check_format(&store.db, &store.path)? {
+            Format::Empty => store.initialize()?,
+            Format::Previous => store.mark_current()?,
+            Format::Current => {}
         }
         Ok(store)
     }
@@ -330,6 +466,41 @@ impl Store {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Compacts the file when free space dominates it: larger than [`COMPACT_ABOVE_BYTES`] with
+    /// less than a quarter of it allocated to live pages. Returns the file's size before and
+    /// after when it compacted. For quiet moments: it holds the file until done (a file of a few
+    /// tens of MB with little live data compacts in well under a second).
+    pub fn compact_if_sparse(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
+        let len = || std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let before = len();
+        if before <= COMPACT_ABOVE_BYTES {
+            return Ok(None);
+        }
+        let txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        let stats = txn.stats().map_err(|e| self.commit_error(e))?;
+        txn.abort().map_err(|e| self.commit_error(e))?;
+        let allocated = stats.allocated_pages().saturating_mul(stats.page_size() as u64);
+        if allocated.saturating_mul(4) > before {
+            return Ok(None);
+        }
+        self.db.compact().map_err(|e| self.commit_error(e))?;
+        Ok(Some((before, len())))
+    }
+
+    /// Whether the file at the path is still the one open: an error when it was deleted or
+    /// replaced (renamed over, or deleted and created again), since commits then go to a file
+    /// no restart will read. A file that cannot be looked at for another reason passes.
+    pub fn check_file(&self) -> Result<(), StoreError> {
+        let lost = |cause| StoreError::Lost { path: self.path.clone(), cause };
+        match std::fs::metadata(&self.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(lost("the file was deleted while open")),
+            Ok(meta) if self.identity.is_some() && identity(&meta) != self.identity => {
+                Err(lost("the file was replaced by another while open"))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn corrupt(&self, e: impl Into<redb::Error>) -> StoreError {
@@ -356,6 +527,17 @@ impl Store {
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
+    /// Marks a file of the previous format version as the current one (its records are read
+    /// as they are; see the module docs).
+    fn mark_current(&self) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
+        txn.open_table(META)
+            .and_then(|mut meta| meta.insert(KEY_FORMAT, FORMAT_VERSION).map(drop).map_err(Into::into))
+            .map_err(|e| self.commit_error(e))?;
+        txn.commit().map_err(|e| self.commit_error(e))
+    }
+
     /// Loads every persisted fact into `engine` (fresh) and returns the clock floor. The caller
     /// then runs [`Engine::finish_restore`] and commits its effects to prune the file.
     pub fn load(&self, engine: &mut Engine) -> Result<Millis, StoreError> {
@@ -366,26 +548,51 @@ impl Store {
         let grants = txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?;
         let newest = grants.last().map_err(|e| self.corrupt(e))?.map_or(0, |(k, _)| k.value().0);
         let floor = Millis(recorded.max(newest));
+        // Every record is checked against what the engine can have written (see the module
+        // docs' fault model): a record out of those bounds is damage, refused with the file named.
+        let key_ok = |key: &str| !key.is_empty() && key.len() <= MAX_KEY_BYTES;
+        let ahead_ok = |at: u64| at <= floor.0.saturating_add(MAX_HOLD_MS.max(MAX_THROTTLE_AHEAD_MS));
         for row in txn.open_table(BUCKETS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let meta: BucketMeta = decode(v.value()).map_err(|e| bad("buckets", e))?;
+            if !key_ok(k.value())
+                || meta.retain_ms > MAX_PER_MS
+                || meta.last_calls > MAX_CALLS
+                || meta.last_concurrent > MAX_CONCURRENT
+            {
+                return Err(bad("buckets", format!("a record out of bounds: {:?} {meta:?}", k.value())));
+            }
             engine.restore_bucket(k.value(), meta);
         }
         for row in grants.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let (at, bucket) = k.value();
+            if !key_ok(bucket) || v.value() > MAX_GRANT_ROW_COST {
+                return Err(bad("grants_by_time", format!("a grant out of bounds: {bucket:?} at {at}: {}", v.value())));
+            }
             engine.restore_grant(bucket, Millis(at), v.value());
         }
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
-            let record: PermitRecord = decode(v.value()).map_err(|e| bad("permits", e))?;
-            engine.restore_permit(
-                PermitId(k.value()),
-                record.places.into_iter().map(|(b, lapse)| (b, Millis(lapse))).collect(),
-            );
+            let permit = decode_permit(v.value()).map_err(|e| bad("permits", e))?;
+            // Ids are `nonce << 64 | sequence`, the sequence counting one run's permits from 0.
+            if k.value() as u64 > MAX_PERMIT_SEQUENCE
+                || permit.places.len() > MAX_LIMITS
+                || permit.windows.len() > MAX_LIMITS
+                || (permit.places.is_empty() && permit.windows.is_empty())
+                || !ahead_ok(permit.expires.0)
+                || permit.places.iter().any(|(b, lapse)| !key_ok(b) || !ahead_ok(lapse.0))
+                || permit.windows.iter().any(|w| !key_ok(&w.bucket) || w.cap > MAX_CALLS || w.cost > MAX_CALLS)
+            {
+                return Err(bad("permits", format!("a permit out of bounds: {}", PermitId(k.value()))));
+            }
+            engine.restore_permit(PermitId(k.value()), permit);
         }
         for row in txn.open_table(THROTTLES).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            if !key_ok(k.value()) || !ahead_ok(v.value()) {
+                return Err(bad("throttles", format!("a throttle out of bounds: {:?} until {}", k.value(), v.value())));
+            }
             engine.restore_throttle(k.value(), Millis(v.value()));
         }
         Ok(floor)
@@ -468,10 +675,9 @@ impl Store {
                         doomed.records.insert(bucket.clone(), kept);
                     }
                 }
-                Effect::PermitGranted { id, places } => {
-                    let record =
-                        PermitRecord { places: places.iter().map(|(b, lapse)| (b.to_string(), lapse.0)).collect() };
-                    opened(&mut permits, txn, PERMITS)?.insert(id.0, encode(&record).as_slice())?;
+                Effect::PermitSet { id, permit } => {
+                    let record = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(permit));
+                    opened(&mut permits, txn, PERMITS)?.insert(id.0, record.as_slice())?;
                 }
                 Effect::PermitEnded { id } => {
                     opened(&mut permits, txn, PERMITS)?.remove(id.0)?;
@@ -509,6 +715,13 @@ impl Store {
         Ok(())
     }
 
+    /// The format version the file records.
+    pub fn format_version(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
+        let meta = txn.open_table(META).map_err(|e| self.corrupt(e))?;
+        Ok(meta.get(KEY_FORMAT).map_err(|e| self.corrupt(e))?.map_or(0, |v| v.value()))
+    }
+
     /// The number of window entries in the file (for tests of file size and pruning).
     pub fn grant_rows(&self) -> Result<u64, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
@@ -533,6 +746,19 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(decode::<BucketMeta>(&long).unwrap_err().contains("trailing"));
+        // Permits: both schemas read; the old one as a permit with places only.
+        let state = PermitState {
+            at: Millis(5),
+            expires: Millis(900),
+            places: vec![(Arc::from("c"), Millis(900))],
+            windows: vec![WindowShare { bucket: Arc::from("w"), cost: 3, cap: 10 }],
+        };
+        let bytes = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(&state));
+        assert_eq!(decode_permit(&bytes), Ok(state));
+        let old = encode(&PermitRecordV2 { places: vec![("c".into(), 700), ("d".into(), 800)] });
+        let read = decode_permit(&old).unwrap();
+        assert_eq!((read.expires, read.places.len(), read.windows.len()), (Millis(800), 2, 0));
+        assert!(decode_permit(&[3, 0]).unwrap_err().contains("schema 3"));
     }
 
     fn grant(key: &str, at: u64, cost: u64) -> Effect {

@@ -1,0 +1,98 @@
+//! File formats across releases: a file written by the previous release (format version 2,
+//! committed as `tests/fixtures/v2-limiter.redb`) opens with this build and serves every window,
+//! place and throttle exactly as before; the open marks it version 3.
+//!
+//! The fixture was written by the `serve` binary of the previous release over HTTP: three grants
+//! of cost 2 in `fixture/tpd` (10 per 31 days) at 15:52:35.476, .505 and .541; one grant at
+//! 15:52:35.573 holding a place in `fixture/conc` (2 at once, held 24 h) and counting in
+//! `fixture/rpd` (5 per day), its permit `p-c89bf14a218248e70000000000000000`; and a throttle of
+//! `fixture/cred:2` until 2026-12-01T11:52:35.000Z; then SIGTERM.
+
+use std::sync::Arc;
+
+use redb_limiter::limiter::LimiterOptions;
+use redb_limiter::store::{FORMAT_VERSION, Store, file_opener};
+use redb_limiter::time::{FakeClock, parse_instant};
+use redb_limiter::{AcquireRequest, Cost, Decision, Limit, Limiter, Millis, Reason, ReleaseRequest, SettleRequest};
+
+const PERMIT: &str = "p-c89bf14a218248e70000000000000000";
+
+fn at(s: &str) -> Millis {
+    parse_instant(s).unwrap()
+}
+
+fn fixture_copy() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v2-limiter.redb");
+    std::fs::copy(fixture, &path).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn a_file_of_the_previous_release_serves_as_before() {
+    let (_dir, path) = fixture_copy();
+    let now = at("2026-11-30T15:53:35.000Z");
+    let clock = Arc::new(FakeClock::new(now));
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+
+    let snapshot = limiter.state_blocking("fixture/").unwrap();
+    let buckets: Vec<(String, u64, u64, usize)> =
+        snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.meta.retain_ms, b.places_held)).collect();
+    assert_eq!(
+        buckets,
+        vec![
+            ("fixture/conc".to_owned(), 0, 0, 1),
+            ("fixture/rpd".to_owned(), 1, 86_400_000, 0),
+            ("fixture/tpd".to_owned(), 6, 2_678_400_000, 0),
+        ]
+    );
+    assert_eq!(snapshot.view.permits.len(), 1);
+    assert_eq!(snapshot.view.permits[0].id.to_string(), PERMIT);
+    assert_eq!(snapshot.view.permits[0].places, vec![("fixture/conc".to_owned(), at("2026-12-01T15:52:35.573Z"))]);
+    assert_eq!(snapshot.view.throttles.len(), 1);
+    assert_eq!(snapshot.view.throttles[0].until, at("2026-12-01T11:52:35.000Z"));
+
+    // The windows decide as before: 6 of 10 used, so cost 5 waits for the first grant to leave.
+    let tpd = |cost| {
+        AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpd", 10, 2_678_400_000).with_cost(cost)])
+            .unwrap()
+    };
+    let leaves = at("2026-11-30T15:52:35.476Z").plus(2_678_400_000);
+    assert_eq!(
+        limiter.acquire_blocking(tpd(5)).unwrap(),
+        Decision::Refused { retry_at: leaves, reason: Reason::Rate, limit: "fixture/tpd".into() }
+    );
+    // The held place counts: one of two is free, then none.
+    let conc = AcquireRequest::new("fixture/cred:1", vec![Limit::concurrent("fixture/conc", 1)]).unwrap();
+    assert_eq!(
+        limiter.acquire_blocking(conc).unwrap(),
+        Decision::Refused { retry_at: now.plus(250), reason: Reason::Concurrency, limit: "fixture/conc".into() }
+    );
+    // The throttle holds.
+    let throttled = AcquireRequest::new("fixture/cred:2", vec![]).unwrap();
+    assert_eq!(
+        limiter.acquire_blocking(throttled).unwrap(),
+        Decision::Refused {
+            retry_at: at("2026-12-01T11:52:35.000Z"),
+            reason: Reason::Throttle,
+            limit: "fixture/cred:2".into()
+        }
+    );
+    // The old permit names no window a settle could change; it still releases its place.
+    let settle = SettleRequest::new(PERMIT, vec![Cost::new("fixture/rpd", 3)]).unwrap();
+    assert!(limiter.settle_blocking(settle).is_err());
+    assert!(limiter.release_blocking(ReleaseRequest::new(PERMIT).unwrap()).unwrap());
+    assert!(limiter.acquire_blocking(tpd(4)).unwrap().is_granted());
+    drop(limiter);
+
+    // Marked as this build's format, and reopens with what was granted since.
+    let store = Store::open(&path, &file_opener()).unwrap();
+    assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
+    drop(store);
+    let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    let tpd_used = limiter.state_blocking("fixture/tpd").unwrap().view.buckets[0].window_used;
+    assert_eq!(tpd_used, 10);
+}

@@ -13,7 +13,10 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => cli::serve::run(args).await,
         Command::Status(args) => cli::status::run(args).await,
-        Command::Check(args) => tokio::task::spawn_blocking(move || cli::check::run(args)).await?,
+        Command::Check(args) => match args.postgres.clone() {
+            Some(url) => cli::check::run_postgres(&url, &args.pg_schema).await,
+            None => tokio::task::spawn_blocking(move || cli::check::run(args)).await?,
+        },
         Command::Contract(args) => cli::contract::run(args).await,
         Command::Bench(args) => cli::bench::run(args).await,
         Command::Grind(args) => cli::grind::run(args).await,

@@ -1,4 +1,5 @@
-//! The slot server: the wire spec over HTTP/1.1, on top of a [`Limiter`].
+//! The slot server: the wire spec over HTTP/1.1, on top of any [`Backend`] (the embedded
+//! limiter on its redb file, or PostgreSQL mode).
 //!
 //! It owns routing, the order of checks (token first, then 404/405, then the 64 KiB body
 //! limit, then parsing), the mapping of every error to its status and code, and draining on
@@ -19,7 +20,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::recent::Recent;
-use redb_limiter::limiter::{Limiter, LimiterError};
+use redb_limiter::backend::Backend;
+use redb_limiter::limiter::LimiterError;
 use redb_limiter::request::{EnvelopeError, Method, Request};
 use redb_limiter::wire::{
     AcquireReply, ErrorBody, ErrorReply, HealthReply, LiftReply, PeekReply, ReleaseReply, SettleReply, StateReply,
@@ -60,8 +62,8 @@ impl Default for ServerConfig {
     }
 }
 
-struct App {
-    limiter: Arc<Limiter>,
+struct App<B> {
+    limiter: B,
     token: Option<Vec<u8>>,
     draining: AtomicBool,
     recent: Recent,
@@ -72,9 +74,9 @@ struct App {
 /// `config.drain_deadline` (connections idle or still sending a request are closed unanswered;
 /// see the `connections` module). The caller then drops the limiter, which commits and closes the
 /// file.
-pub async fn serve(
+pub async fn serve<B: Backend>(
     listener: tokio::net::TcpListener,
-    limiter: Arc<Limiter>,
+    limiter: B,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -196,14 +198,14 @@ fn route(path: &str) -> Option<(Route, HttpMethod)> {
     })
 }
 
-async fn handle(State(app): State<Arc<App>>, req: HttpRequest<Body>) -> Response {
+async fn handle<B: Backend>(State(app): State<Arc<App<B>>>, req: HttpRequest<Body>) -> Response {
     match dispatch(&app, req).await {
         Ok(response) => response,
         Err(failure) => failure.into_response(),
     }
 }
 
-async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure> {
+async fn dispatch<B: Backend>(app: &App<B>, req: HttpRequest<Body>) -> Result<Response, Failure> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
     if path == "/" && parts.method == HttpMethod::GET {
@@ -236,11 +238,12 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
     let limiter = &app.limiter;
     match route {
         Route::Health => {
-            let reason = limiter.outage();
+            let reason = limiter.outage().await;
             let status = if reason.is_some() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
             let reply = HealthReply {
                 ok: reason.is_none(),
-                path: limiter.path().display().to_string(),
+                backend: limiter.kind().to_owned(),
+                path: limiter.path().map(|p| p.display().to_string()),
                 uptime_ms: limiter.uptime().as_millis() as u64,
                 reason,
             };
@@ -263,11 +266,7 @@ async fn dispatch(app: &App, req: HttpRequest<Body>) -> Result<Response, Failure
                     })?
                 }
             };
-            // Sorting the keys of a large state is work for a blocking thread, not the runtime's.
-            let limiter = app.limiter.clone();
-            let page = tokio::task::spawn_blocking(move || limiter.state_page(&prefix, &after, limit))
-                .await
-                .map_err(|e| Failure::unavailable(format!("reading the state failed: {e}")))??;
+            let page = limiter.state_page(prefix, after, limit).await?;
             let snapshot = page.snapshot;
             let mut reply = StateReply::new(snapshot.now, &snapshot.view, snapshot.totals);
             reply.truncated = page.truncated;
@@ -318,12 +317,12 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
     })
 }
 
-async fn call(app: &App, request: Request) -> Result<Response, Failure> {
+async fn call<B: Backend>(app: &App<B>, request: Request) -> Result<Response, Failure> {
     let limiter = &app.limiter;
     Ok(match request {
         Request::Acquire(req) => {
             let caller = req.key.clone();
-            let acquired = limiter.acquire_reported(req).await?;
+            let acquired = limiter.acquire(req).await?;
             app.recent.record(limiter.now(), &caller, &acquired.decision);
             match &acquired.report {
                 Some(report) => json(&acquire_reply_with_report(&acquired.decision, report)),

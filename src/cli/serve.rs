@@ -1,5 +1,5 @@
-//! `redb-limiter serve`: open the file, listen, print the ready line, serve until SIGTERM or
-//! SIGINT, then drain, commit and close.
+//! `redb-limiter serve`: open the file (or, with `--postgres`, connect to the database), listen,
+//! print the ready line, serve until SIGTERM or SIGINT, then drain, commit and close.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +9,7 @@ use anyhow::Context;
 
 use crate::server::{ServerConfig, serve};
 use redb_limiter::limiter::{Limiter, LimiterOptions};
+use redb_limiter_postgres::{PgLimiter, PgOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -31,6 +32,16 @@ pub struct ServeArgs {
     /// At most this many connections open at once; the rest wait to be accepted.
     #[arg(long, env = "REDB_LIMITER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
+    /// Serve from this PostgreSQL database instead of the file (PostgreSQL mode: servers on
+    /// many machines share one set of limits). Never printed or logged: it may hold a password.
+    #[arg(long, env = "REDB_LIMITER_POSTGRES", hide_env_values = true)]
+    pub postgres: Option<String>,
+    /// The schema holding the limiter's tables in PostgreSQL mode.
+    #[arg(long, env = "REDB_LIMITER_PG_SCHEMA", default_value = redb_limiter_postgres::DEFAULT_SCHEMA)]
+    pub pg_schema: String,
+    /// Connections to PostgreSQL (PostgreSQL mode).
+    #[arg(long, env = "REDB_LIMITER_PG_POOL", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub pg_pool: u64,
     /// On SIGTERM, connections still open this long after it are closed unanswered.
     #[arg(long, hide = true, default_value_t = 10_000)]
     pub drain_deadline_ms: u64,
@@ -92,6 +103,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if token.is_none() {
         tracing::warn!("no token configured: every path is open to anyone who can reach the listen address");
     }
+    let config = ServerConfig {
+        token,
+        max_connections: args.max_connections as usize,
+        drain_deadline: std::time::Duration::from_millis(args.drain_deadline_ms),
+        ..ServerConfig::default()
+    };
+    if let Some(url) = &args.postgres {
+        return run_postgres(&args, url, config).await;
+    }
     // The runtime serves nothing else, so a request may commit in its own thread when the file
     // is idle: one at a time, that saves two thread hand-offs per request.
     let options = LimiterOptions { recheck_ms: args.recheck_ms, caller_commits: true, ..LimiterOptions::default() };
@@ -113,17 +133,36 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         out.flush()?;
     }
     tracing::info!(%addr, path = %limiter.path().display(), "serving");
-    let config = ServerConfig {
-        token,
-        max_connections: args.max_connections as usize,
-        drain_deadline: std::time::Duration::from_millis(args.drain_deadline_ms),
-        ..ServerConfig::default()
-    };
     serve(listener, limiter.clone(), config, shutdown).await?;
     tracing::info!("drained; closing the file");
     match Arc::into_inner(limiter) {
         Some(limiter) => tokio::task::spawn_blocking(move || limiter.close()).await?,
         None => tracing::warn!("a request still holds the limiter; the file closes at exit"),
     }
+    Ok(())
+}
+
+/// PostgreSQL mode: the same wire, decided in the database; a sweeper deletes what lapsed.
+async fn run_postgres(args: &ServeArgs, url: &str, config: ServerConfig) -> anyhow::Result<()> {
+    let mut options = PgOptions::new(url);
+    options.schema = args.pg_schema.clone();
+    options.pool_size = args.pg_pool as usize;
+    options.recheck_ms = args.recheck_ms;
+    let limiter = Arc::new(PgLimiter::connect(options).await?);
+    limiter.spawn_sweeper(std::time::Duration::from_secs(1));
+    let listener =
+        tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let shutdown = shutdown_signal();
+    // Never the URL: it may carry a password.
+    let ready = serde_json::json!({ "ready": true, "url": format!("http://{addr}"), "backend": "postgres" });
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{ready}")?;
+        out.flush()?;
+    }
+    tracing::info!(%addr, schema = %limiter.schema(), "serving from PostgreSQL");
+    serve(listener, limiter, config, shutdown).await?;
+    tracing::info!("drained");
     Ok(())
 }

@@ -264,8 +264,10 @@ CREATE OR REPLACE FUNCTION __SCHEMA__._idle(p_bucket bigint, p_now bigint, p_ret
 LANGUAGE plpgsql STABLE AS
 $$
 BEGIN
-  IF p_retain > 0 AND __SCHEMA__._used(p_bucket, greatest(p_pruned, p_now - p_retain),
-                                        p_total, p_dtotal, p_fen) > 0 THEN
+  -- A kept grant row keeps the bucket, whatever its cost: a permit's grant of cost 0 (or
+  -- settled to 0) may still be settled up, as the engine keeps it.
+  IF p_retain > 0 AND EXISTS (SELECT 1 FROM __SCHEMA__.grants g
+                               WHERE g.bucket = p_bucket AND g.at > greatest(p_pruned, p_now - p_retain)) THEN
     RETURN false;
   END IF;
   RETURN NOT EXISTS (SELECT 1 FROM __SCHEMA__.places p
@@ -273,7 +275,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__._idle(bigint, bigint, bigint, bigint, bigint, bigint, boolean) IS
-  'a bucket with no cost in its kept window and no place held is idle (forgotten)';
+  'a bucket with no grant in its kept window and no place held is idle (forgotten)';
 
 -- retryAt of a rate refusal: the instant the first grant row leaves whose leaving makes room,
 -- that is the first row whose running total (deltas included) reaches p_target.
@@ -759,7 +761,8 @@ BEGIN
     -- several tiny statements cost less to run than one that joins them.
     SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.fen, bk.last_seq, bk.last_at,
            bk.last_calls, bk.last_concurrent, bk.xmin::text AS xm,
-           greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), bk.floor_ms) AS now
+           greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), bk.floor_ms) AS now,
+           (SELECT th.until FROM __SCHEMA__.throttles th WHERE th.key = req->>'key') AS until
       INTO b
       FROM __SCHEMA__.buckets bk WHERE bk.key = v_k;
     IF NOT FOUND OR b.fen OR v_per > b.retain_ms THEN
@@ -769,9 +772,8 @@ BEGIN
     -- The refusal that stands: the latest retryAt; on a tie the throttle, then rate, then
     -- concurrency.
     v_retry := NULL;
-    SELECT th.until INTO v_at FROM __SCHEMA__.throttles th WHERE th.key = req->>'key';
-    IF v_at > b.now THEN
-      v_retry := v_at;
+    IF b.until > b.now THEN
+      v_retry := b.until;
       v_reason := 'throttle';
     END IF;
     IF v_cost > 0 THEN

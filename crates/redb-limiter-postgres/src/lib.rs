@@ -25,9 +25,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use redb_limiter::backend::Backend;
 use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateView, ThrottleView, Totals};
-use redb_limiter::limiter::Snapshot;
-use redb_limiter::request::{AcquireRequest, ReleaseRequest, ThrottleRequest};
+use redb_limiter::engine::{Figures, Refusal};
+use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage};
+use redb_limiter::request::{AcquireRequest, Cost, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use redb_limiter::time::Clock;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
 use serde_json::{Value, json};
@@ -111,6 +113,7 @@ pub struct PgLimiter {
     sequence: AtomicU64,
     metrics: Arc<redb_limiter::metrics::Metrics>,
     synchronous_commit: String,
+    started: std::time::Instant,
 }
 
 impl std::fmt::Debug for PgLimiter {
@@ -194,6 +197,7 @@ impl PgLimiter {
             sequence: AtomicU64::new(0),
             metrics: Arc::new(redb_limiter::metrics::Metrics::default()),
             synchronous_commit,
+            started: std::time::Instant::now(),
             options,
         })
     }
@@ -242,13 +246,15 @@ impl PgLimiter {
         row.try_get(0).map_err(|e| unavailable(&e))
     }
 
-    /// Decides an acquire; a grant is answered only once the database committed it.
-    pub async fn acquire(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
+    /// Decides an acquire (with the figures after it when the request asked for a report); a
+    /// grant is answered only once the database committed it.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         let permit = self.next_permit().to_string();
+        let mode = if req.report { "report" } else { "acquire" };
         let reply: Value = self
             .call(
-                "SELECT S.acquire($1::jsonb, 'acquire', $2, $3, $4)",
-                &[&request_json(&req), &to_i64(self.options.recheck_ms), &permit, &self.at()],
+                "SELECT S.acquire($1::jsonb, $2, $3, $4, $5)",
+                &[&request_json(&req), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()],
             )
             .await?;
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
@@ -256,16 +262,50 @@ impl PgLimiter {
             Decision::Granted { .. } => self.metrics.decided("acquire", "granted", ""),
             Decision::Refused { reason, .. } => self.metrics.decided("acquire", "refused", reason.as_str()),
         }
-        Ok(decision)
+        let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
+        Ok(Acquired { decision, report })
     }
 
-    /// Releases a permit: `true` when it was live.
+    /// Decides as an acquire would at the same instant and changes nothing.
+    pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        let reply: Value = self
+            .call(
+                "SELECT S.acquire($1::jsonb, 'peek', $2, $3, $4)",
+                &[&request_json(&req), &to_i64(self.options.recheck_ms), &"", &self.at()],
+            )
+            .await?;
+        let peeked = peeked_from(&reply).ok_or_else(|| protocol(&reply))?;
+        match &peeked.refusal {
+            None => self.metrics.decided("peek", "fits", ""),
+            Some(r) => self.metrics.decided("peek", "refused", r.reason.as_str()),
+        }
+        Ok(peeked)
+    }
+
+    /// Releases a permit (settling `costs` first, in the same transaction): `true` when it was
+    /// live.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
-        let costs: Option<Value> = None;
+        let costs = (!req.costs.is_empty()).then(|| costs_json(&req.costs));
         let released: bool =
             self.call("SELECT S.release($1, $2::jsonb, $3)", &[&req.permit, &costs, &self.at()]).await?;
         self.metrics.decided("release", if released { "released" } else { "unknown" }, "");
         Ok(released)
+    }
+
+    /// Settles a permit's grant to its real costs: `true` when the permit was live.
+    pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        let result: Result<Value, LimiterError> =
+            self.call("SELECT S.settle($1, $2::jsonb, $3)", &[&req.permit, &costs_json(&req.costs), &self.at()]).await;
+        let reply = match result {
+            Err(e @ LimiterError::BadRequest(_)) => {
+                self.metrics.decided("settle", "bad_request", "");
+                return Err(e);
+            }
+            other => other?,
+        };
+        let settled = reply.get("settled").and_then(Value::as_bool).ok_or_else(|| protocol(&reply))?;
+        self.metrics.decided("settle", if settled { "settled" } else { "unknown" }, "");
+        Ok(settled)
     }
 
     /// Throttles a caller (only ever extends); the throttle in force afterwards.
@@ -277,12 +317,27 @@ impl PgLimiter {
         Ok(until)
     }
 
+    /// Ends the throttle of a caller: `true` when one was in force.
+    pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
+        let lifted: bool = self.call("SELECT S.lift($1, $2)", &[&req.key, &self.at()]).await?;
+        self.metrics.decided("lift", if lifted { "lifted" } else { "none" }, "");
+        Ok(lifted)
+    }
+
+    /// The live state whose keys start with `prefix`, from `after`, at most `limit` entries of
+    /// each kind.
+    pub async fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let after = (!after.is_empty()).then_some(after);
+        let reply: Value = self.call("SELECT S.state($1, $2, $3, $4)", &[&prefix, &after, &limit, &self.at()]).await?;
+        let snapshot = snapshot_from(&reply).ok_or_else(|| protocol(&reply))?;
+        let truncated = reply.get("truncated").and_then(Value::as_bool).unwrap_or(false);
+        Ok(StatePage { snapshot, truncated })
+    }
+
     /// The live state whose keys start with `prefix`, at most `limit` entries of each kind.
     pub async fn state(&self, prefix: &str, limit: usize) -> Result<Snapshot, LimiterError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        let after: Option<String> = None;
-        let reply: Value = self.call("SELECT S.state($1, $2, $3, $4)", &[&prefix, &after, &limit, &self.at()]).await?;
-        snapshot_from(&reply).ok_or_else(|| protocol(&reply))
+        Ok(self.state_page(prefix, "", limit).await?.snapshot)
     }
 
     /// Deletes lapsed places, grants past their bucket's retention, idle buckets and ended
@@ -313,6 +368,84 @@ impl PgLimiter {
             }
         });
     }
+}
+
+impl Backend for PgLimiter {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+    fn path(&self) -> Option<&std::path::Path> {
+        None
+    }
+    async fn outage(&self) -> Option<String> {
+        self.health().await.err().map(|e| e.to_string())
+    }
+    /// The host's clock, used only to bound a throttle's `until` and stamp the feed; decisions
+    /// use the database's.
+    fn now(&self) -> Millis {
+        self.options.clock.as_ref().map_or_else(redb_limiter::time::wall_clock_now, |c| c.now())
+    }
+    fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+    fn metrics(&self) -> &redb_limiter::metrics::Metrics {
+        &self.metrics
+    }
+    async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
+        PgLimiter::acquire(self, req).await
+    }
+    async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        PgLimiter::peek(self, req).await
+    }
+    async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
+        PgLimiter::release(self, req).await
+    }
+    async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        PgLimiter::settle(self, req).await
+    }
+    async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
+        PgLimiter::throttle(self, req).await
+    }
+    async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
+        PgLimiter::lift(self, req).await
+    }
+    async fn state_page(&self, prefix: String, after: String, limit: usize) -> Result<StatePage, LimiterError> {
+        PgLimiter::state_page(self, &prefix, &after, limit).await
+    }
+}
+
+fn costs_json(costs: &[Cost]) -> Value {
+    Value::Array(costs.iter().map(|c| json!({ "key": c.key, "cost": c.cost })).collect())
+}
+
+fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
+    let mut out = Vec::new();
+    for f in reply.get("limits")?.as_array()? {
+        let pair = |a: &str, b: &str| Some((f.get(a)?.as_u64()?, f.get(b)?.as_u64()?));
+        out.push(Figures {
+            key: f.get("key")?.as_str()?.to_owned(),
+            window: pair("used", "remaining"),
+            places: pair("held", "free"),
+        });
+    }
+    Some(out)
+}
+
+fn report_from(reply: &Value) -> Option<Report> {
+    Some(Report { now: millis_at(reply, "now")?, limits: figures_from(reply)? })
+}
+
+fn peeked_from(reply: &Value) -> Option<Peeked> {
+    let refusal = if reply.get("fits")?.as_bool()? {
+        None
+    } else {
+        Some(Refusal {
+            retry_at: millis_at(reply, "retryAt")?,
+            reason: Reason::parse(reply.get("reason")?.as_str()?)?,
+            limit: reply.get("limit")?.as_str()?.to_owned(),
+        })
+    };
+    Some(Peeked { refusal, report: report_from(reply)? })
 }
 
 fn protocol(reply: &Value) -> LimiterError {
@@ -356,7 +489,7 @@ pub fn request_json(req: &AcquireRequest) -> Value {
             Value::Object(m)
         })
         .collect();
-    json!({ "key": req.key, "limits": limits })
+    json!({ "key": req.key, "holdMs": req.hold_ms, "permit": req.permit, "limits": limits })
 }
 
 fn decision_from(reply: &Value) -> Option<Decision> {

@@ -59,31 +59,31 @@ fn every_rule_of_acquire_release_and_throttle() {
         let pg = fresh(&url, "rules", clock.clone()).await;
         // Rolling window: 2 calls a second.
         let req = AcquireRequest::new("caller", vec![window("w", 2, 1000)]).unwrap();
-        assert_eq!(pg.acquire(req.clone()).await.unwrap(), Decision::Granted { at: T0, permit: None });
+        assert_eq!(pg.acquire(req.clone()).await.unwrap().decision, Decision::Granted { at: T0, permit: None });
         clock.advance(400);
-        assert!(pg.acquire(req.clone()).await.unwrap().is_granted());
+        assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
         clock.advance(100);
         assert_eq!(
-            pg.acquire(req.clone()).await.unwrap(),
+            pg.acquire(req.clone()).await.unwrap().decision,
             Decision::Refused { retry_at: T0.plus(1000), reason: Reason::Rate, limit: "w".into() }
         );
         clock.set(T0.plus(1000));
-        assert!(pg.acquire(req.clone()).await.unwrap().is_granted(), "the first grant left the window");
+        assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted(), "the first grant left the window");
 
         // Concurrency: one place; a release frees it, a second release is false.
         let conc = AcquireRequest::new("caller", vec![Limit::concurrent("c", 1).with_hold_ms(5_000)]).unwrap();
-        let Decision::Granted { permit: Some(permit), .. } = pg.acquire(conc.clone()).await.unwrap() else {
+        let Decision::Granted { permit: Some(permit), .. } = pg.acquire(conc.clone()).await.unwrap().decision else {
             panic!("a place")
         };
-        let refused = pg.acquire(conc.clone()).await.unwrap();
+        let refused = pg.acquire(conc.clone()).await.unwrap().decision;
         assert!(matches!(refused, Decision::Refused { reason: Reason::Concurrency, .. }), "{refused:?}");
         let release = ReleaseRequest::new(permit.to_string()).unwrap();
         assert!(pg.release(release.clone()).await.unwrap());
         assert!(!pg.release(release).await.unwrap());
-        assert!(pg.acquire(conc.clone()).await.unwrap().is_granted());
+        assert!(pg.acquire(conc.clone()).await.unwrap().decision.is_granted());
         // A place never released lapses holdMs after its grant.
         clock.advance(5_000);
-        assert!(pg.acquire(conc).await.unwrap().is_granted(), "the held place lapsed");
+        assert!(pg.acquire(conc).await.unwrap().decision.is_granted(), "the held place lapsed");
 
         // Throttle: only extends; every acquire as that caller is refused until then.
         let until = clock.now().plus(2_000);
@@ -93,11 +93,11 @@ fn every_rule_of_acquire_release_and_throttle() {
         assert_eq!(pg.throttle(earlier).await.unwrap(), Some(until), "a throttle never shortens");
         let any = AcquireRequest::new("caller", vec![window("other", 100, 1000)]).unwrap();
         assert_eq!(
-            pg.acquire(any.clone()).await.unwrap(),
+            pg.acquire(any.clone()).await.unwrap().decision,
             Decision::Refused { retry_at: until, reason: Reason::Throttle, limit: "caller".into() }
         );
         clock.set(until);
-        assert!(pg.acquire(any).await.unwrap().is_granted());
+        assert!(pg.acquire(any).await.unwrap().decision.is_granted());
 
         // The state lists what is live.
         let snapshot = pg.state("", 1000).await.unwrap();
@@ -148,7 +148,7 @@ fn a_database_that_cannot_be_reached_is_unavailable_and_grants_nothing() {
             answers.push(pg.acquire(req.clone()).await);
         }
         assert!(answers.iter().all(|a| matches!(a, Ok(_) | Err(LimiterError::Unavailable(_)))), "{answers:?}");
-        let granted = answers.iter().filter(|a| matches!(a, Ok(Decision::Granted { .. }))).count();
+        let granted = answers.iter().filter(|a| matches!(a, Ok(a) if a.decision.is_granted())).count();
         assert_eq!(granted, 1, "recovered, and exactly one grant in a window of one: {answers:?}");
     });
 }
@@ -225,7 +225,8 @@ fn the_database_decides_as_the_engine_does() {
                         Op::Acquire(caller, limits) => {
                             let req = request(*caller, limits);
                             let want = engine.acquire(&req, now, &mut effects);
-                            let got = pg.acquire(req.clone()).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            let got =
+                                pg.acquire(req.clone()).await.map_err(|e| TestCaseError::fail(e.to_string()))?.decision;
                             match (&want, &got) {
                                 (Decision::Granted { at: a, permit: pa }, Decision::Granted { at: b, permit: pb }) => {
                                     prop_assert_eq!(a, b, "op {}: {:?}", i, req);

@@ -27,6 +27,7 @@
 //!
 //! # Layout
 //!
+//! - [`backend`]: the seam the server talks to: the embedded limiter, or PostgreSQL mode.
 //! - [`time`]: `Millis`, the wire form of instants, the clock seam.
 //! - [`request`]: the requests, validated against every bound of the wire spec.
 //! - [`engine`]: the pure state machine (rolling windows, concurrency places, throttles); time
@@ -37,6 +38,7 @@
 //! - [`metrics`]: the Prometheus registry the limiter updates.
 //! - [`policy`]: when lapsed state leaves memory and the file (prune, delete, defer).
 //! - [`wire`]: the JSON reply bodies of the wire, shared by the server and the HTTP client.
+pub mod backend;
 pub mod engine;
 pub mod limiter;
 pub mod metrics;

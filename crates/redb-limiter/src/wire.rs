@@ -239,7 +239,11 @@ pub struct ErrorBody {
 #[serde(rename_all = "camelCase")]
 pub struct HealthReply {
     pub ok: bool,
-    pub path: String,
+    /// `redb` or `postgres`.
+    pub backend: String,
+    /// The file served (the redb backend only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub path: Option<String>,
     pub uptime_ms: u64,
     /// Why the store cannot commit, while it cannot (then `ok` is false).
     #[serde(skip_serializing_if = "Option::is_none", default)]

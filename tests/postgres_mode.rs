@@ -1,0 +1,188 @@
+//! PostgreSQL mode through the real binary: two `serve --postgres` processes sharing one real
+//! database (`REDB_LIMITER_TEST_POSTGRES`, started by `.ci/run`; under `CI=true` a missing URL
+//! fails) answer as one limiter: every rule holds across them, the contract suite passes, and
+//! concurrent overlapping requests on both never put more in a window than its calls.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{Value, json};
+
+fn database_url() -> Option<String> {
+    match std::env::var("REDB_LIMITER_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("REDB_LIMITER_TEST_POSTGRES is not set: .ci/run must start PostgreSQL for these tests")
+        }
+        _ => {
+            eprintln!("NOT RUN: set REDB_LIMITER_TEST_POSTGRES=postgres://… (or run .ci/run) to test PostgreSQL mode");
+            None
+        }
+    }
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(database: &str, schema: &str) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--pg-pool", "8", "--pg-schema", schema])
+        .env("REDB_LIMITER_POSTGRES", database)
+        .env_remove("REDB_LIMITER_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    assert_eq!(ready["ready"], true);
+    assert_eq!(ready["backend"], "postgres");
+    assert!(!line.contains(database), "the ready line never carries the database URL");
+    Server { child, url: ready["url"].as_str().unwrap().to_owned() }
+}
+
+async fn post(url: &str, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new().post(format!("{url}{path}")).json(&body).send().await.unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+fn schema(name: &str) -> String {
+    format!("e2e_{}_{name}", std::process::id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_share_one_set_of_limits() {
+    let Some(db) = database_url() else { return };
+    let schema = schema("rules");
+    let (a, b) = (start(&db, &schema), start(&db, &schema));
+    let health: Value = reqwest::get(format!("{}/health", a.url)).await.unwrap().json().await.unwrap();
+    assert_eq!((health["ok"].clone(), health["backend"].clone()), (json!(true), json!("postgres")));
+    assert!(health.get("path").is_none());
+
+    // A window filled through one server is full through the other.
+    let rpm = json!({"key": "c", "limits": [{"key": "w", "calls": 1, "perMs": 60000}]});
+    let (_, granted) = post(&a.url, "/acquire", rpm.clone()).await;
+    assert_eq!(granted["granted"], true);
+    let (_, refused) = post(&b.url, "/acquire", rpm.clone()).await;
+    assert_eq!((refused["granted"].clone(), refused["reason"].clone()), (json!(false), json!("rate")));
+    let (_, peek) = post(&b.url, "/peek", rpm).await;
+    assert_eq!(peek["fits"], false);
+    assert_eq!(peek["limits"][0], json!({"key": "w", "used": 1, "remaining": 0}));
+
+    // A place held through one is held for both; released through the other, it is free.
+    let conc = json!({"key": "c", "limits": [{"key": "p", "concurrent": 1}]});
+    let (_, held) = post(&a.url, "/acquire", conc.clone()).await;
+    let permit = held["permit"].as_str().unwrap().to_owned();
+    assert_eq!(post(&b.url, "/acquire", conc.clone()).await.1["reason"], "concurrency");
+    assert_eq!(post(&b.url, "/release", json!({"permit": permit})).await.1, json!({"released": true}));
+    assert_eq!(post(&a.url, "/acquire", conc).await.1["granted"], true);
+
+    // Settle through the other server: the real cost counts for both.
+    let tpm = json!({"key": "c", "permit": true, "limits": [{"key": "t", "calls": 100, "perMs": 60000, "cost": 90}]});
+    let (_, granted) = post(&a.url, "/acquire", tpm).await;
+    let permit = granted["permit"].as_str().unwrap().to_owned();
+    let settle = json!({"permit": permit, "costs": [{"key": "t", "cost": 10}]});
+    assert_eq!(post(&b.url, "/settle", settle).await.1, json!({"settled": true}));
+    let more = json!({"key": "c", "report": true, "limits": [{"key": "t", "calls": 100, "perMs": 60000, "cost": 85}]});
+    let (_, reported) = post(&a.url, "/acquire", more).await;
+    assert_eq!(reported["granted"], true, "settled down to 10, so 85 more fit: {reported}");
+    assert_eq!(reported["limits"][0], json!({"key": "t", "used": 95, "remaining": 5}));
+    let bad = json!({"permit": permit, "costs": [{"key": "nope", "cost": 1}]});
+    assert_eq!(post(&b.url, "/settle", bad).await.0, 400);
+
+    // A throttle set through one refuses the caller on the other, until lifted.
+    let until = "2099-01-01T00:00:00.000Z";
+    let soon = json!({"key": "d", "until": redb_limiter::time::format_instant(redb_limiter::time::wall_clock_now().plus(60_000))});
+    assert_eq!(post(&a.url, "/throttle", soon).await.0, 200);
+    let any = json!({"key": "d", "limits": [{"key": "x", "calls": 10, "perMs": 1000}]});
+    assert_eq!(post(&b.url, "/acquire", any.clone()).await.1["reason"], "throttle");
+    assert_eq!(post(&a.url, "/throttle", json!({"key": "d", "until": until})).await.0, 400, "over 24 h ahead");
+    assert_eq!(post(&b.url, "/lift", json!({"key": "d"})).await.1, json!({"key": "d", "lifted": true}));
+    assert_eq!(post(&a.url, "/acquire", any).await.1["granted"], true);
+
+    // The state is one state.
+    let state: Value = reqwest::get(format!("{}/state?prefix=w", b.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(state["buckets"][0]["windowUsed"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contract_suite_passes_against_postgres_mode() {
+    let Some(db) = database_url() else { return };
+    let server = start(&db, &schema("contract"));
+    let results = redb_limiter_client::contract::run(&server.url, None, false).await;
+    let failed: Vec<_> = results.iter().filter(|r| r.outcome.is_err()).map(|r| (r.name, r.outcome.clone())).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(results.len() >= 20);
+}
+
+/// Two servers, 16 connections each, overlapping 3-bucket requests: afterwards every granted
+/// instant is checked offline against every window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
+    let Some(db) = database_url() else { return };
+    let schema = schema("load");
+    let servers = [start(&db, &schema), start(&db, &schema)];
+    const CALLS: u64 = 5;
+    const PER_MS: u64 = 400;
+    let mut tasks = Vec::new();
+    for task in 0..32u64 {
+        let url = servers[(task % 2) as usize].url.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut grants = Vec::new();
+            for i in 0..40u64 {
+                // Buckets w0..w3 (windows) and c0..c1 (concurrency); each request names three.
+                let (w1, w2, c) = ((task + i) % 4, (task + i + 1) % 4, (task + i) % 2);
+                let body = json!({"key": format!("t{task}"), "holdMs": 50, "limits": [
+                    {"key": format!("w{w1}"), "calls": CALLS, "perMs": PER_MS},
+                    {"key": format!("w{w2}"), "calls": CALLS, "perMs": PER_MS},
+                    {"key": format!("c{c}"), "concurrent": 2, "holdMs": 50},
+                ]});
+                let reply: Value =
+                    client.post(format!("{url}/acquire")).json(&body).send().await.unwrap().json().await.unwrap();
+                if reply["granted"] == true {
+                    let at = redb_limiter::time::parse_instant(reply["at"].as_str().unwrap()).unwrap().0;
+                    grants.push((at, [format!("w{w1}"), format!("w{w2}")], format!("c{c}")));
+                    // Half release at once; the rest lapse after holdMs.
+                    if i % 2 == 0 {
+                        let permit = reply["permit"].as_str().unwrap();
+                        client.post(format!("{url}/release")).json(&json!({"permit": permit})).send().await.unwrap();
+                    }
+                }
+            }
+            grants
+        }));
+    }
+    let mut by_window: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut total = 0;
+    for task in tasks {
+        for (at, windows, _) in task.await.unwrap() {
+            total += 1;
+            for w in windows {
+                by_window.entry(w).or_default().push(at);
+            }
+        }
+    }
+    assert!(total >= 10, "the load granted something ({total})");
+    let mut fullest = 0;
+    for (bucket, mut instants) in by_window {
+        instants.sort_unstable();
+        for (i, &start) in instants.iter().enumerate() {
+            let inside = instants[i..].iter().take_while(|&&t| t < start + PER_MS).count() as u64;
+            assert!(inside <= CALLS, "{bucket}: {inside} grants in the {PER_MS} ms from {start}");
+            fullest = fullest.max(inside);
+        }
+    }
+    assert_eq!(fullest, CALLS, "some window was filled to its calls, so the bound was tested");
+}

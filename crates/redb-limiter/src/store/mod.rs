@@ -75,6 +75,7 @@
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod faulty;
+pub mod journal;
 
 use crate::policy::{DELETE_AFTER_MS, DELETE_BATCH, DELETES_PER_COMMIT, DELETES_PER_GRANT, RECORD_DELETE_BATCH};
 use std::collections::{BTreeSet, HashMap};

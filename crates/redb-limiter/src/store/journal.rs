@@ -1,0 +1,1469 @@
+//! A page journal under redb: [`JournalBackend`], a [`StorageBackend`] that turns each of redb's
+//! write barriers into one sequential, checksummed append to a preallocated journal file.
+//!
+//! Without it, a durable redb commit writes its header and a handful of scattered pages into the
+//! database file and calls `fdatasync` on it. With it, the commit's writes are gathered in
+//! memory, appended as ONE record to a journal file that was preallocated (so `fdatasync` never
+//! has to flush file-size metadata), and the journal is synced once: one write and one sync per
+//! barrier. The database file itself is written and synced only at a checkpoint, once per
+//! journal-full of records, each page once however often it changed in between.
+//!
+//! Status: proven by its tests (power cuts over every write and sync, injected faults, and a
+//! sabotaged journal that the simulation must catch), not yet used by [`super::Store`]: the
+//! limiter opens files on the plain file backend until a benchmark on a quiet machine shows the
+//! journal faster (see BENCHMARKS.md), and until `Store::open` checks a file after the journal's
+//! replay rather than before.
+//!
+//! # Files
+//!
+//! The backend wraps two inner backends: `data`, the database file redb sees (its bytes are
+//! exactly redb's bytes, nothing is added), and `log`, the journal, a sibling file named by
+//! [`journal_path`] (`limiter.redb` → `limiter.redb-journal`). Either may be any
+//! [`StorageBackend`], which lets tests put a fault-injecting backend under each.
+//!
+//! # Journal layout
+//!
+//! All integers are little-endian. The file is two header slots and a record region:
+//!
+//! | bytes | what |
+//! | --- | --- |
+//! | `0..8192` | header slot 0 |
+//! | `8192..16384` | header slot 1 |
+//! | `16384..16384 + region` | the record region (`JournalOptions::region_bytes`, 16 MiB by default) |
+//!
+//! The whole file is written with zeros when it is created, so later appends overwrite allocated
+//! blocks and never change the file's size.
+//!
+//! A header slot (8192 bytes):
+//!
+//! | offset | size | field |
+//! | --- | --- | --- |
+//! | 0 | 8 | magic `redbJRNL` |
+//! | 8 | 4 | format version (1) |
+//! | 12 | 4 | first-page length (4096) |
+//! | 16 | 16 | journal id: random, chosen when the journal is created |
+//! | 32 | 8 | generation: bumped by every checkpoint |
+//! | 40 | 8 | sequence number of the first record of this generation |
+//! | 48 | 8 | region offset (16384) |
+//! | 56 | 8 | region length |
+//! | 64 | 8 | the data file's length at the checkpoint |
+//! | 72..4088 | | zero |
+//! | 4088 | 8 | xxHash64 of the whole slot, computed with this field zeroed |
+//! | 4096 | 4096 | the data file's first 4096 bytes at the checkpoint (zero past its length) |
+//!
+//! The valid slot (magic, version and checksum all good) with the higher generation is current.
+//! A checkpoint writes the other slot, so a torn header write leaves the previous one in force.
+//!
+//! A record, written at a 4096-byte-aligned position of the region:
+//!
+//! | offset | size | field |
+//! | --- | --- | --- |
+//! | 0 | 4 | magic `JREC` |
+//! | 4 | 4 | flags (0) |
+//! | 8 | 16 | journal id |
+//! | 24 | 8 | generation |
+//! | 32 | 8 | sequence number |
+//! | 40 | 8 | record length, padding included (a multiple of 4096) |
+//! | 48 | 8 | the smallest length the file had during the batch (after `set_len` calls) |
+//! | 56 | 8 | the file's length at the end of the batch |
+//! | 64 | 4 | entry count |
+//! | 68 | 4 | zero |
+//! | 72 | | entries: offset (8), length (4), stored length (4), the stored bytes |
+//! | | 8 | xxHash64 of everything from offset 0 to the end of the entries |
+//! | | | zero padding to the record length |
+//!
+//! The entries are the batch's final bytes, non-overlapping (a later write to the same bytes
+//! replaces an earlier one in memory) and all below the final length. An entry's trailing zeros
+//! are not stored (redb's pages fill from the front: most of a page is often zeros). Applying a record means:
+//! cut the file to the smallest length (bytes the batch truncated and regrew read as zeros), set
+//! the final length, write the entries. Applying the same records again gives the same file.
+//!
+//! # The write path
+//!
+//! * `write` and `set_len` touch memory only: the batch, an overlay of extents (offset → bytes;
+//!   a write over older extents splits them) and the logical length. `read` and `len` see the
+//!   batch first, then the committed overlay below, then the data file as of the checkpoint.
+//! * `sync_data` is redb's barrier. If nothing changed since the last one it returns at once.
+//!   Otherwise it encodes the batch as one record, appends it at the write position, and calls
+//!   `log.sync_data()` once: the barrier is durable, and acknowledged, from here on. The batch
+//!   then joins the committed overlay, in memory. Each barrier is exactly one record, in order.
+//! * Between checkpoints the data file is not written at all.
+//!
+//! # Checkpoints
+//!
+//! A checkpoint writes the committed overlay to the data file (cut and set to its length first),
+//! calls `data.sync_data()`, then writes the non-current header slot with generation + 1 and the
+//! data file's first page, and calls `log.sync_data()`. From then on the old records are stale
+//! (wrong generation) and appends start again at the beginning of the region: the journal is
+//! reused by reset, never grown. A checkpoint runs before a record that would not fit in the
+//! rest of the region, before one that would pass `checkpoint_records` or `checkpoint_bytes`,
+//! at `close`, and at the end of a recovery that replayed anything.
+//!
+//! A batch whose record is larger than the whole region is not journaled: the backend
+//! checkpoints, then checkpoints again with the batch added (written directly to the data file
+//! and synced). That one barrier is then exactly as atomic as it is on a plain file, which is what
+//! redb's own commit protocol (copy-on-write pages, checksummed commit slots) is built for; it is
+//! correct, only slower. With the default 16 MiB region it takes a transaction that writes about
+//! 16 MiB.
+//!
+//! # Recovery (`open`)
+//!
+//! Before redb sees the data file:
+//!
+//! 1. The journal is locked exclusively (when its backend supports locks), and a data file that
+//!    another handle holds a lock on is refused ([`JournalError::Held`]).
+//! 2. An empty journal (a data file from before the journal existed, or a new database) is
+//!    created: the data file is synced, its first page bound into a new header, nothing replayed.
+//! 3. Otherwise the records of the current generation are read from the start of the region, in
+//!    order: each must have the magic, the journal id, the current generation, the next sequence
+//!    number, a length inside the region, well-formed entries and a matching checksum. The first
+//!    record that fails any of these ends the log: it was never acknowledged (its sync did not
+//!    return) or it is a stale record of an earlier generation.
+//! 4. If there are records, the data file's first page must be the one bound at the checkpoint,
+//!    or the one the records lead to, or a torn mix of these two (a prefix of one and the rest of
+//!    the other: a checkpoint cut off while writing it). Anything else means the journal belongs to
+//!    another file (or the file was replaced or restored from elsewhere), and the open is refused
+//!    with [`JournalError::Foreign`], leaving both files untouched. If there are no records,
+//!    nothing could be applied to the wrong file: a first page or length other than the bound
+//!    one (the file was written without the journal, or a checkpoint of a batch too large for the
+//!    journal was cut off) is simply bound by a new checkpoint ([`Recovery::rebound`]).
+//! 5. The records are applied in order, in memory, from the checkpoint's length, and a checkpoint
+//!    writes the result to the data file.
+//!
+//! The random journal id keeps a record of another journal incarnation from ever being taken
+//! for one of this journal's; the bound first page is the data file's identity. redb keeps its
+//! header there: the commit slots with their transaction ids and the checksums of the table
+//! roots, so two files with the same first page hold the same committed state. The header is the
+//! first 320 bytes, inside one disk sector, which is why a cut-off checkpoint can only leave the
+//! old page, the new one, or one torn mix of the two there.
+//!
+//! # Fault model
+//!
+//! * A power cut may lose any write not followed by a completed sync, in any combination, and may
+//!   tear the write in flight. A barrier is never acknowledged before `log.sync_data()` returns,
+//!   a torn record fails its checksum, and only whole records are replayed, so after a cut the
+//!   database holds every acknowledged barrier and, of the one in flight, all or nothing.
+//! * A checkpoint cut off leaves the data file partly written, which replaying the same records
+//!   again repairs: the data file is synced before a new header retires them.
+//! * A failed I/O call latches the backend: that `sync_data` and every later write, `set_len` and
+//!   `sync_data` fail (reads still work), and `close` does not checkpoint. A barrier whose call
+//!   failed may or may not be durable; the next open finds it whole or not at all.
+//! * Only one process may use the pair of files at a time; redb's own locks go to the data file,
+//!   and the journal takes an exclusive lock of its own. Between checkpoints the data file alone
+//!   is an older state of the database (what a crash at the last checkpoint would have left):
+//!   open it only through this backend, or the commits since are lost. Losing the journal file
+//!   after a crash loses the commits it held, as with any write-ahead log.
+//! * Memory: the writes since the last barrier, and the distinct bytes written since the last
+//!   checkpoint (at most the region's size); recovery reads the pending records into memory.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
+
+/// The journal file's name suffix: `limiter.redb` → `limiter.redb-journal`.
+pub const JOURNAL_SUFFIX: &str = "-journal";
+
+/// Bytes at the start of the data file held in memory between checkpoints.
+const HEAD_LEN: usize = 4096;
+const HEAD: u64 = HEAD_LEN as u64;
+/// Records start at multiples of this.
+const ALIGN: u64 = 4096;
+const SLOT_LEN: usize = 2 * HEAD_LEN;
+const SLOT_CHECKSUM_AT: usize = HEAD_LEN - 8;
+const REGION_START: u64 = 2 * SLOT_LEN as u64;
+const MIN_REGION: u64 = 64 * 1024;
+const DEFAULT_REGION: u64 = 16 * 1024 * 1024;
+const JOURNAL_MAGIC: [u8; 8] = *b"redbJRNL";
+const FORMAT_VERSION: u32 = 1;
+const RECORD_MAGIC: [u8; 4] = *b"JREC";
+const RECORD_HEADER_LEN: usize = 72;
+const ENTRY_HEADER_LEN: usize = 16;
+const CHECKSUM_LEN: usize = 8;
+const ZERO_CHUNK: usize = 1 << 20;
+
+/// Derives the journal's path from the data file's: the same directory, the name plus
+/// [`JOURNAL_SUFFIX`].
+#[must_use]
+pub fn journal_path(data_path: &Path) -> PathBuf {
+    let mut name = data_path.file_name().map(OsString::from).unwrap_or_default();
+    name.push(JOURNAL_SUFFIX);
+    data_path.with_file_name(name)
+}
+
+/// How big the journal is and when it checkpoints.
+#[derive(Clone, Debug)]
+pub struct JournalOptions {
+    /// Size of the record region; the journal file is this plus 16 KiB of header slots. Rounded
+    /// down to a multiple of 4096, at least 64 KiB. An existing journal of another size is
+    /// reformatted to this size after its recovery.
+    pub region_bytes: u64,
+    /// Checkpoint before the record that would make this many in the region (0: only when full).
+    pub checkpoint_records: u64,
+    /// Checkpoint before the record that would bring the region's bytes past this (0: only when
+    /// full).
+    pub checkpoint_bytes: u64,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        JournalOptions { region_bytes: DEFAULT_REGION, checkpoint_records: 0, checkpoint_bytes: 0 }
+    }
+}
+
+impl JournalOptions {
+    fn region_len(&self) -> u64 {
+        (self.region_bytes / ALIGN * ALIGN).max(MIN_REGION)
+    }
+}
+
+/// Deliberate bugs, so that tests can show the power-cut simulation catches them.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Sabotage {
+    #[default]
+    None,
+    /// Acknowledge a barrier without syncing the journal.
+    SkipLogSync,
+    /// Retire the records at a checkpoint without syncing the data file first.
+    SkipDataSyncAtCheckpoint,
+}
+
+/// What [`JournalBackend::open`] found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// The journal was missing (or empty) and was created.
+    pub created: bool,
+    /// Records replayed onto the data file.
+    pub replayed_records: u64,
+    /// Bytes of page data in those records.
+    pub replayed_bytes: u64,
+    /// There was nothing to replay and the data file's first page or length differed from the
+    /// bound ones (the file was written without the journal); the journal now binds it as it is.
+    pub rebound: bool,
+    /// The journal was rewritten at another size (the options asked for one, or it was short).
+    pub resized: bool,
+    /// The generation current after the open.
+    pub generation: u64,
+}
+
+/// Counters since the open, readable through a [`JournalMonitor`] while redb owns the backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Records appended (barriers journaled).
+    pub records: u64,
+    /// Bytes appended, padding included.
+    pub record_bytes: u64,
+    /// Checkpoints taken.
+    pub checkpoints: u64,
+    /// Barriers too large for the region, written directly to the data file.
+    pub direct_batches: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    records: AtomicU64,
+    record_bytes: AtomicU64,
+    checkpoints: AtomicU64,
+    direct_batches: AtomicU64,
+}
+
+/// A handle on a [`JournalBackend`]'s counters that stays usable after the backend is moved into
+/// a `redb::Database`.
+#[derive(Clone, Debug)]
+pub struct JournalMonitor(Arc<Counters>);
+
+impl JournalMonitor {
+    #[must_use]
+    pub fn stats(&self) -> JournalStats {
+        let c = &self.0;
+        JournalStats {
+            records: c.records.load(Ordering::Relaxed),
+            record_bytes: c.record_bytes.load(Ordering::Relaxed),
+            checkpoints: c.checkpoints.load(Ordering::Relaxed),
+            direct_batches: c.direct_batches.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Why a journal cannot be opened.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// An I/O call of an inner backend failed.
+    Io(io::Error),
+    /// The journal holds records for a data file other than this one.
+    Foreign,
+    /// The journal file is not a journal (and is not an empty or half-created one).
+    NotAJournal,
+    /// The journal was written by a newer format version.
+    UnsupportedVersion(u32),
+    /// A record passed its checksum but is malformed.
+    Corrupt(String),
+    /// Another instance holds the journal or the data file.
+    Held,
+}
+
+impl fmt::Display for JournalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JournalError::Io(e) => write!(f, "journal I/O: {e}"),
+            JournalError::Foreign => f.write_str(
+                "the journal holds unapplied commits of another database file (or of an earlier copy \
+                 of this one); refusing to apply them",
+            ),
+            JournalError::NotAJournal => f.write_str("the journal file is not a redb page journal"),
+            JournalError::UnsupportedVersion(v) => write!(f, "journal format version {v} is not supported"),
+            JournalError::Corrupt(why) => write!(f, "the journal is corrupt: {why}"),
+            JournalError::Held => f.write_str("the journal or its database file is in use elsewhere"),
+        }
+    }
+}
+
+impl std::error::Error for JournalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            JournalError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for JournalError {
+    fn from(e: io::Error) -> Self {
+        JournalError::Io(e)
+    }
+}
+
+impl From<JournalError> for io::Error {
+    fn from(e: JournalError) -> Self {
+        match e {
+            JournalError::Io(e) => e,
+            JournalError::Held => io::Error::new(io::ErrorKind::WouldBlock, e),
+            other => io::Error::new(io::ErrorKind::InvalidData, other),
+        }
+    }
+}
+
+/// A [`StorageBackend`] that journals redb's write barriers; see the module docs.
+pub struct JournalBackend {
+    data: Box<dyn StorageBackend>,
+    log: Box<dyn StorageBackend>,
+    state: RwLock<State>,
+    counters: Arc<Counters>,
+    recovery: Recovery,
+}
+
+impl fmt::Debug for JournalBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JournalBackend")
+            .field("data", &self.data)
+            .field("log", &self.log)
+            .field("recovery", &self.recovery)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Non-overlapping extents keyed by offset.
+#[derive(Debug, Default)]
+struct Extents {
+    map: BTreeMap<u64, Vec<u8>>,
+}
+
+impl Extents {
+    fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn insert(&mut self, offset: u64, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if let Some(old) = self.map.get_mut(&offset)
+            && old.len() == bytes.len()
+        {
+            old.copy_from_slice(bytes);
+            return;
+        }
+        self.cut(offset, offset + bytes.len() as u64);
+        self.map.insert(offset, bytes.to_vec());
+    }
+
+    fn insert_vec(&mut self, offset: u64, bytes: Vec<u8>) {
+        if bytes.is_empty() {
+            return;
+        }
+        let same_span = self.map.get(&offset).is_some_and(|old| old.len() == bytes.len());
+        if !same_span {
+            self.cut(offset, offset + bytes.len() as u64);
+        }
+        self.map.insert(offset, bytes);
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.map.iter().map(|(o, b)| (*o, b.as_slice()))
+    }
+
+    /// Removes `[start, end)` from every extent, keeping what lies outside it.
+    fn cut(&mut self, start: u64, end: u64) {
+        if let Some((&s, v)) = self.map.range(..start).next_back()
+            && s + v.len() as u64 > start
+            && let Some(mut v) = self.map.remove(&s)
+        {
+            let e = s + v.len() as u64;
+            if e > end {
+                let tail = v[(end - s) as usize..].to_vec();
+                self.map.insert(end, tail);
+            }
+            v.truncate((start - s) as usize);
+            self.map.insert(s, v);
+        }
+        let inside: Vec<u64> = self.map.range(start..end).map(|(&k, _)| k).collect();
+        for k in inside {
+            if let Some(mut v) = self.map.remove(&k) {
+                let e = k + v.len() as u64;
+                if e > end {
+                    let tail = v.split_off((end - k) as usize);
+                    self.map.insert(end, tail);
+                }
+            }
+        }
+    }
+
+    fn truncate(&mut self, len: u64) {
+        self.cut(len, u64::MAX);
+    }
+
+    /// The extents overlapping `[start, end)`, in order.
+    fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, &[u8])> {
+        let before = self
+            .map
+            .range(..start)
+            .next_back()
+            .filter(|(s, v)| **s + v.len() as u64 > start)
+            .map(|(s, v)| (*s, v.as_slice()));
+        let inside = self.map.range(start..end).map(|(s, v)| (*s, v.as_slice()));
+        before.into_iter().chain(inside)
+    }
+}
+
+struct State {
+    /// Logical length now.
+    len: u64,
+    /// Smallest logical length since the last barrier.
+    min_len: u64,
+    /// Writes since the last barrier.
+    batch: Extents,
+    /// Logical length at the last barrier.
+    committed_len: u64,
+    /// The barriers since the checkpoint, not yet in the data file.
+    applied: Extents,
+    /// Smallest logical length at any barrier since the checkpoint: the data file's bytes past it
+    /// are stale (they read as zeros unless `applied` has them).
+    ck_min_len: u64,
+    /// The data file's physical length.
+    phys: u64,
+    /// Whether the current header binds the data file as it is (nothing to write or rebind).
+    bound: bool,
+    journal_id: [u8; 16],
+    generation: u64,
+    next_seq: u64,
+    /// Slot holding the current header.
+    active_slot: usize,
+    region_len: u64,
+    write_pos: u64,
+    records_in_region: u64,
+    /// Record buffer, reused.
+    buf: Vec<u8>,
+    failed: Option<String>,
+    closed: bool,
+    checkpoint_records: u64,
+    checkpoint_bytes: u64,
+    #[cfg(test)]
+    sabotage: Sabotage,
+}
+
+impl State {
+    /// A state whose logical file is the data file as of a checkpoint of length `len`, the data
+    /// file itself being `phys` long now.
+    fn new(len: u64, phys: u64, journal_id: [u8; 16], options: &JournalOptions) -> Self {
+        State {
+            len,
+            min_len: len,
+            batch: Extents::default(),
+            committed_len: len,
+            applied: Extents::default(),
+            ck_min_len: len.min(phys),
+            phys,
+            bound: true,
+            journal_id,
+            generation: 1,
+            next_seq: 1,
+            active_slot: 0,
+            region_len: options.region_len(),
+            write_pos: REGION_START,
+            records_in_region: 0,
+            buf: Vec::new(),
+            failed: None,
+            closed: false,
+            checkpoint_records: options.checkpoint_records,
+            checkpoint_bytes: options.checkpoint_bytes,
+            #[cfg(test)]
+            sabotage: Sabotage::None,
+        }
+    }
+}
+
+fn unexpected_eof() -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the database file")
+}
+
+fn poisoned() -> io::Error {
+    io::Error::other("journal state poisoned by a panic")
+}
+
+fn align_up(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Reads `out.len()` bytes at `offset`, zeros past the backend's length.
+fn read_zero_extended(backend: &dyn StorageBackend, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    let len = backend.len()?;
+    let end = offset + out.len() as u64;
+    let avail = len.clamp(offset, end);
+    let split = (avail - offset) as usize;
+    if split > 0 {
+        backend.read(offset, &mut out[..split])?;
+    }
+    out[split..].fill(0);
+    Ok(())
+}
+
+/// Whether `cur` is `a`, `b`, or a prefix of one followed by the rest of the other.
+fn is_version_or_torn_mix(cur: &[u8], a: &[u8], b: &[u8]) -> bool {
+    let lcp = |x: &[u8]| cur.iter().zip(x).take_while(|(p, q)| p == q).count();
+    let lcs = |x: &[u8]| cur.iter().rev().zip(x.iter().rev()).take_while(|(p, q)| p == q).count();
+    let n = cur.len();
+    cur == a || cur == b || lcp(a) + lcs(b) >= n || lcp(b) + lcs(a) >= n
+}
+
+fn random_id() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.write_usize(i);
+        chunk.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+/// xxHash64 (seed 0), the checksum of header slots and records.
+fn xxh64(data: &[u8]) -> u64 {
+    const P1: u64 = 0x9E37_79B1_85EB_CA87;
+    const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+    const P3: u64 = 0x1656_67B1_9E37_79F9;
+    const P4: u64 = 0x85EB_CA77_C2B2_AE63;
+    const P5: u64 = 0x27D4_EB2F_1656_67C5;
+    fn round(acc: u64, lane: u64) -> u64 {
+        acc.wrapping_add(lane.wrapping_mul(P2)).rotate_left(31).wrapping_mul(P1)
+    }
+    fn merge(acc: u64, v: u64) -> u64 {
+        (acc ^ round(0, v)).wrapping_mul(P1).wrapping_add(P4)
+    }
+    let mut rest = data;
+    let mut h = if data.len() >= 32 {
+        let mut v = [P1.wrapping_add(P2), P2, 0, 0u64.wrapping_sub(P1)];
+        while rest.len() >= 32 {
+            for (i, lane) in v.iter_mut().enumerate() {
+                *lane = round(*lane, u64_at(rest, i * 8));
+            }
+            rest = &rest[32..];
+        }
+        let mut h = v[0]
+            .rotate_left(1)
+            .wrapping_add(v[1].rotate_left(7))
+            .wrapping_add(v[2].rotate_left(12))
+            .wrapping_add(v[3].rotate_left(18));
+        for lane in v {
+            h = merge(h, lane);
+        }
+        h
+    } else {
+        P5
+    };
+    h = h.wrapping_add(data.len() as u64);
+    while rest.len() >= 8 {
+        h = (h ^ round(0, u64_at(rest, 0))).rotate_left(27).wrapping_mul(P1).wrapping_add(P4);
+        rest = &rest[8..];
+    }
+    if rest.len() >= 4 {
+        h = (h ^ u64::from(u32_at(rest, 0)).wrapping_mul(P1)).rotate_left(23).wrapping_mul(P2).wrapping_add(P3);
+        rest = &rest[4..];
+    }
+    for &b in rest {
+        h = (h ^ u64::from(b).wrapping_mul(P5)).rotate_left(11).wrapping_mul(P1);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(P2);
+    h ^= h >> 29;
+    h = h.wrapping_mul(P3);
+    h ^ (h >> 32)
+}
+
+/// The fields of a header slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Header {
+    journal_id: [u8; 16],
+    generation: u64,
+    next_seq: u64,
+    region_len: u64,
+    data_len: u64,
+    image: Vec<u8>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Slot {
+    Valid(Header),
+    /// All zeros: never written.
+    Blank,
+    /// Our magic, but a bad checksum (a torn write).
+    Torn,
+    /// Something else entirely.
+    Foreign,
+    /// A good checksum but another format version.
+    Version(u32),
+}
+
+impl Header {
+    fn encode(&self) -> Vec<u8> {
+        let mut s = vec![0u8; SLOT_LEN];
+        s[0..8].copy_from_slice(&JOURNAL_MAGIC);
+        s[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        s[12..16].copy_from_slice(&(HEAD_LEN as u32).to_le_bytes());
+        s[16..32].copy_from_slice(&self.journal_id);
+        s[32..40].copy_from_slice(&self.generation.to_le_bytes());
+        s[40..48].copy_from_slice(&self.next_seq.to_le_bytes());
+        s[48..56].copy_from_slice(&REGION_START.to_le_bytes());
+        s[56..64].copy_from_slice(&self.region_len.to_le_bytes());
+        s[64..72].copy_from_slice(&self.data_len.to_le_bytes());
+        s[HEAD_LEN..].copy_from_slice(&self.image);
+        let sum = xxh64(&s);
+        s[SLOT_CHECKSUM_AT..SLOT_CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
+        s
+    }
+
+    fn decode(s: &[u8]) -> Slot {
+        if s.iter().all(|&b| b == 0) {
+            return Slot::Blank;
+        }
+        if s[0..8] != JOURNAL_MAGIC {
+            // A header write torn inside the magic leaves a prefix of it and zeros.
+            let k = s.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+            if k < JOURNAL_MAGIC.len() && s[..k] == JOURNAL_MAGIC[..k] {
+                return Slot::Torn;
+            }
+            return Slot::Foreign;
+        }
+        let stored = u64_at(s, SLOT_CHECKSUM_AT);
+        let mut copy = s.to_vec();
+        copy[SLOT_CHECKSUM_AT..SLOT_CHECKSUM_AT + 8].fill(0);
+        if xxh64(&copy) != stored {
+            return Slot::Torn;
+        }
+        let version = u32_at(s, 8);
+        if version != FORMAT_VERSION {
+            return Slot::Version(version);
+        }
+        let region_len = u64_at(s, 56);
+        if u32_at(s, 12) as usize != HEAD_LEN
+            || u64_at(s, 48) != REGION_START
+            || region_len < MIN_REGION
+            || !region_len.is_multiple_of(ALIGN)
+        {
+            return Slot::Foreign;
+        }
+        let mut journal_id = [0u8; 16];
+        journal_id.copy_from_slice(&s[16..32]);
+        Slot::Valid(Header {
+            journal_id,
+            generation: u64_at(s, 32),
+            next_seq: u64_at(s, 40),
+            region_len,
+            data_len: u64_at(s, 64),
+            image: s[HEAD_LEN..SLOT_LEN].to_vec(),
+        })
+    }
+}
+
+/// A decoded record.
+#[derive(Debug, PartialEq, Eq)]
+struct Record {
+    seq: u64,
+    min_len: u64,
+    final_len: u64,
+    entries: Vec<(u64, Vec<u8>)>,
+    size: u64,
+}
+
+struct RecordKey<'a> {
+    journal_id: &'a [u8; 16],
+    generation: u64,
+    seq: u64,
+}
+
+/// The length of `bytes` without its trailing zeros, which records leave out.
+fn stored_len(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
+}
+
+fn record_size<'a>(entries: impl Iterator<Item = (u64, &'a [u8])>) -> u64 {
+    let body: u64 = entries.map(|(_, b)| (ENTRY_HEADER_LEN + stored_len(b)) as u64).sum();
+    align_up(RECORD_HEADER_LEN as u64 + body + CHECKSUM_LEN as u64)
+}
+
+fn encode_record<'a>(
+    buf: &mut Vec<u8>,
+    key: &RecordKey<'_>,
+    size: u64,
+    min_len: u64,
+    final_len: u64,
+    count: usize,
+    entries: impl Iterator<Item = (u64, &'a [u8])>,
+) {
+    buf.clear();
+    buf.extend_from_slice(&RECORD_MAGIC);
+    buf.extend_from_slice(&0u32.to_le_bytes());
+    buf.extend_from_slice(key.journal_id);
+    buf.extend_from_slice(&key.generation.to_le_bytes());
+    buf.extend_from_slice(&key.seq.to_le_bytes());
+    buf.extend_from_slice(&size.to_le_bytes());
+    buf.extend_from_slice(&min_len.to_le_bytes());
+    buf.extend_from_slice(&final_len.to_le_bytes());
+    buf.extend_from_slice(&(count as u32).to_le_bytes());
+    buf.extend_from_slice(&0u32.to_le_bytes());
+    for (offset, bytes) in entries {
+        let stored = stored_len(bytes);
+        buf.extend_from_slice(&offset.to_le_bytes());
+        buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&(stored as u32).to_le_bytes());
+        buf.extend_from_slice(&bytes[..stored]);
+    }
+    let sum = xxh64(buf);
+    buf.extend_from_slice(&sum.to_le_bytes());
+    // Padding is less than ALIGN bytes.
+    const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
+    let pad = size as usize - buf.len();
+    buf.extend_from_slice(&ZEROS[..pad]);
+}
+
+/// Decodes the record in `buf` if it is whole and is the one `key` expects; `None` ends the log.
+fn decode_record(buf: &[u8], key: &RecordKey<'_>) -> Result<Option<Record>, JournalError> {
+    if buf.len() < RECORD_HEADER_LEN
+        || buf[0..4] != RECORD_MAGIC
+        || buf[8..24] != key.journal_id[..]
+        || u64_at(buf, 24) != key.generation
+        || u64_at(buf, 32) != key.seq
+    {
+        return Ok(None);
+    }
+    let size = u64_at(buf, 40);
+    if !size.is_multiple_of(ALIGN) || size == 0 || size > buf.len() as u64 {
+        return Ok(None);
+    }
+    let rec = &buf[..size as usize];
+    let count = u32_at(rec, 64) as usize;
+    let body_limit = rec.len() - CHECKSUM_LEN;
+    let mut at = RECORD_HEADER_LEN;
+    let mut spans = Vec::with_capacity(count.min(body_limit / ENTRY_HEADER_LEN));
+    for _ in 0..count {
+        if at + ENTRY_HEADER_LEN > body_limit {
+            return Ok(None);
+        }
+        let offset = u64_at(rec, at);
+        let len = u32_at(rec, at + 8) as usize;
+        let stored = u32_at(rec, at + 12) as usize;
+        at += ENTRY_HEADER_LEN;
+        if stored > len || stored > body_limit - at {
+            return Ok(None);
+        }
+        spans.push((offset, at, len, stored));
+        at += stored;
+    }
+    if u64_at(rec, at) != xxh64(&rec[..at]) {
+        return Ok(None);
+    }
+    let (min_len, final_len) = (u64_at(rec, 48), u64_at(rec, 56));
+    if min_len > final_len {
+        return Err(JournalError::Corrupt(format!("record {} shrinks to {min_len} past {final_len}", key.seq)));
+    }
+    let mut entries = Vec::with_capacity(spans.len());
+    for (offset, start, len, stored) in spans {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= final_len => {
+                let mut bytes = vec![0u8; len];
+                bytes[..stored].copy_from_slice(&rec[start..start + stored]);
+                entries.push((offset, bytes));
+            }
+            _ => {
+                return Err(JournalError::Corrupt(format!(
+                    "record {} writes at {offset}+{len} past its length {final_len}",
+                    key.seq
+                )));
+            }
+        }
+    }
+    Ok(Some(Record { seq: key.seq, min_len, final_len, entries, size }))
+}
+
+/// Reads the record at `pos`, if a valid one is there.
+fn read_record(
+    log: &dyn StorageBackend,
+    pos: u64,
+    region_end: u64,
+    key: &RecordKey<'_>,
+) -> Result<Option<Record>, JournalError> {
+    if pos + RECORD_HEADER_LEN as u64 > region_end {
+        return Ok(None);
+    }
+    let mut header = [0u8; RECORD_HEADER_LEN];
+    log.read(pos, &mut header)?;
+    if header[0..4] != RECORD_MAGIC || u64_at(&header, 24) != key.generation || u64_at(&header, 32) != key.seq {
+        return Ok(None);
+    }
+    let size = u64_at(&header, 40);
+    if !size.is_multiple_of(ALIGN) || size < ALIGN || size > region_end - pos {
+        return Ok(None);
+    }
+    let mut buf = vec![0u8; size as usize];
+    log.read(pos, &mut buf)?;
+    decode_record(&buf, key)
+}
+
+/// Applies a batch's lengths to the data file: shrink to the smallest length (never below the
+/// first page, which is kept in memory), then set the final one.
+fn apply_lengths(data: &dyn StorageBackend, phys: &mut u64, min_len: u64, final_len: u64) -> io::Result<()> {
+    let floor = (*phys).min(HEAD);
+    let shrink_to = min_len.max(floor);
+    if shrink_to < *phys {
+        data.set_len(shrink_to)?;
+        *phys = shrink_to;
+    }
+    let target = final_len.max(floor);
+    if target != *phys {
+        data.set_len(target)?;
+        *phys = target;
+    }
+    Ok(())
+}
+
+/// Applies a batch to an image of the first page.
+fn apply_head<'a>(head: &mut [u8], min_len: u64, entries: impl Iterator<Item = (u64, &'a [u8])>) {
+    if min_len < HEAD {
+        head[min_len as usize..].fill(0);
+    }
+    for (offset, bytes) in entries {
+        if offset >= HEAD {
+            continue;
+        }
+        let n = (HEAD - offset).min(bytes.len() as u64) as usize;
+        head[offset as usize..offset as usize + n].copy_from_slice(&bytes[..n]);
+    }
+}
+
+/// Writes zeros over `[start, end)` of the log.
+fn zero_fill(log: &dyn StorageBackend, start: u64, end: u64) -> io::Result<()> {
+    let zeros = vec![0u8; ZERO_CHUNK];
+    let mut pos = start;
+    while pos < end {
+        let n = (end - pos).min(ZERO_CHUNK as u64) as usize;
+        log.write(pos, &zeros[..n])?;
+        pos += n as u64;
+    }
+    Ok(())
+}
+
+fn is_unsupported(e: &BackendError) -> bool {
+    match e {
+        BackendError::Unsupported => true,
+        BackendError::Io(io) => io.kind() == io::ErrorKind::Unsupported,
+        _ => false,
+    }
+}
+
+fn backend_error(e: BackendError) -> io::Error {
+    match e {
+        BackendError::Io(io) => io,
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// Reads `[start, start + out.len())` through `extents`, filling the gaps from `base`.
+fn layered(
+    extents: &Extents,
+    start: u64,
+    out: &mut [u8],
+    mut base: impl FnMut(u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let end = start + out.len() as u64;
+    let mut pos = start;
+    for (s, bytes) in extents.overlapping(start, end) {
+        if s > pos {
+            base(pos, &mut out[(pos - start) as usize..(s - start) as usize])?;
+        }
+        let from = s.max(pos);
+        let to = (s + bytes.len() as u64).min(end);
+        out[(from - start) as usize..(to - start) as usize]
+            .copy_from_slice(&bytes[(from - s) as usize..(to - s) as usize]);
+        pos = to;
+    }
+    if pos < end {
+        base(pos, &mut out[(pos - start) as usize..])?;
+    }
+    Ok(())
+}
+
+/// Reads `[start, start + out.len())` of `data` below `valid_end`, zeros from there on.
+fn read_cut(data: &dyn StorageBackend, valid_end: u64, start: u64, out: &mut [u8]) -> io::Result<()> {
+    let end = start + out.len() as u64;
+    let split = (end.min(valid_end).max(start) - start) as usize;
+    if split > 0 {
+        data.read(start, &mut out[..split])?;
+    }
+    out[split..].fill(0);
+    Ok(())
+}
+
+impl State {
+    fn usable(&self) -> io::Result<()> {
+        if self.closed {
+            return Err(io::Error::other("journal: the backend is closed"));
+        }
+        if let Some(cause) = &self.failed {
+            return Err(io::Error::other(format!("journal: an earlier I/O error stopped writes: {cause}")));
+        }
+        Ok(())
+    }
+
+    /// The file as of the last barrier.
+    fn read_committed(&self, data: &dyn StorageBackend, start: u64, out: &mut [u8]) -> io::Result<()> {
+        layered(&self.applied, start, out, |pos, out| read_cut(data, self.ck_min_len, pos, out))
+    }
+
+    /// The file now.
+    fn read(&self, data: &dyn StorageBackend, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let end = offset.checked_add(out.len() as u64).ok_or_else(unexpected_eof)?;
+        if end > self.len {
+            return Err(unexpected_eof());
+        }
+        layered(&self.batch, offset, out, |pos, out| {
+            // As of the last barrier, cut to the smallest length since.
+            let split = ((pos + out.len() as u64).min(self.min_len).max(pos) - pos) as usize;
+            self.read_committed(data, pos, &mut out[..split])?;
+            out[split..].fill(0);
+            Ok(())
+        })
+    }
+
+    fn write(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        self.usable()?;
+        if bytes.len() > u32::MAX as usize {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "journal: a single write of 4 GiB or more"));
+        }
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "journal: write past 2^64"))?;
+        self.len = self.len.max(end);
+        self.batch.insert(offset, bytes);
+        Ok(())
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.usable()?;
+        if len < self.len {
+            self.batch.truncate(len);
+            self.min_len = self.min_len.min(len);
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    fn dirty(&self) -> bool {
+        !self.batch.is_empty() || self.len != self.committed_len || self.min_len != self.committed_len
+    }
+
+    /// Makes the batch part of the committed state (in memory; the data file waits for the
+    /// checkpoint).
+    fn absorb_batch(&mut self) {
+        let min_len = self.min_len.min(self.committed_len);
+        self.applied.truncate(min_len);
+        self.ck_min_len = self.ck_min_len.min(min_len);
+        for (offset, bytes) in std::mem::take(&mut self.batch).map {
+            self.applied.insert_vec(offset, bytes);
+        }
+        self.committed_len = self.len;
+        self.min_len = self.len;
+    }
+
+    /// One write barrier: the batch becomes one durable record.
+    fn barrier(&mut self, data: &dyn StorageBackend, log: &dyn StorageBackend, counters: &Counters) -> io::Result<()> {
+        if !self.dirty() {
+            return Ok(());
+        }
+        let size = record_size(self.batch.iter());
+        if size > self.region_len {
+            return self.direct_barrier(data, log, counters);
+        }
+        let used = self.write_pos - REGION_START;
+        let full = used + size > self.region_len;
+        let by_records = self.checkpoint_records > 0 && self.records_in_region >= self.checkpoint_records;
+        let by_bytes = self.checkpoint_bytes > 0 && self.records_in_region > 0 && used + size > self.checkpoint_bytes;
+        if full || by_records || by_bytes {
+            self.checkpoint(data, log, counters)?;
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let key = RecordKey { journal_id: &self.journal_id, generation: self.generation, seq: self.next_seq };
+        encode_record(&mut buf, &key, size, self.min_len, self.len, self.batch.map.len(), self.batch.iter());
+        let appended = log.write(self.write_pos, &buf);
+        self.buf = buf;
+        appended?;
+        #[cfg(test)]
+        let skip_sync = self.sabotage == Sabotage::SkipLogSync;
+        #[cfg(not(test))]
+        let skip_sync = false;
+        if !skip_sync {
+            log.sync_data()?;
+        }
+        self.write_pos += size;
+        self.next_seq += 1;
+        self.records_in_region += 1;
+        counters.records.fetch_add(1, Ordering::Relaxed);
+        counters.record_bytes.fetch_add(size, Ordering::Relaxed);
+        self.absorb_batch();
+        Ok(())
+    }
+
+    /// A batch larger than the region: straight to the data file between two checkpoints.
+    fn direct_barrier(
+        &mut self,
+        data: &dyn StorageBackend,
+        log: &dyn StorageBackend,
+        counters: &Counters,
+    ) -> io::Result<()> {
+        self.checkpoint(data, log, counters)?;
+        self.absorb_batch();
+        self.bound = false;
+        counters.direct_batches.fetch_add(1, Ordering::Relaxed);
+        self.checkpoint(data, log, counters)
+    }
+
+    /// Writes the committed state to the data file, makes it durable and retires every record.
+    fn checkpoint(
+        &mut self,
+        data: &dyn StorageBackend,
+        log: &dyn StorageBackend,
+        counters: &Counters,
+    ) -> io::Result<()> {
+        if self.records_in_region == 0 && self.bound {
+            return Ok(());
+        }
+        // The logical first page: the header binds it, and a shrink inside it is written with it.
+        let mut image = vec![0u8; HEAD_LEN];
+        let head = self.committed_len.min(HEAD) as usize;
+        self.read_committed(data, 0, &mut image[..head])?;
+        apply_lengths(data, &mut self.phys, self.ck_min_len, self.committed_len)?;
+        for (offset, bytes) in self.applied.iter() {
+            data.write(offset, bytes)?;
+        }
+        if self.ck_min_len < HEAD && head > 0 {
+            data.write(0, &image[..head])?;
+        }
+        if self.phys != self.committed_len {
+            data.set_len(self.committed_len)?;
+            self.phys = self.committed_len;
+        }
+        #[cfg(test)]
+        let skip_sync = self.sabotage == Sabotage::SkipDataSyncAtCheckpoint;
+        #[cfg(not(test))]
+        let skip_sync = false;
+        if !skip_sync {
+            data.sync_data()?;
+        }
+        self.write_header(log, self.region_len, image)?;
+        self.applied = Extents::default();
+        self.ck_min_len = self.committed_len;
+        self.bound = true;
+        counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes the next generation's header into the other slot and syncs it.
+    fn write_header(&mut self, log: &dyn StorageBackend, region_len: u64, image: Vec<u8>) -> io::Result<()> {
+        let header = Header {
+            journal_id: self.journal_id,
+            generation: self.generation + 1,
+            next_seq: self.next_seq,
+            region_len,
+            data_len: self.committed_len,
+            image,
+        };
+        let slot = 1 - self.active_slot;
+        log.write((slot * SLOT_LEN) as u64, &header.encode())?;
+        log.sync_data()?;
+        self.generation += 1;
+        self.active_slot = slot;
+        self.region_len = region_len;
+        self.write_pos = REGION_START;
+        self.records_in_region = 0;
+        Ok(())
+    }
+
+    /// Rewrites a clean journal (just checkpointed) at another region size.
+    fn resize(&mut self, data: &dyn StorageBackend, log: &dyn StorageBackend, region_len: u64) -> io::Result<()> {
+        let old_end = log.len()?;
+        let new_end = REGION_START + region_len;
+        if new_end > old_end {
+            log.set_len(new_end)?;
+            zero_fill(log, old_end, new_end)?;
+            log.sync_data()?;
+        }
+        self.write_header(log, region_len, read_head(data)?)?;
+        if new_end < old_end {
+            log.set_len(new_end)?;
+        }
+        Ok(())
+    }
+}
+
+impl JournalBackend {
+    /// Opens the journal over `data` with the default options; see [`Self::open_with`].
+    pub fn open(data: Box<dyn StorageBackend>, log: Box<dyn StorageBackend>) -> Result<Self, JournalError> {
+        Self::open_with(data, log, &JournalOptions::default())
+    }
+
+    /// Opens the journal `log` over the database file `data`, replaying the journal onto the data
+    /// file first (see the module docs). An empty `log` is formatted as a new journal.
+    pub fn open_with(
+        data: Box<dyn StorageBackend>,
+        log: Box<dyn StorageBackend>,
+        options: &JournalOptions,
+    ) -> Result<Self, JournalError> {
+        let counters = Arc::new(Counters::default());
+        match recover(&*data, &*log, options, &counters) {
+            Ok((state, recovery)) => Ok(JournalBackend { data, log, state: RwLock::new(state), counters, recovery }),
+            Err(e) => {
+                let _ = log.close();
+                let _ = data.close();
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens (creating when missing) the data file at `data_path` and its journal at
+    /// [`journal_path`], both as redb's `FileBackend`s. When it creates either file it syncs the
+    /// directory, so that a new journal cannot vanish in a power cut.
+    pub fn open_path(data_path: &Path, options: &JournalOptions) -> Result<Self, JournalError> {
+        let log_path = journal_path(data_path);
+        let created = !data_path.exists() || !log_path.exists();
+        let open = |p: &Path| -> io::Result<Box<dyn StorageBackend>> {
+            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p)?;
+            let backend = FileBackend::new(file).map_err(|e| io::Error::other(e.to_string()))?;
+            Ok(Box::new(backend))
+        };
+        let data = open(data_path)?;
+        let log = open(&log_path)?;
+        if created {
+            let dir = match data_path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            File::open(dir)?.sync_all()?;
+        }
+        Self::open_with(data, log, options)
+    }
+
+    /// Opens with a deliberate bug in the write path (not in the recovery).
+    #[cfg(test)]
+    pub(crate) fn open_sabotaged(
+        data: Box<dyn StorageBackend>,
+        log: Box<dyn StorageBackend>,
+        options: &JournalOptions,
+        sabotage: Sabotage,
+    ) -> Result<Self, JournalError> {
+        let mut journal = Self::open_with(data, log, options)?;
+        if let Ok(state) = journal.state.get_mut() {
+            state.sabotage = sabotage;
+        }
+        Ok(journal)
+    }
+
+    /// What the open found and did.
+    #[must_use]
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// A handle on the counters, usable after the backend is handed to redb.
+    #[must_use]
+    pub fn monitor(&self) -> JournalMonitor {
+        JournalMonitor(self.counters.clone())
+    }
+
+    fn read_state(&self) -> io::Result<RwLockReadGuard<'_, State>> {
+        self.state.read().map_err(|_| poisoned())
+    }
+
+    fn write_state(&self) -> io::Result<RwLockWriteGuard<'_, State>> {
+        self.state.write().map_err(|_| poisoned())
+    }
+}
+
+/// Takes the journal's own lock and checks that nobody holds the data file.
+fn lock_pair(data: &dyn StorageBackend, log: &dyn StorageBackend) -> Result<(), JournalError> {
+    match log.try_lock_range(Bound::Unbounded, Bound::Unbounded) {
+        Ok(true) => {}
+        Ok(false) => return Err(JournalError::Held),
+        Err(e) if is_unsupported(&e) => {}
+        Err(e) => return Err(JournalError::Io(backend_error(e))),
+    }
+    // Best effort: a backend that cannot answer is not refused.
+    if let Ok(true) = data.query_lock_range(Bound::Unbounded, Bound::Unbounded) {
+        return Err(JournalError::Held);
+    }
+    Ok(())
+}
+
+fn read_head(data: &dyn StorageBackend) -> io::Result<Vec<u8>> {
+    let mut head = vec![0u8; HEAD_LEN];
+    read_zero_extended(data, 0, &mut head)?;
+    Ok(head)
+}
+
+fn recover(
+    data: &dyn StorageBackend,
+    log: &dyn StorageBackend,
+    options: &JournalOptions,
+    counters: &Counters,
+) -> Result<(State, Recovery), JournalError> {
+    lock_pair(data, log)?;
+    let region_len = options.region_len();
+    let mut slots = [Slot::Blank, Slot::Blank];
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let mut buf = vec![0u8; SLOT_LEN];
+        read_zero_extended(log, (i * SLOT_LEN) as u64, &mut buf)?;
+        *slot = Header::decode(&buf);
+    }
+    for slot in &slots {
+        if let Slot::Version(v) = slot {
+            return Err(JournalError::UnsupportedVersion(*v));
+        }
+    }
+    let current = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Slot::Valid(h) => Some((i, h)),
+            _ => None,
+        })
+        .max_by_key(|(_, h)| h.generation);
+    let Some((active_slot, header)) = current else {
+        // No valid header: a new journal, or one whose creation was cut off before its header
+        // was durable (no record is ever written before that). Anything else is not ours.
+        let half_made = matches!(slots, [Slot::Blank | Slot::Torn, Slot::Blank]);
+        if !half_made {
+            return Err(JournalError::NotAJournal);
+        }
+        return create(data, log, options, region_len);
+    };
+    let header = header.clone();
+
+    // The records of the current generation, in order, up to the first that is not whole.
+    let log_len = log.len()?;
+    let region_end = (REGION_START + header.region_len).min(log_len);
+    let mut records = Vec::new();
+    let mut pos = REGION_START;
+    let mut seq = header.next_seq;
+    loop {
+        let key = RecordKey { journal_id: &header.journal_id, generation: header.generation, seq };
+        match read_record(log, pos, region_end, &key)? {
+            Some(record) => {
+                pos += record.size;
+                seq += 1;
+                records.push(record);
+            }
+            None => break,
+        }
+    }
+
+    let current_head = read_head(data)?;
+    let data_len = data.len()?;
+    let mut recovery = Recovery::default();
+    let mut state;
+    if records.is_empty() {
+        // Nothing to apply: the file as it is. If it changed since the checkpoint, bind it anew.
+        state = State::new(data_len, data_len, header.journal_id, options);
+        if current_head != header.image || data_len != header.data_len {
+            recovery.rebound = true;
+            state.bound = false;
+        }
+    } else {
+        // Between checkpoints the data file is not written, so its first page is the bound one,
+        // or (a checkpoint cut off) the one the records lead to, or a torn mix of the two.
+        let mut last = header.image.clone();
+        for r in &records {
+            apply_head(&mut last, r.min_len, r.entries.iter().map(|(o, b)| (*o, b.as_slice())));
+        }
+        if !is_version_or_torn_mix(&current_head, &header.image, &last) {
+            return Err(JournalError::Foreign);
+        }
+        // Replay in memory from the checkpoint's length; the checkpoint below writes it all.
+        state = State::new(header.data_len, data_len, header.journal_id, options);
+        for r in records {
+            recovery.replayed_records += 1;
+            recovery.replayed_bytes += r.entries.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+            state.min_len = r.min_len;
+            state.len = r.final_len;
+            for (offset, bytes) in r.entries {
+                state.batch.insert_vec(offset, bytes);
+            }
+            state.absorb_batch();
+        }
+        state.records_in_region = recovery.replayed_records;
+    }
+    state.generation = header.generation;
+    state.next_seq = seq;
+    state.active_slot = active_slot;
+    state.region_len = header.region_len;
+    state.write_pos = pos;
+    state.checkpoint(data, log, counters)?;
+    let short = log_len < REGION_START + header.region_len;
+    if short || header.region_len != region_len {
+        state.resize(data, log, region_len)?;
+        recovery.resized = true;
+    }
+    recovery.generation = state.generation;
+    Ok((state, recovery))
+}
+
+/// Formats a new journal bound to the data file as it is.
+fn create(
+    data: &dyn StorageBackend,
+    log: &dyn StorageBackend,
+    options: &JournalOptions,
+    region_len: u64,
+) -> Result<(State, Recovery), JournalError> {
+    data.sync_data()?;
+    let data_len = data.len()?;
+    let end = REGION_START + region_len;
+    log.set_len(end)?;
+    zero_fill(log, 0, end)?;
+    log.sync_data()?;
+    let header =
+        Header { journal_id: random_id(), generation: 1, next_seq: 1, region_len, data_len, image: read_head(data)? };
+    log.write(0, &header.encode())?;
+    log.sync_data()?;
+    let state = State::new(data_len, data_len, header.journal_id, options);
+    Ok((state, Recovery { created: true, generation: 1, ..Recovery::default() }))
+}
+
+impl StorageBackend for JournalBackend {
+    fn len(&self) -> Result<u64, io::Error> {
+        Ok(self.read_state()?.len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        let st = self.read_state()?;
+        if st.closed {
+            return Err(io::Error::other("journal: the backend is closed"));
+        }
+        st.read(&*self.data, offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        self.write_state()?.set_len(len)
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        let mut st = self.write_state()?;
+        st.usable()?;
+        let result = st.barrier(&*self.data, &*self.log, &self.counters);
+        if let Err(e) = &result {
+            st.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        self.write_state()?.write(offset, data)
+    }
+
+    fn close(&self) -> Result<(), io::Error> {
+        let mut st = self.write_state()?;
+        if st.closed {
+            return Ok(());
+        }
+        let mut result = Ok(());
+        if st.failed.is_none() {
+            result = st
+                .barrier(&*self.data, &*self.log, &self.counters)
+                .and_then(|()| st.checkpoint(&*self.data, &*self.log, &self.counters));
+            if let Err(e) = &result {
+                st.failed = Some(e.to_string());
+            }
+        }
+        st.closed = true;
+        let data = self.data.close();
+        let log = self.log.close();
+        result.and(data).and(log)
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.data.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.data.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.data.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.data.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.data.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.data.query_lock_range(start, end)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1566 @@
+//! Tests of the page journal: unit tests of the format and the overlay, a power-cut simulation
+//! under a real `redb::Database`, sabotage runs that the simulation must catch, fault injection,
+//! and a commit-rate benchmark (ignored by default).
+
+use super::*;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+// ---------------------------------------------------------------------------------------------
+// An in-memory disk with a page cache that a power cut empties.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write(u64, Vec<u8>),
+    SetLen(u64),
+}
+
+/// `Vec::resize` with zeros, without a per-byte loop in unoptimized builds.
+fn resize_zeroed(bytes: &mut Vec<u8>, len: usize) {
+    if len <= bytes.len() {
+        bytes.truncate(len);
+    } else {
+        bytes.extend_from_slice(&vec![0u8; len - bytes.len()]);
+    }
+}
+
+fn apply_op(bytes: &mut Vec<u8>, op: &Op) {
+    match op {
+        Op::Write(offset, data) => {
+            let start = *offset as usize;
+            let end = start + data.len();
+            if bytes.len() < end {
+                resize_zeroed(bytes, end);
+            }
+            bytes[start..end].copy_from_slice(data);
+        }
+        Op::SetLen(len) => resize_zeroed(bytes, *len as usize),
+    }
+}
+
+/// One file: what a read sees (`volatile`), what survives a power cut for sure (`durable`), and
+/// the writes since the last sync (`pending`), any of which may or may not survive a cut.
+#[derive(Clone, Debug, Default)]
+struct Disk {
+    durable: Vec<u8>,
+    volatile: Vec<u8>,
+    pending: Vec<Op>,
+}
+
+impl Disk {
+    fn with_bytes(bytes: Vec<u8>) -> Self {
+        Disk { durable: bytes.clone(), volatile: bytes, pending: Vec::new() }
+    }
+}
+
+#[derive(Debug)]
+struct PowerInner {
+    /// Mutating operations left before the cut; `None`: no cut planned.
+    countdown: Option<u64>,
+    rng: fastrand::Rng,
+    /// Chance that each unsynced write survives the cut anyway (written back in time).
+    survive: f64,
+    disks: Vec<Arc<Mutex<Disk>>>,
+}
+
+/// The machine's power, shared by its disks: counts their mutating operations and cuts at zero.
+#[derive(Debug)]
+struct Power {
+    inner: Mutex<PowerInner>,
+    off: AtomicBool,
+    ops: AtomicU64,
+    in_journal_sync: AtomicBool,
+    cut_in_journal_sync: AtomicBool,
+}
+
+enum Tick {
+    Run,
+    /// This operation is the one in flight when the power goes.
+    Cut,
+}
+
+impl Power {
+    fn new(seed: u64, survive: f64) -> Arc<Self> {
+        Arc::new(Power {
+            inner: Mutex::new(PowerInner {
+                countdown: None,
+                rng: fastrand::Rng::with_seed(seed),
+                survive,
+                disks: Vec::new(),
+            }),
+            off: AtomicBool::new(false),
+            ops: AtomicU64::new(0),
+            in_journal_sync: AtomicBool::new(false),
+            cut_in_journal_sync: AtomicBool::new(false),
+        })
+    }
+
+    fn arm(&self, ops: u64) {
+        self.inner.lock().unwrap().countdown = Some(ops);
+    }
+
+    fn is_off(&self) -> bool {
+        self.off.load(Ordering::SeqCst)
+    }
+
+    fn tick(&self) -> io::Result<Tick> {
+        if self.is_off() {
+            return Err(io::Error::other("power is off"));
+        }
+        self.ops.fetch_add(1, Ordering::SeqCst);
+        let mut inner = self.inner.lock().unwrap();
+        match inner.countdown.as_mut() {
+            Some(0) | None => Ok(Tick::Run),
+            Some(n) => {
+                *n -= 1;
+                Ok(if *n == 0 { Tick::Cut } else { Tick::Run })
+            }
+        }
+    }
+
+    fn coin(&self) -> bool {
+        self.inner.lock().unwrap().rng.bool()
+    }
+
+    fn below(&self, n: usize) -> usize {
+        self.inner.lock().unwrap().rng.usize(..n)
+    }
+
+    /// Cuts the power: every unsynced write survives with the configured chance, in order.
+    fn cut(&self) {
+        if self.off.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.cut_in_journal_sync.store(self.in_journal_sync.load(Ordering::SeqCst), Ordering::SeqCst);
+        let mut inner = self.inner.lock().unwrap();
+        let disks = inner.disks.clone();
+        for disk in disks {
+            let mut d = disk.lock().unwrap();
+            let pending = std::mem::take(&mut d.pending);
+            for op in &pending {
+                if inner.rng.f64() < inner.survive {
+                    apply_op(&mut d.durable, op);
+                }
+            }
+            d.volatile = d.durable.clone();
+        }
+    }
+}
+
+/// A [`StorageBackend`] on a [`Disk`] of a machine with [`Power`].
+#[derive(Debug)]
+struct PowerCutBackend {
+    power: Arc<Power>,
+    disk: Arc<Mutex<Disk>>,
+}
+
+impl PowerCutBackend {
+    fn power_off() -> io::Error {
+        io::Error::other("power is off")
+    }
+}
+
+impl StorageBackend for PowerCutBackend {
+    fn len(&self) -> io::Result<u64> {
+        if self.power.is_off() {
+            return Err(Self::power_off());
+        }
+        Ok(self.disk.lock().unwrap().volatile.len() as u64)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        if self.power.is_off() {
+            return Err(Self::power_off());
+        }
+        let d = self.disk.lock().unwrap();
+        let start = offset as usize;
+        let end = start + out.len();
+        if end > d.volatile.len() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
+        }
+        out.copy_from_slice(&d.volatile[start..end]);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        match self.power.tick()? {
+            Tick::Run => {
+                let mut d = self.disk.lock().unwrap();
+                let op = Op::SetLen(len);
+                apply_op(&mut d.volatile, &op);
+                d.pending.push(op);
+                Ok(())
+            }
+            Tick::Cut => {
+                if self.power.coin() {
+                    self.disk.lock().unwrap().pending.push(Op::SetLen(len));
+                }
+                self.power.cut();
+                Err(Self::power_off())
+            }
+        }
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let tick = self.power.tick()?;
+        // A sync in flight at the cut may have completed on the device, or not.
+        let completed = match tick {
+            Tick::Run => true,
+            Tick::Cut => self.power.coin(),
+        };
+        if completed {
+            let mut d = self.disk.lock().unwrap();
+            let pending = std::mem::take(&mut d.pending);
+            for op in &pending {
+                apply_op(&mut d.durable, op);
+            }
+        }
+        if let Tick::Cut = tick {
+            self.power.cut();
+            return Err(Self::power_off());
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        match self.power.tick()? {
+            Tick::Run => {
+                let mut d = self.disk.lock().unwrap();
+                let op = Op::Write(offset, data.to_vec());
+                apply_op(&mut d.volatile, &op);
+                d.pending.push(op);
+                Ok(())
+            }
+            Tick::Cut => {
+                // Torn: a random prefix of the write may reach the page cache.
+                let keep = self.power.below(data.len() + 1);
+                if keep > 0 {
+                    self.disk.lock().unwrap().pending.push(Op::Write(offset, data[..keep].to_vec()));
+                }
+                self.power.cut();
+                Err(Self::power_off())
+            }
+        }
+    }
+}
+
+/// A machine with a database disk and a journal disk.
+struct Machine {
+    power: Arc<Power>,
+    data: Arc<Mutex<Disk>>,
+    log: Arc<Mutex<Disk>>,
+    seed: u64,
+}
+
+impl Machine {
+    fn new(seed: u64, survive: f64) -> Self {
+        Self::with_disks(seed, survive, Disk::default(), Disk::default())
+    }
+
+    fn with_disks(seed: u64, survive: f64, data: Disk, log: Disk) -> Self {
+        let power = Power::new(seed, survive);
+        let data = Arc::new(Mutex::new(data));
+        let log = Arc::new(Mutex::new(log));
+        power.inner.lock().unwrap().disks.extend([data.clone(), log.clone()]);
+        Machine { power, data, log, seed }
+    }
+
+    fn data_backend(&self) -> PowerCutBackend {
+        PowerCutBackend { power: self.power.clone(), disk: self.data.clone() }
+    }
+
+    fn log_backend(&self) -> PowerCutBackend {
+        PowerCutBackend { power: self.power.clone(), disk: self.log.clone() }
+    }
+
+    fn backends(&self) -> (Box<dyn StorageBackend>, Box<dyn StorageBackend>) {
+        (Box::new(self.data_backend()), Box::new(self.log_backend()))
+    }
+
+    /// Power cut (now, if it has not happened yet), then a boot from what is durable.
+    fn reboot(&self) -> Machine {
+        self.power.cut();
+        let data = Disk::with_bytes(self.data.lock().unwrap().durable.clone());
+        let log = Disk::with_bytes(self.log.lock().unwrap().durable.clone());
+        Machine::with_disks(self.seed.wrapping_add(1), 0.0, data, log)
+    }
+
+    /// The process dies but the machine stays up: the page cache survives, synced or not.
+    fn restart_process(&self) -> Machine {
+        let data = self.data.lock().unwrap().clone();
+        let log = self.log.lock().unwrap().clone();
+        Machine::with_disks(self.seed.wrapping_add(2), 0.0, data, log)
+    }
+}
+
+/// The journal under redb, telling the machine's power while a barrier is in progress.
+#[derive(Debug)]
+struct Flagged {
+    inner: JournalBackend,
+    power: Arc<Power>,
+}
+
+impl StorageBackend for Flagged {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.power.in_journal_sync.store(true, Ordering::SeqCst);
+        let result = self.inner.sync_data();
+        self.power.in_journal_sync.store(false, Ordering::SeqCst);
+        result
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> io::Result<()> {
+        self.inner.close()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection: fail the Nth write, set_len or sync of one inner backend.
+// ---------------------------------------------------------------------------------------------
+
+const F_WRITE: u8 = 1;
+const F_SET_LEN: u8 = 2;
+const F_SYNC: u8 = 4;
+
+#[derive(Debug)]
+struct FaultPlan {
+    kinds: u8,
+    left: Mutex<Option<u64>>,
+    fired: AtomicBool,
+}
+
+impl FaultPlan {
+    /// Fails the `nth` (from 1) operation of `kinds`, once.
+    fn new(kinds: u8, nth: u64) -> Arc<Self> {
+        Arc::new(FaultPlan { kinds, left: Mutex::new(Some(nth.saturating_sub(1))), fired: AtomicBool::new(false) })
+    }
+
+    fn check(&self, kind: u8) -> io::Result<()> {
+        if self.kinds & kind == 0 {
+            return Ok(());
+        }
+        let mut left = self.left.lock().unwrap();
+        match *left {
+            Some(0) => {
+                *left = None;
+                self.fired.store(true, Ordering::SeqCst);
+                Err(io::Error::other("injected fault"))
+            }
+            Some(n) => {
+                *left = Some(n - 1);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FaultyBackend {
+    inner: PowerCutBackend,
+    plan: Arc<FaultPlan>,
+}
+
+impl StorageBackend for FaultyBackend {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.plan.check(F_SET_LEN)?;
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.plan.check(F_SYNC)?;
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.plan.check(F_WRITE)?;
+        self.inner.write(offset, data)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workload: random committed transactions on one table, and the check after a reboot.
+// ---------------------------------------------------------------------------------------------
+
+const TABLE: TableDefinition<u64, &[u8]> = TableDefinition::new("t");
+type Model = BTreeMap<u64, Vec<u8>>;
+
+fn random_value(rng: &mut fastrand::Rng) -> Vec<u8> {
+    let len = match rng.u32(..100) {
+        0..=79 => rng.usize(1..100),
+        80..=96 => rng.usize(500..6000),
+        _ => rng.usize(60_000..150_000),
+    };
+    let mut v = vec![0u8; len];
+    v.fill(rng.u8(..));
+    for b in v.iter_mut().take(16) {
+        *b = rng.u8(..);
+    }
+    v
+}
+
+enum TxnEnd {
+    Committed,
+    /// The commit returned an error: its changes may or may not be durable, whole.
+    CommitFailed,
+    /// Something before the commit failed: nothing of it may be durable.
+    FailedBefore,
+}
+
+fn run_txn(db: &Database, rng: &mut fastrand::Rng, model: &mut Model) -> TxnEnd {
+    let Ok(mut txn) = db.begin_write() else { return TxnEnd::FailedBefore };
+    if txn.set_durability(Durability::Immediate).is_err() {
+        return TxnEnd::FailedBefore;
+    }
+    {
+        let Ok(mut table) = txn.open_table(TABLE) else { return TxnEnd::FailedBefore };
+        for _ in 0..rng.usize(1..6) {
+            let key = rng.u64(..48);
+            if rng.u8(..4) == 0 {
+                if table.remove(key).is_err() {
+                    return TxnEnd::FailedBefore;
+                }
+                model.remove(&key);
+            } else {
+                let value = random_value(rng);
+                if table.insert(key, value.as_slice()).is_err() {
+                    return TxnEnd::FailedBefore;
+                }
+                model.insert(key, value);
+            }
+        }
+    }
+    match txn.commit() {
+        Ok(()) => TxnEnd::Committed,
+        Err(_) => TxnEnd::CommitFailed,
+    }
+}
+
+fn read_table(db: &Database) -> Result<Model, String> {
+    let txn = db.begin_read().map_err(|e| format!("begin_read: {e}"))?;
+    let table = match txn.open_table(TABLE) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Model::new()),
+        Err(e) => return Err(format!("open_table: {e}")),
+    };
+    let mut out = Model::new();
+    for row in table.iter().map_err(|e| format!("iter: {e}"))? {
+        let (k, v) = row.map_err(|e| format!("row: {e}"))?;
+        out.insert(k.value(), v.value().to_vec());
+    }
+    Ok(out)
+}
+
+fn describe(m: &Model) -> String {
+    let keys: Vec<String> = m.iter().map(|(k, v)| format!("{k}:{}", v.len())).collect();
+    format!("{{{}}}", keys.join(" "))
+}
+
+/// What a run acknowledged, and what the one commit that failed would have made.
+struct Outcome {
+    acked: Model,
+    in_flight: Option<Model>,
+    /// Whether seeing `in_flight` after the reboot is allowed.
+    in_flight_allowed: bool,
+    /// Whether creating the database returned; until it has, redb may find a file it refuses
+    /// (its creation writes the magic number in a last barrier), as it would on a plain file.
+    created: bool,
+    acked_commits: u64,
+}
+
+/// Opens the rebooted machine through the journal and redb and checks the table is the state
+/// after the last acknowledged commit, or (when allowed) after the commit in flight.
+fn verify(m: &Machine, outcome: &Outcome, rng: &mut fastrand::Rng, cov: &Coverage) -> Result<(), String> {
+    let options = JournalOptions { region_bytes: [64 << 10, 256 << 10][rng.usize(..2)], ..Default::default() };
+    let (data, log) = m.backends();
+    let journal = JournalBackend::open_with(data, log, &options).map_err(|e| format!("journal open: {e}"))?;
+    let recovery = journal.recovery().clone();
+    count(&cov.runs, 1);
+    count(&cov.acked_commits, outcome.acked_commits);
+    if recovery.replayed_records > 0 {
+        count(&cov.runs_with_replay, 1);
+        count(&cov.replayed_records, recovery.replayed_records);
+    }
+    count(&cov.rebound, u64::from(recovery.rebound));
+    let mut db = match Database::builder().create_with_backend(journal) {
+        Ok(db) => db,
+        Err(e) if !outcome.created && e.to_string().contains("magic number mismatch") => {
+            count(&cov.refused_unfinished_creation, 1);
+            return Ok(());
+        }
+        Err(e) => return Err(format!("redb open: {e}")),
+    };
+    match db.check_integrity() {
+        Ok(true) => {}
+        Ok(false) => return Err("the integrity check had to repair the file".into()),
+        Err(e) => return Err(format!("integrity check: {e}")),
+    }
+    let found = read_table(&db)?;
+    if found != outcome.acked {
+        let in_flight = outcome.in_flight.as_ref().is_some_and(|f| *f == found);
+        if !in_flight {
+            return Err(format!(
+                "found {} but acknowledged {} (in flight: {})",
+                describe(&found),
+                describe(&outcome.acked),
+                outcome.in_flight.as_ref().map_or("none".into(), describe)
+            ));
+        }
+        if !outcome.in_flight_allowed {
+            return Err("the commit in flight is visible though the cut was not inside its barrier".into());
+        }
+        count(&cov.in_flight_seen, 1);
+    }
+    // The recovered journal keeps working: one more commit, a clean close, a cut, a reopen.
+    if rng.bool() {
+        let txn = db.begin_write().map_err(|e| e.to_string())?;
+        txn.open_table(TABLE)
+            .map_err(|e| e.to_string())?
+            .insert(1000, b"after".as_slice())
+            .map_err(|e| e.to_string())?;
+        txn.commit().map_err(|e| format!("commit after recovery: {e}"))?;
+        drop(db);
+        let again = m.reboot();
+        let (data, log) = again.backends();
+        let journal = JournalBackend::open_with(data, log, &options).map_err(|e| format!("journal reopen: {e}"))?;
+        if journal.recovery().replayed_records != 0 {
+            return Err("a clean close left records to replay".into());
+        }
+        let db = Database::builder().create_with_backend(journal).map_err(|e| format!("redb reopen: {e}"))?;
+        let mut expected = found;
+        expected.insert(1000, b"after".to_vec());
+        if read_table(&db)? != expected {
+            return Err("the commit after recovery did not survive a clean close".into());
+        }
+    }
+    Ok(())
+}
+
+/// What the simulation runs went through, to show that every path is exercised.
+#[derive(Default)]
+struct Coverage {
+    runs: AtomicU64,
+    acked_commits: AtomicU64,
+    runs_with_replay: AtomicU64,
+    replayed_records: AtomicU64,
+    in_flight_seen: AtomicU64,
+    rebound: AtomicU64,
+    refused_unfinished_creation: AtomicU64,
+    checkpoints: AtomicU64,
+    direct_batches: AtomicU64,
+}
+
+fn count(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Mutating backend operations of opening a new database, and of one commit (generous).
+const OPS_OPEN: u64 = 20;
+const OPS_PER_TXN: u64 = 6;
+
+fn random_options(rng: &mut fastrand::Rng) -> JournalOptions {
+    JournalOptions {
+        region_bytes: [64 << 10, 128 << 10, 1 << 20][rng.usize(..3)],
+        checkpoint_records: [0, 0, 2, 5][rng.usize(..4)],
+        checkpoint_bytes: [0, 0, 0, 100 << 10][rng.usize(..4)],
+    }
+}
+
+/// One power-cut run: a random workload, a cut after a random count of operations, a reboot.
+fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let survive = [0.0, 0.0, 0.3, 0.7][rng.usize(..4)];
+    let options = random_options(&mut rng);
+    let txns = rng.usize(1..20);
+    let machine = Machine::new(seed, survive);
+    let cut_at = rng.u64(1..=OPS_OPEN + txns as u64 * OPS_PER_TXN);
+    let clean_close = rng.u8(..4) == 0;
+    machine.power.arm(cut_at);
+    let mut monitor = None;
+    let mut outcome =
+        Outcome { acked: Model::new(), in_flight: None, in_flight_allowed: false, created: false, acked_commits: 0 };
+    'run: {
+        let (data, log) = machine.backends();
+        let Ok(journal) = JournalBackend::open_sabotaged(data, log, &options, sabotage) else { break 'run };
+        monitor = Some(journal.monitor());
+        let flagged = Flagged { inner: journal, power: machine.power.clone() };
+        let Ok(db) = Database::builder().create_with_backend(flagged) else { break 'run };
+        outcome.created = true;
+        for _ in 0..txns {
+            let mut next = outcome.acked.clone();
+            match run_txn(&db, &mut rng, &mut next) {
+                TxnEnd::Committed => {
+                    outcome.acked = next;
+                    outcome.acked_commits += 1;
+                }
+                TxnEnd::CommitFailed => {
+                    outcome.in_flight = Some(next);
+                    break;
+                }
+                TxnEnd::FailedBefore => break,
+            }
+        }
+        if !clean_close {
+            machine.power.cut();
+        }
+        drop(db);
+    }
+    outcome.in_flight_allowed = machine.power.cut_in_journal_sync.load(Ordering::SeqCst);
+    if let Some(stats) = monitor.map(|m| m.stats()) {
+        count(&cov.checkpoints, stats.checkpoints);
+        count(&cov.direct_batches, stats.direct_batches);
+    }
+    verify(&machine.reboot(), &outcome, &mut rng, cov).map_err(|e| format!("seed {seed} (cut at op {cut_at}): {e}"))
+}
+
+/// One fault run: the Nth write, set_len or sync of the journal or of the data file fails.
+fn simulate_fault(seed: u64, cov: &Coverage) -> Result<(), String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let survive = [0.0, 0.5][rng.usize(..2)];
+    let options = random_options(&mut rng);
+    let txns = rng.usize(1..12);
+    let machine = Machine::new(seed, survive);
+    let kinds = [F_WRITE | F_SET_LEN | F_SYNC, F_SYNC, F_WRITE][rng.usize(..3)];
+    let nth = rng.u64(1..=(OPS_OPEN + txns as u64 * OPS_PER_TXN) / 2);
+    let plan = FaultPlan::new(kinds, nth);
+    let on_log = rng.bool();
+    let mut monitor = None;
+    let mut outcome =
+        Outcome { acked: Model::new(), in_flight: None, in_flight_allowed: true, created: false, acked_commits: 0 };
+    {
+        let data: Box<dyn StorageBackend> = if on_log {
+            Box::new(machine.data_backend())
+        } else {
+            Box::new(FaultyBackend { inner: machine.data_backend(), plan: plan.clone() })
+        };
+        let log: Box<dyn StorageBackend> = if on_log {
+            Box::new(FaultyBackend { inner: machine.log_backend(), plan: plan.clone() })
+        } else {
+            Box::new(machine.log_backend())
+        };
+        'run: {
+            let Ok(journal) = JournalBackend::open_with(data, log, &options) else { break 'run };
+            monitor = Some(journal.monitor());
+            let Ok(db) = Database::builder().create_with_backend(journal) else { break 'run };
+            outcome.created = true;
+            for _ in 0..txns {
+                let mut next = outcome.acked.clone();
+                match run_txn(&db, &mut rng, &mut next) {
+                    TxnEnd::Committed => {
+                        outcome.acked = next;
+                        outcome.acked_commits += 1;
+                    }
+                    TxnEnd::CommitFailed => {
+                        outcome.in_flight = Some(next);
+                        break;
+                    }
+                    TxnEnd::FailedBefore => break,
+                }
+            }
+        }
+    }
+    if let Some(stats) = monitor.map(|m| m.stats()) {
+        count(&cov.checkpoints, stats.checkpoints);
+        count(&cov.direct_batches, stats.direct_batches);
+    }
+    let what = format!(
+        "seed {seed} (fault {} #{nth} of kinds {kinds}, fired {})",
+        if on_log { "log" } else { "data" },
+        plan.fired.load(Ordering::SeqCst)
+    );
+    verify(&machine.restart_process(), &outcome, &mut rng, cov).map_err(|e| format!("{what}, process restart: {e}"))?;
+    verify(&machine.reboot(), &outcome, &mut rng, cov).map_err(|e| format!("{what}, power cut: {e}"))
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `f` over `seeds` on two threads; returns the failures.
+fn run_seeds(seeds: std::ops::Range<u64>, f: impl Fn(u64) -> Result<(), String> + Sync) -> Vec<String> {
+    let next = AtomicU64::new(seeds.start);
+    let failures = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::SeqCst);
+                    if seed >= seeds.end {
+                        break;
+                    }
+                    // A corrupt file can make redb panic (the sabotage runs): that is a failure too.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)))
+                        .unwrap_or_else(|_| Err(format!("seed {seed}: panicked")));
+                    if let Err(e) = result {
+                        failures.lock().unwrap().push(e);
+                    }
+                }
+            });
+        }
+    });
+    failures.into_inner().unwrap()
+}
+
+fn assert_no_failures(what: &str, count: u64, failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{what}: {} of {count} seeds failed, first ones:\n{}",
+        failures.len(),
+        failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// The random cut points cover the whole run: opening and each commit fit the budget.
+#[test]
+fn operation_budget_covers_the_workload() {
+    let machine = Machine::new(0, 0.0);
+    let journal = open_on(&machine, &options(1 << 20));
+    let db = Database::builder().create_with_backend(journal).unwrap();
+    let after_open = machine.power.ops.load(Ordering::SeqCst);
+    let mut rng = fastrand::Rng::with_seed(1);
+    let mut model = Model::new();
+    for _ in 0..20 {
+        assert!(matches!(run_txn(&db, &mut rng, &mut model), TxnEnd::Committed));
+    }
+    let after = machine.power.ops.load(Ordering::SeqCst);
+    let per_txn = (after - after_open) as f64 / 20.0;
+    println!("mutating operations: {after_open} to open, {per_txn} per commit");
+    assert!(after_open <= OPS_OPEN && per_txn <= OPS_PER_TXN as f64);
+}
+
+impl Coverage {
+    fn report(&self, what: &str, seeds: u64) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "{what}, {seeds} seeds: {} reboots checked, {} acknowledged commits, {} recoveries replayed \
+             {} records, {} in-flight commits found whole, {} rebinds, {} unfinished creations refused \
+             by redb, {} checkpoints, {} direct batches",
+            get(&self.runs),
+            get(&self.acked_commits),
+            get(&self.runs_with_replay),
+            get(&self.replayed_records),
+            get(&self.in_flight_seen),
+            get(&self.rebound),
+            get(&self.refused_unfinished_creation),
+            get(&self.checkpoints),
+            get(&self.direct_batches),
+        )
+    }
+}
+
+fn power_cut_runs(start: u64, count: u64) {
+    let cov = Coverage::default();
+    let failures = run_seeds(start..start + count, |seed| simulate(seed, Sabotage::None, &cov));
+    assert_no_failures("power cut", count, &failures);
+    println!("{}", cov.report("power cut", count));
+}
+
+fn fault_runs(start: u64, count: u64) {
+    let cov = Coverage::default();
+    let failures = run_seeds(start..start + count, |seed| simulate_fault(seed, &cov));
+    assert_no_failures("fault injection", count, &failures);
+    println!("{}", cov.report("fault injection", count));
+}
+
+/// 1,000 seeds by default; `JOURNAL_SIM_SEEDS` and `JOURNAL_SIM_START` choose others.
+#[test]
+fn power_cut_simulation() {
+    power_cut_runs(env_u64("JOURNAL_SIM_START", 0), env_u64("JOURNAL_SIM_SEEDS", 1000));
+}
+
+#[test]
+fn fault_injection() {
+    fault_runs(env_u64("JOURNAL_SIM_START", 0), env_u64("JOURNAL_FAULT_SEEDS", 500));
+}
+
+/// 100,000 power-cut seeds and 10,000 fault seeds (or `JOURNAL_SIM_SEEDS` and a tenth of it):
+/// `cargo test --release -- --ignored sim_large --nocapture`.
+#[test]
+#[ignore = "long: run with --release -- --ignored"]
+fn sim_large() {
+    let start = env_u64("JOURNAL_SIM_START", 1_000_000);
+    let count = env_u64("JOURNAL_SIM_SEEDS", 100_000);
+    power_cut_runs(start, count);
+    fault_runs(start, count / 10);
+}
+
+/// Runs the simulation with a deliberate bug; returns the seeds' failures.
+fn sabotaged_runs(sabotage: Sabotage, count: u64) -> Vec<String> {
+    let cov = Coverage::default();
+    let mut failures = run_seeds(0..count, |seed| simulate(seed, sabotage, &cov));
+    failures.sort();
+    failures
+}
+
+#[test]
+fn sabotage_ack_before_log_sync_is_caught() {
+    let count = 300;
+    let failures = sabotaged_runs(Sabotage::SkipLogSync, count);
+    println!("acknowledging before the journal sync: {} of {count} seeds failed, e.g.", failures.len());
+    for e in failures.iter().take(3) {
+        println!("  {e}");
+    }
+    assert!(!failures.is_empty(), "the simulation did not catch barriers acknowledged before the journal sync");
+}
+
+#[test]
+fn sabotage_checkpoint_without_data_sync_is_caught() {
+    let count = 300;
+    let failures = sabotaged_runs(Sabotage::SkipDataSyncAtCheckpoint, count);
+    println!("checkpointing without syncing the data file: {} of {count} seeds failed, e.g.", failures.len());
+    for e in failures.iter().take(3) {
+        println!("  {e}");
+    }
+    assert!(!failures.is_empty(), "the simulation did not catch checkpoints that skip the data sync");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unit tests.
+// ---------------------------------------------------------------------------------------------
+
+fn options(region: u64) -> JournalOptions {
+    JournalOptions { region_bytes: region, ..Default::default() }
+}
+
+fn open_on(m: &Machine, opts: &JournalOptions) -> JournalBackend {
+    let (data, log) = m.backends();
+    JournalBackend::open_with(data, log, opts).unwrap()
+}
+
+fn contents(backend: &dyn StorageBackend) -> Vec<u8> {
+    let mut out = vec![0u8; backend.len().unwrap() as usize];
+    backend.read(0, &mut out).unwrap();
+    out
+}
+
+fn disk_bytes(disk: &Arc<Mutex<Disk>>) -> Vec<u8> {
+    disk.lock().unwrap().volatile.clone()
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+}
+
+#[test]
+fn xxh64_matches_reference_vectors() {
+    assert_eq!(xxh64(b""), 0xef46_db37_51d8_e999);
+    assert_eq!(xxh64(b"a"), 0xd24e_c4f1_a98c_6e5b);
+    assert_eq!(xxh64(b"abc"), 0x44bc_2cf5_ad77_0999);
+    assert_eq!(xxh64(b"Nobody inspects the spammish repetition"), 0xfbce_a83c_8a37_8bf1);
+    let bytes: Vec<u8> = (0..100).collect();
+    assert_eq!(xxh64(&bytes), 0x6ac1_e580_3216_6597);
+    assert_eq!(xxh64(b"0123456789abcdef0123456789abcdef0123456789abcdef"), 0xe352_1644_4a3c_253b);
+}
+
+fn sample_record(buf: &mut Vec<u8>, id: &[u8; 16], generation: u64, seq: u64) -> Vec<(u64, Vec<u8>)> {
+    // Trailing zeros are left out of the record and restored.
+    let mut mostly_zeros = pattern(2, 4096);
+    mostly_zeros[1000..].fill(0);
+    let entries = vec![(0u64, pattern(1, 320)), (8192, mostly_zeros), (20000, vec![0; 777]), (30000, pattern(3, 777))];
+    let iter = || entries.iter().map(|(o, b)| (*o, b.as_slice()));
+    let size = record_size(iter());
+    let key = RecordKey { journal_id: id, generation, seq };
+    encode_record(buf, &key, size, 16384, 40960, entries.len(), iter());
+    entries
+}
+
+#[test]
+fn record_round_trips() {
+    let id = [7u8; 16];
+    let mut buf = Vec::new();
+    let entries = sample_record(&mut buf, &id, 3, 9);
+    assert_eq!(buf.len() as u64, ALIGN, "320 + 1000 + 0 + 777 bytes stored, in one page");
+    let key = RecordKey { journal_id: &id, generation: 3, seq: 9 };
+    let record = decode_record(&buf, &key).unwrap().unwrap();
+    assert_eq!(record, Record { seq: 9, min_len: 16384, final_len: 40960, entries, size: buf.len() as u64 });
+    // Another generation, sequence number or journal is not this record.
+    for (g, s, i) in [(4, 9, id), (3, 10, id), (3, 9, [8u8; 16])] {
+        let key = RecordKey { journal_id: &i, generation: g, seq: s };
+        assert_eq!(decode_record(&buf, &key).unwrap(), None);
+    }
+}
+
+#[test]
+fn torn_or_corrupt_records_end_the_log() {
+    let id = [7u8; 16];
+    let mut buf = Vec::new();
+    sample_record(&mut buf, &id, 3, 9);
+    let key = RecordKey { journal_id: &id, generation: 3, seq: 9 };
+    let body_end = buf.len() - buf.iter().rev().take_while(|&&b| b == 0).count();
+    let mut rng = fastrand::Rng::with_seed(5);
+    for _ in 0..500 {
+        // A torn write: a prefix, and whatever was there before (zeros here) after it.
+        let mut torn = buf.clone();
+        let keep = rng.usize(..body_end);
+        torn[keep..].fill(0);
+        assert_eq!(decode_record(&torn, &key).unwrap(), None, "torn at {keep}");
+        // A flipped bit anywhere in the checksummed part.
+        let mut flipped = buf.clone();
+        let at = rng.usize(..body_end);
+        flipped[at] ^= 1 << rng.u8(..8);
+        assert_eq!(decode_record(&flipped, &key).unwrap(), None, "flipped at {at}");
+    }
+}
+
+#[test]
+fn header_slots_round_trip_and_detect_tears() {
+    let header = Header {
+        journal_id: [9u8; 16],
+        generation: 12,
+        next_seq: 400,
+        region_len: 1 << 20,
+        data_len: 123_456,
+        image: pattern(4, HEAD_LEN),
+    };
+    let bytes = header.encode();
+    assert_eq!(Header::decode(&bytes), Slot::Valid(header.clone()));
+    assert_eq!(Header::decode(&vec![0u8; SLOT_LEN]), Slot::Blank);
+    for keep in [1, 5, 8, 100, 4090, 8000] {
+        let mut torn = bytes.clone();
+        torn[keep..].fill(0);
+        assert_eq!(Header::decode(&torn), Slot::Torn, "torn at {keep}");
+    }
+    let mut other = bytes.clone();
+    other[0] = b'X';
+    assert_eq!(Header::decode(&other), Slot::Foreign);
+}
+
+#[test]
+fn first_page_check_accepts_versions_and_torn_mixes_only() {
+    let old = pattern(1, 512);
+    let new = pattern(2, 512);
+    assert!(is_version_or_torn_mix(&old, &old, &new));
+    assert!(is_version_or_torn_mix(&new, &old, &new));
+    for cut in [0, 1, 100, 511, 512] {
+        let mix: Vec<u8> = new[..cut].iter().chain(&old[cut..]).copied().collect();
+        assert!(is_version_or_torn_mix(&mix, &old, &new));
+    }
+    assert!(!is_version_or_torn_mix(&pattern(3, 512), &old, &new));
+    let mut patched = old.clone();
+    patched[200] ^= 1;
+    assert!(!is_version_or_torn_mix(&patched, &old, &new));
+}
+
+#[test]
+fn extents_split_overlapping_writes() {
+    let mut e = Extents::default();
+    e.insert(100, &[1; 100]);
+    e.insert(150, &[2; 10]);
+    e.insert(90, &[3; 20]);
+    e.insert(195, &[4; 10]);
+    let flat: Vec<(u64, Vec<u8>)> = e.map.iter().map(|(o, b)| (*o, b.clone())).collect();
+    assert_eq!(
+        flat,
+        vec![(90, vec![3; 20]), (110, vec![1; 40]), (150, vec![2; 10]), (160, vec![1; 35]), (195, vec![4; 10])]
+    );
+    e.truncate(155);
+    let flat: Vec<(u64, usize)> = e.map.iter().map(|(o, b)| (*o, b.len())).collect();
+    assert_eq!(flat, vec![(90, 20), (110, 40), (150, 5)]);
+}
+
+/// Random writes, truncations, reads and barriers against a flat model; then a power cut must
+/// leave exactly the model as of the last barrier, and a clean close the model itself.
+#[test]
+fn overlay_reads_match_a_flat_model_and_survive_a_cut() {
+    for seed in 0..150 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let m = Machine::new(seed, [0.0, 0.5, 1.0][rng.usize(..3)]);
+        let opts =
+            JournalOptions { region_bytes: 64 << 10, checkpoint_records: [0, 3][rng.usize(..2)], ..Default::default() };
+        let j = open_on(&m, &opts);
+        let mut model: Vec<u8> = Vec::new();
+        let mut synced = model.clone();
+        for _ in 0..120 {
+            match rng.u8(..12) {
+                0..=4 => {
+                    let offset = rng.usize(..model.len() + 9000);
+                    let len = if rng.u8(..20) == 0 { rng.usize(60_000..90_000) } else { rng.usize(1..9000) };
+                    let bytes: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+                    j.write(offset as u64, &bytes).unwrap();
+                    apply_op(&mut model, &Op::Write(offset as u64, bytes));
+                }
+                5 => {
+                    let len = rng.usize(..model.len() + 9000);
+                    j.set_len(len as u64).unwrap();
+                    model.resize(len, 0);
+                }
+                6..=8 if !model.is_empty() => {
+                    let start = rng.usize(..model.len());
+                    let end = rng.usize(start..=model.len());
+                    let mut out = vec![0u8; end - start];
+                    j.read(start as u64, &mut out).unwrap();
+                    assert_eq!(out, model[start..end], "seed {seed}: read {start}..{end}");
+                }
+                9 | 10 => {
+                    j.sync_data().unwrap();
+                    synced = model.clone();
+                }
+                _ => {
+                    assert_eq!(j.len().unwrap(), model.len() as u64);
+                    assert_eq!(contents(&j), model, "seed {seed}");
+                }
+            }
+        }
+        assert!(j.read(model.len() as u64, &mut [0u8; 1]).is_err());
+        let expected = if rng.bool() {
+            j.close().unwrap();
+            model
+        } else {
+            synced
+        };
+        let m2 = m.reboot();
+        let j2 = open_on(&m2, &opts);
+        assert_eq!(contents(&j2), expected, "seed {seed}: after reboot");
+        // Recovery left the data file itself complete.
+        assert_eq!(disk_bytes(&m2.data), expected, "seed {seed}: data file after recovery");
+    }
+}
+
+#[test]
+fn replay_applies_records_in_order() {
+    let m = Machine::new(1, 0.0);
+    let j = open_on(&m, &options(1 << 20));
+    j.set_len(20_000).unwrap();
+    j.write(8192, &[1; 3000]).unwrap();
+    j.write(100, &[1; 50]).unwrap();
+    j.sync_data().unwrap();
+    j.write(9000, &[2; 100]).unwrap();
+    j.write(120, &[2; 10]).unwrap();
+    j.sync_data().unwrap();
+    j.set_len(9050).unwrap();
+    j.set_len(12_000).unwrap();
+    j.sync_data().unwrap();
+    let expected = contents(&j);
+    assert_eq!(&expected[9000..9050], &[2; 50]);
+    assert_eq!(&expected[9050..12_000], &[0; 2950][..]);
+    let m2 = m.reboot();
+    // Nothing but the journal made it: the data file is still empty.
+    assert!(disk_bytes(&m2.data).is_empty());
+    let j2 = open_on(&m2, &options(1 << 20));
+    assert_eq!(j2.recovery().replayed_records, 3);
+    assert_eq!(contents(&j2), expected);
+}
+
+#[test]
+fn a_torn_last_record_is_not_replayed() {
+    for seed in 0..40 {
+        let m = Machine::new(seed, 0.0);
+        let j = open_on(&m, &options(1 << 20));
+        j.write(5000, &pattern(1, 6000)).unwrap();
+        j.sync_data().unwrap();
+        j.write(7000, &pattern(2, 9000)).unwrap();
+        j.sync_data().unwrap();
+        let expected = contents(&j);
+        j.write(6000, &pattern(3, 20_000)).unwrap();
+        // The next operation, the append of the third record, is cut: a random prefix lands.
+        m.power.arm(1);
+        assert!(j.sync_data().is_err());
+        let j2 = open_on(&m.reboot(), &options(1 << 20));
+        assert_eq!(j2.recovery().replayed_records, 2, "seed {seed}");
+        assert_eq!(contents(&j2), expected, "seed {seed}");
+    }
+}
+
+#[test]
+fn a_record_failing_its_checksum_ends_the_replay() {
+    let m = Machine::new(1, 0.0);
+    let j = open_on(&m, &options(1 << 20));
+    j.write(5000, &pattern(1, 6000)).unwrap();
+    j.sync_data().unwrap();
+    let after_first = contents(&j);
+    j.write(5000, &pattern(2, 6000)).unwrap();
+    j.sync_data().unwrap();
+    j.write(5000, &pattern(3, 6000)).unwrap();
+    j.sync_data().unwrap();
+    let m2 = m.reboot();
+    // Flip a byte inside the second record's page bytes.
+    let second = REGION_START + record_size([(5000u64, &pattern(1, 6000)[..])].into_iter());
+    m2.log.lock().unwrap().volatile[(second + 200) as usize] ^= 0x40;
+    let j2 = open_on(&m2, &options(1 << 20));
+    assert_eq!(j2.recovery().replayed_records, 1);
+    assert_eq!(contents(&j2), after_first);
+}
+
+/// A database that crashed with records pending in its journal, and another database.
+fn two_databases() -> (Machine, Machine) {
+    let a = Machine::new(1, 0.0);
+    {
+        let db = Database::builder().create_with_backend(open_on(&a, &options(1 << 20))).unwrap();
+        let mut rng = fastrand::Rng::with_seed(1);
+        let mut model = Model::new();
+        for _ in 0..5 {
+            assert!(matches!(run_txn(&db, &mut rng, &mut model), TxnEnd::Committed));
+        }
+        a.power.cut();
+    }
+    let b = Machine::new(2, 0.0);
+    {
+        let db = Database::builder().create_with_backend(open_on(&b, &options(1 << 20))).unwrap();
+        let mut rng = fastrand::Rng::with_seed(2);
+        let mut model = Model::new();
+        for _ in 0..5 {
+            assert!(matches!(run_txn(&db, &mut rng, &mut model), TxnEnd::Committed));
+        }
+    }
+    (a.reboot(), b.reboot())
+}
+
+#[test]
+fn a_journal_of_another_file_is_refused() {
+    let (a, b) = two_databases();
+    let a_log = a.log.lock().unwrap().clone();
+    let b_data = b.data.lock().unwrap().clone();
+    let mixed = Machine::with_disks(3, 0.0, b_data.clone(), a_log.clone());
+    let (data, log) = mixed.backends();
+    let err = JournalBackend::open_with(data, log, &options(1 << 20)).unwrap_err();
+    assert!(matches!(err, JournalError::Foreign), "{err}");
+    // Both files untouched.
+    assert_eq!(disk_bytes(&mixed.data), b_data.volatile);
+    assert_eq!(disk_bytes(&mixed.log), a_log.volatile);
+    // The journal over its own file replays.
+    let j = open_on(&a, &options(1 << 20));
+    assert!(j.recovery().replayed_records > 0);
+    let db = Database::builder().create_with_backend(j).unwrap();
+    assert_eq!(read_table(&db).unwrap().len(), {
+        let mut rng = fastrand::Rng::with_seed(1);
+        let mut model = Model::new();
+        let scratch = Machine::new(9, 0.0);
+        let db2 = Database::builder().create_with_backend(open_on(&scratch, &options(1 << 20))).unwrap();
+        for _ in 0..5 {
+            run_txn(&db2, &mut rng, &mut model);
+        }
+        model.len()
+    });
+}
+
+#[test]
+fn a_clean_journal_over_a_changed_file_is_rebound() {
+    let (_, b) = two_databases();
+    // The file is written without the journal (the journal is clean after b's close).
+    {
+        let db = Database::builder().create_with_backend(b.data_backend()).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(TABLE).unwrap().insert(7777, b"plain".as_slice()).unwrap();
+        txn.commit().unwrap();
+    }
+    let j = open_on(&b, &options(1 << 20));
+    assert!(j.recovery().rebound);
+    assert_eq!(j.recovery().replayed_records, 0);
+    let db = Database::builder().create_with_backend(j).unwrap();
+    assert_eq!(read_table(&db).unwrap().get(&7777).map(Vec::as_slice), Some(&b"plain"[..]));
+}
+
+#[test]
+fn a_missing_journal_is_created_for_an_existing_file() {
+    let m = Machine::new(1, 0.0);
+    {
+        let db = Database::builder().create_with_backend(m.data_backend()).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(TABLE).unwrap().insert(1, b"before the journal".as_slice()).unwrap();
+        txn.commit().unwrap();
+    }
+    assert!(disk_bytes(&m.log).is_empty());
+    let before = disk_bytes(&m.data);
+    let j = open_on(&m, &options(64 << 10));
+    assert_eq!(j.recovery(), &Recovery { created: true, generation: 1, ..Recovery::default() });
+    assert_eq!(disk_bytes(&m.log).len() as u64, REGION_START + (64 << 10));
+    assert_eq!(disk_bytes(&m.data), before);
+    let db = Database::builder().create_with_backend(j).unwrap();
+    assert_eq!(read_table(&db).unwrap().get(&1).map(Vec::as_slice), Some(&b"before the journal"[..]));
+}
+
+#[test]
+fn a_new_journal_over_a_new_file_is_a_no_op() {
+    let m = Machine::new(1, 0.0);
+    let j = open_on(&m, &options(64 << 10));
+    assert!(j.recovery().created);
+    assert_eq!(j.len().unwrap(), 0);
+    j.close().unwrap();
+    let m2 = m.reboot();
+    let j2 = open_on(&m2, &options(64 << 10));
+    assert_eq!(j2.recovery(), &Recovery { generation: 1, ..Recovery::default() });
+    assert!(disk_bytes(&m2.data).is_empty());
+}
+
+#[test]
+fn a_half_created_journal_is_created_again_and_a_foreign_file_refused() {
+    let template = Machine::with_disks(1, 0.0, Disk::with_bytes(pattern(1, 10_000)), Disk::default());
+    drop(open_on(&template, &options(64 << 10)));
+    let header = disk_bytes(&template.log)[..SLOT_LEN].to_vec();
+    for keep in [0, 3, 8, 100, 5000, SLOT_LEN - 1] {
+        let mut log = vec![0u8; keep.max(1)];
+        log[..keep].copy_from_slice(&header[..keep]);
+        let m = Machine::with_disks(2, 0.0, Disk::default(), Disk::with_bytes(log));
+        let j = open_on(&m, &options(64 << 10));
+        assert!(j.recovery().created, "kept {keep}");
+    }
+    let m = Machine::with_disks(2, 0.0, Disk::default(), Disk::with_bytes(b"some other file".to_vec()));
+    let (data, log) = m.backends();
+    assert!(matches!(JournalBackend::open_with(data, log, &options(64 << 10)), Err(JournalError::NotAJournal)));
+    assert_eq!(disk_bytes(&m.log), b"some other file");
+}
+
+#[test]
+fn checkpoints_reset_the_region_and_keep_everything() {
+    let m = Machine::new(1, 0.0);
+    let j = open_on(&m, &options(64 << 10));
+    let monitor = j.monitor();
+    for i in 0..60u8 {
+        j.write(u64::from(i) * 5000, &pattern(i, 9000)).unwrap();
+        j.sync_data().unwrap();
+    }
+    let expected = contents(&j);
+    let stats = monitor.stats();
+    assert_eq!(stats.records, 60);
+    assert!(stats.checkpoints >= 10, "{stats:?}");
+    assert_eq!(stats.direct_batches, 0);
+    let j2 = open_on(&m.reboot(), &options(64 << 10));
+    assert!(j2.recovery().replayed_records > 0);
+    assert_eq!(contents(&j2), expected);
+}
+
+#[test]
+fn checkpoint_every_n_records() {
+    let m = Machine::new(1, 0.0);
+    let opts = JournalOptions { checkpoint_records: 4, ..options(1 << 20) };
+    let j = open_on(&m, &opts);
+    let monitor = j.monitor();
+    for i in 0..10u8 {
+        j.write(u64::from(i) * 100, &[i; 100]).unwrap();
+        j.sync_data().unwrap();
+    }
+    assert_eq!(monitor.stats().checkpoints, 2);
+    let j2 = open_on(&m.reboot(), &opts);
+    assert_eq!(j2.recovery().replayed_records, 2);
+}
+
+#[test]
+fn a_batch_larger_than_the_region_goes_to_the_data_file() {
+    let m = Machine::new(1, 0.0);
+    let j = open_on(&m, &options(64 << 10));
+    let monitor = j.monitor();
+    j.write(0, &pattern(1, 5000)).unwrap();
+    j.sync_data().unwrap();
+    j.write(3000, &pattern(2, 200_000)).unwrap();
+    j.sync_data().unwrap();
+    let expected = contents(&j);
+    assert_eq!(monitor.stats().direct_batches, 1);
+    let m2 = m.reboot();
+    let j2 = open_on(&m2, &options(64 << 10));
+    assert_eq!(j2.recovery().replayed_records, 0);
+    assert_eq!(contents(&j2), expected);
+}
+
+#[test]
+fn the_journal_is_resized_when_asked() {
+    let m = Machine::new(1, 0.0);
+    let j = open_on(&m, &options(64 << 10));
+    j.write(0, &pattern(1, 10_000)).unwrap();
+    j.sync_data().unwrap();
+    let expected = contents(&j);
+    let m2 = m.reboot();
+    let j2 = open_on(&m2, &options(256 << 10));
+    assert!(j2.recovery().resized);
+    assert_eq!(j2.recovery().replayed_records, 1);
+    assert_eq!(disk_bytes(&m2.log).len() as u64, REGION_START + (256 << 10));
+    assert_eq!(contents(&j2), expected);
+    j2.write(20_000, &[5; 100]).unwrap();
+    j2.sync_data().unwrap();
+    let expected = contents(&j2);
+    let m3 = m2.reboot();
+    let j3 = open_on(&m3, &options(64 << 10));
+    assert!(j3.recovery().resized);
+    assert_eq!(disk_bytes(&m3.log).len() as u64, REGION_START + (64 << 10));
+    assert_eq!(contents(&j3), expected);
+}
+
+#[test]
+fn a_failed_barrier_latches_the_backend() {
+    let m = Machine::new(1, 0.0);
+    // Syncs of a new journal: the zero fill, the header, then the first record's.
+    let plan = FaultPlan::new(F_SYNC, 3);
+    let log = FaultyBackend { inner: m.log_backend(), plan: plan.clone() };
+    let j = JournalBackend::open_with(Box::new(m.data_backend()), Box::new(log), &options(64 << 10)).unwrap();
+    j.write(5000, &[1; 100]).unwrap();
+    assert!(j.sync_data().is_err());
+    assert!(plan.fired.load(Ordering::SeqCst));
+    // Latched: no more writes, even though the fault was transient; reads still work.
+    assert!(j.write(0, &[1]).is_err());
+    assert!(j.set_len(1).is_err());
+    assert!(j.sync_data().is_err());
+    let mut out = [0u8; 100];
+    j.read(5000, &mut out).unwrap();
+    assert_eq!(out, [1; 100]);
+    // Closing does not checkpoint over the failure.
+    j.close().unwrap();
+    // The record was written but its sync failed: a process restart finds it whole (the page
+    // cache kept it), a power cut without it.
+    let j2 = open_on(&m.restart_process(), &options(64 << 10));
+    assert_eq!(j2.recovery().replayed_records, 1);
+    j2.read(5000, &mut out).unwrap();
+    assert_eq!(out, [1; 100]);
+    let j3 = open_on(&m.reboot(), &options(64 << 10));
+    assert_eq!(j3.recovery().replayed_records, 0);
+    assert_eq!(j3.len().unwrap(), 0);
+}
+
+#[test]
+fn a_failed_checkpoint_keeps_the_records() {
+    let m = Machine::new(1, 0.0);
+    let plan = FaultPlan::new(F_WRITE, 1);
+    let data = FaultyBackend { inner: m.data_backend(), plan };
+    let j = JournalBackend::open_with(Box::new(data), Box::new(m.log_backend()), &options(64 << 10)).unwrap();
+    j.write(5000, &[1; 100]).unwrap();
+    j.sync_data().unwrap();
+    // Between checkpoints the data file is not written.
+    assert!(disk_bytes(&m.data).is_empty());
+    // The checkpoint at close fails writing the data file.
+    assert!(j.close().is_err());
+    let j2 = open_on(&m.reboot(), &options(64 << 10));
+    assert_eq!(j2.recovery().replayed_records, 1);
+    let mut out = [0u8; 100];
+    j2.read(5000, &mut out).unwrap();
+    assert_eq!(out, [1; 100]);
+}
+
+#[test]
+fn files_on_disk_round_trip_and_refuse_a_second_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let opts = options(256 << 10);
+    {
+        let j = JournalBackend::open_path(&path, &opts).unwrap();
+        assert!(j.recovery().created);
+        let second = JournalBackend::open_path(&path, &opts);
+        assert!(matches!(second, Err(JournalError::Held)), "{second:?}");
+        let db = Database::builder().create_with_backend(j).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(TABLE).unwrap().insert(1, b"one".as_slice()).unwrap();
+        txn.commit().unwrap();
+        // redb's own lock on the data file also keeps a journal open out.
+        let third = JournalBackend::open_path(&path, &opts);
+        assert!(matches!(third, Err(JournalError::Held)), "{third:?}");
+    }
+    assert_eq!(std::fs::metadata(journal_path(&path)).unwrap().len(), REGION_START + (256 << 10));
+    assert_eq!(journal_path(&path).file_name().unwrap(), "limiter.redb-journal");
+    let j = JournalBackend::open_path(&path, &opts).unwrap();
+    assert_eq!(j.recovery().replayed_records, 0);
+    assert!(!j.recovery().rebound);
+    let db = Database::builder().create_with_backend(j).unwrap();
+    assert_eq!(read_table(&db).unwrap().get(&1).map(Vec::as_slice), Some(&b"one"[..]));
+    drop(db);
+    // A plain redb open of the data file keeps the journal out too (nothing is replayed under it).
+    let plain = Database::builder().create(&path).unwrap();
+    let held = JournalBackend::open_path(&path, &opts);
+    assert!(matches!(held, Err(JournalError::Held)), "{held:?}");
+    drop(plain);
+    assert!(JournalBackend::open_path(&path, &opts).is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmark: durable commits per second, plain file against journal, on real files.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Plain,
+    Journal,
+}
+
+fn open_bench_db(variant: Variant, dir: &Path) -> (Database, Option<JournalMonitor>) {
+    match variant {
+        Variant::Plain => {
+            let path = dir.join("plain.redb");
+            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+            (Database::builder().create_with_backend(FileBackend::new(file).unwrap()).unwrap(), None)
+        }
+        Variant::Journal => {
+            let journal = JournalBackend::open_path(&dir.join("journal.redb"), &JournalOptions::default()).unwrap();
+            let monitor = journal.monitor();
+            (Database::builder().create_with_backend(journal).unwrap(), Some(monitor))
+        }
+    }
+}
+
+/// CPU time (user + system) of this process so far, in seconds, where procfs tells it.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// One durable commit of one small insert, as the limiter's store makes per grant.
+fn one_commit(db: &Database, key: u64) {
+    let mut txn = db.begin_write().unwrap();
+    txn.set_durability(Durability::Immediate).unwrap();
+    txn.open_table(TABLE).unwrap().insert(key % 10_000, [7u8; 24].as_slice()).unwrap();
+    txn.commit().unwrap();
+}
+
+/// The floor under each design: `pages` writes of 4 KiB at scattered offsets of a 4 MiB file
+/// (plain redb's commit), or one sequential write of `pages` pages into a preallocated file
+/// (the journal's), then one fdatasync; returns syncs per second over `secs`.
+fn raw_sync_rate(dir: &Path, sequential: bool, pages: usize, secs: u64) -> f64 {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(if sequential { "raw-seq" } else { "raw-scattered" });
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
+    let size = 4u64 << 20;
+    file.write_all_at(&vec![0u8; size as usize], 0).unwrap();
+    file.sync_all().unwrap();
+    let mut rng = fastrand::Rng::with_seed(1);
+    let buf = vec![5u8; 4096 * pages];
+    let mut pos = 0u64;
+    let start = std::time::Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs() < secs {
+        if sequential {
+            if pos + buf.len() as u64 > size {
+                pos = 0;
+            }
+            file.write_all_at(&buf, pos).unwrap();
+            pos += buf.len() as u64;
+        } else {
+            for _ in 0..pages {
+                file.write_all_at(&buf[..4096], rng.u64(..size / 4096) * 4096).unwrap();
+            }
+        }
+        file.sync_data().unwrap();
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `cargo test --release -- --ignored bench --nocapture`; `JOURNAL_BENCH_SECS` (3) per run,
+/// `JOURNAL_BENCH_ROUNDS` (3) rounds of plain then journal, `JOURNAL_BENCH_DIR` for the files.
+#[test]
+#[ignore = "benchmark: run with --release -- --ignored bench --nocapture"]
+fn bench_durable_commits() {
+    let secs = env_u64("JOURNAL_BENCH_SECS", 3);
+    let rounds = env_u64("JOURNAL_BENCH_ROUNDS", 3);
+    let dir = match std::env::var("JOURNAL_BENCH_DIR") {
+        Ok(d) => tempfile::tempdir_in(d).unwrap(),
+        Err(_) => tempfile::tempdir().unwrap(),
+    };
+    println!("files in {}", dir.path().display());
+    let mut key = 0u64;
+    let mut ratios = Vec::new();
+    for round in 1..=rounds {
+        let mut rates = Vec::new();
+        for variant in [Variant::Plain, Variant::Journal] {
+            let (db, monitor) = open_bench_db(variant, dir.path());
+            for _ in 0..200 {
+                key += 1;
+                one_commit(&db, key);
+            }
+            let before = monitor.as_ref().map(JournalMonitor::stats).unwrap_or_default();
+            let cpu_before = cpu_seconds();
+            let start = std::time::Instant::now();
+            let mut commits = 0u64;
+            while start.elapsed().as_secs() < secs {
+                key += 1;
+                one_commit(&db, key);
+                commits += 1;
+            }
+            let rate = commits as f64 / start.elapsed().as_secs_f64();
+            let cpu = match (cpu_before, cpu_seconds()) {
+                (Some(a), Some(b)) => format!(", {:.0} µs CPU/commit", (b - a) * 1e6 / commits as f64),
+                _ => String::new(),
+            };
+            let detail = match monitor.as_ref().map(JournalMonitor::stats) {
+                Some(after) => format!(
+                    " ({:.2} records/commit, {:.1} KiB/record, {} checkpoints)",
+                    (after.records - before.records) as f64 / commits as f64,
+                    (after.record_bytes - before.record_bytes) as f64
+                        / 1024.0
+                        / (after.records - before.records) as f64,
+                    after.checkpoints - before.checkpoints
+                ),
+                None => String::new(),
+            };
+            println!("round {round} {variant:?}: {rate:.0} commits/s{cpu}{detail}");
+            rates.push(rate);
+            drop(db);
+        }
+        ratios.push(rates[1] / rates[0]);
+        println!("round {round}: journal / plain = {:.2}", rates[1] / rates[0]);
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!("median ratio journal / plain: {:.2}", ratios[ratios.len() / 2]);
+    // Finer interleaving against drift in the disk's speed: both open, 250 ms slices in turn.
+    let (plain, _) = open_bench_db(Variant::Plain, dir.path());
+    let (journal, _) = open_bench_db(Variant::Journal, dir.path());
+    let mut totals = [(0u64, 0f64); 2];
+    for _ in 0..(secs * rounds * 2) {
+        for (i, db) in [&plain, &journal].into_iter().enumerate() {
+            let start = std::time::Instant::now();
+            while start.elapsed().as_millis() < 250 {
+                key += 1;
+                one_commit(db, key);
+                totals[i].0 += 1;
+            }
+            totals[i].1 += start.elapsed().as_secs_f64();
+        }
+    }
+    let [p, j] = totals.map(|(n, t)| n as f64 / t);
+    println!(
+        "250 ms slices, {}x each: plain {p:.0} commits/s, journal {j:.0} commits/s, ratio {:.2}",
+        secs * rounds * 2,
+        j / p
+    );
+    drop((plain, journal));
+    let scattered = raw_sync_rate(dir.path(), false, 7, secs);
+    let sequential = raw_sync_rate(dir.path(), true, 7, secs);
+    println!(
+        "raw floor: 7 scattered 4 KiB writes + fdatasync {scattered:.0}/s, one 28 KiB append + fdatasync \
+         {sequential:.0}/s"
+    );
+}
+
+#[test]
+fn readers_run_alongside_commits() {
+    let m = Machine::new(1, 0.0);
+    let opts = JournalOptions { checkpoint_records: 7, ..options(64 << 10) };
+    let db = Database::builder().create_with_backend(open_on(&m, &opts)).unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut seen = 0;
+                while !done.load(Ordering::SeqCst) {
+                    let rows = read_table(&db).unwrap();
+                    // Commit i writes keys 0..=i, each holding its own number.
+                    assert!(rows.iter().all(|(k, v)| v.len() == 600 && v[0] == *k as u8));
+                    assert!(rows.len() >= seen, "a reader went back in time");
+                    seen = rows.len();
+                }
+            });
+        }
+        for i in 0..150u64 {
+            let txn = db.begin_write().unwrap();
+            txn.open_table(TABLE).unwrap().insert(i, vec![i as u8; 600].as_slice()).unwrap();
+            txn.commit().unwrap();
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    assert_eq!(read_table(&db).unwrap().len(), 150);
+}

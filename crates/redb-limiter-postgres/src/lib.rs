@@ -254,7 +254,7 @@ impl PgLimiter {
         let reply: Value = self
             .call(
                 "SELECT S.acquire($1::jsonb, $2, $3, $4, $5)",
-                &[&request_json(&req), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()],
+                &[&req.to_json(), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()],
             )
             .await?;
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
@@ -271,7 +271,7 @@ impl PgLimiter {
         let reply: Value = self
             .call(
                 "SELECT S.acquire($1::jsonb, 'peek', $2, $3, $4)",
-                &[&request_json(&req), &to_i64(self.options.recheck_ms), &"", &self.at()],
+                &[&req.to_json(), &to_i64(self.options.recheck_ms), &"", &self.at()],
             )
             .await?;
         let peeked = peeked_from(&reply).ok_or_else(|| protocol(&reply))?;
@@ -466,30 +466,6 @@ fn millis_from_sql(v: i64) -> Millis {
 
 fn millis_at(v: &Value, field: &str) -> Option<Millis> {
     v.get(field)?.as_i64().map(millis_from_sql)
-}
-
-/// The request as the SQL functions take it: every default written out.
-#[must_use]
-pub fn request_json(req: &AcquireRequest) -> Value {
-    let limits: Vec<Value> = req
-        .limits
-        .iter()
-        .map(|l| {
-            let mut m = serde_json::Map::new();
-            m.insert("key".into(), Value::from(l.key.clone()));
-            if let Some(w) = l.window {
-                m.insert("calls".into(), Value::from(w.calls));
-                m.insert("perMs".into(), Value::from(w.per_ms));
-            }
-            if let Some(c) = l.concurrent {
-                m.insert("concurrent".into(), Value::from(c));
-            }
-            m.insert("cost".into(), Value::from(l.cost));
-            m.insert("holdMs".into(), Value::from(l.hold_ms));
-            Value::Object(m)
-        })
-        .collect();
-    json!({ "key": req.key, "holdMs": req.hold_ms, "permit": req.permit, "limits": limits })
 }
 
 fn decision_from(reply: &Value) -> Option<Decision> {

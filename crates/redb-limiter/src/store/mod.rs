@@ -580,7 +580,6 @@ impl Store {
             if k.value() as u64 > MAX_PERMIT_SEQUENCE
                 || permit.places.len() > MAX_LIMITS
                 || permit.windows.len() > MAX_LIMITS
-                || (permit.places.is_empty() && permit.windows.is_empty())
                 || !ahead_ok(permit.expires.0)
                 || permit.places.iter().any(|(b, lapse)| !key_ok(b) || !ahead_ok(lapse.0))
                 || permit.windows.iter().any(|w| !key_ok(&w.bucket) || w.cap > MAX_CALLS || w.cost > MAX_CALLS)

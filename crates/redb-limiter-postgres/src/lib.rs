@@ -448,6 +448,23 @@ fn peeked_from(reply: &Value) -> Option<Peeked> {
     Some(Peeked { refusal, report: report_from(reply)? })
 }
 
+/// The database the tests run against: `REDB_LIMITER_TEST_POSTGRES` (`.ci/run` starts one).
+/// Under `CI=true` a missing URL panics; elsewhere the tests say loudly that they did not run.
+#[doc(hidden)]
+#[must_use]
+pub fn test_database_url() -> Option<String> {
+    match std::env::var("REDB_LIMITER_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("REDB_LIMITER_TEST_POSTGRES is not set: .ci/run must start PostgreSQL for these tests")
+        }
+        _ => {
+            eprintln!("NOT RUN: set REDB_LIMITER_TEST_POSTGRES=postgres://… (or run .ci/run) to test PostgreSQL mode");
+            None
+        }
+    }
+}
+
 fn protocol(reply: &Value) -> LimiterError {
     LimiterError::Unavailable(format!("PostgreSQL answered something unexpected: {reply}"))
 }

@@ -20,16 +20,7 @@ use redb_limiter_postgres::{PgLimiter, PgOptions};
 const T0: Millis = Millis(1_764_460_800_000);
 
 fn database_url() -> Option<String> {
-    match std::env::var("REDB_LIMITER_TEST_POSTGRES") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("REDB_LIMITER_TEST_POSTGRES is not set: .ci/run must start PostgreSQL for these tests")
-        }
-        _ => {
-            eprintln!("NOT RUN: set REDB_LIMITER_TEST_POSTGRES=postgres://… (or run .ci/run) to test PostgreSQL mode");
-            None
-        }
-    }
+    redb_limiter_postgres::test_database_url()
 }
 
 /// A fresh schema for one test, on the injected clock.

@@ -2,10 +2,13 @@
 //!
 //! - `durability/grant_1`: one requester, one acquire at a time; every grant waits for its own
 //!   durable commit, so this is bound by the disk's flush latency. `bench/durability.sh` runs the
-//!   raw fdatasync probe on the same filesystem in the same run for the ratio.
-//! - `durability/grant_64`: 64 tasks in-process, each with one acquire in flight; the writer
-//!   shares one commit among every request that arrived while the previous one was flushing.
-//!   One iteration is one grant.
+//!   raw fdatasync probe and SQLite (WAL, `synchronous=FULL`) on the same filesystem in the same
+//!   run for the ratios.
+//! - `durability/grant_16`, `durability/grant_64`: 16 or 64 tasks in-process, each with one
+//!   acquire in flight; the writer shares one commit among every request that arrived while the
+//!   previous one was flushing. One iteration is one grant.
+//! - `durability/grant_N_plain`: the same on the file alone, without its journal (redb's own
+//!   commits), measured right after, for the journal's before/after.
 //! - `reopen_1m/limiter`: a file with 1,000,000 live window entries (1,000 buckets x 1,000
 //!   grants at distinct milliseconds, all inside a one-day window) opened with
 //!   `Limiter::open_with` until it answers its first acquire, with the file in the OS page
@@ -26,14 +29,15 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use redb_limiter::engine::{BucketMeta, Effect, Engine, EngineConfig};
-use redb_limiter::store::{Store, file_opener};
+use redb_limiter::store::{Opener, Store, file_opener, plain_file_opener};
 use redb_limiter::time::{Clock, FakeClock};
 use redb_limiter::{AcquireRequest, Limit, Limiter, LimiterOptions, Millis};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 
 const BUCKETS: usize = 1_000;
-const REQUESTERS: u64 = 64;
+/// In-process requesters, each with one acquire in flight.
+const REQUESTERS: [u64; 3] = [1, 16, 64];
 /// Grants per bucket in the reopen file, each at its own millisecond.
 const GRANTS_PER_BUCKET: u64 = 1_000;
 /// The reopen file's window: long enough that nothing lapses while it is built and reopened.
@@ -81,43 +85,36 @@ fn grants(c: &mut Criterion) {
     group.sample_size(20);
 
     let dir = fresh_dir();
-    let limiter = Limiter::open(dir.path().join("grant_1.redb")).expect("open the limiter");
-    let mut next = 0;
-    group.bench_function("grant_1", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let started = Instant::now();
-                for _ in 0..iters {
-                    next = (next + 1) % reqs.len();
-                    grant(&limiter, &reqs[next]).await;
-                }
-                started.elapsed()
-            })
-        })
-    });
-    drop(limiter);
-
-    let limiter = Arc::new(Limiter::open(dir.path().join("grant_64.redb")).expect("open the limiter"));
-    group.bench_function("grant_64", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let started = Instant::now();
-                let mut tasks = JoinSet::new();
-                for t in 0..REQUESTERS {
-                    // Split `iters` grants as evenly as possible over the requesters.
-                    let share = iters / REQUESTERS + u64::from(t < iters % REQUESTERS);
-                    let (limiter, reqs) = (limiter.clone(), reqs.clone());
-                    tasks.spawn(async move {
-                        for i in 0..share {
-                            grant(&limiter, &reqs[((t + i * REQUESTERS) as usize) % reqs.len()]).await;
+    for requesters in REQUESTERS {
+        // The file behind its journal (production), then the file alone, back to back.
+        for (suffix, opener) in [("", file_opener as fn() -> Opener), ("_plain", plain_file_opener)] {
+            let name = format!("grant_{requesters}{suffix}");
+            let options = LimiterOptions { opener: opener(), ..LimiterOptions::default() };
+            let limiter = Arc::new(
+                Limiter::open_with(dir.path().join(format!("{name}.redb")), options).expect("open the limiter"),
+            );
+            group.bench_function(name, |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let started = Instant::now();
+                        let mut tasks = JoinSet::new();
+                        for t in 0..requesters {
+                            // Split `iters` grants as evenly as possible over the requesters.
+                            let share = iters / requesters + u64::from(t < iters % requesters);
+                            let (limiter, reqs) = (limiter.clone(), reqs.clone());
+                            tasks.spawn(async move {
+                                for i in 0..share {
+                                    grant(&limiter, &reqs[((t + i * requesters) as usize) % reqs.len()]).await;
+                                }
+                            });
                         }
-                    });
-                }
-                tasks.join_all().await;
-                started.elapsed()
-            })
-        })
-    });
+                        tasks.join_all().await;
+                        started.elapsed()
+                    })
+                })
+            });
+        }
+    }
     group.finish();
 }
 

@@ -1,8 +1,10 @@
 //! The engine and the real store against the brute-force reference, in redb's fuzzing style: an
 //! arbitrary sequence of operations, each applied to the engine (committing its effects to a redb
-//! file) and to `Reference`, then compared. Restarts rebuild the engine from the file; a crash
-//! fails the Nth write or sync of a commit, and the engine rebuilt from the file must hold
-//! exactly the state before that commit or after it, whole.
+//! file behind its journal, as in production) and to `Reference`, then compared. Restarts
+//! rebuild the engine from the file; a crash fails the Nth write or sync of a commit (the
+//! journal's append or sync, or a checkpoint's writes and syncs of either file), and the engine
+//! rebuilt from the file, its journal replayed, must hold exactly the state before that commit or
+//! after it, whole.
 //!
 //! Section 9 rides along: every acquire is peeked first (the peek must equal it and leave the
 //! engine byte for byte as it was), figures are compared with the reference's, permits are
@@ -25,7 +27,7 @@ use redb_limiter::engine::model::Reference;
 use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, PermitId};
 use redb_limiter::request::Cost as SettledCost;
 use redb_limiter::request::{AcquireRequest, Limit, ThrottleRequest, WindowLimit};
-use redb_limiter::store::faulty::{FaultPlan, faulty_opener};
+use redb_limiter::store::faulty::{FaultPlan, faulty_journal_opener};
 use redb_limiter::store::{Store, file_opener};
 
 /// Every bucket key has a fixed `calls` and two windows it may be named with (see tests.rs).
@@ -365,7 +367,7 @@ impl Harness {
             // The same file through the fault-injecting backend; the engine already matches it.
             self.store = None;
             self.store =
-                Some(Store::open(&self.path, &faulty_opener(self.plan.clone())).expect("reopen through the plan"));
+                Some(Store::open(&self.path, &faulty_journal_opener(self.plan.clone())).expect("reopen through the plan"));
             self.faulty = true;
         }
         let before = self.reference.clone();

@@ -1,5 +1,6 @@
-//! `redb-limiter check --path FILE`: open (creating when missing) and validate the file, print
-//! what it holds, and fail with the reason when it cannot be used. `listen-fire connect` runs it.
+//! `redb-limiter check --path FILE`: open (creating when missing) and validate the file and its
+//! journal (replayed into the file first), print what it holds, and fail with the reason when it
+//! cannot be used. `listen-fire connect` runs it.
 //! With `--postgres URL`, create (or validate) the schema in that database instead.
 
 use std::path::PathBuf;
@@ -48,5 +49,9 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
         snapshot.totals.throttles,
     );
     limiter.close();
+    let journal = redb_limiter::store::journal::journal_path(&args.path);
+    if journal.exists() {
+        println!("ok: {} (its journal: every commit in it replayed into the file)", journal.display());
+    }
     Ok(())
 }

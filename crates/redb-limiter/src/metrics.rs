@@ -1,8 +1,8 @@
 //! Metrics: what `/metrics` exposes, in Prometheus text format.
 //!
 //! It owns the registry and the handles the limiter updates (decisions by method, outcome and
-//! reason, peeks, settles and lifts included; commit latency; batch size; live buckets, held places, throttles). Updating a handle
-//! is a few atomic operations; nothing here touches the engine or the store.
+//! reason, peeks, settles and lifts included; commit latency; batch size; live buckets, held places, throttles; the database's length,
+//! journal included). Updating a handle is a few atomic operations; nothing here touches the engine or the store.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -34,6 +34,7 @@ pub struct Metrics {
     pub held_places: Gauge,
     pub throttles: Gauge,
     pub permits: Gauge,
+    pub file_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -60,7 +61,23 @@ impl Default for Metrics {
         registry.register("throttles", "Caller keys throttled", throttles.clone());
         let permits = Gauge::default();
         registry.register("permits", "Permits holding places", permits.clone());
-        Metrics { registry, decisions, commit_seconds, batch_size, live_buckets, held_places, throttles, permits }
+        let file_bytes = Gauge::default();
+        registry.register(
+            "file_bytes",
+            "Length of the database as of the last commit (commits still only in the journal included)",
+            file_bytes.clone(),
+        );
+        Metrics {
+            registry,
+            decisions,
+            commit_seconds,
+            batch_size,
+            live_buckets,
+            held_places,
+            throttles,
+            permits,
+            file_bytes,
+        }
     }
 }
 

@@ -1,8 +1,9 @@
-//! File formats across releases: a file written by the previous release (format version 2,
-//! committed as `tests/fixtures/v2-limiter.redb`) opens with this build and serves every window,
-//! place and throttle exactly as before; the open marks it version 3.
+//! File formats across releases: files written by earlier releases (format version 2,
+//! committed as `tests/fixtures/v2-limiter.redb`, and version 3, `tests/fixtures/v3-limiter.redb`)
+//! open with this build and serve every window, place, settled cost and throttle exactly as
+//! before; the open marks them this build's version.
 //!
-//! The fixture was written by the `serve` binary of the previous release over HTTP: three grants
+//! The version-2 fixture was written by the `serve` binary of the previous release over HTTP: three grants
 //! of cost 2 in `fixture/tpd` (10 per 31 days) at 15:52:35.476, .505 and .541; one grant at
 //! 15:52:35.573 holding a place in `fixture/conc` (2 at once, held 24 h) and counting in
 //! `fixture/rpd` (5 per day), its permit `p-c89bf14a218248e70000000000000000`; and a throttle of
@@ -21,17 +22,17 @@ fn at(s: &str) -> Millis {
     parse_instant(s).unwrap()
 }
 
-fn fixture_copy() -> (tempfile::TempDir, std::path::PathBuf) {
+fn fixture_copy(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limiter.redb");
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v2-limiter.redb");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     std::fs::copy(fixture, &path).unwrap();
     (dir, path)
 }
 
 #[test]
 fn a_file_of_the_previous_release_serves_as_before() {
-    let (_dir, path) = fixture_copy();
+    let (_dir, path) = fixture_copy("v2-limiter.redb");
     let now = at("2026-11-30T15:53:35.000Z");
     let clock = Arc::new(FakeClock::new(now));
     let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
@@ -95,4 +96,84 @@ fn a_file_of_the_previous_release_serves_as_before() {
     let limiter = Limiter::open_with(&path, options).unwrap();
     let tpd_used = limiter.state_blocking("fixture/tpd").unwrap().view.buckets[0].window_used;
     assert_eq!(tpd_used, 10);
+}
+
+/// The version-3 fixture was written by the `serve` binary of the release before this one
+/// (wire version 2) over HTTP: grants of cost 2 and 3 in `fixture/tpd` (10 per 31 days) at
+/// 18:48:51.213 and .228; one at .236 holding a place in `fixture/conc` (2 at once, held 24 h)
+/// and counting in `fixture/rpd` (5 per day), permit `…0000`; one with `permit: true` and
+/// `holdMs` 24 h at .255 of cost 5000 in `fixture/tpm` (100,000 per hour), permit `…0001`,
+/// settled to 1874; a throttle of `fixture/cred:2` until 2026-12-01T12:00:00.000Z; then SIGTERM.
+#[test]
+fn a_file_of_the_release_before_serves_as_before_and_its_permits_still_settle() {
+    const PLACE: &str = "p-12976a58828f8fe60000000000000000";
+    const SETTLED: &str = "p-12976a58828f8fe60000000000000001";
+    let (_dir, path) = fixture_copy("v3-limiter.redb");
+    let now = at("2026-11-30T18:50:00.000Z");
+    let clock = Arc::new(FakeClock::new(now));
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+
+    let snapshot = limiter.state_blocking("fixture/").unwrap();
+    let buckets: Vec<(String, u64, usize)> =
+        snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held)).collect();
+    assert_eq!(
+        buckets,
+        vec![
+            ("fixture/conc".to_owned(), 0, 1),
+            ("fixture/rpd".to_owned(), 1, 0),
+            ("fixture/tpd".to_owned(), 5, 0),
+            ("fixture/tpm".to_owned(), 1874, 0),
+        ]
+    );
+    // Both permits are live; the view lists the one holding places.
+    assert_eq!(snapshot.totals.permits, 2);
+    let permits: Vec<String> = snapshot.view.permits.iter().map(|p| p.id.to_string()).collect();
+    assert_eq!(permits, vec![PLACE.to_owned()]);
+    assert_eq!(snapshot.view.throttles.len(), 1);
+    assert_eq!(snapshot.view.throttles[0].until, at("2026-12-01T12:00:00.000Z"));
+
+    // 5 of 10 used in tpd: cost 6 waits for the first grant to leave.
+    let tpd = AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpd", 10, 2_678_400_000).with_cost(6)])
+        .unwrap();
+    assert_eq!(
+        limiter.acquire_blocking(tpd).unwrap(),
+        Decision::Refused {
+            retry_at: at("2026-11-30T18:48:51.213Z").plus(2_678_400_000),
+            reason: Reason::Rate,
+            limit: "fixture/tpd".into()
+        }
+    );
+    let throttled = AcquireRequest::new("fixture/cred:2", vec![]).unwrap();
+    assert_eq!(
+        limiter.acquire_blocking(throttled).unwrap(),
+        Decision::Refused {
+            retry_at: at("2026-12-01T12:00:00.000Z"),
+            reason: Reason::Throttle,
+            limit: "fixture/cred:2".into()
+        }
+    );
+    // A version-3 permit recorded its windows: it settles again (the latest figure stands).
+    let settle = SettleRequest::new(SETTLED, vec![Cost::new("fixture/tpm", 99_000)]).unwrap();
+    assert!(limiter.settle_blocking(settle).unwrap());
+    let tpm =
+        AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpm", 100_000, 3_600_000).with_cost(1001)])
+            .unwrap();
+    assert!(!limiter.acquire_blocking(tpm).unwrap().is_granted(), "99,000 of 100,000 used after the settle");
+    assert!(limiter.release_blocking(ReleaseRequest::new(PLACE).unwrap()).unwrap());
+    drop(limiter);
+
+    let store = Store::open(&path, &file_opener()).unwrap();
+    assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
+    drop(store);
+    let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    let snapshot = limiter.state_blocking("fixture/").unwrap();
+    let used: Vec<(String, u64, usize)> =
+        snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held)).collect();
+    // The released place's bucket had nothing left to count, and was forgotten.
+    assert_eq!(
+        used,
+        vec![("fixture/rpd".to_owned(), 1, 0), ("fixture/tpd".to_owned(), 5, 0), ("fixture/tpm".to_owned(), 99_000, 0),]
+    );
 }

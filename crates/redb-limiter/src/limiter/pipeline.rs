@@ -314,6 +314,7 @@ impl Shared {
         metrics.commit_seconds.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
+                metrics.file_bytes.set(i64::try_from(store.file_len()).unwrap_or(i64::MAX));
                 drop(file);
                 std::mem::forget(unwinding); // the commit ends here, not on a later unwind
                 self.end_commit(true);
@@ -703,6 +704,7 @@ impl Writer {
                 let started = Instant::now();
                 let store = file.store.as_mut().expect("checked above");
                 let compacted = store.compact_if_sparse();
+                shared.metrics.file_bytes.set(i64::try_from(store.file_len()).unwrap_or(i64::MAX));
                 match &compacted {
                     Ok(Some((before, after))) => tracing::info!(
                         before,

@@ -1,6 +1,7 @@
 //! A storage backend that fails on command, in redb's own fuzzing style: it wraps the file
 //! backend and fails the Nth write or sync from the moment it is armed. Tests and the fuzz
-//! targets use it to prove that a failed commit grants nothing and loses nothing committed.
+//! targets use it to prove that a failed commit grants nothing and loses nothing committed, on
+//! the file alone ([`faulty_opener`]) and behind its journal ([`faulty_journal_opener`]).
 
 use std::fs::OpenOptions;
 use std::io;
@@ -12,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
 
-use super::{Opener, open_backend};
+use super::journal::{JournalBackend, JournalOptions, journal_path};
+use super::{Opened, Opener, open_backend};
 
 /// Shared between a test and every backend it opens: `fail_in` counts the writes and syncs
 /// still allowed; at zero, that operation and every later one fails until `disarm`.
@@ -85,7 +87,26 @@ pub struct FaultyBackend {
 pub fn faulty_opener(plan: Arc<FaultPlan>) -> Opener {
     Box::new(move |path: &Path| {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        open_backend(FaultyBackend { inner: FileBackend::new(file)?, plan: plan.clone() })
+        open_backend(FaultyBackend { inner: FileBackend::new(file)?, plan: plan.clone() }).map(Into::into)
+    })
+}
+
+/// An opener whose every database runs behind its journal, as in production, with one
+/// [`FaultPlan`] in front of the writes and syncs of both the journal and the file (checkpoints
+/// included): the Nth of all of them fails.
+#[must_use]
+pub fn faulty_journal_opener(plan: Arc<FaultPlan>) -> Opener {
+    Box::new(move |path: &Path| {
+        let faulty = |p: &Path| -> Result<Box<dyn StorageBackend>, redb::DatabaseError> {
+            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p)?;
+            Ok(Box::new(FaultyBackend { inner: FileBackend::new(file)?, plan: plan.clone() }))
+        };
+        let data = faulty(path)?;
+        let log = faulty(&journal_path(path))?;
+        let journal = JournalBackend::open_with(data, log, &JournalOptions::default())
+            .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e.into())))?;
+        let monitor = journal.monitor();
+        Ok(Opened { db: open_backend(journal)?, journal: Some(monitor) })
     })
 }
 

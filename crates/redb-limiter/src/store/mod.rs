@@ -5,7 +5,17 @@
 //! [`Effect`]s with `Durability::Immediate`. It never decides anything: every change it writes
 //! is an effect the engine reported, and a failed commit leaves the file at the last commit.
 //!
-//! # Layout (format version 3)
+//! # Files
+//!
+//! One database path, `limiter.redb` by default, and its page journal beside it,
+//! `limiter.redb-journal` ([`journal`]): a durable commit is one sequential append to the
+//! journal and one sync, and the file itself is written at checkpoints. The file alone is always
+//! a whole redb database as of its last checkpoint; the journal holds the commits after it.
+//! [`Store::open`] replays them into the file before anything else looks at it, so a file is
+//! checked (and refused) exactly as if it had no journal. A journal whose file is missing, or
+//! that holds commits of another file, is refused naming it, and changes nothing.
+//!
+//! # Layout (format version 4)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
@@ -18,8 +28,10 @@
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
 //! places only) are read as permits that live until their last place lapses and count in no
-//! window a settle could name; opening it read-write marks it version 3, so an older build then
-//! refuses it rather than misread a newer record.
+//! window a settle could name. Version 4 changed no record: it says that the file may have a
+//! journal beside it holding its newest commits. Files of versions 2 and 3 open unchanged and
+//! are marked version 4 on the file itself before the journal takes any commit, so an older
+//! build, which would read neither a newer record nor a journal, refuses the file instead.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -61,7 +73,9 @@
 //! # Fault model
 //!
 //! Crashes, power loss and torn writes at any instant lose nothing acknowledged: every commit is
-//! `Durability::Immediate`, and redb recovers to the last whole commit. Damage to the bytes of the
+//! `Durability::Immediate`, its journal record is synced before it returns (a torn or
+//! unsynced tail record is a commit never acknowledged, dropped at replay), and redb recovers to
+//! the last whole commit. Damage to the bytes of the
 //! file is refused at open with the file named, never served: every open verifies the checksum
 //! of every page of the committed trees (redb's integrity check), a panic of redb on a damaged
 //! file is caught and reported as corruption, and every record loaded is checked against what
@@ -76,6 +90,8 @@
 #[cfg(any(test, feature = "test-util"))]
 pub mod faulty;
 pub mod journal;
+
+use journal::{JournalBackend, JournalError, JournalMonitor, JournalOptions, journal_path};
 
 use crate::policy::{DELETE_AFTER_MS, DELETE_BATCH, DELETES_PER_COMMIT, DELETES_PER_GRANT, RECORD_DELETE_BATCH};
 use std::collections::{BTreeSet, HashMap};
@@ -117,11 +133,12 @@ const MAX_PERMIT_SEQUENCE: u64 = 1 << 48;
 /// A file no larger than this is never compacted while serving (see [`Store::compact_if_sparse`]).
 pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
-/// The file's layout version; a file of any other version but [`PREVIOUS_FORMAT_VERSION`] is
-/// refused.
-pub const FORMAT_VERSION: u64 = 3;
-/// The version before, opened unchanged and marked [`FORMAT_VERSION`] (see the module docs).
-pub const PREVIOUS_FORMAT_VERSION: u64 = 2;
+/// The file's layout version; a file of a version outside [`OLDEST_FORMAT_VERSION`] to this one
+/// is refused.
+pub const FORMAT_VERSION: u64 = 4;
+/// The oldest version read: files of the versions before [`FORMAT_VERSION`] open unchanged and
+/// are marked current (see the module docs).
+pub const OLDEST_FORMAT_VERSION: u64 = 2;
 /// The first byte of every postcard record but a permit's.
 const RECORD_SCHEMA: u8 = 1;
 /// The first byte of a permit record of format version 3.
@@ -151,7 +168,7 @@ pub enum StoreError {
     #[error("{path}: not a redb-limiter file (it holds other tables and no `meta` table)")]
     Foreign { path: PathBuf },
     #[error(
-        "{path}: unknown format version {found} (this build reads versions {PREVIOUS_FORMAT_VERSION} and {FORMAT_VERSION})"
+        "{path}: unknown format version {found} (this build reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
     )]
     UnknownVersion { path: PathBuf, found: u64 },
     #[error("{path}: bad record in table `{table}`: {cause}")]
@@ -168,21 +185,65 @@ pub enum StoreError {
         #[source]
         cause: redb::Error,
     },
+    /// The journal beside the file cannot be replayed onto it.
+    #[error("{journal}: {cause}")]
+    Journal {
+        journal: PathBuf,
+        #[source]
+        cause: JournalError,
+    },
+    /// A journal is there but not its database file.
+    #[error(
+        "{journal} is a journal of {path}, which does not exist: restore the file (its newest commits are in the journal), or delete the journal too to start empty"
+    )]
+    JournalWithoutFile { path: PathBuf, journal: PathBuf },
     /// The file open is no longer the one at its path (deleted, or replaced by another).
     #[error("{path}: {cause}; nothing more is committed until the server is restarted")]
     Lost { path: PathBuf, cause: &'static str },
 }
 
-/// Opens the database: the file backend in production, a fault-injecting one in tests.
-pub type Opener = Box<dyn Fn(&Path) -> Result<Database, DatabaseError> + Send + Sync>;
+/// Opens the database: the file behind its journal in production, a fault-injecting backend in
+/// tests.
+pub type Opener = Box<dyn Fn(&Path) -> Result<Opened, DatabaseError> + Send + Sync>;
 
-/// The production opener: the file itself, created when missing.
+/// A database an [`Opener`] opened, with a handle on its journal when it has one.
+pub struct Opened {
+    pub db: Database,
+    pub journal: Option<JournalMonitor>,
+}
+
+impl From<Database> for Opened {
+    fn from(db: Database) -> Self {
+        Opened { db, journal: None }
+    }
+}
+
+/// The production opener: the file behind its page journal ([`journal::journal_path`]: the
+/// file's name with `-journal` added), both created when missing. Every durable commit is one
+/// append to the journal and one sync (see [`journal`]).
 #[must_use]
 pub fn file_opener() -> Opener {
     Box::new(|path| {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        open_backend(FileBackend::new(file)?)
+        let journal = JournalBackend::open_path(path, &JournalOptions::default()).map_err(|e| match e {
+            JournalError::Held => DatabaseError::DatabaseAlreadyOpen,
+            other => DatabaseError::Storage(redb::StorageError::Io(other.into())),
+        })?;
+        let monitor = journal.monitor();
+        Ok(Opened { db: open_backend(journal)?, journal: Some(monitor) })
     })
+}
+
+/// The file alone, without a journal: every durable commit is redb's own (its pages written in
+/// place, then one sync). For comparisons; [`Store::open`] replays a journal left beside the file
+/// before any opener sees it, so either opener may follow the other.
+#[must_use]
+pub fn plain_file_opener() -> Opener {
+    Box::new(|path| open_plain(path).map(Opened::from))
+}
+
+fn open_plain(path: &Path) -> Result<Database, DatabaseError> {
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+    open_backend(FileBackend::new(file)?)
 }
 
 /// Opens a database on any backend with the store's settings: every page's checksum is
@@ -284,7 +345,8 @@ fn prefetch(path: &Path) {
 #[derive(Debug, PartialEq, Eq)]
 enum Format {
     Current,
-    /// [`PREVIOUS_FORMAT_VERSION`]: read as is, marked current when opened read-write.
+    /// A version from [`OLDEST_FORMAT_VERSION`] up to the current one: read as is, marked
+    /// current before it is served.
     Previous,
     Empty,
 }
@@ -299,7 +361,7 @@ fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<Format, Store
         let found = meta.get(KEY_FORMAT).map_err(|e| corrupt(e.into()))?.map_or(0, |v| v.value());
         return match found {
             FORMAT_VERSION => Ok(Format::Current),
-            PREVIOUS_FORMAT_VERSION => Ok(Format::Previous),
+            OLDEST_FORMAT_VERSION..FORMAT_VERSION => Ok(Format::Previous),
             _ => Err(StoreError::UnknownVersion { path: path.to_path_buf(), found }),
         };
     }
@@ -315,6 +377,16 @@ pub struct Store {
     /// [`DELETE_BATCH`](crate::policy::DELETE_BATCH); smaller in tests.
     delete_batch: usize,
     /// The file's identity (device, inode) when opened; `None` where there is none to read.
+    identity: Option<(u64, u64)>,
+    /// The journal, when the file is open behind one.
+    journal: Option<OpenJournal>,
+}
+
+/// The journal a store's file is open behind.
+struct OpenJournal {
+    monitor: JournalMonitor,
+    path: PathBuf,
+    /// Its identity when opened, as the file's.
     identity: Option<(u64, u64)>,
 }
 
@@ -439,29 +511,73 @@ impl Store {
             path: path.clone(),
             cause: redb::Error::Corrupted(format!("redb could not {what} it (its structure is damaged)")),
         };
+        // First the commits still in the journal, if any, go into the file, so that the file
+        // looked at below is the whole acknowledged state whichever opener follows.
+        let journal = journal_path(&path);
+        if journal.exists() {
+            if !path.exists() {
+                return Err(StoreError::JournalWithoutFile { path, journal });
+            }
+            JournalBackend::recover_path(&path).map_err(|e| match e {
+                JournalError::Held => StoreError::HeldElsewhere { path: path.clone() },
+                cause => StoreError::Journal { journal: journal.clone(), cause },
+            })?;
+        }
+        let mut format = Format::Empty;
         if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
             let looked = std::panic::catch_unwind(|| Database::builder().open_read_only(&path))
                 .map_err(|_| unreadable("read"))?;
             match looked {
                 Ok(db) => {
-                    let format = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_format(&db, &path)));
-                    format.map_err(|_| unreadable("read"))??;
+                    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_format(&db, &path)));
+                    format = checked.map_err(|_| unreadable("read"))??;
                 }
                 Err(DatabaseError::RepairAborted) => {}
                 Err(e) => return Err(map_err(e)),
             }
         }
+        if format == Format::Previous {
+            // Marked on the file itself, before any commit can sit in a journal: an older build,
+            // which knows no journal, then refuses the file rather than serve it without the
+            // commits still in its journal.
+            let db = open_plain(&path).map_err(map_err)?;
+            Store::new(db, path.clone(), None).mark_current()?;
+        }
         prefetch(&path);
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opener(&path)));
-        let db = opened.map_err(|_| unreadable("open"))?.map_err(map_err)?;
-        let identity = std::fs::metadata(&path).ok().as_ref().and_then(identity);
-        let store = Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH, identity };
+        let opened = opened.map_err(|_| unreadable("open"))?.map_err(map_err)?;
+        let journal = opened.journal.map(|monitor| {
+            let identity = std::fs::metadata(&journal).ok().as_ref().and_then(identity);
+            OpenJournal { monitor, path: journal, identity }
+        });
+        let store = Store::new(opened.db, path, journal);
         match check_format(&store.db, &store.path)? {
             Format::Empty => store.initialize()?,
             Format::Previous => store.mark_current()?,
             Format::Current => {}
         }
         Ok(store)
+    }
+
+    fn new(db: Database, path: PathBuf, journal: Option<OpenJournal>) -> Store {
+        let identity = std::fs::metadata(&path).ok().as_ref().and_then(identity);
+        Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH, identity, journal }
+    }
+
+    /// The database's length in bytes as redb sees it: with a journal, the commits not yet
+    /// checkpointed into the file count.
+    #[must_use]
+    pub fn file_len(&self) -> u64 {
+        match &self.journal {
+            Some(journal) => journal.monitor.database_len(),
+            None => std::fs::metadata(&self.path).map_or(0, |m| m.len()),
+        }
+    }
+
+    /// The journal's counters, when the file is open behind one.
+    #[must_use]
+    pub fn journal_stats(&self) -> Option<journal::JournalStats> {
+        self.journal.as_ref().map(|journal| journal.monitor.stats())
     }
 
     #[must_use]
@@ -474,8 +590,7 @@ impl Store {
     /// after when it compacted. For quiet moments: it holds the file until done (a file of a few
     /// tens of MB with little live data compacts in well under a second).
     pub fn compact_if_sparse(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
-        let len = || std::fs::metadata(&self.path).map_or(0, |m| m.len());
-        let before = len();
+        let before = self.file_len();
         if before <= COMPACT_ABOVE_BYTES {
             return Ok(None);
         }
@@ -487,7 +602,15 @@ impl Store {
             return Ok(None);
         }
         self.db.compact().map_err(|e| self.commit_error(e))?;
-        Ok(Some((before, len())))
+        if let Some(journal) = &self.journal {
+            // The compacted pages sit in the journal until a checkpoint: take one now, on an
+            // empty durable commit, so that the file on disk shrinks now.
+            journal.monitor.request_checkpoint();
+            let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+            txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
+            txn.commit().map_err(|e| self.commit_error(e))?;
+        }
+        Ok(Some((before, self.file_len())))
     }
 
     /// Whether the file at the path is still the one open: an error when it was deleted or
@@ -500,7 +623,18 @@ impl Store {
             Ok(meta) if self.identity.is_some() && identity(&meta) != self.identity => {
                 Err(lost("the file was replaced by another while open"))
             }
-            _ => Ok(()),
+            _ => match &self.journal {
+                Some(journal) => match std::fs::metadata(&journal.path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        Err(lost("its journal was deleted while open"))
+                    }
+                    Ok(meta) if journal.identity.is_some() && identity(&meta) != journal.identity => {
+                        Err(lost("its journal was replaced by another while open"))
+                    }
+                    _ => Ok(()),
+                },
+                None => Ok(()),
+            },
         }
     }
 

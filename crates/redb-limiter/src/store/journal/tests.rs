@@ -1564,3 +1564,19 @@ fn readers_run_alongside_commits() {
     });
     assert_eq!(read_table(&db).unwrap().len(), 150);
 }
+
+#[test]
+fn stored_len_drops_exactly_the_trailing_zeros() {
+    let mut rng = fastrand::Rng::with_seed(5);
+    for _ in 0..5000 {
+        let len = rng.usize(0..600);
+        let mut bytes = vec![0u8; len];
+        for _ in 0..rng.usize(0..4) {
+            if len > 0 {
+                bytes[rng.usize(0..len)] = rng.u8(1..);
+            }
+        }
+        let naive = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        assert_eq!(stored_len(&bytes), naive, "{bytes:?}");
+    }
+}

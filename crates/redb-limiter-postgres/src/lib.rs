@@ -40,6 +40,11 @@ const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
 pub const SCHEMA_VERSION: i32 = 1;
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
+/// Rows of each kind one `sweep` call deletes at most.
+pub const SWEEP_BATCH: i32 = 1000;
+/// Most `sweep` calls one sweeper tick makes back to back while each finds work, so a backlog
+/// drains in a tick and a tick's work stays bounded.
+pub const SWEEP_BATCHES_PER_TICK: usize = 100;
 
 /// How to reach the database and how to run in it.
 #[derive(Clone)]
@@ -346,6 +351,20 @@ impl PgLimiter {
         self.call("SELECT S.sweep($1, $2)", &[&batch, &self.at()]).await
     }
 
+    /// Sweeps `batch` rows at a time until a call deletes nothing or `max_batches` calls ran:
+    /// what one sweeper tick does. How many rows went.
+    pub async fn sweep_backlog(&self, batch: i32, max_batches: usize) -> Result<u64, LimiterError> {
+        let mut done = 0u64;
+        for _ in 0..max_batches {
+            let rows = self.sweep(batch).await?;
+            done += u64::try_from(rows).unwrap_or(0);
+            if rows <= 0 {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
     /// Whether the database answers now.
     pub async fn health(&self) -> Result<(), LimiterError> {
         let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
@@ -353,7 +372,9 @@ impl PgLimiter {
         Ok(())
     }
 
-    /// Runs `sweep` every `every` until the limiter is dropped (the task holds a weak handle).
+    /// Runs [`PgLimiter::sweep_backlog`] (up to [`SWEEP_BATCHES_PER_TICK`] batches of
+    /// [`SWEEP_BATCH`]) every `every`, the first at once, until the limiter is dropped (the
+    /// task holds a weak handle).
     pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -362,7 +383,7 @@ impl PgLimiter {
             loop {
                 tick.tick().await;
                 let Some(limiter) = weak.upgrade() else { return };
-                if let Err(e) = limiter.sweep(1000).await {
+                if let Err(e) = limiter.sweep_backlog(SWEEP_BATCH, SWEEP_BATCHES_PER_TICK).await {
                     tracing::debug!(error = %e, "sweep failed; the next one tries again");
                 }
             }

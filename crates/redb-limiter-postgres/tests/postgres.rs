@@ -144,6 +144,66 @@ fn a_database_that_cannot_be_reached_is_unavailable_and_grants_nothing() {
     });
 }
 
+/// Rows in each table of a limiter's schema, read apart from the limiter.
+async fn totals(url: &str, schema: &str) -> serde_json::Value {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client.query_one(&format!("SELECT \"{schema}\".totals()"), &[]).await.unwrap().get(0)
+}
+
+/// A backlog of lapsed rows larger than one sweep batch goes in one sweeper tick: the tables
+/// hold nothing once every bucket is idle, however many keys were ever seen.
+#[test]
+fn one_sweeper_tick_drains_a_backlog_larger_than_a_batch() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = Arc::new(fresh(&url, "backlog", clock.clone()).await);
+        let schema = pg.schema().to_owned();
+        // 40 requests of 64 one-second windows (the most a request names) and a place each:
+        // 2,560 buckets and grants, 40 permits and places.
+        let requests = 40;
+        let per_request = redb_limiter::request::MAX_LIMITS - 1;
+        for r in 0..requests {
+            let mut limits: Vec<Limit> =
+                (0..per_request).map(|i| window(&format!("k{r:02}.{i:02}"), 1, 1000)).collect();
+            limits.push(Limit::concurrent(format!("place{r:02}"), 1).with_hold_ms(500));
+            let req = AcquireRequest::new("caller", limits).unwrap();
+            assert!(pg.acquire(req).await.unwrap().decision.is_granted());
+        }
+        let buckets = (requests * (per_request + 1)) as i64;
+        let before = totals(&url, &schema).await;
+        assert_eq!(before["buckets"], buckets, "{before}");
+        assert_eq!(before["permits"], requests as i64, "{before}");
+        assert!(buckets > i64::from(redb_limiter_postgres::SWEEP_BATCH) * 2, "the backlog is over two batches");
+
+        // Past every retention and the sweep's margin: everything is idle.
+        clock.advance(1000 + 60_000 + 1);
+        let first = pg.sweep(redb_limiter_postgres::SWEEP_BATCH).await.unwrap();
+        assert!(first > 0);
+        let after_one = totals(&url, &schema).await;
+        assert!(after_one["buckets"].as_i64().unwrap() > i64::from(redb_limiter_postgres::SWEEP_BATCH), "{after_one}");
+
+        // The sweeper's first tick runs at once; the next is an hour away, so the rest must go
+        // in that one tick.
+        pg.spawn_sweeper(std::time::Duration::from_secs(3600));
+        let empty = serde_json::json!({"buckets": 0, "grants": 0, "permits": 0, "places": 0, "throttles": 0});
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let now = totals(&url, &schema).await;
+            if now == empty {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "one tick left {now}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // The tables start afresh: a key seen before is a new bucket.
+        let again = AcquireRequest::new("caller", vec![window("k00.00", 1, 1000)]).unwrap();
+        assert!(pg.acquire(again).await.unwrap().decision.is_granted());
+        assert_eq!(totals(&url, &schema).await["buckets"], 1);
+    });
+}
+
 /// One limit of a generated request: bucket (0..4), window (calls, perMs), cost, concurrent.
 type LimitSpec = (u8, Option<(u64, u64)>, u64, Option<u64>);
 

@@ -204,6 +204,74 @@ fn one_sweeper_tick_drains_a_backlog_larger_than_a_batch() {
     });
 }
 
+/// `/health` costs no round trip while calls succeed: it answers from the latest call's
+/// outcome for a second, a failure included (until a later success), then probes once.
+#[test]
+fn health_answers_from_the_latest_call_and_probes_at_most_once_a_second() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let mut options = PgOptions::new(&url);
+        options.schema = format!("t_{}_health", std::process::id());
+        options.pool_size = 2;
+        options.statement_timeout = std::time::Duration::from_millis(300);
+        options.clock = Some(clock.clone());
+        let pg = PgLimiter::connect(options).await.unwrap();
+        let fresh_ms = redb_limiter_postgres::HEALTH_FRESH_MS;
+
+        // Nothing called yet: one probe, then a flood answered from it.
+        for _ in 0..100 {
+            pg.health().await.unwrap();
+        }
+        assert_eq!(pg.health_probes(), 1);
+        clock.advance(fresh_ms - 1);
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 1, "still fresh");
+        clock.advance(1);
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 2, "stale: probed again");
+
+        // A request that succeeds keeps it fresh without a probe.
+        let req = AcquireRequest::new("caller", vec![window("w", 100, 60_000)]).unwrap();
+        clock.advance(fresh_ms * 5);
+        assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 2);
+
+        // A request that fails (the bucket's row locked past the lock timeout) makes /health
+        // unavailable at once, with the reason, and without a probe.
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client.batch_execute("BEGIN").await.unwrap();
+        let locked = format!("SELECT 1 FROM \"{}\".buckets WHERE key = 'w' FOR UPDATE", pg.schema());
+        assert_eq!(client.query(&locked, &[]).await.unwrap().len(), 1);
+        let err = pg.acquire(req.clone()).await.expect_err("the row is locked");
+        assert!(matches!(err, LimiterError::Unavailable(_)), "{err:?}");
+        match pg.health().await {
+            Err(LimiterError::Unavailable(why)) => assert!(why.contains("PostgreSQL"), "{why}"),
+            other => panic!("a failed call makes health unavailable: {other:?}"),
+        }
+        client.batch_execute("COMMIT").await.unwrap();
+        assert!(pg.health().await.is_err(), "the failure stands until a later success or a second");
+        assert_eq!(pg.health_probes(), 2);
+        // A second later the probe finds the database answering.
+        clock.advance(fresh_ms);
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 3);
+
+        // And a success after a failure ends it too.
+        assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
+        client.batch_execute("BEGIN").await.unwrap();
+        client.query(&locked, &[]).await.unwrap();
+        assert!(pg.acquire(req.clone()).await.is_err());
+        client.batch_execute("COMMIT").await.unwrap();
+        assert!(pg.health().await.is_err());
+        assert!(pg.acquire(req).await.unwrap().decision.is_granted());
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 3);
+    });
+}
+
 /// One limit of a generated request: bucket (0..4), window (calls, perMs), cost, concurrent.
 type LimitSpec = (u8, Option<(u64, u64)>, u64, Option<u64>);
 

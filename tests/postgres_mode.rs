@@ -1,7 +1,8 @@
 //! PostgreSQL mode through the real binary: two `serve --postgres` processes sharing one real
 //! database (`REDB_LIMITER_TEST_POSTGRES`, started by `.ci/run`; under `CI=true` a missing URL
 //! fails) answer as one limiter: every rule holds across them, the contract suite passes, and
-//! concurrent overlapping requests on both never put more in a window than its calls.
+//! concurrent overlapping requests on both never put more in a window than its calls nor more
+//! places in a bucket than its `concurrent`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -117,8 +118,20 @@ async fn the_contract_suite_passes_against_postgres_mode() {
     assert!(results.len() >= 20);
 }
 
-/// Two servers, 16 connections each, overlapping 3-bucket requests: afterwards every granted
-/// instant is checked offline against every window.
+/// Wall-clock microseconds since the epoch: the database's clock on this machine, finer.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// Two servers, 32 connections each, overlapping 3-bucket requests (two windows and a
+/// concurrency limit; half the permits released at once, half left to lapse): afterwards every
+/// granted instant is checked offline against every window, and every held place against its
+/// bucket's `concurrent`.
+///
+/// A place is checked over a part of the time it is certainly held: from when its grant's
+/// answer arrived (after the commit) until its release was sent or it lapsed (`at + holdMs`:
+/// the database counts a place while `lapse > now`, and its `now` is never ahead of this
+/// machine's clock). Those intervals may never overlap more than `concurrent` deep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
     let Some(db) = database_url() else { return };
@@ -126,42 +139,76 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
     let servers = [start(&db, &schema), start(&db, &schema)];
     const CALLS: u64 = 5;
     const PER_MS: u64 = 400;
+    const CONCURRENT: u64 = 2;
+    const HOLD_MS: u64 = 50;
+    /// One grant: its instant, its windows, its concurrency bucket and the span (wall clock,
+    /// microseconds) over which its place was certainly held.
+    struct Grant {
+        at: u64,
+        windows: [String; 2],
+        place: String,
+        held_us: (u64, u64),
+    }
     let mut tasks = Vec::new();
-    for task in 0..32u64 {
+    for task in 0..64u64 {
         let url = servers[(task % 2) as usize].url.clone();
         tasks.push(tokio::spawn(async move {
             let client = reqwest::Client::new();
             let mut grants = Vec::new();
-            for i in 0..40u64 {
+            for i in 0..30u64 {
                 // Buckets w0..w3 (windows) and c0..c1 (concurrency); each request names three.
                 let (w1, w2, c) = ((task + i) % 4, (task + i + 1) % 4, (task + i) % 2);
-                let body = json!({"key": format!("t{task}"), "holdMs": 50, "limits": [
+                let body = json!({"key": format!("t{task}"), "holdMs": HOLD_MS, "limits": [
                     {"key": format!("w{w1}"), "calls": CALLS, "perMs": PER_MS},
                     {"key": format!("w{w2}"), "calls": CALLS, "perMs": PER_MS},
-                    {"key": format!("c{c}"), "concurrent": 2, "holdMs": 50},
+                    {"key": format!("c{c}"), "concurrent": CONCURRENT, "holdMs": HOLD_MS},
                 ]});
                 let reply: Value =
                     client.post(format!("{url}/acquire")).json(&body).send().await.unwrap().json().await.unwrap();
+                let answered = wall_us();
                 if reply["granted"] == true {
                     let at = redb_limiter::time::parse_instant(reply["at"].as_str().unwrap()).unwrap().0;
-                    grants.push((at, [format!("w{w1}"), format!("w{w2}")], format!("c{c}")));
+                    let mut until = (at + HOLD_MS) * 1000;
                     // Half release at once; the rest lapse after holdMs.
                     if i % 2 == 0 {
                         let permit = reply["permit"].as_str().unwrap();
-                        client.post(format!("{url}/release")).json(&json!({"permit": permit})).send().await.unwrap();
+                        until = until.min(wall_us());
+                        let released: Value = client
+                            .post(format!("{url}/release"))
+                            .json(&json!({"permit": permit}))
+                            .send()
+                            .await
+                            .unwrap()
+                            .json()
+                            .await
+                            .unwrap();
+                        // false when it lapsed first: either way it was held no longer.
+                        assert!(released["released"].is_boolean(), "{released}");
                     }
+                    grants.push(Grant {
+                        at,
+                        windows: [format!("w{w1}"), format!("w{w2}")],
+                        place: format!("c{c}"),
+                        held_us: (answered, until),
+                    });
                 }
             }
             grants
         }));
     }
     let mut by_window: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut by_place: BTreeMap<String, Vec<(u64, i64)>> = BTreeMap::new();
     let mut total = 0;
     for task in tasks {
-        for (at, windows, _) in task.await.unwrap() {
+        for grant in task.await.unwrap() {
             total += 1;
-            for w in windows {
-                by_window.entry(w).or_default().push(at);
+            for w in grant.windows {
+                by_window.entry(w).or_default().push(grant.at);
+            }
+            let (from, until) = grant.held_us;
+            if from < until {
+                let events = by_place.entry(grant.place).or_default();
+                events.extend([(from, 1), (until, -1)]);
             }
         }
     }
@@ -176,4 +223,16 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
         }
     }
     assert_eq!(fullest, CALLS, "some window was filled to its calls, so the bound was tested");
+    let mut deepest = 0;
+    for (bucket, mut events) in by_place {
+        // At one instant an end comes before a start: the intervals are half-open.
+        events.sort_unstable();
+        let mut held = 0i64;
+        for (us, step) in events {
+            held += step;
+            assert!(held <= CONCURRENT as i64, "{bucket}: {held} places certainly held at {us} us");
+            deepest = deepest.max(held);
+        }
+    }
+    assert_eq!(deepest, CONCURRENT as i64, "some bucket held all its places, so the bound was tested");
 }

@@ -3,6 +3,8 @@
 //! fails) answer as one limiter: every rule holds across them, the contract suite passes, and
 //! concurrent overlapping requests on both never put more in a window than its calls nor more
 //! places in a bucket than its `concurrent`.
+//!
+//! Crashes, with real processes: kill -9 of a server mid-load loses no acknowledged grant.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -235,4 +237,125 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
         }
     }
     assert_eq!(deepest, CONCURRENT as i64, "some bucket held all its places, so the bound was tested");
+}
+
+/// A window no load here can fill: every acknowledged grant must show in its `used`.
+const ROOMY: (u64, u64) = (1_000_000, 3_600_000);
+
+fn roomy_acquire(caller: &str) -> Value {
+    json!({"key": caller, "permit": true, "holdMs": 600_000,
+           "limits": [{"key": "w", "calls": ROOMY.0, "perMs": ROOMY.1}]})
+}
+
+/// The window's used cost, as a peek through `url` reports it.
+async fn used(url: &str) -> u64 {
+    let peek = json!({"key": "probe", "limits": [{"key": "w", "calls": ROOMY.0, "perMs": ROOMY.1}]});
+    let (status, reply) = post(url, "/peek", peek).await;
+    assert_eq!(status, 200, "{reply}");
+    reply["limits"][0]["used"].as_u64().unwrap_or_else(|| panic!("{reply}"))
+}
+
+/// Releases every permit through `url`, 8 at a time: each must still be live (`released: true`).
+async fn release_all(url: &str, permits: Vec<String>) {
+    let permits = std::sync::Arc::new(std::sync::Mutex::new(permits));
+    let mut workers = Vec::new();
+    for _ in 0..8 {
+        let (url, permits) = (url.to_owned(), permits.clone());
+        workers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            loop {
+                let Some(permit) = permits.lock().unwrap().pop() else { return };
+                let reply: Value = client
+                    .post(format!("{url}/release"))
+                    .json(&json!({"permit": permit}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert_eq!(reply, json!({"released": true}), "acknowledged permit {permit} was lost");
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+}
+
+/// Polls `done` every 5 ms until it holds, failing after `secs`.
+async fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// kill -9 of one of two servers mid-load: every grant a client saw acknowledged is in the
+/// database afterwards (its permit still releasable, its cost in the window), and the window
+/// holds no more than those plus the requests the killed server left unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_server_mid_load_loses_no_acknowledged_grant() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let Some(db) = database_url() else { return };
+    let schema = schema("kill_server");
+    let mut victim = start(&db, &schema);
+    let survivor = start(&db, &schema);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Grants acknowledged by each server.
+    let acked = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let mut tasks = Vec::new();
+    for task in 0..16usize {
+        let side = task % 2;
+        let url = if side == 0 { victim.url.clone() } else { survivor.url.clone() };
+        let (stop, acked) = (stop.clone(), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            // (acknowledged permits, requests left unanswered)
+            let (mut permits, mut unanswered) = (Vec::new(), 0u64);
+            while !stop.load(Ordering::SeqCst) {
+                let sent = client.post(format!("{url}/acquire")).json(&roomy_acquire(&format!("t{task}"))).send().await;
+                let reply = match sent {
+                    Ok(resp) => resp.json::<Value>().await,
+                    Err(e) => Err(e),
+                };
+                match reply {
+                    Ok(reply) => {
+                        assert_eq!(reply["granted"], true, "{reply}");
+                        permits.push(reply["permit"].as_str().unwrap().to_owned());
+                        acked[side].fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => {
+                        // Only the killed server leaves a request unanswered; its tasks end here.
+                        assert_eq!(side, 0, "the surviving server failed a request");
+                        unanswered += 1;
+                        break;
+                    }
+                }
+            }
+            (permits, unanswered)
+        }));
+    }
+    wait_for("grants through both servers", 30, || acked.iter().all(|a| a.load(Ordering::SeqCst) >= 200)).await;
+    victim.child.kill().unwrap();
+    let status = victim.child.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "killed mid-load, not exited");
+    let at_kill = acked[1].load(Ordering::SeqCst);
+    wait_for("the survivor to go on granting", 30, || acked[1].load(Ordering::SeqCst) >= at_kill + 200).await;
+    stop.store(true, Ordering::SeqCst);
+
+    let (mut permits, mut unanswered) = (Vec::new(), 0);
+    for task in tasks {
+        let (p, u) = task.await.unwrap();
+        permits.extend(p);
+        unanswered += u;
+    }
+    let acknowledged = permits.len() as u64;
+    assert_eq!(unanswered, 8, "each task on the killed server saw it go");
+    let used = used(&survivor.url).await;
+    assert!(used >= acknowledged, "{used} used < {acknowledged} acknowledged: a grant was lost");
+    assert!(used <= acknowledged + unanswered, "{used} used > {acknowledged} acknowledged + {unanswered} unanswered");
+    release_all(&survivor.url, permits).await;
 }

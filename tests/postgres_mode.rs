@@ -4,7 +4,11 @@
 //! concurrent overlapping requests on both never put more in a window than its calls nor more
 //! places in a bucket than its `concurrent`.
 //!
-//! Crashes, with real processes: kill -9 of a server mid-load loses no acknowledged grant.
+//! Crashes, with real processes: kill -9 of a server mid-load loses no acknowledged grant; kill
+//! -9 of PostgreSQL mid-load loses none either, and while it is down every request is answered
+//! `unavailable` and nothing is granted, until it is back and the server recovers by itself.
+//! That test starts a PostgreSQL of its own with `.ci/start-postgres.sh` (under `CI=true` it
+//! fails where the script cannot run), so the shared database is never killed.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -358,4 +362,212 @@ async fn killing_a_server_mid_load_loses_no_acknowledged_grant() {
     assert!(used >= acknowledged, "{used} used < {acknowledged} acknowledged: a grant was lost");
     assert!(used <= acknowledged + unanswered, "{used} used > {acknowledged} acknowledged + {unanswered} unanswered");
     release_all(&survivor.url, permits).await;
+}
+
+/// A PostgreSQL cluster of one test's own, started by `.ci/start-postgres.sh` in a fresh
+/// folder, so that killing it harms no other test. Stopped by its PID when dropped (a panic
+/// included); its folder goes with the `TempDir`.
+struct Cluster {
+    dir: tempfile::TempDir,
+    port: u16,
+    url: String,
+    pid: i32,
+}
+
+impl Cluster {
+    fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts a new cluster; `None` (said loudly) where the script cannot run, except under
+    /// `CI=true`, where that fails.
+    fn start() -> Option<Cluster> {
+        let dir = tempfile::tempdir().unwrap();
+        // The cluster runs as the postgres OS user when we are root: it must reach its folder.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let data = dir.path().join("data");
+        match run_start_script(&data, None) {
+            Ok((url, pid)) => {
+                let port = url.rsplit_once(':').unwrap().1.split('/').next().unwrap().parse().unwrap();
+                Some(Cluster { dir, port, url, pid })
+            }
+            Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(".ci/start-postgres.sh failed: {why}"),
+            Err(why) => {
+                eprintln!("NOT RUN: this test starts its own PostgreSQL and .ci/start-postgres.sh failed: {why}");
+                None
+            }
+        }
+    }
+
+    /// Starts the cluster again on its folder and port (crash recovery runs first), retrying
+    /// for a while: the old processes must all be gone first.
+    fn restart(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match run_start_script(&self.data(), Some(self.port)) {
+                Ok((url, pid)) => {
+                    assert_eq!(url, self.url);
+                    self.pid = pid;
+                    return;
+                }
+                Err(why) => assert!(std::time::Instant::now() < deadline, "restart failed: {why}"),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// The processes of this cluster (the postmaster and every backend work in its folder).
+    fn processes(&self) -> Vec<i32> {
+        let data = std::fs::canonicalize(self.data()).unwrap();
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd == data) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Fast shutdown (SIGINT: sessions are ended, not waited for), then SIGKILL if need be.
+        // SAFETY: kill(2) with a PID this test started and a valid signal number.
+        unsafe { libc::kill(self.pid, libc::SIGINT) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.processes().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        for pid in self.processes() {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Runs `.ci/start-postgres.sh DATA` (with `PG_PORT` when given): the URL and postmaster PID.
+fn run_start_script(data: &std::path::Path, port: Option<u16>) -> Result<(String, i32), String> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/start-postgres.sh");
+    let mut command = Command::new("bash");
+    command.arg(&script).arg(data).stdin(Stdio::null());
+    match port {
+        Some(port) => command.env("PG_PORT", port.to_string()),
+        None => command.env_remove("PG_PORT"),
+    };
+    let out = command.output().map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| stdout.lines().find_map(|l| l.strip_prefix(name)).map(str::to_owned);
+    let url = field("PG_URL=").ok_or_else(|| format!("no PG_URL in {stdout:?}"))?;
+    let pid = field("PG_PID=").and_then(|p| p.parse().ok()).ok_or_else(|| format!("no PG_PID in {stdout:?}"))?;
+    Ok((url, pid))
+}
+
+/// Where the load stood when a request was sent.
+const UP: u8 = 0;
+const KILLED: u8 = 1;
+/// Every process of the cluster is gone: nothing can be granted.
+const DOWN: u8 = 2;
+const RESTARTED: u8 = 3;
+
+/// kill -9 of PostgreSQL's postmaster mid-load: while it is down every request is answered
+/// 503 `unavailable` (and `/health` 503 with the reason) and nothing is granted; started again
+/// on the same folder and port, the server recovers by itself, and every grant acknowledged
+/// before the kill survived crash recovery (its permit releasable, its cost in the window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_postgres_mid_load_loses_no_acknowledged_grant_and_fails_closed_until_it_is_back() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+    let Some(mut cluster) = Cluster::start() else { return };
+    let server = start(&cluster.url, &schema("kill_pg"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let phase = Arc::new(AtomicU8::new(UP));
+    // Grants and `unavailable` answers, by the phase at which their request was sent.
+    let granted: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    let refused: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    let mut tasks = Vec::new();
+    for task in 0..8 {
+        let url = server.url.clone();
+        let (stop, phase, granted, refused) = (stop.clone(), phase.clone(), granted.clone(), refused.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut permits = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let sent_in = phase.load(Ordering::SeqCst);
+                let resp = client
+                    .post(format!("{url}/acquire"))
+                    .json(&roomy_acquire(&format!("t{task}")))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status().as_u16();
+                let reply: Value = resp.json().await.unwrap();
+                match status {
+                    200 => {
+                        assert_eq!(reply["granted"], true, "{reply}");
+                        assert_ne!(sent_in, DOWN, "granted while PostgreSQL was down: {reply}");
+                        permits.push(reply["permit"].as_str().unwrap().to_owned());
+                        granted[sent_in as usize].fetch_add(1, Ordering::SeqCst);
+                    }
+                    503 => {
+                        assert_eq!(reply["error"]["code"], "unavailable", "{reply}");
+                        refused[sent_in as usize].fetch_add(1, Ordering::SeqCst);
+                        // No busy loop while the database is away.
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    _ => panic!("{status} {reply}"),
+                }
+            }
+            permits
+        }));
+    }
+    let count = |of: &Arc<[AtomicU64; 4]>, p: u8| of[p as usize].load(Ordering::SeqCst);
+
+    wait_for("grants before the kill", 30, || count(&granted, UP) >= 300).await;
+    let processes = cluster.processes();
+    assert!(processes.contains(&cluster.pid), "the postmaster {} is among {processes:?}", cluster.pid);
+    phase.store(KILLED, Ordering::SeqCst);
+    // SAFETY: kill(2) with the postmaster's PID and a valid signal number.
+    assert_eq!(unsafe { libc::kill(cluster.pid, libc::SIGKILL) }, 0);
+    // The backends notice the postmaster's death and exit; from then on nothing can commit.
+    wait_for("every PostgreSQL process to exit", 15, || cluster.processes().is_empty()).await;
+    phase.store(DOWN, Ordering::SeqCst);
+    wait_for("answers while down", 30, || count(&refused, DOWN) >= 50).await;
+    let health = reqwest::get(format!("{}/health", server.url)).await.unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    let health: Value = health.json().await.unwrap();
+    assert_eq!((health["ok"].clone(), health["backend"].clone()), (json!(false), json!("postgres")), "{health}");
+    assert!(health["reason"].as_str().is_some_and(|r| r.contains("PostgreSQL")), "{health}");
+
+    // Started again on the same folder and port; our server is left alone and recovers.
+    phase.store(RESTARTED, Ordering::SeqCst);
+    tokio::task::block_in_place(|| cluster.restart());
+    wait_for("grants after the restart", 30, || count(&granted, RESTARTED) >= 100).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut permits = Vec::new();
+    for task in tasks {
+        permits.extend(task.await.unwrap());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let health = reqwest::get(format!("{}/health", server.url)).await.unwrap();
+        if health.status() == 200 {
+            assert_eq!(health.json::<Value>().await.unwrap()["ok"], true);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "/health still {}", health.status());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    assert_eq!(count(&granted, DOWN), 0);
+    let acknowledged = permits.len() as u64;
+    // A request in flight at the kill may have committed without its answer getting out.
+    let in_flight = count(&refused, UP) + count(&refused, KILLED);
+    let used = used(&server.url).await;
+    assert!(used >= acknowledged, "{used} used < {acknowledged} acknowledged: a grant was lost");
+    assert!(used <= acknowledged + in_flight, "{used} used > {acknowledged} acknowledged + {in_flight} in flight");
+    release_all(&server.url, permits).await;
 }

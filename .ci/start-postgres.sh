@@ -4,10 +4,13 @@
 # usage: .ci/start-postgres.sh [DATA_DIR]   (stop: kill the printed PG_PID, or pg_ctl -D DATA_DIR stop)
 # env:   PG_PORT (default: a free port), PG_OS_USER (default: postgres, created if missing),
 #        PG_BIN (default: the directory holding initdb on PATH, else /usr/lib/postgresql/*/bin)
+# A DATA_DIR that already holds a cluster is started as it is (after crash recovery, if it was
+# killed): with its old PG_PORT, the same URL again.
 #
-# Prints two lines on stdout:
+# Prints three lines on stdout:
 #   PG_URL=postgres://postgres@127.0.0.1:PORT/postgres
 #   PG_PID=<postmaster pid>
+#   PG_DATA=<DATA_DIR>
 # Durability settings are the defaults (fsync=on, synchronous_commit=on), as a real
 # deployment has them. The cluster is initialised with trust auth on 127.0.0.1 only.
 set -euo pipefail

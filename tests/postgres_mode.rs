@@ -1,7 +1,14 @@
 //! PostgreSQL mode through the real binary: two `serve --postgres` processes sharing one real
 //! database (`REDB_LIMITER_TEST_POSTGRES`, started by `.ci/run`; under `CI=true` a missing URL
 //! fails) answer as one limiter: every rule holds across them, the contract suite passes, and
-//! concurrent overlapping requests on both never put more in a window than its calls.
+//! concurrent overlapping requests on both never put more in a window than its calls nor more
+//! places in a bucket than its `concurrent`.
+//!
+//! Crashes, with real processes: kill -9 of a server mid-load loses no acknowledged grant; kill
+//! -9 of PostgreSQL mid-load loses none either, and while it is down every request is answered
+//! `unavailable` and nothing is granted, until it is back and the server recovers by itself.
+//! That test starts a PostgreSQL of its own with `.ci/start-postgres.sh` (under `CI=true` it
+//! fails where the script cannot run), so the shared database is never killed.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -117,8 +124,20 @@ async fn the_contract_suite_passes_against_postgres_mode() {
     assert!(results.len() >= 20);
 }
 
-/// Two servers, 16 connections each, overlapping 3-bucket requests: afterwards every granted
-/// instant is checked offline against every window.
+/// Wall-clock microseconds since the epoch: the database's clock on this machine, finer.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// Two servers, 32 connections each, overlapping 3-bucket requests (two windows and a
+/// concurrency limit; half the permits released at once, half left to lapse): afterwards every
+/// granted instant is checked offline against every window, and every held place against its
+/// bucket's `concurrent`.
+///
+/// A place is checked over a part of the time it is certainly held: from when its grant's
+/// answer arrived (after the commit) until its release was sent or it lapsed (`at + holdMs`:
+/// the database counts a place while `lapse > now`, and its `now` is never ahead of this
+/// machine's clock). Those intervals may never overlap more than `concurrent` deep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
     let Some(db) = database_url() else { return };
@@ -126,42 +145,76 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
     let servers = [start(&db, &schema), start(&db, &schema)];
     const CALLS: u64 = 5;
     const PER_MS: u64 = 400;
+    const CONCURRENT: u64 = 2;
+    const HOLD_MS: u64 = 50;
+    /// One grant: its instant, its windows, its concurrency bucket and the span (wall clock,
+    /// microseconds) over which its place was certainly held.
+    struct Grant {
+        at: u64,
+        windows: [String; 2],
+        place: String,
+        held_us: (u64, u64),
+    }
     let mut tasks = Vec::new();
-    for task in 0..32u64 {
+    for task in 0..64u64 {
         let url = servers[(task % 2) as usize].url.clone();
         tasks.push(tokio::spawn(async move {
             let client = reqwest::Client::new();
             let mut grants = Vec::new();
-            for i in 0..40u64 {
+            for i in 0..30u64 {
                 // Buckets w0..w3 (windows) and c0..c1 (concurrency); each request names three.
                 let (w1, w2, c) = ((task + i) % 4, (task + i + 1) % 4, (task + i) % 2);
-                let body = json!({"key": format!("t{task}"), "holdMs": 50, "limits": [
+                let body = json!({"key": format!("t{task}"), "holdMs": HOLD_MS, "limits": [
                     {"key": format!("w{w1}"), "calls": CALLS, "perMs": PER_MS},
                     {"key": format!("w{w2}"), "calls": CALLS, "perMs": PER_MS},
-                    {"key": format!("c{c}"), "concurrent": 2, "holdMs": 50},
+                    {"key": format!("c{c}"), "concurrent": CONCURRENT, "holdMs": HOLD_MS},
                 ]});
                 let reply: Value =
                     client.post(format!("{url}/acquire")).json(&body).send().await.unwrap().json().await.unwrap();
+                let answered = wall_us();
                 if reply["granted"] == true {
                     let at = redb_limiter::time::parse_instant(reply["at"].as_str().unwrap()).unwrap().0;
-                    grants.push((at, [format!("w{w1}"), format!("w{w2}")], format!("c{c}")));
+                    let mut until = (at + HOLD_MS) * 1000;
                     // Half release at once; the rest lapse after holdMs.
                     if i % 2 == 0 {
                         let permit = reply["permit"].as_str().unwrap();
-                        client.post(format!("{url}/release")).json(&json!({"permit": permit})).send().await.unwrap();
+                        until = until.min(wall_us());
+                        let released: Value = client
+                            .post(format!("{url}/release"))
+                            .json(&json!({"permit": permit}))
+                            .send()
+                            .await
+                            .unwrap()
+                            .json()
+                            .await
+                            .unwrap();
+                        // false when it lapsed first: either way it was held no longer.
+                        assert!(released["released"].is_boolean(), "{released}");
                     }
+                    grants.push(Grant {
+                        at,
+                        windows: [format!("w{w1}"), format!("w{w2}")],
+                        place: format!("c{c}"),
+                        held_us: (answered, until),
+                    });
                 }
             }
             grants
         }));
     }
     let mut by_window: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut by_place: BTreeMap<String, Vec<(u64, i64)>> = BTreeMap::new();
     let mut total = 0;
     for task in tasks {
-        for (at, windows, _) in task.await.unwrap() {
+        for grant in task.await.unwrap() {
             total += 1;
-            for w in windows {
-                by_window.entry(w).or_default().push(at);
+            for w in grant.windows {
+                by_window.entry(w).or_default().push(grant.at);
+            }
+            let (from, until) = grant.held_us;
+            if from < until {
+                let events = by_place.entry(grant.place).or_default();
+                events.extend([(from, 1), (until, -1)]);
             }
         }
     }
@@ -176,4 +229,345 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
         }
     }
     assert_eq!(fullest, CALLS, "some window was filled to its calls, so the bound was tested");
+    let mut deepest = 0;
+    for (bucket, mut events) in by_place {
+        // At one instant an end comes before a start: the intervals are half-open.
+        events.sort_unstable();
+        let mut held = 0i64;
+        for (us, step) in events {
+            held += step;
+            assert!(held <= CONCURRENT as i64, "{bucket}: {held} places certainly held at {us} us");
+            deepest = deepest.max(held);
+        }
+    }
+    assert_eq!(deepest, CONCURRENT as i64, "some bucket held all its places, so the bound was tested");
+}
+
+/// A window no load here can fill: every acknowledged grant must show in its `used`.
+const ROOMY: (u64, u64) = (1_000_000, 3_600_000);
+
+fn roomy_acquire(caller: &str) -> Value {
+    json!({"key": caller, "permit": true, "holdMs": 600_000,
+           "limits": [{"key": "w", "calls": ROOMY.0, "perMs": ROOMY.1}]})
+}
+
+/// The window's used cost, as a peek through `url` reports it.
+async fn used(url: &str) -> u64 {
+    let peek = json!({"key": "probe", "limits": [{"key": "w", "calls": ROOMY.0, "perMs": ROOMY.1}]});
+    let (status, reply) = post(url, "/peek", peek).await;
+    assert_eq!(status, 200, "{reply}");
+    reply["limits"][0]["used"].as_u64().unwrap_or_else(|| panic!("{reply}"))
+}
+
+/// Releases every permit through `url`, 8 at a time: each must still be live (`released: true`).
+async fn release_all(url: &str, permits: Vec<String>) {
+    let permits = std::sync::Arc::new(std::sync::Mutex::new(permits));
+    let mut workers = Vec::new();
+    for _ in 0..8 {
+        let (url, permits) = (url.to_owned(), permits.clone());
+        workers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            loop {
+                let Some(permit) = permits.lock().unwrap().pop() else { return };
+                let reply: Value = client
+                    .post(format!("{url}/release"))
+                    .json(&json!({"permit": permit}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert_eq!(reply, json!({"released": true}), "acknowledged permit {permit} was lost");
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+}
+
+/// Polls `done` every 5 ms until it holds, failing after `secs`.
+async fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// kill -9 of one of two servers mid-load: every grant a client saw acknowledged is in the
+/// database afterwards (its permit still releasable, its cost in the window), and the window
+/// holds no more than those plus the requests the killed server left unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_server_mid_load_loses_no_acknowledged_grant() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let Some(db) = database_url() else { return };
+    let schema = schema("kill_server");
+    let mut victim = start(&db, &schema);
+    let survivor = start(&db, &schema);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Grants acknowledged by each server.
+    let acked = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let mut tasks = Vec::new();
+    for task in 0..16usize {
+        let side = task % 2;
+        let url = if side == 0 { victim.url.clone() } else { survivor.url.clone() };
+        let (stop, acked) = (stop.clone(), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            // (acknowledged permits, requests left unanswered)
+            let (mut permits, mut unanswered) = (Vec::new(), 0u64);
+            while !stop.load(Ordering::SeqCst) {
+                let sent = client.post(format!("{url}/acquire")).json(&roomy_acquire(&format!("t{task}"))).send().await;
+                let reply = match sent {
+                    Ok(resp) => resp.json::<Value>().await,
+                    Err(e) => Err(e),
+                };
+                match reply {
+                    Ok(reply) => {
+                        assert_eq!(reply["granted"], true, "{reply}");
+                        permits.push(reply["permit"].as_str().unwrap().to_owned());
+                        acked[side].fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => {
+                        // Only the killed server leaves a request unanswered; its tasks end here.
+                        assert_eq!(side, 0, "the surviving server failed a request");
+                        unanswered += 1;
+                        break;
+                    }
+                }
+            }
+            (permits, unanswered)
+        }));
+    }
+    wait_for("grants through both servers", 30, || acked.iter().all(|a| a.load(Ordering::SeqCst) >= 200)).await;
+    victim.child.kill().unwrap();
+    let status = victim.child.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "killed mid-load, not exited");
+    let at_kill = acked[1].load(Ordering::SeqCst);
+    wait_for("the survivor to go on granting", 30, || acked[1].load(Ordering::SeqCst) >= at_kill + 200).await;
+    stop.store(true, Ordering::SeqCst);
+
+    let (mut permits, mut unanswered) = (Vec::new(), 0);
+    for task in tasks {
+        let (p, u) = task.await.unwrap();
+        permits.extend(p);
+        unanswered += u;
+    }
+    let acknowledged = permits.len() as u64;
+    assert_eq!(unanswered, 8, "each task on the killed server saw it go");
+    let used = used(&survivor.url).await;
+    assert!(used >= acknowledged, "{used} used < {acknowledged} acknowledged: a grant was lost");
+    assert!(used <= acknowledged + unanswered, "{used} used > {acknowledged} acknowledged + {unanswered} unanswered");
+    release_all(&survivor.url, permits).await;
+}
+
+/// A PostgreSQL cluster of one test's own, started by `.ci/start-postgres.sh` in a fresh
+/// folder, so that killing it harms no other test. Stopped by its PID when dropped (a panic
+/// included); its folder goes with the `TempDir`.
+struct Cluster {
+    dir: tempfile::TempDir,
+    port: u16,
+    url: String,
+    pid: i32,
+}
+
+impl Cluster {
+    fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts a new cluster; `None` (said loudly) where the script cannot run, except under
+    /// `CI=true`, where that fails.
+    fn start() -> Option<Cluster> {
+        let dir = tempfile::tempdir().unwrap();
+        // The cluster runs as the postgres OS user when we are root: it must reach its folder.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let data = dir.path().join("data");
+        match run_start_script(&data, None) {
+            Ok((url, pid)) => {
+                let port = url.rsplit_once(':').unwrap().1.split('/').next().unwrap().parse().unwrap();
+                Some(Cluster { dir, port, url, pid })
+            }
+            Err(why) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(".ci/start-postgres.sh failed: {why}"),
+            Err(why) => {
+                eprintln!("NOT RUN: this test starts its own PostgreSQL and .ci/start-postgres.sh failed: {why}");
+                None
+            }
+        }
+    }
+
+    /// Starts the cluster again on its folder and port (crash recovery runs first), retrying
+    /// for a while: the old processes must all be gone first.
+    fn restart(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match run_start_script(&self.data(), Some(self.port)) {
+                Ok((url, pid)) => {
+                    assert_eq!(url, self.url);
+                    self.pid = pid;
+                    return;
+                }
+                Err(why) => assert!(std::time::Instant::now() < deadline, "restart failed: {why}"),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// The processes of this cluster (the postmaster and every backend work in its folder).
+    fn processes(&self) -> Vec<i32> {
+        let data = std::fs::canonicalize(self.data()).unwrap();
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd == data) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Fast shutdown (SIGINT: sessions are ended, not waited for), then SIGKILL if need be.
+        // SAFETY: kill(2) with a PID this test started and a valid signal number.
+        unsafe { libc::kill(self.pid, libc::SIGINT) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.processes().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        for pid in self.processes() {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Runs `.ci/start-postgres.sh DATA` (with `PG_PORT` when given): the URL and postmaster PID.
+fn run_start_script(data: &std::path::Path, port: Option<u16>) -> Result<(String, i32), String> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/start-postgres.sh");
+    let mut command = Command::new("bash");
+    command.arg(&script).arg(data).stdin(Stdio::null());
+    match port {
+        Some(port) => command.env("PG_PORT", port.to_string()),
+        None => command.env_remove("PG_PORT"),
+    };
+    let out = command.output().map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| stdout.lines().find_map(|l| l.strip_prefix(name)).map(str::to_owned);
+    let url = field("PG_URL=").ok_or_else(|| format!("no PG_URL in {stdout:?}"))?;
+    let pid = field("PG_PID=").and_then(|p| p.parse().ok()).ok_or_else(|| format!("no PG_PID in {stdout:?}"))?;
+    Ok((url, pid))
+}
+
+/// Where the load stood when a request was sent.
+const UP: u8 = 0;
+const KILLED: u8 = 1;
+/// Every process of the cluster is gone: nothing can be granted.
+const DOWN: u8 = 2;
+const RESTARTED: u8 = 3;
+
+/// kill -9 of PostgreSQL's postmaster mid-load: while it is down every request is answered
+/// 503 `unavailable` (and `/health` 503 with the reason) and nothing is granted; started again
+/// on the same folder and port, the server recovers by itself, and every grant acknowledged
+/// before the kill survived crash recovery (its permit releasable, its cost in the window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_postgres_mid_load_loses_no_acknowledged_grant_and_fails_closed_until_it_is_back() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+    let Some(mut cluster) = Cluster::start() else { return };
+    let server = start(&cluster.url, &schema("kill_pg"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let phase = Arc::new(AtomicU8::new(UP));
+    // Grants and `unavailable` answers, by the phase at which their request was sent.
+    let granted: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    let refused: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    let mut tasks = Vec::new();
+    for task in 0..8 {
+        let url = server.url.clone();
+        let (stop, phase, granted, refused) = (stop.clone(), phase.clone(), granted.clone(), refused.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut permits = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let sent_in = phase.load(Ordering::SeqCst);
+                let resp = client
+                    .post(format!("{url}/acquire"))
+                    .json(&roomy_acquire(&format!("t{task}")))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status().as_u16();
+                let reply: Value = resp.json().await.unwrap();
+                match status {
+                    200 => {
+                        assert_eq!(reply["granted"], true, "{reply}");
+                        assert_ne!(sent_in, DOWN, "granted while PostgreSQL was down: {reply}");
+                        permits.push(reply["permit"].as_str().unwrap().to_owned());
+                        granted[sent_in as usize].fetch_add(1, Ordering::SeqCst);
+                    }
+                    503 => {
+                        assert_eq!(reply["error"]["code"], "unavailable", "{reply}");
+                        refused[sent_in as usize].fetch_add(1, Ordering::SeqCst);
+                        // No busy loop while the database is away.
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    _ => panic!("{status} {reply}"),
+                }
+            }
+            permits
+        }));
+    }
+    let count = |of: &Arc<[AtomicU64; 4]>, p: u8| of[p as usize].load(Ordering::SeqCst);
+
+    wait_for("grants before the kill", 30, || count(&granted, UP) >= 300).await;
+    let processes = cluster.processes();
+    assert!(processes.contains(&cluster.pid), "the postmaster {} is among {processes:?}", cluster.pid);
+    phase.store(KILLED, Ordering::SeqCst);
+    // SAFETY: kill(2) with the postmaster's PID and a valid signal number.
+    assert_eq!(unsafe { libc::kill(cluster.pid, libc::SIGKILL) }, 0);
+    // The backends notice the postmaster's death and exit; from then on nothing can commit.
+    wait_for("every PostgreSQL process to exit", 15, || cluster.processes().is_empty()).await;
+    phase.store(DOWN, Ordering::SeqCst);
+    wait_for("answers while down", 30, || count(&refused, DOWN) >= 50).await;
+    let health = reqwest::get(format!("{}/health", server.url)).await.unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    let health: Value = health.json().await.unwrap();
+    assert_eq!((health["ok"].clone(), health["backend"].clone()), (json!(false), json!("postgres")), "{health}");
+    assert!(health["reason"].as_str().is_some_and(|r| r.contains("PostgreSQL")), "{health}");
+
+    // Started again on the same folder and port; our server is left alone and recovers.
+    phase.store(RESTARTED, Ordering::SeqCst);
+    tokio::task::block_in_place(|| cluster.restart());
+    wait_for("grants after the restart", 30, || count(&granted, RESTARTED) >= 100).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut permits = Vec::new();
+    for task in tasks {
+        permits.extend(task.await.unwrap());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let health = reqwest::get(format!("{}/health", server.url)).await.unwrap();
+        if health.status() == 200 {
+            assert_eq!(health.json::<Value>().await.unwrap()["ok"], true);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "/health still {}", health.status());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    assert_eq!(count(&granted, DOWN), 0);
+    let acknowledged = permits.len() as u64;
+    // A request in flight at the kill may have committed without its answer getting out.
+    let in_flight = count(&refused, UP) + count(&refused, KILLED);
+    let used = used(&server.url).await;
+    assert!(used >= acknowledged, "{used} used < {acknowledged} acknowledged: a grant was lost");
+    assert!(used <= acknowledged + in_flight, "{used} used > {acknowledged} acknowledged + {in_flight} in flight");
+    release_all(&server.url, permits).await;
 }

@@ -15,6 +15,11 @@
 //! [`redb_limiter::request`]), passes them on and maps the answers. Every database error is
 //! [`LimiterError::Unavailable`]: nothing is granted that the database did not commit.
 //!
+//! Health: `/health` must not cost a round trip per request. Every database call records its
+//! outcome (with the sweeper's, about one a second even when idle); `/health` answers from the
+//! latest outcome while it is under [`HEALTH_FRESH_MS`] old, a failure included (unavailable
+//! until a later success), and otherwise runs one `SELECT 1`, one probe at a time.
+//!
 //! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
 //! statements cached per connection), TLS through `rustls` with the Mozilla roots when the URL
 //! asks for it (`sslmode=require`), as managed databases do.
@@ -40,6 +45,13 @@ const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
 pub const SCHEMA_VERSION: i32 = 1;
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
+/// Rows of each kind one `sweep` call deletes at most.
+pub const SWEEP_BATCH: i32 = 1000;
+/// Most `sweep` calls one sweeper tick makes back to back while each finds work, so a backlog
+/// drains in a tick and a tick's work stays bounded.
+pub const SWEEP_BATCHES_PER_TICK: usize = 100;
+/// `/health` answers from the latest database call's outcome while it is younger than this.
+pub const HEALTH_FRESH_MS: u64 = 1000;
 
 /// How to reach the database and how to run in it.
 #[derive(Clone)]
@@ -114,6 +126,18 @@ pub struct PgLimiter {
     metrics: Arc<redb_limiter::metrics::Metrics>,
     synchronous_commit: String,
     started: std::time::Instant,
+    /// The outcome of the latest database call, on [`PgLimiter::health_clock`].
+    last: std::sync::Mutex<Option<Outcome>>,
+    /// Held while `/health` probes, so a flood of requests costs one probe.
+    probing: tokio::sync::Mutex<()>,
+    probes: AtomicU64,
+}
+
+/// What the latest database call said, and when.
+struct Outcome {
+    at: Millis,
+    /// `None`: it succeeded; otherwise why it failed (as `Unavailable` carries it).
+    failure: Option<String>,
 }
 
 impl std::fmt::Debug for PgLimiter {
@@ -198,6 +222,9 @@ impl PgLimiter {
             metrics: Arc::new(redb_limiter::metrics::Metrics::default()),
             synchronous_commit,
             started: std::time::Instant::now(),
+            last: std::sync::Mutex::new(None),
+            probing: tokio::sync::Mutex::new(()),
+            probes: AtomicU64::new(0),
             options,
         })
     }
@@ -229,8 +256,52 @@ impl PgLimiter {
         PermitId((u128::from(self.nonce) << 64) | u128::from(seq))
     }
 
-    /// One call of a schema function returning one value.
+    /// The clock `/health`'s freshness is measured on: the injected clock, or monotonic time
+    /// since connect (never the wall clock, which may step).
+    fn health_clock(&self) -> Millis {
+        match &self.options.clock {
+            Some(clock) => clock.now(),
+            None => Millis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// Remembers what a database call said: an `Unavailable` is a failure; anything else
+    /// (an answer, a bad request the database refused) shows it reachable.
+    fn record<T>(&self, result: &Result<T, LimiterError>) {
+        let failure = match result {
+            Err(LimiterError::Unavailable(why)) => Some(why.clone()),
+            _ => None,
+        };
+        let outcome = Outcome { at: self.health_clock(), failure };
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(outcome);
+    }
+
+    /// The latest outcome as `/health`'s answer, while it is fresh.
+    fn fresh_outcome(&self) -> Option<Result<(), LimiterError>> {
+        let last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = last.as_ref()?;
+        (self.health_clock().since(last.at) < HEALTH_FRESH_MS).then(|| match &last.failure {
+            None => Ok(()),
+            Some(why) => Err(LimiterError::Unavailable(why.clone())),
+        })
+    }
+
+    /// One call of a schema function returning one value; its outcome is recorded for
+    /// `/health`.
     async fn call<T>(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<T, LimiterError>
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        let result = self.call_once(sql, params).await;
+        self.record(&result);
+        result
+    }
+
+    async fn call_once<T>(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<T, LimiterError>
     where
         T: for<'a> tokio_postgres::types::FromSql<'a>,
     {
@@ -346,14 +417,52 @@ impl PgLimiter {
         self.call("SELECT S.sweep($1, $2)", &[&batch, &self.at()]).await
     }
 
-    /// Whether the database answers now.
-    pub async fn health(&self) -> Result<(), LimiterError> {
-        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
-        client.simple_query("SELECT 1").await.map_err(|e| unavailable(&e))?;
-        Ok(())
+    /// Sweeps `batch` rows at a time until a call deletes nothing or `max_batches` calls ran:
+    /// what one sweeper tick does. How many rows went.
+    pub async fn sweep_backlog(&self, batch: i32, max_batches: usize) -> Result<u64, LimiterError> {
+        let mut done = 0u64;
+        for _ in 0..max_batches {
+            let rows = self.sweep(batch).await?;
+            done += u64::try_from(rows).unwrap_or(0);
+            if rows <= 0 {
+                break;
+            }
+        }
+        Ok(done)
     }
 
-    /// Runs `sweep` every `every` until the limiter is dropped (the task holds a weak handle).
+    /// Whether the database answers: the latest call's outcome while it is fresh (a failure
+    /// stands until a later success), else one `SELECT 1`.
+    pub async fn health(&self) -> Result<(), LimiterError> {
+        if let Some(answer) = self.fresh_outcome() {
+            return answer;
+        }
+        let _one_probe = self.probing.lock().await;
+        // A probe that finished while this one waited answers for it.
+        if let Some(answer) = self.fresh_outcome() {
+            return answer;
+        }
+        self.probes.fetch_add(1, Ordering::Relaxed);
+        let result = async {
+            let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
+            client.simple_query("SELECT 1").await.map_err(|e| unavailable(&e))?;
+            Ok(())
+        }
+        .await;
+        self.record(&result);
+        result
+    }
+
+    /// How many `SELECT 1` probes `health` ran (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn health_probes(&self) -> u64 {
+        self.probes.load(Ordering::Relaxed)
+    }
+
+    /// Runs [`PgLimiter::sweep_backlog`] (up to [`SWEEP_BATCHES_PER_TICK`] batches of
+    /// [`SWEEP_BATCH`]) every `every`, the first at once, until the limiter is dropped (the
+    /// task holds a weak handle).
     pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -362,7 +471,7 @@ impl PgLimiter {
             loop {
                 tick.tick().await;
                 let Some(limiter) = weak.upgrade() else { return };
-                if let Err(e) = limiter.sweep(1000).await {
+                if let Err(e) = limiter.sweep_backlog(SWEEP_BATCH, SWEEP_BATCHES_PER_TICK).await {
                     tracing::debug!(error = %e, "sweep failed; the next one tries again");
                 }
             }

@@ -144,6 +144,134 @@ fn a_database_that_cannot_be_reached_is_unavailable_and_grants_nothing() {
     });
 }
 
+/// Rows in each table of a limiter's schema, read apart from the limiter.
+async fn totals(url: &str, schema: &str) -> serde_json::Value {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client.query_one(&format!("SELECT \"{schema}\".totals()"), &[]).await.unwrap().get(0)
+}
+
+/// A backlog of lapsed rows larger than one sweep batch goes in one sweeper tick: the tables
+/// hold nothing once every bucket is idle, however many keys were ever seen.
+#[test]
+fn one_sweeper_tick_drains_a_backlog_larger_than_a_batch() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = Arc::new(fresh(&url, "backlog", clock.clone()).await);
+        let schema = pg.schema().to_owned();
+        // 40 requests of 64 one-second windows (the most a request names) and a place each:
+        // 2,560 buckets and grants, 40 permits and places.
+        let requests = 40;
+        let per_request = redb_limiter::request::MAX_LIMITS - 1;
+        for r in 0..requests {
+            let mut limits: Vec<Limit> =
+                (0..per_request).map(|i| window(&format!("k{r:02}.{i:02}"), 1, 1000)).collect();
+            limits.push(Limit::concurrent(format!("place{r:02}"), 1).with_hold_ms(500));
+            let req = AcquireRequest::new("caller", limits).unwrap();
+            assert!(pg.acquire(req).await.unwrap().decision.is_granted());
+        }
+        let buckets = (requests * (per_request + 1)) as i64;
+        let before = totals(&url, &schema).await;
+        assert_eq!(before["buckets"], buckets, "{before}");
+        assert_eq!(before["permits"], requests as i64, "{before}");
+        assert!(buckets > i64::from(redb_limiter_postgres::SWEEP_BATCH) * 2, "the backlog is over two batches");
+
+        // Past every retention and the sweep's margin: everything is idle.
+        clock.advance(1000 + 60_000 + 1);
+        let first = pg.sweep(redb_limiter_postgres::SWEEP_BATCH).await.unwrap();
+        assert!(first > 0);
+        let after_one = totals(&url, &schema).await;
+        assert!(after_one["buckets"].as_i64().unwrap() > i64::from(redb_limiter_postgres::SWEEP_BATCH), "{after_one}");
+
+        // The sweeper's first tick runs at once; the next is an hour away, so the rest must go
+        // in that one tick.
+        pg.spawn_sweeper(std::time::Duration::from_secs(3600));
+        let empty = serde_json::json!({"buckets": 0, "grants": 0, "permits": 0, "places": 0, "throttles": 0});
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let now = totals(&url, &schema).await;
+            if now == empty {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "one tick left {now}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // The tables start afresh: a key seen before is a new bucket.
+        let again = AcquireRequest::new("caller", vec![window("k00.00", 1, 1000)]).unwrap();
+        assert!(pg.acquire(again).await.unwrap().decision.is_granted());
+        assert_eq!(totals(&url, &schema).await["buckets"], 1);
+    });
+}
+
+/// `/health` costs no round trip while calls succeed: it answers from the latest call's
+/// outcome for a second, a failure included (until a later success), then probes once.
+#[test]
+fn health_answers_from_the_latest_call_and_probes_at_most_once_a_second() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let mut options = PgOptions::new(&url);
+        options.schema = format!("t_{}_health", std::process::id());
+        options.pool_size = 2;
+        options.statement_timeout = std::time::Duration::from_millis(300);
+        options.clock = Some(clock.clone());
+        let pg = PgLimiter::connect(options).await.unwrap();
+        let fresh_ms = redb_limiter_postgres::HEALTH_FRESH_MS;
+
+        // Nothing called yet: one probe, then a flood answered from it.
+        for _ in 0..100 {
+            pg.health().await.unwrap();
+        }
+        assert_eq!(pg.health_probes(), 1);
+        clock.advance(fresh_ms - 1);
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 1, "still fresh");
+        clock.advance(1);
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 2, "stale: probed again");
+
+        // A request that succeeds keeps it fresh without a probe.
+        let req = AcquireRequest::new("caller", vec![window("w", 100, 60_000)]).unwrap();
+        clock.advance(fresh_ms * 5);
+        assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 2);
+
+        // A request that fails (the bucket's row locked past the lock timeout) makes /health
+        // unavailable at once, with the reason, and without a probe.
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client.batch_execute("BEGIN").await.unwrap();
+        let locked = format!("SELECT 1 FROM \"{}\".buckets WHERE key = 'w' FOR UPDATE", pg.schema());
+        assert_eq!(client.query(&locked, &[]).await.unwrap().len(), 1);
+        let err = pg.acquire(req.clone()).await.expect_err("the row is locked");
+        assert!(matches!(err, LimiterError::Unavailable(_)), "{err:?}");
+        match pg.health().await {
+            Err(LimiterError::Unavailable(why)) => assert!(why.contains("PostgreSQL"), "{why}"),
+            other => panic!("a failed call makes health unavailable: {other:?}"),
+        }
+        client.batch_execute("COMMIT").await.unwrap();
+        assert!(pg.health().await.is_err(), "the failure stands until a later success or a second");
+        assert_eq!(pg.health_probes(), 2);
+        // A second later the probe finds the database answering.
+        clock.advance(fresh_ms);
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 3);
+
+        // And a success after a failure ends it too.
+        assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
+        client.batch_execute("BEGIN").await.unwrap();
+        client.query(&locked, &[]).await.unwrap();
+        assert!(pg.acquire(req.clone()).await.is_err());
+        client.batch_execute("COMMIT").await.unwrap();
+        assert!(pg.health().await.is_err());
+        assert!(pg.acquire(req).await.unwrap().decision.is_granted());
+        pg.health().await.unwrap();
+        assert_eq!(pg.health_probes(), 3);
+    });
+}
+
 /// One limit of a generated request: bucket (0..4), window (calls, perMs), cost, concurrent.
 type LimitSpec = (u8, Option<(u64, u64)>, u64, Option<u64>);
 

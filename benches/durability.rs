@@ -14,7 +14,8 @@
 //!   `Limiter::open_with` until it answers its first acquire, with the file in the OS page
 //!   cache (a process restart).
 //!   `reopen_1m/limiter_cold` drops the file from the page cache first (a reboot; Linux only),
-//!   and `reopen_1m/store` times only `Store::open` + `load` + `finish_restore`, warm.
+//!   and `reopen_1m/store` times only `Store::open` + `load` + `finish_restore`, warm
+//!   (`reopen_1m/store_plain`: the same on the file alone, without its journal).
 //!
 //! Every grant is of cost 1 in one of 1,000 buckets, walked round-robin, with room to spare,
 //! in a one-second window as in the peer baselines. When a bucket's window lapses between two
@@ -186,28 +187,30 @@ fn reopen(c: &mut Criterion) {
     group.bench_function("limiter", |b| reopen_limiter(b, false));
     #[cfg(target_os = "linux")]
     group.bench_function("limiter_cold", |b| reopen_limiter(b, true));
-    group.bench_function("store", |b| {
-        let file = file.get_or_insert_with(build_reopen_file);
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let now = file.clock.now();
-                let started = Instant::now();
-                let mut store = Store::open(&file.path, &file_opener()).expect("open the store");
-                let mut engine = Engine::new(EngineConfig::default());
-                store.load(&mut engine).expect("load");
-                let mut effects = Vec::new();
-                engine.finish_restore(now, &mut effects);
-                if !effects.is_empty() {
-                    store.commit(&effects, now).expect("commit the pruning");
+    for (name, opener) in [("store", file_opener as fn() -> Opener), ("store_plain", plain_file_opener)] {
+        group.bench_function(name, |b| {
+            let file = file.get_or_insert_with(build_reopen_file);
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let now = file.clock.now();
+                    let started = Instant::now();
+                    let mut store = Store::open(&file.path, &opener()).expect("open the store");
+                    let mut engine = Engine::new(EngineConfig::default());
+                    store.load(&mut engine).expect("load");
+                    let mut effects = Vec::new();
+                    engine.finish_restore(now, &mut effects);
+                    if !effects.is_empty() {
+                        store.commit(&effects, now).expect("commit the pruning");
+                    }
+                    total += started.elapsed();
+                    assert!(engine.totals().buckets >= BUCKETS, "every bucket is live");
+                    drop((store, engine));
                 }
-                total += started.elapsed();
-                assert!(engine.totals().buckets >= BUCKETS, "every bucket is live");
-                drop((store, engine));
-            }
-            total
-        })
-    });
+                total
+            })
+        });
+    }
     group.finish();
 }
 

@@ -566,6 +566,7 @@ struct Coverage {
     rebound: AtomicU64,
     refused_unfinished_creation: AtomicU64,
     checkpoints: AtomicU64,
+    requested_checkpoints: AtomicU64,
     direct_batches: AtomicU64,
 }
 
@@ -594,6 +595,8 @@ fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String>
     let machine = Machine::new(seed, survive);
     let cut_at = rng.u64(1..=OPS_OPEN + txns as u64 * OPS_PER_TXN);
     let clean_close = rng.u8(..4) == 0;
+    // Some runs also ask for checkpoints between commits, as a compaction does.
+    let requests_checkpoints = rng.u8(..3) == 0;
     machine.power.arm(cut_at);
     let mut monitor = None;
     let mut outcome =
@@ -601,11 +604,16 @@ fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String>
     'run: {
         let (data, log) = machine.backends();
         let Ok(journal) = JournalBackend::open_sabotaged(data, log, &options, sabotage) else { break 'run };
+        let handle = journal.monitor();
         monitor = Some(journal.monitor());
         let flagged = Flagged { inner: journal, power: machine.power.clone() };
         let Ok(db) = Database::builder().create_with_backend(flagged) else { break 'run };
         outcome.created = true;
         for _ in 0..txns {
+            if requests_checkpoints && rng.bool() {
+                handle.request_checkpoint();
+                count(&cov.requested_checkpoints, 1);
+            }
             let mut next = outcome.acked.clone();
             match run_txn(&db, &mut rng, &mut next) {
                 TxnEnd::Committed => {
@@ -753,7 +761,7 @@ impl Coverage {
         format!(
             "{what}, {seeds} seeds: {} reboots checked, {} acknowledged commits, {} recoveries replayed \
              {} records, {} in-flight commits found whole, {} rebinds, {} unfinished creations refused \
-             by redb, {} checkpoints, {} direct batches",
+             by redb, {} checkpoints ({} asked for), {} direct batches",
             get(&self.runs),
             get(&self.acked_commits),
             get(&self.runs_with_replay),
@@ -762,6 +770,7 @@ impl Coverage {
             get(&self.rebound),
             get(&self.refused_unfinished_creation),
             get(&self.checkpoints),
+            get(&self.requested_checkpoints),
             get(&self.direct_batches),
         )
     }

@@ -178,3 +178,31 @@ fn every_commit_is_one_journal_record_and_the_file_waits_for_a_checkpoint() {
     limiter.close();
     assert_eq!(file_alone(&path), (FORMAT_VERSION, 100), "the close checkpointed every commit into the file");
 }
+
+/// `tests/fixtures/v3-killed-limiter.redb`: written by the release before this one (format 3),
+/// three grants in `fixture/rpd` (10 per day) at 20:18:06.255, .270 and .286 UTC, then SIGKILL,
+/// so redb must repair it before it can be read. It is repaired, marked version 4 on the file
+/// itself before any journaled commit, and serves its three grants.
+#[test]
+fn an_older_file_left_by_a_crash_is_repaired_then_marked_on_the_file_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v3-killed-limiter.redb");
+    std::fs::copy(fixture, &path).unwrap();
+    assert!(
+        matches!(redb::Database::builder().open_read_only(&path), Err(redb::DatabaseError::RepairAborted)),
+        "the fixture needs repair"
+    );
+    let clock = Arc::new(FakeClock::new(redb_limiter::time::parse_instant("2026-11-30T20:20:00.000Z").unwrap()));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    let used = limiter.state_blocking("fixture/rpd").unwrap().view.buckets[0].window_used;
+    assert_eq!(used, 3);
+    let rpd = AcquireRequest::new("caller", vec![Limit::window("fixture/rpd", 10, 86_400_000)]).unwrap();
+    assert!(limiter.acquire_blocking(rpd).unwrap().is_granted());
+    let copy = crash_copy(&path, crashed.path());
+    drop(limiter);
+    assert_eq!(file_alone(&copy).0, FORMAT_VERSION);
+    let limiter = Limiter::open_with(&copy, options(&clock)).unwrap();
+    assert_eq!(limiter.state_blocking("fixture/rpd").unwrap().view.buckets[0].window_used, 4);
+}

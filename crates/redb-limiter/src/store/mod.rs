@@ -523,7 +523,7 @@ impl Store {
                 cause => StoreError::Journal { journal: journal.clone(), cause },
             })?;
         }
-        let mut format = Format::Empty;
+        let (mut format, mut needs_repair) = (Format::Empty, false);
         if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
             let looked = std::panic::catch_unwind(|| Database::builder().open_read_only(&path))
                 .map_err(|_| unreadable("read"))?;
@@ -532,16 +532,20 @@ impl Store {
                     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check_format(&db, &path)));
                     format = checked.map_err(|_| unreadable("read"))??;
                 }
-                Err(DatabaseError::RepairAborted) => {}
+                Err(DatabaseError::RepairAborted) => needs_repair = true,
                 Err(e) => return Err(map_err(e)),
             }
         }
-        if format == Format::Previous {
-            // Marked on the file itself, before any commit can sit in a journal: an older build,
-            // which knows no journal, then refuses the file rather than serve it without the
-            // commits still in its journal.
-            let db = open_plain(&path).map_err(map_err)?;
-            Store::new(db, path.clone(), None).mark_current()?;
+        if format == Format::Previous || needs_repair {
+            // An older file is marked current on the file itself, before any commit can sit in
+            // a journal: an older build, which knows no journal, then refuses the file rather
+            // than serve it without the commits still in its journal. A file left to repair (a
+            // crash of an older build) is repaired here first, to learn its version.
+            let plain = std::panic::catch_unwind(|| open_plain(&path)).map_err(|_| unreadable("open"))?;
+            let store = Store::new(plain.map_err(map_err)?, path.clone(), None);
+            if check_format(&store.db, &path)? == Format::Previous {
+                store.mark_current()?;
+            }
         }
         prefetch(&path);
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opener(&path)));

@@ -48,8 +48,8 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
         snapshot.totals.permits,
         snapshot.totals.throttles,
     );
+    let journal = redb_limiter::store::journal::journal_path(limiter.path());
     limiter.close();
-    let journal = redb_limiter::store::journal::journal_path(&args.path);
     if journal.exists() {
         println!("ok: {} (its journal: every commit in it replayed into the file)", journal.display());
     }

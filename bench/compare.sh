@@ -364,7 +364,8 @@ NAME = {"ours": "ours", "redis": "Redis", "pg": "PostgreSQL", "ourspg": "ours-pg
 UNIT = {"pg": "tps"}
 
 def vals(key, field="rps"):
-    return [by[key][rep].get(field) if rep in by[key] else None for rep in range(1, reps + 1)]
+    runs = by.get(key, {})  # (never by[key]: that would add the key to by)
+    return [runs[rep].get(field) if rep in runs else None for rep in range(1, reps + 1)]
 
 def ratio(a, b):
     return [None if x is None or y in (None, 0) else x / y for x, y in zip(a, b)]

@@ -3,15 +3,32 @@
 #
 # usage: bench/compare.sh            (from anywhere; as root it installs what is missing)
 # env:   SECS=8  CLIENTS="1 16 64"  VARIANTS="granted refused"  REPS=3  FSYNC_SECS=3  SINK_SECS=3
+#        SYSTEMS="ours redis pg ourspg ourspg2 sqlite"  (any subset, in this order)
+#        PG_POOL=<n> (ourspg/ourspg2: --pg-pool of each server; unset: the server's default)
 #        PEERS=<repo>/../shared/bench/peers  DATA_DIR=/tmp/compare-ours  OUT=<repo>/bench/results
+#
+# Systems:
+#   ours     our server on a redb file (`serve --path`)
+#   redis    the peers' run_redis.sh always (Lua sliding window, appendfsync always)
+#   pg       the peers' run_pg.sh (pgbench, one autocommit call of a plpgsql acquire())
+#   ourspg   our server in PostgreSQL mode (`serve --postgres`), one server
+#   ourspg2  two servers in PostgreSQL mode on one database and schema; two `redb-limiter
+#            bench` processes run at once, c/2 connections each, and their acquires/s are
+#            summed (c = 1 cannot be split: one server takes the one connection, the other
+#            none, so that cell is the one-server cell with a second server idle beside it)
+#   sqlite   the peers' run_sqlite.sh (in-process SQLite, WAL, synchronous=FULL, c threads),
+#            granted only: a reference without HTTP
+# ourspg and ourspg2 use a PostgreSQL cluster this script starts once with
+# .ci/start-postgres.sh in $DATA_DIR/pg (the same filesystem as the peers' data, default
+# settings, max_connections=200), a fresh schema per cell (dropped after it) and a CHECKPOINT
+# before each cell, as run_pg.sh does before each of its runs.
 #
 # For each repetition, in this order:
 #   1. the raw fdatasync floor: the peers' run_fsync.sh (4 KiB append / overwrite + fdatasync);
 #   2. the load generator's own ceiling: `redb-limiter bench --sink` (a built-in no-op server)
 #      at 1 and 64 connections;
-#   3. for each variant and client count, the three systems one after the other (our server,
-#      Redis with appendfsync always, PostgreSQL function style), the order reversed in every
-#      other repetition. Redis and PostgreSQL run through the peers' own run_redis.sh and
+#   3. for each variant and client count, the systems one after the other (in the order of
+#      SYSTEMS), the order reversed in every other repetition. Redis and PostgreSQL run through the peers' own run_redis.sh and
 #      run_pg.sh (CLIENTS/SECS/VARIANTS set to the one cell); our side starts a fresh server on
 #      a fresh file and runs `redb-limiter bench` with the same shape: 1000 keys, cost 1,
 #      granted = calls 1000000 per 1000 ms from empty windows, refused = calls 10 per 60000 ms
@@ -27,6 +44,7 @@ SECS=${SECS:-8}
 CLIENTS=${CLIENTS:-"1 16 64"}
 VARIANTS=${VARIANTS:-"granted refused"}
 REPS=${REPS:-3}
+SYSTEMS=${SYSTEMS:-"ours redis pg ourspg ourspg2 sqlite"}
 FSYNC_SECS=${FSYNC_SECS:-3}
 SINK_SECS=${SINK_SECS:-3}
 KEYS=1000
@@ -40,6 +58,13 @@ TABLE="$OUT/compare-$STAMP.md"
 : >"$JSONL"
 
 PEERS=$(cd "$PEERS" && pwd) || { echo "no peers folder at $PEERS" >&2; exit 1; }
+for system in $SYSTEMS; do
+  case "$system" in
+    ours | redis | pg | ourspg | ourspg2 | sqlite) ;;
+    *) echo "unknown system $system (SYSTEMS: ours redis pg ourspg ourspg2 sqlite)" >&2; exit 2 ;;
+  esac
+done
+has() { [[ " $SYSTEMS " == *" $1 "* ]]; }
 
 # ---- packages ----------------------------------------------------------------------------
 missing=()
@@ -47,14 +72,15 @@ for cmd in redis-server redis-cli redis-benchmark pgbench psql fio gcc bc python
   command -v "$cmd" >/dev/null || missing+=("$cmd")
 done
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(initdb)
+[[ -f /usr/include/sqlite3.h ]] || missing+=(libsqlite3-dev)
 if ((${#missing[@]})); then
   if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
     echo "# installing (missing: ${missing[*]})"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      redis-server redis-tools postgresql postgresql-contrib fio gcc bc python3 util-linux >/dev/null
+      redis-server redis-tools postgresql postgresql-contrib fio gcc bc python3 util-linux libsqlite3-dev >/dev/null
   else
-    echo "missing: ${missing[*]}; as root: apt-get install -y redis-server redis-tools postgresql postgresql-contrib fio gcc bc" >&2
+    echo "missing: ${missing[*]}; as root: apt-get install -y redis-server redis-tools postgresql postgresql-contrib fio gcc bc libsqlite3-dev" >&2
     exit 1
   fi
 fi
@@ -83,13 +109,36 @@ BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/redb-limiter
 [[ -x "$BIN" ]] || { echo "no binary at $BIN" >&2; exit 1; }
 
 SPID=""
+SPID2=""
+PG_PID=""
 stop_ours() {
-  if [[ -n "$SPID" ]] && kill -0 "$SPID" 2>/dev/null; then
-    kill -TERM "$SPID"; wait "$SPID" 2>/dev/null || true
-  fi
+  local pid
+  for pid in $SPID $SPID2; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+    fi
+  done
   SPID=""
+  SPID2=""
 }
-trap stop_ours EXIT INT TERM
+stop_all() {
+  stop_ours
+  if [[ -n "$PG_PID" ]] && kill -0 "$PG_PID" 2>/dev/null; then
+    kill -INT "$PG_PID"    # fast shutdown; the postmaster is not our child, so poll
+    for _ in $(seq 200); do kill -0 "$PG_PID" 2>/dev/null || break; sleep 0.05; done
+  fi
+  PG_PID=""
+}
+trap stop_all EXIT INT TERM
+
+# ---- PostgreSQL for our PostgreSQL mode -----------------------------------------------------
+PG_URL=""
+if has ourspg || has ourspg2; then
+  rm -rf "$DATA_DIR/pg"; mkdir -p "$DATA_DIR/pg"
+  eval "$("$ROOT/.ci/start-postgres.sh" "$DATA_DIR/pg/data")"
+  PSQL_OURS=(psql -X -q -A -t -v ON_ERROR_STOP=1 "$PG_URL")
+fi
+SCHEMA_N=0
 
 record() { # JSON object on stdin -> the JSONL file
   cat >>"$JSONL"
@@ -104,11 +153,9 @@ run_ours() { # $1 rep $2 variant $3 clients
   conn=(--connections "$c")
   ((c == 1)) && conn=(--one-at-a-time)
   rm -rf "$dir"; mkdir -p "$dir"
-  "$BIN" serve --path "$dir/limiter.redb" --listen 127.0.0.1:0 >"$dir/ready" 2>"$dir/serve.log" &
-  SPID=$!
-  for _ in $(seq 100); do grep -q '"url"' "$dir/ready" 2>/dev/null && break; sleep 0.05; done
-  url=$(sed -n 's/.*"url":"\([^"]*\)".*/\1/p' "$dir/ready")
-  [[ -n "$url" ]] || { echo "our server did not start; see $dir/serve.log" >&2; exit 1; }
+  start_server "$dir" --path "$dir/limiter.redb"
+  SPID=$STARTED_PID
+  url=$STARTED_URL
   "$BIN" bench --url "$url" "${conn[@]}" --keys "$KEYS" --cost 1 --mix "$v" --calls "$calls" \
     --per-ms "$per_ms" --seconds "$SECS" --warmup-seconds 1 >"$dir/bench.txt"
   stop_ours
@@ -123,6 +170,83 @@ print(json.dumps({"rep": rep, "system": "ours", "variant": v, "c": c, "rps": j["
                   "gen_cpu_us": j.get("cpu_us_per_request"), "gen_cpu_share": j.get("cpu_share")}))
 PY
 }
+
+start_server() { # $1 dir, then serve's flags; sets STARTED_PID and STARTED_URL
+  local dir=$1; shift
+  "$BIN" serve --listen 127.0.0.1:0 "$@" >"$dir/ready" 2>"$dir/serve.log" &
+  STARTED_PID=$!
+  for _ in $(seq 200); do grep -q '"url"' "$dir/ready" 2>/dev/null && break; sleep 0.05; done
+  STARTED_URL=$(sed -n 's/.*"url":"\([^"]*\)".*/\1/p' "$dir/ready")
+  [[ -n "$STARTED_URL" ]] || { echo "our server did not start; see $dir/serve.log" >&2; exit 1; }
+}
+
+# A fresh schema for one cell, with the cluster checkpointed first (as run_pg.sh does).
+fresh_schema() {
+  SCHEMA_N=$((SCHEMA_N + 1))
+  SCHEMA="bench_$SCHEMA_N"
+  "${PSQL_OURS[@]}" -c "SET client_min_messages = warning" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" -c "CHECKPOINT"
+}
+
+drop_schema() {
+  "${PSQL_OURS[@]}" -c "SET client_min_messages = warning" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE"
+}
+
+# Our server(s) in PostgreSQL mode: one, or two on the same schema with c split between them.
+run_ourspg_n() { # $1 servers (1 or 2) $2 rep $3 variant $4 clients
+  local n=$1 rep=$2 v=$3 c=$4 calls per_ms dir="$DATA_DIR/runpg" urls=() conns=() pids=() i args json system
+  case "$v" in
+    granted) calls=1000000; per_ms=1000 ;;
+    refused) calls=10; per_ms=60000 ;;
+  esac
+  system=ourspg; ((n == 2)) && system=ourspg2
+  rm -rf "$dir"; mkdir -p "$dir"
+  fresh_schema
+  for i in $(seq "$n"); do
+    mkdir -p "$dir/$i"
+    start_server "$dir/$i" --postgres "$PG_URL" --pg-schema "$SCHEMA" ${PG_POOL:+--pg-pool "$PG_POOL"}
+    if ((i == 1)); then SPID=$STARTED_PID; else SPID2=$STARTED_PID; fi
+    urls+=("$STARTED_URL")
+  done
+  if ((n == 2 && c > 1)); then conns=($((c / 2)) $((c - c / 2))); else conns=("$c"); fi
+  if [[ "$v" == refused ]]; then
+    # Fill every window first, over 64 connections (one at a time, 11,000 durable grants take
+    # a minute): the measured generators' own prefills then cost one refused request per key,
+    # and with two of them neither measures while the other still fills.
+    "$BIN" bench --url "${urls[0]}" --connections 64 --keys "$KEYS" --cost 1 --mix refused \
+      --calls "$calls" --per-ms "$per_ms" --seconds 0.2 >"$dir/prefill.txt"
+  fi
+  pids=()
+  for i in "${!conns[@]}"; do
+    args=(--connections "${conns[$i]}")
+    ((conns[i] == 1)) && args=(--one-at-a-time)
+    "$BIN" bench --url "${urls[$i]}" "${args[@]}" --keys "$KEYS" --cost 1 --mix "$v" --calls "$calls" \
+      --per-ms "$per_ms" --seconds "$SECS" --warmup-seconds 1 --seed $((i + 1)) >"$dir/bench$i.txt" &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  stop_ours
+  drop_schema
+  for i in "${!conns[@]}"; do cat "$dir/bench$i.txt"; done
+  json=$(for i in "${!conns[@]}"; do tail -1 "$dir/bench$i.txt"; done)
+  python3 - "$rep" "$system" "$v" "$c" "$json" <<'PY' | record
+import json, sys
+rep, system, v, c = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+js = [json.loads(l) for l in sys.argv[5].splitlines() if l.strip()]
+rps = sum(j["rps"] for j in js)
+# latency: the generators' medians weighted by their answered acquires; the worse p99
+w = [j["rps"] or 1e-9 for j in js]
+p50 = sum(j["p50_us"] * x for j, x in zip(js, w)) / sum(w)
+cpu = [j.get("cpu_share") for j in js]
+print(json.dumps({"rep": rep, "system": system, "variant": v, "c": c, "rps": rps, "generators": len(js),
+                  "p50_ms": p50 / 1000, "p99_ms": max(j["p99_us"] for j in js) / 1000,
+                  "granted": sum(j["granted"] for j in js), "refused": sum(j["refused"] for j in js),
+                  "errors": sum(j["errors"] for j in js),
+                  "gen_cpu_share": None if None in cpu else sum(cpu)}))
+PY
+}
+
+run_ourspg() { run_ourspg_n 1 "$@"; }
+run_ourspg2() { run_ourspg_n 2 "$@"; }
 
 # Records a peer's summary line ("<prefix> <variant> ... key=value ...") as one JSON object.
 record_peer() { # $1 system $2 throughput field $3 rep $4 variant $5 clients $6 line
@@ -150,6 +274,22 @@ run_pg() { # $1 rep $2 variant $3 clients
     || { echo "$out" >&2; exit 1; }
   echo "$out"
   record_peer pg tps "$1" "$2" "$3" "$(grep "^pg $2 " <<<"$out" | tail -1)"
+}
+
+run_sqlite() { # $1 rep $2 variant $3 clients (granted only: the peer has no refused shape)
+  local out line
+  [[ "$2" == granted ]] || { echo "(sqlite: granted only)"; return; }
+  out=$(CLIENTS=$3 SECS=$SECS NBUCKETS=$KEYS "$PEERS/run_sqlite.sh" 2>&1) || { echo "$out" >&2; exit 1; }
+  echo "$out"
+  line=$(grep "^sqlite threads=" <<<"$out" | tail -1)
+  python3 - "$1" "$2" "$3" "$line" <<'PY' | record
+import json, re, sys
+rep, v, c, line = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+f = dict(re.findall(r"(\w+)=([^\s]+)", line))
+print(json.dumps({"rep": rep, "system": "sqlite", "variant": v, "c": c, "rps": float(f["rps"]),
+                  "p50_ms": int(f["p50_us"]) / 1000, "p99_ms": int(f["p99_us"]) / 1000,
+                  "granted": int(f["granted"])}))
+PY
 }
 
 run_fsync() { # $1 rep
@@ -185,11 +325,12 @@ PY
 }
 
 {
-  trap stop_ours EXIT INT TERM   # this block runs in a subshell (it feeds tee)
+  trap stop_ours EXIT INT TERM   # this block runs in a subshell (it feeds tee); the parent stops PostgreSQL
   echo "# compare $STAMP: $(nproc) cpus,$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), kernel $(uname -r)"
   echo "# filesystem of every data dir: $peer_fs ($(findmnt -no OPTIONS -T /tmp | cut -c1-60))"
   echo "# $("$BIN" --version), $(redis-server --version | awk '{print $3}'), $(psql --version)"
-  echo "# SECS=$SECS CLIENTS=\"$CLIENTS\" VARIANTS=\"$VARIANTS\" REPS=$REPS KEYS=$KEYS"
+  echo "# SECS=$SECS CLIENTS=\"$CLIENTS\" VARIANTS=\"$VARIANTS\" REPS=$REPS KEYS=$KEYS SYSTEMS=\"$SYSTEMS\""
+  [[ -z "$PG_URL" ]] || echo "# PostgreSQL mode against $(psql -X -A -t "$PG_URL" -c 'SHOW server_version') in $DATA_DIR/pg/data, --pg-pool ${PG_POOL:-default}"
   started=$(date +%s)
   for rep in $(seq "$REPS"); do
     echo "## rep $rep"
@@ -197,7 +338,7 @@ PY
     run_sink "$rep"
     for v in $VARIANTS; do
       for c in $CLIENTS; do
-        if ((rep % 2)); then order="ours redis pg"; else order="pg redis ours"; fi
+        if ((rep % 2)); then order=$SYSTEMS; else order=$(tr ' ' '\n' <<<"$SYSTEMS" | tac | tr '\n' ' '); fi
         for system in $order; do
           echo "### $system $v c=$c"
           "run_$system" "$rep" "$v" "$c"
@@ -216,9 +357,15 @@ stamp, reps = sys.argv[2], int(sys.argv[3])
 by = defaultdict(dict)  # (system, variant, c) -> rep -> row
 for r in rows:
     by[(r["system"], r["variant"], r["c"])][r["rep"]] = r
+SYSTEMS = ["ours", "redis", "pg", "ourspg", "ourspg2", "sqlite"]
+present = [s for s in SYSTEMS if any(k[0] == s for k in by)]
+NAME = {"ours": "ours", "redis": "Redis", "pg": "PostgreSQL", "ourspg": "ours-pg", "ourspg2": "ours-pg2",
+        "sqlite": "SQLite"}
+UNIT = {"pg": "tps"}
 
 def vals(key, field="rps"):
-    return [by[key][rep].get(field) if rep in by[key] else None for rep in range(1, reps + 1)]
+    runs = by.get(key, {})  # (never by[key]: that would add the key to by)
+    return [runs[rep].get(field) if rep in runs else None for rep in range(1, reps + 1)]
 
 def ratio(a, b):
     return [None if x is None or y in (None, 0) else x / y for x, y in zip(a, b)]
@@ -239,47 +386,73 @@ def spread(xs, f="{:.2f}"):
         return f.format(got[0])
     return f"{f.format(statistics.median(got))} ({f.format(min(got))}–{f.format(max(got))})"
 
-cells = [(v, c) for v in ("granted", "refused") for c in sorted({k[2] for k in by if k[0] == "ours" and k[1] == v})]
+cs = sorted({k[2] for k in by if k[0] in SYSTEMS})
+cells = [(v, c) for v in ("granted", "refused") for c in cs if any((s, v, c) in by for s in SYSTEMS)]
 fs = vals(("fsync", "overwrite", 1))
-print(f"Run {stamp}: {reps} repetition(s). Throughputs are medians over the repetitions; a ratio is")
-print("taken within each repetition (the systems ran back to back) and shown as median (min–max).\n")
-print("| mix | c | ours acq/s | Redis acq/s | PostgreSQL tps | ours / Redis | ours / PostgreSQL | ours / raw fsync | ours p50 / p99 ms |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+# columns: (title, function of (v, c) -> text), kept when the systems they need ran
+cols = []
+for s in present:
+    cols.append((f"{NAME[s]} {UNIT.get(s, 'acq/s')}", lambda v, c, s=s: num(med(vals((s, v, c))))))
+pairs = [("ours", "redis"), ("ours", "pg"), ("ourspg", "pg"), ("ourspg2", "pg"), ("ours", "sqlite")]
+for a, b in pairs:
+    if a in present and b in present:
+        cols.append((f"{NAME[a]} / {NAME[b]}", lambda v, c, a=a, b=b: spread(ratio(vals((a, v, c)), vals((b, v, c))))
+                     if (b, v, c) in by else "n/a"))
+if "ours" in present and fs[0] is not None:
+    cols.append(("ours / raw fsync", lambda v, c: spread(ratio(vals(("ours", v, c)), fs)) if v == "granted" else "n/a"))
+for s in ("ours", "ourspg", "ourspg2"):
+    if s in present:
+        cols.append((f"{NAME[s]} p50 / p99 ms", lambda v, c, s=s: f"{num(med(vals((s, v, c), 'p50_ms')), '{:.2f}')} / "
+                                                                  f"{num(med(vals((s, v, c), 'p99_ms')), '{:.2f}')}"))
+
+print(f"Run {stamp}: {reps} repetition(s), systems {', '.join(NAME[s] for s in present)}. Throughputs are")
+print("medians over the repetitions; a ratio is taken within each repetition (the systems ran back to")
+print("back) and shown as median (min–max).\n")
+print("| mix | c | " + " | ".join(t for t, _ in cols) + " |")
+print("|---|---:|" + "---:|" * len(cols))
 for v, c in cells:
-    ours, redis, pg = vals(("ours", v, c)), vals(("redis", v, c)), vals(("pg", v, c))
-    p50, p99 = med(vals(("ours", v, c), "p50_ms")), med(vals(("ours", v, c), "p99_ms"))
-    raw = spread(ratio(ours, fs)) if v == "granted" else "n/a"
-    print(f"| {v} | {c} | {num(med(ours))} | {num(med(redis))} | {num(med(pg))} | {spread(ratio(ours, redis))} | "
-          f"{spread(ratio(ours, pg))} | {raw} | {num(p50, '{:.2f}')} / {num(p99, '{:.2f}')} |")
+    print(f"| {v} | {c} | " + " | ".join(f(v, c) for _, f in cols) + " |")
 print()
-fa = vals(("fsync", "append", 1))
-print(f"- Raw fdatasync probe, c = 1 (ops/s per repetition): overwrite {' / '.join(num(x) for x in fs)}; "
-      f"append {' / '.join(num(x) for x in fa)}.")
+if fs[0] is not None:
+    fa = vals(("fsync", "append", 1))
+    print(f"- Raw fdatasync probe, c = 1 (ops/s per repetition): overwrite {' / '.join(num(x) for x in fs)}; "
+          f"append {' / '.join(num(x) for x in fa)}.")
 for c in (1, 64):
     key = ("sink", "granted", c)
-    print(f"- Generator against its built-in no-op server, c = {c}: {num(med(vals(key)))} req/s, generator CPU "
-          f"{num(med(vals(key, 'gen_cpu_us')), '{:.1f}')} µs per request, "
-          f"{num(100 * (med(vals(key, 'gen_cpu_share')) or 0), '{:.0f}')}% of the machine.")
-for v, c in cells:
-    key = ("ours", v, c)
-    if med(vals(key, "gen_cpu_us")) is not None:
-        print(f"- Generator against our server, {v}, c = {c}: {num(med(vals(key, 'gen_cpu_us')), '{:.1f}')} µs CPU per "
-              f"request, {num(100 * (med(vals(key, 'gen_cpu_share')) or 0), '{:.0f}')}% of the machine.")
+    if key in by:
+        print(f"- Generator against its built-in no-op server, c = {c}: {num(med(vals(key)))} req/s, generator CPU "
+              f"{num(med(vals(key, 'gen_cpu_us')), '{:.1f}')} µs per request, "
+              f"{num(100 * (med(vals(key, 'gen_cpu_share')) or 0), '{:.0f}')}% of the machine.")
+for s in ("ours", "ourspg", "ourspg2"):
+    for v, c in cells:
+        key = (s, v, c)
+        if med(vals(key, "gen_cpu_share")) is not None:
+            per = med(vals(key, "gen_cpu_us"))
+            per = f"{num(per, '{:.1f}')} µs CPU per request, " if per is not None else ""
+            print(f"- Generator(s) against {NAME[s]}, {v}, c = {c}: {per}"
+                  f"{num(100 * (med(vals(key, 'gen_cpu_share')) or 0), '{:.0f}')}% of the machine.")
 print()
 print("Per repetition (acquires/s):\n")
-print("| mix | c | " + " | ".join(f"rep {r}: ours / Redis / PostgreSQL" for r in range(1, reps + 1)) + " |")
+who = " / ".join(NAME[s] for s in present)
+print("| mix | c | " + " | ".join(f"rep {r}: {who}" for r in range(1, reps + 1)) + " |")
 print("|---|---:|" + "---:|" * reps)
 for v, c in cells:
-    ours, redis, pg = vals(("ours", v, c)), vals(("redis", v, c)), vals(("pg", v, c))
-    print(f"| {v} | {c} | " + " | ".join(f"{num(o)} / {num(r)} / {num(p)}" for o, r, p in zip(ours, redis, pg)) + " |")
+    per = [vals((s, v, c)) for s in present]
+    print(f"| {v} | {c} | " + " | ".join(" / ".join(num(p[r]) for p in per) for r in range(reps)) + " |")
 print()
-targets = [("granted", 64, "redis", 2.0), ("granted", 64, "pg", 5.0), ("granted", 1, "redis", 0.9), ("refused", 64, "redis", 1.0)]
-print("| target | ratio, median (min–max) | met in |")
-print("|---|---:|---|")
-for v, c, peer, want in targets:
-    r = ratio(vals(("ours", v, c)), vals((peer, v, c)))
+targets = [("ours", "granted", 64, "redis", 2.0), ("ours", "granted", 64, "pg", 5.0),
+           ("ours", "granted", 1, "redis", 0.9), ("ours", "refused", 64, "redis", 1.0)]
+for s in ("ourspg", "ourspg2"):  # issue 13: PostgreSQL mode against the pgbench peer
+    for v, want in (("granted", 0.8), ("refused", 2.0)):
+        for c in cs:
+            targets.append((s, v, c, "pg", want))
+targets = [t for t in targets if (t[0], t[1], t[2]) in by and (t[3], t[1], t[2]) in by]
+if targets:
+    print("| target | ratio, median (min–max) | met in |")
+    print("|---|---:|---|")
+for s, v, c, peer, want in targets:
+    r = ratio(vals((s, v, c)), vals((peer, v, c)))
     got = [x for x in r if x is not None]
-    name = {"redis": "Redis", "pg": "PostgreSQL"}[peer]
-    print(f"| {v}, c = {c}: ours / {name} ≥ {want} | {spread(r)} | {sum(x >= want for x in got)} of {len(got)} repetitions |")
+    print(f"| {v}, c = {c}: {NAME[s]} / {NAME[peer]} ≥ {want} | {spread(r)} | {sum(x >= want for x in got)} of {len(got)} repetitions |")
 PY
 echo "wrote $TABLE, $JSONL and $LOG"

@@ -2,7 +2,8 @@
 //! database (`REDB_LIMITER_TEST_POSTGRES`, started by `.ci/run`; under `CI=true` a missing URL
 //! fails) answer as one limiter: every rule holds across them, the contract suite passes, and
 //! concurrent overlapping requests on both never put more in a window than its calls nor more
-//! places in a bucket than its `concurrent`.
+//! places in a bucket than its `concurrent`, and one hot bucket under 64 connections grants
+//! exactly its calls.
 //!
 //! Crashes, with real processes: kill -9 of a server mid-load loses no acknowledged grant; kill
 //! -9 of PostgreSQL mid-load loses none either, and while it is down every request is answered
@@ -33,8 +34,13 @@ impl Drop for Server {
 }
 
 fn start(database: &str, schema: &str) -> Server {
+    start_with_pool(database, schema, 8)
+}
+
+fn start_with_pool(database: &str, schema: &str, pool: usize) -> Server {
+    let pool = pool.to_string();
     let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--pg-pool", "8", "--pg-schema", schema])
+        .args(["serve", "--listen", "127.0.0.1:0", "--pg-pool", &pool, "--pg-schema", schema])
         .env("REDB_LIMITER_POSTGRES", database)
         .env_remove("REDB_LIMITER_TOKEN")
         .stdout(Stdio::piped())
@@ -241,6 +247,57 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
         }
     }
     assert_eq!(deepest, CONCURRENT as i64, "some bucket held all its places, so the bound was tested");
+}
+
+/// One hot bucket, 64 connections across two servers with a pool of 32 each (so 64 database
+/// sessions contend for its row at once), five requests each, all let go together: exactly
+/// `calls` are granted, every other one is refused for rate, and the window holds `calls`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_bucket_under_64_connections_on_two_servers_never_over_grants() {
+    let Some(db) = database_url() else { return };
+    let schema = schema("hot");
+    let servers = [start_with_pool(&db, &schema, 32), start_with_pool(&db, &schema, 32)];
+    const CALLS: u64 = 50;
+    const CONNECTIONS: u64 = 64;
+    const EACH: u64 = 5;
+    let limit = json!({"key": "hot", "calls": CALLS, "perMs": 3_600_000});
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CONNECTIONS as usize));
+    let mut tasks = Vec::new();
+    for task in 0..CONNECTIONS {
+        let url = servers[(task % 2) as usize].url.clone();
+        let (start, body) = (start.clone(), json!({"key": format!("t{task}"), "limits": [limit.clone()]}));
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            // Open the keep-alive connection first, so the requests that follow start together.
+            let warm = client.get(format!("{url}/health")).send().await.unwrap();
+            assert_eq!(warm.status(), 200);
+            start.wait().await;
+            let (mut granted, mut refused) = (0u64, 0u64);
+            for _ in 0..EACH {
+                let resp = client.post(format!("{url}/acquire")).json(&body).send().await.unwrap();
+                assert_eq!(resp.status(), 200);
+                let reply: Value = resp.json().await.unwrap();
+                match reply["granted"].as_bool() {
+                    Some(true) => granted += 1,
+                    Some(false) if reply["reason"] == "rate" => refused += 1,
+                    _ => panic!("unexpected reply {reply}"),
+                }
+            }
+            (granted, refused)
+        }));
+    }
+    let (mut granted, mut refused) = (0, 0);
+    for task in tasks {
+        let (g, r) = task.await.unwrap();
+        granted += g;
+        refused += r;
+    }
+    assert_eq!((granted, refused), (CALLS, CONNECTIONS * EACH - CALLS));
+    let peek = json!({"key": "probe", "limits": [limit]});
+    for server in &servers {
+        let (_, reply) = post(&server.url, "/peek", peek.clone()).await;
+        assert_eq!(reply["limits"][0], json!({"key": "hot", "used": CALLS, "remaining": 0}), "{reply}");
+    }
 }
 
 /// A window no load here can fill: every acknowledged grant must show in its `used`.

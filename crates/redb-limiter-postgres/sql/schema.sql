@@ -19,8 +19,12 @@
 --   the same millisecond are merged), each carrying `cum`, the running total of every cost ever
 --   recorded in the bucket up to and including it. The cost counting in a window that starts
 --   after instant `cut` is total - (cum - cost of the first row after cut): one index probe,
---   whatever the window's length. The retryAt of a rate refusal is the first row whose cum
---   reaches total + cost - calls: a second probe, on (bucket, cum).
+--   whatever the window's length. The retryAt of a rate refusal is when the first row whose cum
+--   reaches total + cost - calls leaves. Running totals never decrease in time order, so that
+--   row is found in time order, on the same index: usually it is the first row after cut,
+--   which the window probe has just read; otherwise one statement reads the next 64 rows, and
+--   a binary search over instants (O(log window) probes) goes on past them. (No index on cum:
+--   every grant would maintain it, for the rare refusal that needs more than the first row.)
 --   A settle changes a past grant's cost. Rewriting the running totals of every later row
 --   would cost a write per later grant, so settle deltas live apart, in a Fenwick tree per
 --   bucket indexed by the row's sequence number (table fen, sparse: only nodes ever touched
@@ -135,7 +139,9 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.grants (
   cum bigint NOT NULL,     -- running total of cost in the bucket, this row included
   PRIMARY KEY (bucket, at)
 );
-CREATE INDEX IF NOT EXISTS grants_cum ON __SCHEMA__.grants (bucket, cum, at);
+-- (Earlier scripts indexed (bucket, cum, at) for the retryAt search; the search now runs on the
+-- primary key, and every grant saves the index write.)
+DROP INDEX IF EXISTS __SCHEMA__.grants_cum;
 COMMENT ON TABLE __SCHEMA__.grants IS
   'window grants, merged per millisecond, with running totals (cum) for one-probe window sums';
 
@@ -278,7 +284,10 @@ COMMENT ON FUNCTION __SCHEMA__._idle(bigint, bigint, bigint, bigint, bigint, big
   'a bucket with no grant in its kept window and no place held is idle (forgotten)';
 
 -- retryAt of a rate refusal: the instant the first grant row leaves whose leaving makes room,
--- that is the first row whose running total (deltas included) reaches p_target.
+-- that is the first row after p_cut whose running total (deltas included) reaches p_target.
+-- Running totals (deltas included) never decrease in time order, and the newest row always
+-- qualifies (a capped cost fits an empty window): without deltas the next 64 rows are read in
+-- one statement, then (and with deltas from the start) a binary search over instants.
 CREATE OR REPLACE FUNCTION __SCHEMA__._rate_retry(p_bucket bigint, p_cut bigint, p_target bigint,
                                                   p_per bigint, p_fen boolean, p_last_at bigint)
 RETURNS bigint
@@ -294,16 +303,18 @@ DECLARE
   v_ans bigint;
 BEGIN
   IF NOT p_fen THEN
-    SELECT g.at INTO v_at FROM __SCHEMA__.grants g
-     WHERE g.bucket = p_bucket AND g.cum >= p_target
-     ORDER BY g.cum, g.at
-     LIMIT 1;
-    RETURN v_at + p_per;
+    -- The usual answer is among the first rows: read 64 in one statement.
+    SELECT min(s.at) FILTER (WHERE s.cum >= p_target), max(s.at) INTO v_ans, v_lo
+      FROM (SELECT g.at, g.cum FROM __SCHEMA__.grants g
+             WHERE g.bucket = p_bucket AND g.at > p_cut ORDER BY g.at LIMIT 64) s;
+    IF v_ans IS NOT NULL THEN
+      RETURN v_ans + p_per;
+    END IF;
+    v_lo := v_lo + 1;  -- search the rows after those 64
+  ELSE
+    SELECT g.at INTO v_lo FROM __SCHEMA__.grants g
+     WHERE g.bucket = p_bucket AND g.at > p_cut ORDER BY g.at LIMIT 1;
   END IF;
-  -- Deltas: cum + deltas is still non-decreasing in time, but not indexed. Binary search the
-  -- rows after p_cut; the newest row always qualifies (a capped cost fits an empty window).
-  SELECT g.at INTO v_lo FROM __SCHEMA__.grants g
-   WHERE g.bucket = p_bucket AND g.at > p_cut ORDER BY g.at LIMIT 1;
   v_ans := p_last_at;
   v_hi := p_last_at;  -- search the rows in [v_lo, v_hi) for an earlier one
   WHILE v_lo < v_hi LOOP
@@ -313,7 +324,7 @@ BEGIN
      ORDER BY g.at LIMIT 1;
     IF NOT FOUND THEN
       v_hi := v_mid;
-    ELSIF v_cum + __SCHEMA__._fen_sum(p_bucket, v_seq) >= p_target THEN
+    ELSIF (v_cum + CASE WHEN p_fen THEN __SCHEMA__._fen_sum(p_bucket, v_seq) ELSE 0 END) >= p_target THEN
       v_ans := v_at;
       v_hi := v_at;
     ELSE
@@ -502,12 +513,9 @@ BEGIN
         -- first row whose running total reaches total + cost - calls leaves.
         SELECT w.used,
                CASE WHEN lcost[i] > 0 AND w.used + lcost[i] > lcalls[i] THEN
-                 CASE WHEN bfen[i]
-                      THEN __SCHEMA__._rate_retry(bid[i], greatest(bw[i], v_now - br[i], v_now - lper[i]),
-                             btot[i] + bdtot[i] + lcost[i] - lcalls[i], lper[i], true, blast[i])
-                      ELSE (SELECT g.at FROM __SCHEMA__.grants g
-                             WHERE g.bucket = bid[i] AND g.cum >= btot[i] + lcost[i] - lcalls[i]
-                             ORDER BY g.cum, g.at LIMIT 1) + lper[i] END END
+                 __SCHEMA__._rate_retry(bid[i], greatest(bw[i], v_now - br[i], v_now - lper[i]),
+                   btot[i] + CASE WHEN bfen[i] THEN bdtot[i] ELSE 0 END + lcost[i] - lcalls[i],
+                   lper[i], bfen[i], blast[i]) END
           INTO v_used, v_rate
           FROM (SELECT coalesce((SELECT btot[i] - (g.cum - g.cost)
                                         + CASE WHEN bfen[i] THEN bdtot[i] - __SCHEMA__._fen_sum(bid[i], g.seq - 1)
@@ -719,8 +727,9 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_any(jsonb, text, bigint, text, bigint) I
 -- was never settled, and whose retention this request neither lengthens nor may restart.
 -- Everything else goes to _acquire_any, which gives the same answers for every request; the
 -- two are tested against each other and against the reference engine.
--- A refusal is one read-only statement; a grant one more, which writes only if the bucket
--- row is unchanged since the read (see _acquire_any), else it reads and decides again.
+-- A refusal is one read-only statement (usually: see _rate_retry); a grant one more, which
+-- writes only if the bucket row is unchanged since the read (see _acquire_any), else it reads
+-- and decides again.
 CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(req jsonb, mode text, recheck_ms bigint,
                                               permit_id text, at_ms bigint DEFAULT NULL)
 RETURNS jsonb
@@ -742,6 +751,7 @@ DECLARE
   v_at bigint;
   v_seq bigint;
   v_try integer;
+  v_clock bigint;
 BEGIN
   IF mode <> 'acquire' OR jsonb_array_length(v_l) <> 1 OR (req->>'permit')::boolean THEN
     RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
@@ -757,14 +767,24 @@ BEGIN
   -- then settle it)
   v_rec := coalesce(v_cost > 0, false) OR (v_calls IS NOT NULL AND v_conc IS NOT NULL);
   FOR v_try IN 1 .. 3 LOOP
-    -- The row and now (the clock, floored by the bucket). Each read here is one index probe:
-    -- several tiny statements cost less to run than one that joins them.
+    -- The instant, then in one statement (one snapshot) the row, now (the clock floored by the
+    -- bucket), the caller's throttle and the first grant row of this request's window: three
+    -- index probes, and no second statement to start.
+    v_clock := coalesce(at_ms, __SCHEMA__._clock_ms());
     SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.fen, bk.last_seq, bk.last_at,
            bk.last_calls, bk.last_concurrent, bk.xmin::text AS xm,
-           greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), bk.floor_ms) AS now,
-           (SELECT th.until FROM __SCHEMA__.throttles th WHERE th.key = req->>'key') AS until
+           greatest(v_clock, bk.floor_ms) AS now,
+           (SELECT th.until FROM __SCHEMA__.throttles th WHERE th.key = req->>'key') AS until,
+           w.at AS first_at, w.cum AS first_cum, w.cost AS first_cost
       INTO b
-      FROM __SCHEMA__.buckets bk WHERE bk.key = v_k;
+      FROM __SCHEMA__.buckets bk
+      LEFT JOIN LATERAL (
+        SELECT g.at, g.cum, g.cost FROM __SCHEMA__.grants g
+         WHERE v_cost > 0 AND g.bucket = bk.id
+           AND g.at > greatest(bk.pruned_to, greatest(v_clock, bk.floor_ms) - bk.retain_ms,
+                               greatest(v_clock, bk.floor_ms) - v_per)
+         ORDER BY g.at LIMIT 1) w ON true
+     WHERE bk.key = v_k;
     IF NOT FOUND OR b.fen OR v_per > b.retain_ms THEN
       -- a new bucket, a settled one, or a window longer than the retention (rule 3)
       RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
@@ -777,16 +797,15 @@ BEGIN
       v_reason := 'throttle';
     END IF;
     IF v_cost > 0 THEN
-      -- the cost counting under this request's window: one probe
-      SELECT b.total - (g.cum - g.cost) INTO v_used FROM __SCHEMA__.grants g
-       WHERE g.bucket = b.id AND g.at > greatest(b.pruned_to, b.now - b.retain_ms, b.now - v_per)
-       ORDER BY g.at LIMIT 1;
+      -- the cost counting under this request's window (NULL: no row in it)
+      v_used := b.total - (b.first_cum - b.first_cost);
       IF v_used + v_cost > v_calls THEN
         -- when enough of the oldest grants have left for this cost to fit: when the first
-        -- row whose running total reaches total + cost - calls leaves the window
-        SELECT g.at + v_per INTO v_at FROM __SCHEMA__.grants g
-         WHERE g.bucket = b.id AND g.cum >= b.total + v_cost - v_calls
-         ORDER BY g.cum, g.at LIMIT 1;
+        -- row whose running total reaches total + cost - calls leaves the window; usually
+        -- the first row of the window, already read
+        v_at := CASE WHEN b.first_cum >= b.total + v_cost - v_calls THEN b.first_at + v_per
+                     ELSE __SCHEMA__._rate_retry(b.id, b.first_at, b.total + v_cost - v_calls, v_per,
+                                                 false, b.last_at) END;
         IF v_at > coalesce(v_retry, v_at - 1) THEN
           v_retry := v_at;
           v_reason := 'rate';

@@ -97,6 +97,73 @@ fn every_rule_of_acquire_release_and_throttle() {
     });
 }
 
+/// A rate refusal's retryAt is when the first row whose running total reaches
+/// `total + cost - calls` leaves: found among the first 64 rows of the window in one statement,
+/// past them by binary search. 150 grants one millisecond apart, then refusals whose answer is
+/// row 1 to row 150, by the fast path (one limit) and the general one (two), as the engine says.
+#[test]
+fn a_rate_refusal_finds_its_retry_at_however_deep_in_the_window() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "retry", clock.clone()).await;
+        let mut engine = Engine::new(EngineConfig::default());
+        let mut effects = Vec::new();
+        let one = |cost: u64| window("w", 200, 100_000).with_cost(cost);
+        for _ in 0..150 {
+            let req = AcquireRequest::new("caller", vec![one(1)]).unwrap();
+            let want = engine.acquire(&req, clock.now(), &mut effects);
+            assert!(want.is_granted());
+            assert_eq!(pg.acquire(req).await.unwrap().decision, want);
+            clock.advance(1);
+        }
+        clock.advance(10);
+        for cost in [51, 52, 80, 113, 114, 115, 116, 130, 164, 199, 200] {
+            for limits in [vec![one(cost)], vec![one(cost), window("roomy", 1_000, 1_000)]] {
+                let req = AcquireRequest::new("caller", limits).unwrap();
+                let want = engine.acquire(&req, clock.now(), &mut effects);
+                assert!(matches!(want, Decision::Refused { reason: Reason::Rate, .. }), "{want:?}");
+                assert_eq!(pg.acquire(req.clone()).await.unwrap().decision, want, "{req:?}");
+            }
+        }
+    });
+}
+
+/// A refusal and a peek lock nothing and write nothing: the bucket row keeps its version
+/// (xmin) and carries no lock (xmax 0), and no grant row is added.
+#[test]
+fn refusals_and_peeks_lock_and_write_nothing() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "readonly", clock.clone()).await;
+        let full = AcquireRequest::new("caller", vec![window("w", 2, 60_000)]).unwrap();
+        for _ in 0..2 {
+            assert!(pg.acquire(full.clone()).await.unwrap().decision.is_granted());
+        }
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let schema = pg.schema().to_owned();
+        let row = format!(
+            "SELECT b.xmin::text, b.xmax::text, (SELECT count(*) FROM \"{schema}\".grants) \
+             FROM \"{schema}\".buckets b WHERE b.key = 'w'"
+        );
+        let read = |row: tokio_postgres::Row| (row.get::<_, String>(0), row.get::<_, String>(1), row.get::<_, i64>(2));
+        let before = read(client.query_one(&row, &[]).await.unwrap());
+        assert_eq!(before.1, "0");
+        clock.advance(5);
+        for _ in 0..3 {
+            let refused = pg.acquire(full.clone()).await.unwrap().decision;
+            assert!(matches!(refused, Decision::Refused { reason: Reason::Rate, .. }), "{refused:?}");
+            assert!(pg.peek(full.clone()).await.unwrap().refusal.is_some());
+            let mut report = full.clone();
+            report.report = true;
+            assert!(!pg.acquire(report).await.unwrap().decision.is_granted());
+        }
+        assert_eq!(read(client.query_one(&row, &[]).await.unwrap()), before);
+    });
+}
+
 #[test]
 fn an_unknown_schema_version_is_refused_naming_it() {
     let Some(url) = database_url() else { return };

@@ -345,7 +345,7 @@ impl Conn {
                     if !measured {
                         continue;
                     }
-                    stats.latency.saturating_record(elapsed_us(started));
+                    stats.record_latency(elapsed_us(started));
                     match answer.verdict {
                         Verdict::Granted => stats.granted += 1,
                         Verdict::Refused => stats.refused += 1,

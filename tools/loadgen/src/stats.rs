@@ -36,6 +36,15 @@ impl Stats {
         }
     }
 
+    /// Records one answered acquire's latency. `record` grows the histogram as needed;
+    /// `saturating_record` alone would clamp every latency past its initial range (about 2 ms)
+    /// to its lowest trackable value.
+    pub(crate) fn record_latency(&mut self, us: u64) {
+        if self.latency.record(us).is_err() {
+            self.latency.saturating_record(us);
+        }
+    }
+
     pub(crate) fn note_error(&mut self, message: impl FnOnce() -> String) {
         if self.first_error.is_none() {
             self.first_error = Some(message());
@@ -104,5 +113,21 @@ impl Stats {
             cpu_us_per_request: None,
             cpu_share: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stats;
+
+    #[test]
+    fn latencies_past_two_milliseconds_are_kept() {
+        let mut stats = Stats::new();
+        for us in [150, 4_000, 17_000, 17_000, 250_000] {
+            stats.record_latency(us);
+        }
+        let p50 = stats.latency.value_at_quantile(0.5);
+        assert!((16_900..=17_100).contains(&p50), "{p50}");
+        assert!(stats.latency.max() >= 249_000, "{}", stats.latency.max());
     }
 }

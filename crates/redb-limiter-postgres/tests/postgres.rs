@@ -161,6 +161,26 @@ fn refusals_and_peeks_lock_and_write_nothing() {
             assert!(!pg.acquire(report).await.unwrap().decision.is_granted());
         }
         assert_eq!(read(client.query_one(&row, &[]).await.unwrap()), before);
+        // The same calls inside one explicit transaction: PostgreSQL assigns a transaction id
+        // at a transaction's first row write or row lock, and only such a transaction writes
+        // WAL for its rows. None is assigned: a refusal and a peek write no WAL.
+        let at = clock.now().0 as i64;
+        let body = full.to_json();
+        client.batch_execute("BEGIN").await.unwrap();
+        for mode in ["acquire", "peek"] {
+            let call = format!("SELECT \"{schema}\".acquire($1::jsonb, $2, 0, 'p-wal-check', $3)::text");
+            let reply: String = client.query_one(&call, &[&body, &mode, &at]).await.unwrap().get(0);
+            assert!(reply.contains("\"fits\": false") || reply.contains("\"granted\": false"), "{mode}: {reply}");
+        }
+        let xid: Option<i64> = client.query_one("SELECT txid_current_if_assigned()", &[]).await.unwrap().get(0);
+        assert_eq!(xid, None, "a refusal or a peek wrote or locked a row");
+        // And the check can fail: a grant in the same kind of transaction is assigned one.
+        let room = AcquireRequest::new("caller", vec![window("other", 2, 60_000)]).unwrap().to_json();
+        let call = format!("SELECT \"{schema}\".acquire($1::jsonb, 'acquire', 0, 'p-wal-check', $2)::text");
+        client.query_one(&call, &[&room, &at]).await.unwrap();
+        let xid: Option<i64> = client.query_one("SELECT txid_current_if_assigned()", &[]).await.unwrap().get(0);
+        assert!(xid.is_some(), "a grant writes its row");
+        client.batch_execute("ROLLBACK").await.unwrap();
     });
 }
 

@@ -442,7 +442,7 @@ for v, c in cells:
 print()
 targets = [("ours", "granted", 64, "redis", 2.0), ("ours", "granted", 64, "pg", 5.0),
            ("ours", "granted", 1, "redis", 0.9), ("ours", "refused", 64, "redis", 1.0)]
-for s in ("ourspg", "ourspg2"):  # issue 13: PostgreSQL mode against the pgbench peer
+for s in ("ourspg", "ourspg2"):  # PostgreSQL mode against the pgbench peer
     for v, want in (("granted", 0.8), ("refused", 2.0)):
         for c in cs:
             targets.append((s, v, c, "pg", want))

@@ -61,6 +61,12 @@ async fn post(url: &str, path: &str, body: Value) -> (u16, Value) {
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
 
+/// Releases `permit` on the server at `url`; the reply's body.
+async fn release(client: &reqwest::Client, url: &str, permit: &str) -> Value {
+    let resp = client.post(format!("{url}/release")).json(&json!({"permit": permit})).send().await.unwrap();
+    resp.json().await.unwrap()
+}
+
 fn schema(name: &str) -> String {
     format!("e2e_{}_{name}", std::process::id())
 }
@@ -185,15 +191,7 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
                     if i % 2 == 0 {
                         let permit = reply["permit"].as_str().unwrap();
                         until = until.min(wall_us());
-                        let released: Value = client
-                            .post(format!("{url}/release"))
-                            .json(&json!({"permit": permit}))
-                            .send()
-                            .await
-                            .unwrap()
-                            .json()
-                            .await
-                            .unwrap();
+                        let released = release(&client, &url, permit).await;
                         // false when it lapsed first: either way it was held no longer.
                         assert!(released["released"].is_boolean(), "{released}");
                     }
@@ -326,15 +324,7 @@ async fn release_all(url: &str, permits: Vec<String>) {
             let client = reqwest::Client::new();
             loop {
                 let Some(permit) = permits.lock().unwrap().pop() else { return };
-                let reply: Value = client
-                    .post(format!("{url}/release"))
-                    .json(&json!({"permit": permit}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let reply = release(&client, &url, &permit).await;
                 assert_eq!(reply, json!({"released": true}), "acknowledged permit {permit} was lost");
             }
         }));

@@ -30,6 +30,15 @@ fn fixture_copy(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, path)
 }
 
+/// An acquire as the fixtures' throttled caller is refused until `until`.
+fn assert_throttled_until(limiter: &Limiter, until: Millis) {
+    let throttled = AcquireRequest::new("fixture/cred:2", vec![]).unwrap();
+    assert_eq!(
+        limiter.acquire_blocking(throttled).unwrap(),
+        Decision::Refused { retry_at: until, reason: Reason::Throttle, limit: "fixture/cred:2".into() }
+    );
+}
+
 #[test]
 fn a_file_of_the_previous_release_serves_as_before() {
     let (_dir, path) = fixture_copy("v2-limiter.redb");
@@ -72,15 +81,7 @@ fn a_file_of_the_previous_release_serves_as_before() {
         Decision::Refused { retry_at: now.plus(250), reason: Reason::Concurrency, limit: "fixture/conc".into() }
     );
     // The throttle holds.
-    let throttled = AcquireRequest::new("fixture/cred:2", vec![]).unwrap();
-    assert_eq!(
-        limiter.acquire_blocking(throttled).unwrap(),
-        Decision::Refused {
-            retry_at: at("2026-12-01T11:52:35.000Z"),
-            reason: Reason::Throttle,
-            limit: "fixture/cred:2".into()
-        }
-    );
+    assert_throttled_until(&limiter, at("2026-12-01T11:52:35.000Z"));
     // The old permit names no window a settle could change; it still releases its place.
     let settle = SettleRequest::new(PERMIT, vec![Cost::new("fixture/rpd", 3)]).unwrap();
     assert!(limiter.settle_blocking(settle).is_err());
@@ -144,15 +145,7 @@ fn a_file_of_the_release_before_serves_as_before_and_its_permits_still_settle() 
             limit: "fixture/tpd".into()
         }
     );
-    let throttled = AcquireRequest::new("fixture/cred:2", vec![]).unwrap();
-    assert_eq!(
-        limiter.acquire_blocking(throttled).unwrap(),
-        Decision::Refused {
-            retry_at: at("2026-12-01T12:00:00.000Z"),
-            reason: Reason::Throttle,
-            limit: "fixture/cred:2".into()
-        }
-    );
+    assert_throttled_until(&limiter, at("2026-12-01T12:00:00.000Z"));
     // A version-3 permit recorded its windows: it settles again (the latest figure stands).
     let settle = SettleRequest::new(SETTLED, vec![Cost::new("fixture/tpm", 99_000)]).unwrap();
     assert!(limiter.settle_blocking(settle).unwrap());

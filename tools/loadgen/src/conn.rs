@@ -420,6 +420,12 @@ impl Requests {
     /// Format the release of `permit` (the raw contents of its JSON string, copied verbatim).
     pub(crate) fn prepare_release(&mut self, permit: &[u8]) {
         let len = RELEASE_BODY_HEAD.len() + permit.len() + RELEASE_BODY_TAIL.len();
+        self.start_permit_body(len, permit).extend_from_slice(RELEASE_BODY_TAIL);
+    }
+
+    /// Starts the release buffer's request: its head, a body of `len` bytes, and the body's
+    /// start up to and including `permit`; the caller appends the rest.
+    fn start_permit_body(&mut self, len: usize, permit: &[u8]) -> &mut Vec<u8> {
         let buf = &mut self.release;
         buf.clear();
         buf.extend_from_slice(&self.release_head);
@@ -427,7 +433,7 @@ impl Requests {
         buf.extend_from_slice(b"\r\n\r\n");
         buf.extend_from_slice(RELEASE_BODY_HEAD);
         buf.extend_from_slice(permit);
-        buf.extend_from_slice(RELEASE_BODY_TAIL);
+        buf
     }
 
     /// Format the settle of `permit`'s grant in bucket `key` to `cost`.
@@ -437,13 +443,7 @@ impl Requests {
         const TAIL: &[u8] = b"}]}";
         let len =
             RELEASE_BODY_HEAD.len() + permit.len() + HEAD.len() + digits(key) + MID.len() + digits(cost) + TAIL.len();
-        let buf = &mut self.release;
-        buf.clear();
-        buf.extend_from_slice(&self.release_head);
-        push_u64(buf, len as u64);
-        buf.extend_from_slice(b"\r\n\r\n");
-        buf.extend_from_slice(RELEASE_BODY_HEAD);
-        buf.extend_from_slice(permit);
+        let buf = self.start_permit_body(len, permit);
         buf.extend_from_slice(HEAD);
         push_u64(buf, key);
         buf.extend_from_slice(MID);

@@ -245,6 +245,21 @@ struct Bucket {
 }
 
 impl Bucket {
+    /// How the bucket stands at `now`, for `/state`; `None` when nothing in it counts.
+    fn view(&self, key: &str, now: Millis) -> Option<BucketView> {
+        let live = self.places.range((now.plus(1), PermitId(0))..);
+        let view = BucketView {
+            key: key.to_string(),
+            meta: self.meta,
+            window_used: self.window.used(now, self.meta.retain_ms),
+            oldest_grant: self.window.iter().find(|(at, _)| at.plus(self.meta.retain_ms) > now).map(|(at, _)| at),
+            grant_entries: self.window.len(),
+            places_held: live.clone().count(),
+            next_lapse: live.map(|(lapse, _)| *lapse).next(),
+        };
+        (view.window_used > 0 || view.places_held > 0).then_some(view)
+    }
+
     fn new(key: Arc<str>) -> Self {
         Bucket {
             key,
@@ -859,19 +874,7 @@ impl Engine {
             .buckets
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))
-            .map(|(key, b)| {
-                let live = b.places.range((now.plus(1), PermitId(0))..);
-                BucketView {
-                    key: key.to_string(),
-                    meta: b.meta,
-                    window_used: b.window.used(now, b.meta.retain_ms),
-                    oldest_grant: b.window.iter().find(|(at, _)| at.plus(b.meta.retain_ms) > now).map(|(at, _)| at),
-                    grant_entries: b.window.len(),
-                    places_held: live.clone().count(),
-                    next_lapse: live.map(|(lapse, _)| *lapse).next(),
-                }
-            })
-            .filter(|b| b.window_used > 0 || b.places_held > 0)
+            .filter_map(|(key, b)| b.view(key, now))
             .collect();
         buckets.sort_by(|a, b| a.key.cmp(&b.key));
         let mut permits: Vec<PermitView> = self
@@ -945,20 +948,8 @@ impl Engine {
                 truncated |= i < keys.buckets.len();
                 break;
             }
-            if let Some(b) = self.buckets.get(key) {
-                let live = b.places.range((now.plus(1), PermitId(0))..);
-                let view = BucketView {
-                    key: key.to_string(),
-                    meta: b.meta,
-                    window_used: b.window.used(now, b.meta.retain_ms),
-                    oldest_grant: b.window.iter().find(|(at, _)| at.plus(b.meta.retain_ms) > now).map(|(at, _)| at),
-                    grant_entries: b.window.len(),
-                    places_held: live.clone().count(),
-                    next_lapse: live.map(|(lapse, _)| *lapse).next(),
-                };
-                if view.window_used > 0 || view.places_held > 0 {
-                    buckets.push(view);
-                }
+            if let Some(view) = self.buckets.get(key).and_then(|b| b.view(key, now)) {
+                buckets.push(view);
             }
         }
         let mut permits = Vec::new();

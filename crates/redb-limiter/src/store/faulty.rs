@@ -14,7 +14,7 @@ use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
 
 use super::journal::{JournalBackend, JournalOptions, journal_path};
-use super::{Opened, Opener, open_backend};
+use super::{Opener, open_backend, open_journaled};
 
 /// Shared between a test and every backend it opens: `fail_in` counts the writes and syncs
 /// still allowed; at zero, that operation and every later one fails until `disarm`.
@@ -103,10 +103,7 @@ pub fn faulty_journal_opener(plan: Arc<FaultPlan>) -> Opener {
         };
         let data = faulty(path)?;
         let log = faulty(&journal_path(path))?;
-        let journal = JournalBackend::open_with(data, log, &JournalOptions::default())
-            .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e.into())))?;
-        let monitor = journal.monitor();
-        Ok(Opened { db: open_backend(journal)?, journal: Some(monitor) })
+        open_journaled(JournalBackend::open_with(data, log, &JournalOptions::default()))
     })
 }
 

@@ -223,14 +223,17 @@ impl From<Database> for Opened {
 /// append to the journal and one sync (see [`journal`]).
 #[must_use]
 pub fn file_opener() -> Opener {
-    Box::new(|path| {
-        let journal = JournalBackend::open_path(path, &JournalOptions::default()).map_err(|e| match e {
-            JournalError::Held => DatabaseError::DatabaseAlreadyOpen,
-            other => DatabaseError::Storage(redb::StorageError::Io(other.into())),
-        })?;
-        let monitor = journal.monitor();
-        Ok(Opened { db: open_backend(journal)?, journal: Some(monitor) })
-    })
+    Box::new(|path| open_journaled(JournalBackend::open_path(path, &JournalOptions::default())))
+}
+
+/// A database on a journal just opened (or the journal's error, as redb's).
+fn open_journaled(journal: Result<JournalBackend, JournalError>) -> Result<Opened, DatabaseError> {
+    let journal = journal.map_err(|e| match e {
+        JournalError::Held => DatabaseError::DatabaseAlreadyOpen,
+        other => DatabaseError::Storage(redb::StorageError::Io(other.into())),
+    })?;
+    let monitor = journal.monitor();
+    Ok(Opened { db: open_backend(journal)?, journal: Some(monitor) })
 }
 
 /// The file alone, without a journal: every durable commit is redb's own (its pages written in

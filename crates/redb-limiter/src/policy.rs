@@ -48,3 +48,11 @@ pub const SWEEP_GRAIN_MS: u64 = 50;
 pub const MAX_DEFERRED_MS: u64 = 1000;
 /// ...or until there are this many.
 pub const MAX_DEFERRED_EFFECTS: usize = 4096;
+
+/// Store: commits kept as notes in the journal (one append each) before one redb commit takes
+/// them all; the writer also commits them at quiet moments. A restart redoes at most this many.
+pub const NOTES_BEFORE_COMMIT: usize = 256;
+/// Store: ...and at most this many effects in all, so that the redb commit taking them stays
+/// about as large as one group commit (a larger one grows the file: redb reuses no page freed
+/// in the same commit). A commit with more effects than this goes to redb directly.
+pub const NOTE_EFFECTS_BEFORE_COMMIT: usize = 1024;

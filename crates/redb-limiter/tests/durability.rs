@@ -282,7 +282,7 @@ fn forgetting_waits_for_a_commit_a_request_needs() {
     drop(limiter);
     let facts = file_facts(&path, clock.now());
     assert_eq!(facts.buckets.keys().collect::<Vec<_>>(), vec!["new"]);
-    let store = Store::open(&path, &file_opener()).unwrap();
+    let mut store = Store::open(&path, &file_opener()).unwrap();
     assert_eq!(store.grant_rows().unwrap(), 1);
 }
 

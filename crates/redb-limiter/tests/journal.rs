@@ -206,3 +206,36 @@ fn an_older_file_left_by_a_crash_is_repaired_then_marked_on_the_file_itself() {
     let limiter = Limiter::open_with(&copy, options(&clock)).unwrap();
     assert_eq!(limiter.state_blocking("fixture/rpd").unwrap().view.buckets[0].window_used, 4);
 }
+
+/// Commits are kept as notes in the journal (one append each) before redb takes them: a crash
+/// leaves them only there. The file alone is then refused by the plain opener (serving it would
+/// lose them) and changes nothing; the open behind the journal redoes them, in order.
+#[test]
+fn commits_kept_as_notes_survive_a_crash_and_the_file_alone_is_refused() {
+    use redb_limiter::engine::Effect;
+    use redb_limiter::store::plain_file_opener;
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut store = Store::open(&path, &file_opener()).unwrap();
+    let grant = |bucket: &str, at: u64| Effect::WindowGrant { bucket: Arc::from(bucket), at: T0.plus(at), cost: 1 };
+    for at in 1..=3 {
+        store.commit(&[grant("a", at)], T0.plus(at)).unwrap();
+    }
+    store.commit(&[grant("b", 4), Effect::ThrottleSet { key: Arc::from("c"), until: T0.plus(9) }], T0.plus(4)).unwrap();
+    assert_eq!(store.journal_stats().unwrap().notes, 4);
+    let copy = crash_copy(&path, crashed.path());
+    drop(store);
+    assert_eq!(file_alone(&copy).1, 0, "the grants are only in the journal");
+
+    let Err(refused) = Store::open(&copy, &plain_file_opener()) else { panic!("the file alone is served") };
+    let refused = refused.to_string();
+    assert!(refused.contains("holds commits not yet in the file"), "{refused}");
+    assert_eq!(file_alone(&copy).1, 0, "and left as it was");
+    let mut store = Store::open(&copy, &file_opener()).unwrap();
+    assert_eq!(store.grant_rows().unwrap(), 4);
+    drop(store);
+    let limiter = Limiter::open_with(&copy, options(&Arc::new(FakeClock::new(T0.plus(5))))).unwrap();
+    let refused = limiter.acquire_blocking(AcquireRequest::new("c", vec![Limit::window("z", 1, 1000)]).unwrap());
+    assert!(matches!(refused.unwrap(), Decision::Refused { .. }), "the throttle was redone too");
+}

@@ -683,8 +683,9 @@ impl Writer {
 
     /// Checks that the file at the path is still the one open; when it was deleted or replaced,
     /// fails what waits and answers `Unavailable` from then on (see [`Core::lost`]). At a quiet
-    /// moment (nothing queued or in flight) it also compacts the file when free space dominates
-    /// it; requests decided meanwhile queue for the writer's next commit.
+    /// moment (nothing queued or in flight) it also commits the notes waiting in the journal into
+    /// the file and compacts the file when free space dominates it; requests decided meanwhile
+    /// queue for the writer's next commit.
     fn check_file(&mut self) {
         let shared = &self.shared;
         let mut file = shared.lock_file();
@@ -703,7 +704,8 @@ impl Writer {
             if quiet {
                 let started = Instant::now();
                 let store = file.store.as_mut().expect("checked above");
-                let compacted = store.compact_if_sparse();
+                // The commits kept as notes go into the file, then it is compacted if sparse.
+                let compacted = store.apply_notes().and_then(|()| store.compact_if_sparse());
                 shared.metrics.file_bytes.set(i64::try_from(store.file_len()).unwrap_or(i64::MAX));
                 match &compacted {
                     Ok(Some((before, after))) => tracing::info!(

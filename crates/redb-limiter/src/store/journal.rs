@@ -58,7 +58,7 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 4 | magic `JREC` |
-//! | 4 | 4 | flags (0) |
+//! | 4 | 4 | flags: 1 a note (see below), 2 retires the notes before it |
 //! | 8 | 16 | journal id |
 //! | 24 | 8 | generation |
 //! | 32 | 8 | sequence number |
@@ -76,6 +76,29 @@
 //! are not stored (redb's pages fill from the front: most of a page is often zeros). Applying a record means:
 //! cut the file to the smallest length (bytes the batch truncated and regrew read as zeros), set
 //! the final length, write the entries. Applying the same records again gives the same file.
+//!
+//! # Notes
+//!
+//! A note is a record of the caller's own bytes (one entry at offset 0, lengths 0), appended and
+//! synced by [`JournalMonitor::append_note`] between redb's commits: the store keeps a commit
+//! as a note (its effects), one append and one sync, and later makes one redb commit of many
+//! notes at once. Nothing of a note is applied to the file. The rules:
+//!
+//! * Notes are appended only while the region is at most a quarter full
+//!   (`NOTE_ROOM_DIVISOR`); when none waits, a note first checkpoints to make room.
+//! * While notes wait, no checkpoint runs (it would retire them), not even at a close: the
+//!   records stay for the next open. The rest of the region is for redb's own barriers in the
+//!   meantime (a repair at an open) and the commit that holds the notes.
+//! * [`JournalMonitor::notes_held`], called once a redb commit holding what every note says has
+//!   returned, makes the next record carry flag 2: from that record on, the notes are retired.
+//!   A crash before it redoes the notes on top of that commit, so what a note says must be
+//!   idempotent (the store's effects are, when the commit holds the notes alone).
+//! * Recovery hands the notes after the last retiring record to the caller
+//!   ([`JournalMonitor::take_recovered_notes`]) and then neither checkpoints nor resizes: appends
+//!   go on after the records, in the same generation.
+//! * A journal of format version 1 (before notes) opens unchanged and its header is rewritten at
+//!   version 2 before anything is appended, so a build that knows only version 1 refuses a
+//!   journal that may hold notes instead of applying their bytes as pages.
 //!
 //! # The write path
 //!
@@ -127,7 +150,7 @@
 //!    one (the file was written without the journal, or a checkpoint of a batch too large for the
 //!    journal was cut off) is simply bound by a new checkpoint ([`Recovery::rebound`]).
 //! 5. The records are applied in order, in memory, from the checkpoint's length, and a checkpoint
-//!    writes the result to the data file.
+//!    writes the result to the data file, unless notes wait (see above).
 //!
 //! The random journal id keeps a record of another journal incarnation from ever being taken
 //! for one of this journal's; the bound first page is the data file's identity. redb keeps its
@@ -164,7 +187,7 @@ use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
@@ -183,7 +206,20 @@ const REGION_START: u64 = 2 * SLOT_LEN as u64;
 const MIN_REGION: u64 = 64 * 1024;
 const DEFAULT_REGION: u64 = 16 * 1024 * 1024;
 const JOURNAL_MAGIC: [u8; 8] = *b"redbJRNL";
-const FORMAT_VERSION: u32 = 1;
+/// The format version written. Version 2 added notes; a version-1 header (no notes) is read and
+/// rewritten as version 2 before the first note, so a build that knows only version 1 refuses a
+/// journal that may hold notes instead of misreading them.
+const FORMAT_VERSION: u32 = 2;
+const OLDEST_FORMAT_VERSION: u32 = 1;
+/// A record's flags: a note (see the module docs), not a batch of pages.
+const FLAG_NOTE: u32 = 1;
+/// Notes are appended only while the region is at most this fraction full (1/4): while they
+/// wait no checkpoint may run, so the rest stays for redb's own commits in the meantime (a
+/// repair at an open) and for the commit that holds them.
+const NOTE_ROOM_DIVISOR: u64 = 4;
+/// A record's flags: every note before this record is retired (a redb commit holding what they
+/// say returned before this record was appended).
+const FLAG_RETIRES_NOTES: u32 = 2;
 const RECORD_MAGIC: [u8; 4] = *b"JREC";
 const RECORD_HEADER_LEN: usize = 72;
 const ENTRY_HEADER_LEN: usize = 16;
@@ -253,6 +289,9 @@ pub struct Recovery {
     pub resized: bool,
     /// The generation current after the open.
     pub generation: u64,
+    /// Notes found after the last redb commit, handed to the store through
+    /// [`JournalMonitor::take_recovered_notes`]; the journal is not checkpointed while they wait.
+    pub pending_notes: u64,
 }
 
 /// Counters since the open, readable through a [`JournalMonitor`] while redb owns the backend.
@@ -266,6 +305,8 @@ pub struct JournalStats {
     pub checkpoints: u64,
     /// Barriers too large for the region, written directly to the data file.
     pub direct_batches: u64,
+    /// Notes appended.
+    pub notes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -274,6 +315,7 @@ struct Counters {
     record_bytes: AtomicU64,
     checkpoints: AtomicU64,
     direct_batches: AtomicU64,
+    notes: AtomicU64,
     /// Set by [`JournalMonitor::request_checkpoint`]; taken by the next barrier.
     checkpoint_requested: AtomicBool,
     /// The database's length as of the last barrier (what redb sees; the file on disk catches
@@ -281,20 +323,31 @@ struct Counters {
     len: AtomicU64,
 }
 
-/// A handle on a [`JournalBackend`]'s counters that stays usable after the backend is moved into
-/// a `redb::Database`.
-#[derive(Clone, Debug)]
-pub struct JournalMonitor(Arc<Counters>);
+/// A handle on a [`JournalBackend`] that stays usable after the backend is moved into a
+/// `redb::Database`: its counters, and its notes (once the database is dropped, appending one
+/// fails).
+#[derive(Clone)]
+pub struct JournalMonitor {
+    counters: Arc<Counters>,
+    shared: Weak<Shared>,
+}
+
+impl fmt::Debug for JournalMonitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JournalMonitor").field("counters", &self.counters).finish_non_exhaustive()
+    }
+}
 
 impl JournalMonitor {
     #[must_use]
     pub fn stats(&self) -> JournalStats {
-        let c = &self.0;
+        let c = &self.counters;
         JournalStats {
             records: c.records.load(Ordering::Relaxed),
             record_bytes: c.record_bytes.load(Ordering::Relaxed),
             checkpoints: c.checkpoints.load(Ordering::Relaxed),
             direct_batches: c.direct_batches.load(Ordering::Relaxed),
+            notes: c.notes.load(Ordering::Relaxed),
         }
     }
 
@@ -302,14 +355,56 @@ impl JournalMonitor {
     /// (the file on disk has it only from the next checkpoint).
     #[must_use]
     pub fn database_len(&self) -> u64 {
-        self.0.len.load(Ordering::Relaxed)
+        self.counters.len.load(Ordering::Relaxed)
     }
 
     /// Asks for a checkpoint right after the next barrier (redb's next durable commit), so that
     /// the data file on disk holds everything up to it: after a compaction, to give its space
     /// back now rather than when the region fills.
     pub fn request_checkpoint(&self) {
-        self.0.checkpoint_requested.store(true, Ordering::Release);
+        self.counters.checkpoint_requested.store(true, Ordering::Release);
+    }
+
+    /// Appends `note` (bytes of the caller's own, see the module docs) as one record and syncs
+    /// it: `Ok(true)` once it is durable. `Ok(false)`, having written nothing, when the journal
+    /// wants the note's contents committed through redb instead (it would pass a quarter of the
+    /// region).
+    /// Call it between redb commits only (never with a write transaction open). An error latches
+    /// the backend as a failed barrier does: the note may or may not be durable, and the
+    /// database must be reopened.
+    pub fn append_note(&self, note: &[u8]) -> io::Result<bool> {
+        let shared = self.shared.upgrade().ok_or_else(|| io::Error::other("journal: the database is closed"))?;
+        let mut st = shared.state.write().map_err(|_| poisoned())?;
+        let appended = st.append_note(&*shared.data, &*shared.log, &shared.counters, note);
+        if let Err(e) = &appended {
+            st.failed = Some(e.to_string());
+        }
+        appended
+    }
+
+    /// Says that a redb commit holding what every note so far says has returned: the next
+    /// record retires them, and checkpoints may run again. Until that record is durable a crash
+    /// leaves the notes to be redone on top of that commit, so what a note says must be
+    /// idempotent (the store's effects are: each sets or removes a record). Call it only after
+    /// the commit returned `Ok` (a commit may make several barriers, and only its last holds it).
+    pub fn notes_held(&self) {
+        if let Some(shared) = self.shared.upgrade()
+            && let Ok(mut st) = shared.state.write()
+            && st.notes_pending > 0
+        {
+            st.notes_pending = 0;
+            st.retire_notes = true;
+        }
+    }
+
+    /// The notes the open found after the last redb commit, oldest first; each is returned once.
+    /// They stay in the journal until a redb commit (which must hold what they say) follows them.
+    #[must_use]
+    pub fn take_recovered_notes(&self) -> Vec<Vec<u8>> {
+        match self.shared.upgrade() {
+            Some(shared) => std::mem::take(&mut *shared.recovered_notes.lock().unwrap_or_else(|e| e.into_inner())),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -374,18 +469,25 @@ impl From<JournalError> for io::Error {
 
 /// A [`StorageBackend`] that journals redb's write barriers; see the module docs.
 pub struct JournalBackend {
+    shared: Arc<Shared>,
+    recovery: Recovery,
+}
+
+/// What the backend and its [`JournalMonitor`] (for notes) both reach.
+struct Shared {
     data: Box<dyn StorageBackend>,
     log: Box<dyn StorageBackend>,
     state: RwLock<State>,
     counters: Arc<Counters>,
-    recovery: Recovery,
+    /// The notes recovery found pending, until the store takes them.
+    recovered_notes: Mutex<Vec<Vec<u8>>>,
 }
 
 impl fmt::Debug for JournalBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JournalBackend")
-            .field("data", &self.data)
-            .field("log", &self.log)
+            .field("data", &self.shared.data)
+            .field("log", &self.shared.log)
             .field("recovery", &self.recovery)
             .finish_non_exhaustive()
     }
@@ -500,6 +602,11 @@ struct State {
     region_len: u64,
     write_pos: u64,
     records_in_region: u64,
+    /// Notes appended and not yet held by a redb commit: while any wait, no checkpoint runs.
+    notes_pending: u64,
+    /// The notes before the next record are held by a redb commit: it says so
+    /// ([`FLAG_RETIRES_NOTES`]).
+    retire_notes: bool,
     /// Record buffer, reused.
     buf: Vec<u8>,
     failed: Option<String>,
@@ -530,6 +637,8 @@ impl State {
             region_len: options.region_len(),
             write_pos: REGION_START,
             records_in_region: 0,
+            notes_pending: 0,
+            retire_notes: false,
             buf: Vec::new(),
             failed: None,
             closed: false,
@@ -655,6 +764,8 @@ fn xxh64(data: &[u8]) -> u64 {
 /// The fields of a header slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Header {
+    /// The format version read (headers are always written at [`FORMAT_VERSION`]).
+    version: u32,
     journal_id: [u8; 16],
     generation: u64,
     next_seq: u64,
@@ -713,7 +824,7 @@ impl Header {
             return Slot::Torn;
         }
         let version = u32_at(s, 8);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Slot::Version(version);
         }
         let region_len = u64_at(s, 56);
@@ -727,6 +838,7 @@ impl Header {
         let mut journal_id = [0u8; 16];
         journal_id.copy_from_slice(&s[16..32]);
         Slot::Valid(Header {
+            version,
             journal_id,
             generation: u64_at(s, 32),
             next_seq: u64_at(s, 40),
@@ -741,6 +853,10 @@ impl Header {
 #[derive(Debug, PartialEq, Eq)]
 struct Record {
     seq: u64,
+    /// A note: its one entry (at offset 0) is the note's bytes; nothing is applied to the file.
+    note: bool,
+    /// The notes before it are retired.
+    retires_notes: bool,
     min_len: u64,
     final_len: u64,
     entries: Vec<(u64, Vec<u8>)>,
@@ -771,9 +887,11 @@ fn record_size<'a>(entries: impl Iterator<Item = (u64, &'a [u8])>) -> u64 {
     align_up(RECORD_HEADER_LEN as u64 + body + CHECKSUM_LEN as u64)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn encode_record<'a>(
     buf: &mut Vec<u8>,
     key: &RecordKey<'_>,
+    flags: u32,
     size: u64,
     min_len: u64,
     final_len: u64,
@@ -782,7 +900,7 @@ fn encode_record<'a>(
 ) {
     buf.clear();
     buf.extend_from_slice(&RECORD_MAGIC);
-    buf.extend_from_slice(&0u32.to_le_bytes());
+    buf.extend_from_slice(&flags.to_le_bytes());
     buf.extend_from_slice(key.journal_id);
     buf.extend_from_slice(&key.generation.to_le_bytes());
     buf.extend_from_slice(&key.seq.to_le_bytes());
@@ -843,6 +961,22 @@ fn decode_record(buf: &[u8], key: &RecordKey<'_>) -> Result<Option<Record>, Jour
         return Ok(None);
     }
     let (min_len, final_len) = (u64_at(rec, 48), u64_at(rec, 56));
+    let flags = u32_at(rec, 4);
+    if flags & !(FLAG_NOTE | FLAG_RETIRES_NOTES) != 0 {
+        return Err(JournalError::Corrupt(format!("record {} has unknown flags {flags:#x}", key.seq)));
+    }
+    let (note, retires_notes) = (flags & FLAG_NOTE != 0, flags & FLAG_RETIRES_NOTES != 0);
+    if note {
+        return match spans.as_slice() {
+            [(0, start, len, stored)] => {
+                let mut bytes = vec![0u8; *len];
+                bytes[..*stored].copy_from_slice(&rec[*start..*start + *stored]);
+                let entries = vec![(0, bytes)];
+                Ok(Some(Record { seq: key.seq, note, retires_notes, min_len, final_len, entries, size }))
+            }
+            _ => Err(JournalError::Corrupt(format!("note {} is not one entry at offset 0", key.seq))),
+        };
+    }
     if min_len > final_len {
         return Err(JournalError::Corrupt(format!("record {} shrinks to {min_len} past {final_len}", key.seq)));
     }
@@ -862,7 +996,7 @@ fn decode_record(buf: &[u8], key: &RecordKey<'_>) -> Result<Option<Record>, Jour
             }
         }
     }
-    Ok(Some(Record { seq: key.seq, min_len, final_len, entries, size }))
+    Ok(Some(Record { seq: key.seq, note, retires_notes, min_len, final_len, entries, size }))
 }
 
 /// Reads the record at `pos`, if a valid one is there.
@@ -1069,19 +1203,29 @@ impl State {
     /// Journals the batch as one record (or writes it directly when larger than the region).
     fn append(&mut self, data: &dyn StorageBackend, log: &dyn StorageBackend, counters: &Counters) -> io::Result<()> {
         let size = record_size(self.batch.iter());
+        let waiting_notes = self.notes_pending > 0;
         if size > self.region_len {
+            if waiting_notes {
+                return Err(io::Error::other("journal: a commit larger than the whole journal while notes wait"));
+            }
             return self.direct_barrier(data, log, counters);
         }
         let used = self.write_pos - REGION_START;
         let full = used + size > self.region_len;
         let by_records = self.checkpoint_records > 0 && self.records_in_region >= self.checkpoint_records;
         let by_bytes = self.checkpoint_bytes > 0 && self.records_in_region > 0 && used + size > self.checkpoint_bytes;
-        if full || by_records || by_bytes {
+        let due = full || by_records || by_bytes;
+        if due && !waiting_notes {
             self.checkpoint(data, log, counters)?;
+        } else if full {
+            // Notes use at most a quarter of the region (see `append_note`), so only commits of
+            // megabytes while notes wait get here.
+            return Err(io::Error::other("journal: full while notes wait for the commit that holds them"));
         }
         let mut buf = std::mem::take(&mut self.buf);
         let key = RecordKey { journal_id: &self.journal_id, generation: self.generation, seq: self.next_seq };
-        encode_record(&mut buf, &key, size, self.min_len, self.len, self.batch.map.len(), self.batch.iter());
+        let flags = if self.retire_notes { FLAG_RETIRES_NOTES } else { 0 };
+        encode_record(&mut buf, &key, flags, size, self.min_len, self.len, self.batch.map.len(), self.batch.iter());
         let appended = log.write(self.write_pos, &buf);
         self.buf = buf;
         appended?;
@@ -1097,8 +1241,62 @@ impl State {
         self.records_in_region += 1;
         counters.records.fetch_add(1, Ordering::Relaxed);
         counters.record_bytes.fetch_add(size, Ordering::Relaxed);
+        self.retire_notes = false;
         self.absorb_batch();
         Ok(())
+    }
+
+    /// Appends `note` as one record and syncs it: durable once this returns `Ok(true)`. A
+    /// note that would take the region past a quarter full ([`NOTE_ROOM_DIVISOR`]) first
+    /// checkpoints when no note waits; `Ok(false)` when one does: the caller commits through
+    /// redb instead.
+    fn append_note(
+        &mut self,
+        data: &dyn StorageBackend,
+        log: &dyn StorageBackend,
+        counters: &Counters,
+        note: &[u8],
+    ) -> io::Result<bool> {
+        self.usable()?;
+        // Writes redb made since its last barrier (a shrink after a compaction) stay in the
+        // batch for its next one: a note is redone onto the last barrier's state, as the store
+        // expects (the last commit).
+        if note.len() > u32::MAX as usize {
+            return Ok(false);
+        }
+        let size = record_size(std::iter::once((0, note)));
+        let room = |st: &State| st.write_pos - REGION_START + size <= st.region_len / NOTE_ROOM_DIVISOR;
+        if !room(self) && self.notes_pending == 0 && !self.dirty() {
+            // Every record so far is in redb's commits: a checkpoint makes room.
+            self.checkpoint(data, log, counters)?;
+        }
+        if !room(self) {
+            return Ok(false);
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let key = RecordKey { journal_id: &self.journal_id, generation: self.generation, seq: self.next_seq };
+        // Lengths of 0, so that a reader that took it for pages would find an entry past the
+        // file's end and refuse it (the header's version already keeps such readers out).
+        let flags = FLAG_NOTE | if self.retire_notes { FLAG_RETIRES_NOTES } else { 0 };
+        encode_record(&mut buf, &key, flags, size, 0, 0, 1, std::iter::once((0, note)));
+        let appended = log.write(self.write_pos, &buf);
+        self.buf = buf;
+        appended?;
+        #[cfg(test)]
+        let skip_sync = self.sabotage == Sabotage::SkipLogSync;
+        #[cfg(not(test))]
+        let skip_sync = false;
+        if !skip_sync {
+            log.sync_data()?;
+        }
+        self.write_pos += size;
+        self.next_seq += 1;
+        self.records_in_region += 1;
+        self.notes_pending += 1;
+        self.retire_notes = false;
+        counters.notes.fetch_add(1, Ordering::Relaxed);
+        counters.record_bytes.fetch_add(size, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// A batch larger than the region: straight to the data file between two checkpoints.
@@ -1122,7 +1320,9 @@ impl State {
         log: &dyn StorageBackend,
         counters: &Counters,
     ) -> io::Result<()> {
-        if self.records_in_region == 0 && self.bound {
+        if (self.records_in_region == 0 && self.bound) || self.notes_pending > 0 {
+            // Nothing to do, or notes wait: retiring the records would lose them. The commit
+            // that holds them checkpoints if one was due; a close leaves them to the next open.
             return Ok(());
         }
         // The logical first page: the header binds it, and a shrink inside it is written with it.
@@ -1158,6 +1358,7 @@ impl State {
     /// Writes the next generation's header into the other slot and syncs it.
     fn write_header(&mut self, log: &dyn StorageBackend, region_len: u64, image: Vec<u8>) -> io::Result<()> {
         let header = Header {
+            version: FORMAT_VERSION,
             journal_id: self.journal_id,
             generation: self.generation + 1,
             next_seq: self.next_seq,
@@ -1208,9 +1409,11 @@ impl JournalBackend {
     ) -> Result<Self, JournalError> {
         let counters = Arc::new(Counters::default());
         match recover(&*data, &*log, options, &counters) {
-            Ok((state, recovery)) => {
+            Ok((state, recovery, notes)) => {
                 counters.len.store(state.committed_len, Ordering::Relaxed);
-                Ok(JournalBackend { data, log, state: RwLock::new(state), counters, recovery })
+                let shared =
+                    Shared { data, log, state: RwLock::new(state), counters, recovered_notes: Mutex::new(notes) };
+                Ok(JournalBackend { shared: Arc::new(shared), recovery })
             }
             Err(e) => {
                 let _ = log.close();
@@ -1261,10 +1464,8 @@ impl JournalBackend {
         options: &JournalOptions,
         sabotage: Sabotage,
     ) -> Result<Self, JournalError> {
-        let mut journal = Self::open_with(data, log, options)?;
-        if let Ok(state) = journal.state.get_mut() {
-            state.sabotage = sabotage;
-        }
+        let journal = Self::open_with(data, log, options)?;
+        journal.shared.state.write().map_err(|_| poisoned())?.sabotage = sabotage;
         Ok(journal)
     }
 
@@ -1277,15 +1478,15 @@ impl JournalBackend {
     /// A handle on the counters, usable after the backend is handed to redb.
     #[must_use]
     pub fn monitor(&self) -> JournalMonitor {
-        JournalMonitor(self.counters.clone())
+        JournalMonitor { counters: self.shared.counters.clone(), shared: Arc::downgrade(&self.shared) }
     }
 
     fn read_state(&self) -> io::Result<RwLockReadGuard<'_, State>> {
-        self.state.read().map_err(|_| poisoned())
+        self.shared.state.read().map_err(|_| poisoned())
     }
 
     fn write_state(&self) -> io::Result<RwLockWriteGuard<'_, State>> {
-        self.state.write().map_err(|_| poisoned())
+        self.shared.state.write().map_err(|_| poisoned())
     }
 }
 
@@ -1315,7 +1516,7 @@ fn recover(
     log: &dyn StorageBackend,
     options: &JournalOptions,
     counters: &Counters,
-) -> Result<(State, Recovery), JournalError> {
+) -> Result<(State, Recovery, Vec<Vec<u8>>), JournalError> {
     lock_pair(data, log)?;
     let region_len = options.region_len();
     let mut slots = [Slot::Blank, Slot::Blank];
@@ -1344,7 +1545,8 @@ fn recover(
         if !half_made {
             return Err(JournalError::NotAJournal);
         }
-        return create(data, log, options, region_len);
+        let (state, recovery) = create(data, log, options, region_len)?;
+        return Ok((state, recovery, Vec::new()));
     };
     let header = header.clone();
 
@@ -1369,6 +1571,7 @@ fn recover(
     let current_head = read_head(data)?;
     let data_len = data.len()?;
     let mut recovery = Recovery::default();
+    let mut notes = Vec::new();
     let mut state;
     if records.is_empty() {
         // Nothing to apply: the file as it is. If it changed since the checkpoint, bind it anew.
@@ -1381,7 +1584,7 @@ fn recover(
         // Between checkpoints the data file is not written, so its first page is the bound one,
         // or (a checkpoint cut off) the one the records lead to, or a torn mix of the two.
         let mut last = header.image.clone();
-        for r in &records {
+        for r in records.iter().filter(|r| !r.note) {
             apply_head(&mut last, r.min_len, r.entries.iter().map(|(o, b)| (*o, b.as_slice())));
         }
         if !is_version_or_torn_mix(&current_head, &header.image, &last) {
@@ -1389,7 +1592,15 @@ fn recover(
         }
         // Replay in memory from the checkpoint's length; the checkpoint below writes it all.
         state = State::new(header.data_len, data_len, header.journal_id, options);
-        for r in records {
+        state.records_in_region = records.len() as u64;
+        for mut r in records {
+            if r.retires_notes {
+                notes.clear();
+            }
+            if r.note {
+                notes.push(r.entries.pop().map(|(_, bytes)| bytes).unwrap_or_default());
+                continue;
+            }
             recovery.replayed_records += 1;
             recovery.replayed_bytes += r.entries.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
             state.min_len = r.min_len;
@@ -1399,21 +1610,32 @@ fn recover(
             }
             state.absorb_batch();
         }
-        state.records_in_region = recovery.replayed_records;
     }
     state.generation = header.generation;
     state.next_seq = seq;
     state.active_slot = active_slot;
     state.region_len = header.region_len;
     state.write_pos = pos;
-    state.checkpoint(data, log, counters)?;
-    let short = log_len < REGION_START + header.region_len;
-    if short || header.region_len != region_len {
-        state.resize(data, log, region_len)?;
-        recovery.resized = true;
+    state.notes_pending = notes.len() as u64;
+    if header.version < FORMAT_VERSION {
+        // Rewrite the header at this version before anything new is appended.
+        state.bound = false;
+    }
+    if notes.is_empty() {
+        state.checkpoint(data, log, counters)?;
+        let short = log_len < REGION_START + header.region_len;
+        if short || header.region_len != region_len {
+            state.resize(data, log, region_len)?;
+            recovery.resized = true;
+        }
+    } else {
+        // The records stay, in this generation, until the commit that holds the notes: appends
+        // go on after them, in the region as it is.
+        state.region_len = header.region_len.min(log_len.saturating_sub(REGION_START) / ALIGN * ALIGN);
     }
     recovery.generation = state.generation;
-    Ok((state, recovery))
+    recovery.pending_notes = notes.len() as u64;
+    Ok((state, recovery, notes))
 }
 
 /// Formats a new journal bound to the data file as it is.
@@ -1429,8 +1651,15 @@ fn create(
     log.set_len(end)?;
     zero_fill(log, 0, end)?;
     log.sync_data()?;
-    let header =
-        Header { journal_id: random_id(), generation: 1, next_seq: 1, region_len, data_len, image: read_head(data)? };
+    let header = Header {
+        version: FORMAT_VERSION,
+        journal_id: random_id(),
+        generation: 1,
+        next_seq: 1,
+        region_len,
+        data_len,
+        image: read_head(data)?,
+    };
     log.write(0, &header.encode())?;
     log.sync_data()?;
     let state = State::new(data_len, data_len, header.journal_id, options);
@@ -1447,7 +1676,7 @@ impl StorageBackend for JournalBackend {
         if st.closed {
             return Err(io::Error::other("journal: the backend is closed"));
         }
-        st.read(&*self.data, offset, out)
+        st.read(&*self.shared.data, offset, out)
     }
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
@@ -1457,7 +1686,8 @@ impl StorageBackend for JournalBackend {
     fn sync_data(&self) -> Result<(), io::Error> {
         let mut st = self.write_state()?;
         st.usable()?;
-        let result = st.barrier(&*self.data, &*self.log, &self.counters);
+        let Shared { data, log, counters, .. } = &*self.shared;
+        let result = st.barrier(&**data, &**log, counters);
         if let Err(e) = &result {
             st.failed = Some(e.to_string());
         }
@@ -1473,43 +1703,44 @@ impl StorageBackend for JournalBackend {
         if st.closed {
             return Ok(());
         }
+        let Shared { data, log, counters, .. } = &*self.shared;
         let mut result = Ok(());
         if st.failed.is_none() {
-            result = st
-                .barrier(&*self.data, &*self.log, &self.counters)
-                .and_then(|()| st.checkpoint(&*self.data, &*self.log, &self.counters));
+            // With notes pending the checkpoint waits (see the module docs): the next open
+            // replays the records after the last one.
+            result = st.barrier(&**data, &**log, counters).and_then(|()| st.checkpoint(&**data, &**log, counters));
             if let Err(e) = &result {
                 st.failed = Some(e.to_string());
             }
         }
         st.closed = true;
-        let data = self.data.close();
-        let log = self.log.close();
+        let data = data.close();
+        let log = log.close();
         result.and(data).and(log)
     }
 
     fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.data.try_lock_range(start, end)
+        self.shared.data.try_lock_range(start, end)
     }
 
     fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.data.try_lock_shared_range(start, end)
+        self.shared.data.try_lock_shared_range(start, end)
     }
 
     fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.data.lock_range(start, end)
+        self.shared.data.lock_range(start, end)
     }
 
     fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.data.lock_shared_range(start, end)
+        self.shared.data.lock_shared_range(start, end)
     }
 
     fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.data.unlock_range(start, end)
+        self.shared.data.unlock_range(start, end)
     }
 
     fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.data.query_lock_range(start, end)
+        self.shared.data.query_lock_range(start, end)
     }
 }
 

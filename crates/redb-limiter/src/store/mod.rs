@@ -8,12 +8,27 @@
 //! # Files
 //!
 //! One database path, `limiter.redb` by default, and its page journal beside it,
-//! `limiter.redb-journal` ([`journal`]): a durable commit is one sequential append to the
+//! `limiter.redb-journal` ([`journal`]): a durable redb commit is one sequential append to the
 //! journal and one sync, and the file itself is written at checkpoints. The file alone is always
 //! a whole redb database as of its last checkpoint; the journal holds the commits after it.
 //! [`Store::open`] replays them into the file before anything else looks at it, so a file is
 //! checked (and refused) exactly as if it had no journal. A journal whose file is missing, or
 //! that holds commits of another file, is refused naming it, and changes nothing.
+//!
+//! # Notes: one append per commit
+//!
+//! Behind its journal, [`Store::commit`] does not make a redb commit: it appends the commit's
+//! floor and effects to the journal as a note (postcard, schema byte 1; one append and one sync) and keeps them
+//! in memory. One redb commit of the notes alone takes them into the file once
+//! [`NOTES_BEFORE_COMMIT`](crate::policy::NOTES_BEFORE_COMMIT) wait (or their effects pass
+//! [`NOTE_EFFECTS_BEFORE_COMMIT`](crate::policy::NOTE_EFFECTS_BEFORE_COMMIT)), before any other
+//! redb commit (a tidying one, a commit too large for a note), at quiet moments
+//! ([`Store::apply_notes`]) and at [`Store::finish`]. A redb commit costs tens of microseconds of
+//! CPU whatever it holds; a note costs a few. An open redoes the notes a crash left, in order, in
+//! one commit, before the file is loaded. Redoing a note whose commit already reached redb is
+//! harmless: every effect sets or removes a record, and the commit holding notes holds nothing
+//! else, so doing them again leaves the same records. Without a journal (the file alone) every
+//! commit is a redb commit.
 //!
 //! # Layout (format version 4)
 //!
@@ -73,9 +88,11 @@
 //! # Fault model
 //!
 //! Crashes, power loss and torn writes at any instant lose nothing acknowledged: every commit is
-//! `Durability::Immediate`, its journal record is synced before it returns (a torn or
-//! unsynced tail record is a commit never acknowledged, dropped at replay), and redb recovers to
-//! the last whole commit. Damage to the bytes of the
+//! a note or a `Durability::Immediate` redb commit, its journal record is synced before it
+//! returns (a torn or unsynced tail record is a commit never acknowledged, dropped at replay),
+//! and redb recovers to the last whole commit. With notes waiting, the file alone is an older
+//! state: [`Store::open`] then skips its read-only look (the journal open checks every page) and
+//! [`plain_file_opener`] refuses it. Damage to the bytes of the
 //! file is refused at open with the file named, never served: every open verifies the checksum
 //! of every page of the committed trees (redb's integrity check), a panic of redb on a damaged
 //! file is caught and reported as corruption, and every record loaded is checked against what
@@ -93,7 +110,11 @@ pub mod journal;
 
 use journal::{JournalBackend, JournalError, JournalMonitor, JournalOptions, journal_path};
 
-use crate::policy::{DELETE_AFTER_MS, DELETE_BATCH, DELETES_PER_COMMIT, DELETES_PER_GRANT, RECORD_DELETE_BATCH};
+use crate::policy::{
+    DELETE_AFTER_MS, DELETE_BATCH, DELETES_PER_COMMIT, DELETES_PER_GRANT, NOTE_EFFECTS_BEFORE_COMMIT,
+    NOTES_BEFORE_COMMIT, RECORD_DELETE_BATCH,
+};
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -143,6 +164,8 @@ pub const OLDEST_FORMAT_VERSION: u64 = 2;
 const RECORD_SCHEMA: u8 = 1;
 /// The first byte of a permit record of format version 3.
 const PERMIT_SCHEMA: u8 = 2;
+/// Schema byte of a journal note ([`Note`]).
+const NOTE_SCHEMA: u8 = 1;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -238,10 +261,24 @@ fn open_journaled(journal: Result<JournalBackend, JournalError>) -> Result<Opene
 
 /// The file alone, without a journal: every durable commit is redb's own (its pages written in
 /// place, then one sync). For comparisons; [`Store::open`] replays a journal left beside the file
-/// before any opener sees it, so either opener may follow the other.
+/// before any opener sees it, so either opener may follow the other, except that this one
+/// refuses a file whose journal still holds commits as notes (a crash left them).
 #[must_use]
 pub fn plain_file_opener() -> Opener {
-    Box::new(|path| open_plain(path).map(Opened::from))
+    Box::new(|path| {
+        // Commits kept as notes are not in the file: without the journal they would be lost.
+        if journal_path(path).exists() {
+            let recovery = JournalBackend::recover_path(path).map_err(|e| match e {
+                JournalError::Held => DatabaseError::DatabaseAlreadyOpen,
+                other => DatabaseError::Storage(redb::StorageError::Io(other.into())),
+            })?;
+            if recovery.pending_notes > 0 {
+                let why = "its journal holds commits not yet in the file: open it behind its journal";
+                return Err(DatabaseError::Storage(redb::StorageError::Io(std::io::Error::other(why))));
+            }
+        }
+        open_plain(path).map(Opened::from)
+    })
 }
 
 fn open_plain(path: &Path) -> Result<Database, DatabaseError> {
@@ -293,6 +330,115 @@ impl PermitRecord {
                 .collect(),
         }
     }
+}
+
+/// A commit kept as a note in the journal (schema byte [`NOTE_SCHEMA`]): its floor and its
+/// effects, in the engine's order.
+#[derive(Serialize, Deserialize)]
+struct Note<'a> {
+    floor: u64,
+    #[serde(borrow)]
+    effects: Vec<NoteEffect<'a>>,
+}
+
+/// An [`Effect`] as a note holds it.
+#[derive(Serialize, Deserialize)]
+enum NoteEffect<'a> {
+    BucketMeta {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+        meta: BucketMeta,
+    },
+    WindowGrant {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+        at: u64,
+        cost: u64,
+    },
+    WindowPruned {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+        grants: Vec<u64>,
+    },
+    BucketForgotten {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+        grants: Vec<u64>,
+    },
+    PermitSet {
+        id: u128,
+        permit: PermitRecord,
+    },
+    PermitEnded {
+        id: u128,
+    },
+    ThrottleSet {
+        #[serde(borrow)]
+        key: Cow<'a, str>,
+        until: u64,
+    },
+    ThrottleEnded {
+        #[serde(borrow)]
+        key: Cow<'a, str>,
+    },
+}
+
+fn millis(ats: &[Millis]) -> Vec<u64> {
+    ats.iter().map(|at| at.0).collect()
+}
+
+fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
+    let effects = effects
+        .iter()
+        .map(|effect| match effect {
+            Effect::BucketMeta { bucket, meta } => {
+                NoteEffect::BucketMeta { bucket: Cow::Borrowed(bucket), meta: *meta }
+            }
+            Effect::WindowGrant { bucket, at, cost } => {
+                NoteEffect::WindowGrant { bucket: Cow::Borrowed(bucket), at: at.0, cost: *cost }
+            }
+            Effect::WindowPruned { bucket, grants } => {
+                NoteEffect::WindowPruned { bucket: Cow::Borrowed(bucket), grants: millis(grants) }
+            }
+            Effect::BucketForgotten { bucket, grants } => {
+                NoteEffect::BucketForgotten { bucket: Cow::Borrowed(bucket), grants: millis(grants) }
+            }
+            Effect::PermitSet { id, permit } => {
+                NoteEffect::PermitSet { id: id.0, permit: PermitRecord::from_state(permit) }
+            }
+            Effect::PermitEnded { id } => NoteEffect::PermitEnded { id: id.0 },
+            Effect::ThrottleSet { key, until } => NoteEffect::ThrottleSet { key: Cow::Borrowed(key), until: until.0 },
+            Effect::ThrottleEnded { key } => NoteEffect::ThrottleEnded { key: Cow::Borrowed(key) },
+        })
+        .collect();
+    encode_schema(NOTE_SCHEMA, &Note { floor: floor.0, effects })
+}
+
+fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
+    let note: Note<'_> = decode_schema(NOTE_SCHEMA, bytes)?;
+    let arc = |s: Cow<'_, str>| Arc::<str>::from(s.as_ref());
+    let ats = |v: Vec<u64>| v.into_iter().map(Millis).collect();
+    let effects = note
+        .effects
+        .into_iter()
+        .map(|effect| match effect {
+            NoteEffect::BucketMeta { bucket, meta } => Effect::BucketMeta { bucket: arc(bucket), meta },
+            NoteEffect::WindowGrant { bucket, at, cost } => {
+                Effect::WindowGrant { bucket: arc(bucket), at: Millis(at), cost }
+            }
+            NoteEffect::WindowPruned { bucket, grants } => {
+                Effect::WindowPruned { bucket: arc(bucket), grants: ats(grants) }
+            }
+            NoteEffect::BucketForgotten { bucket, grants } => {
+                Effect::BucketForgotten { bucket: arc(bucket), grants: ats(grants) }
+            }
+            NoteEffect::PermitSet { id, permit } => Effect::PermitSet { id: PermitId(id), permit: permit.into_state() },
+            NoteEffect::PermitEnded { id } => Effect::PermitEnded { id: PermitId(id) },
+            NoteEffect::ThrottleSet { key, until } => Effect::ThrottleSet { key: arc(key), until: Millis(until) },
+            NoteEffect::ThrottleEnded { key } => Effect::ThrottleEnded { key: arc(key) },
+        })
+        .collect();
+    Ok((Millis(note.floor), effects))
 }
 
 /// Reads a permit record of either schema.
@@ -383,6 +529,9 @@ pub struct Store {
     identity: Option<(u64, u64)>,
     /// The journal, when the file is open behind one.
     journal: Option<OpenJournal>,
+    /// Commits kept as notes in the journal and not yet in redb, oldest first (see the module
+    /// docs): each one's floor and effects.
+    notes: Vec<(Millis, Vec<Effect>)>,
 }
 
 /// The journal a store's file is open behind.
@@ -517,17 +666,22 @@ impl Store {
         // First the commits still in the journal, if any, go into the file, so that the file
         // looked at below is the whole acknowledged state whichever opener follows.
         let journal = journal_path(&path);
+        let mut notes_wait = false;
         if journal.exists() {
             if !path.exists() {
                 return Err(StoreError::JournalWithoutFile { path, journal });
             }
-            JournalBackend::recover_path(&path).map_err(|e| match e {
+            let recovery = JournalBackend::recover_path(&path).map_err(|e| match e {
                 JournalError::Held => StoreError::HeldElsewhere { path: path.clone() },
                 cause => StoreError::Journal { journal: journal.clone(), cause },
             })?;
+            // With notes waiting, the journal keeps its records (the file is as of its last
+            // checkpoint) and is bound to this file: nothing may write the file but the journal,
+            // so the look below is skipped. The open behind the journal checks every page.
+            notes_wait = recovery.pending_notes > 0;
         }
         let (mut format, mut needs_repair) = (Format::Empty, false);
-        if std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
+        if !notes_wait && std::fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
             let looked = std::panic::catch_unwind(|| Database::builder().open_read_only(&path))
                 .map_err(|_| unreadable("read"))?;
             match looked {
@@ -557,8 +711,20 @@ impl Store {
             let identity = std::fs::metadata(&journal).ok().as_ref().and_then(identity);
             OpenJournal { monitor, path: journal, identity }
         });
-        let store = Store::new(opened.db, path, journal);
-        match check_format(&store.db, &store.path)? {
+        let mut store = Store::new(opened.db, path, journal);
+        let format = check_format(&store.db, &store.path)?;
+        let notes = store.journal.as_ref().map(|journal| journal.monitor.take_recovered_notes()).unwrap_or_default();
+        if !notes.is_empty() {
+            // Commits acknowledged as notes after the file's last commit: redone, in order, in
+            // one commit, before anything reads the file.
+            let bad = |cause: String| StoreError::BadRecord { path: store.path.clone(), table: "journal notes", cause };
+            if format != Format::Current {
+                return Err(bad(format!("{} notes wait for a file of another format version", notes.len())));
+            }
+            store.notes = notes.iter().map(|note| decode_note(note)).collect::<Result<_, _>>().map_err(bad)?;
+            store.apply_notes()?;
+        }
+        match format {
             Format::Empty => store.initialize()?,
             Format::Previous => store.mark_current()?,
             Format::Current => {}
@@ -568,7 +734,7 @@ impl Store {
 
     fn new(db: Database, path: PathBuf, journal: Option<OpenJournal>) -> Store {
         let identity = std::fs::metadata(&path).ok().as_ref().and_then(identity);
-        Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH, identity, journal }
+        Store { db, path, doomed: Doomed::default(), delete_batch: DELETE_BATCH, identity, journal, notes: Vec::new() }
     }
 
     /// The database's length in bytes as redb sees it: with a journal, the commits not yet
@@ -597,6 +763,7 @@ impl Store {
     /// after when it compacted. For quiet moments: it holds the file until done (a file of a few
     /// tens of MB with little live data compacts in well under a second).
     pub fn compact_if_sparse(&mut self) -> Result<Option<(u64, u64)>, StoreError> {
+        self.apply_notes()?;
         let before = self.file_len();
         if before <= COMPACT_ABOVE_BYTES {
             return Ok(None);
@@ -754,26 +921,71 @@ impl Store {
     }
 
     fn commit_with(&mut self, effects: &[Effect], floor: Millis, tidy: bool) -> Result<(), StoreError> {
+        if !tidy && self.journal.is_some() && effects.len() <= NOTE_EFFECTS_BEFORE_COMMIT {
+            let effects_waiting: usize = self.notes.iter().map(|(_, effects)| effects.len()).sum();
+            if self.notes.len() >= NOTES_BEFORE_COMMIT || effects_waiting + effects.len() > NOTE_EFFECTS_BEFORE_COMMIT {
+                self.apply_notes()?;
+            }
+            // One append and one sync; a later redb commit takes it with the notes around it.
+            let note = encode_note(floor, effects);
+            let monitor = &self.journal.as_ref().expect("checked above").monitor;
+            match monitor.append_note(&note) {
+                Ok(true) => {
+                    self.notes.push((floor, effects.to_vec()));
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(e) => return Err(self.commit_error(redb::StorageError::Io(e))),
+            }
+        }
+        self.apply_notes()?;
+        self.commit_redb([(floor, effects)].into_iter(), tidy)
+    }
+
+    /// One durable redb commit of `commits`. On error nothing of it is in redb, and the
+    /// database must be reopened.
+    fn commit_redb<'e>(
+        &mut self,
+        commits: impl Iterator<Item = (Millis, &'e [Effect])>,
+        tidy: bool,
+    ) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
         txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
-        self.write_effects(&txn, effects, floor, tidy).map_err(|e| self.commit_error(e))?;
+        self.write_effects(&txn, commits, tidy).map_err(|e| self.commit_error(e))?;
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
-    /// Deletes everything doomed (see the module docs) in one durable commit, if anything is.
-    /// For closing: the file then holds exactly what still counts.
+    /// Commits the notes waiting in the journal into redb, if any, in one commit of the notes
+    /// alone (then redoing them after a crash changes nothing; see the module docs). Also for
+    /// quiet moments, so that the file itself keeps up and a restart has little to redo.
+    pub fn apply_notes(&mut self) -> Result<(), StoreError> {
+        if self.notes.is_empty() {
+            return Ok(());
+        }
+        let notes = std::mem::take(&mut self.notes);
+        self.commit_redb(notes.iter().map(|(floor, effects)| (*floor, effects.as_slice())), false)?;
+        if let Some(journal) = &self.journal {
+            journal.monitor.notes_held();
+        }
+        Ok(())
+    }
+
+    /// Commits the waiting notes, then deletes everything doomed (see the module docs) in one
+    /// durable commit, if anything is. For closing: the file then holds exactly what still
+    /// counts.
     pub fn finish(&mut self, floor: Millis) -> Result<(), StoreError> {
+        self.apply_notes()?;
         if self.doomed.is_empty() {
             return Ok(());
         }
         self.commit_and_tidy(&[], floor)
     }
 
-    fn write_effects(
+    /// Writes commits (each one's floor and effects, in order) into `txn`.
+    fn write_effects<'e>(
         &mut self,
         txn: &redb::WriteTransaction,
-        effects: &[Effect],
-        floor: Millis,
+        commits: impl Iterator<Item = (Millis, &'e [Effect])>,
         tidy: bool,
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
@@ -781,53 +993,58 @@ impl Store {
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
-        for effect in effects {
-            match effect {
-                Effect::BucketMeta { bucket, meta } => {
-                    let record = encode(meta);
-                    if doomed.records.remove(&**bucket).is_some_and(|kept| kept == record) {
-                        // Forgotten and back as it was, its record still in the file: nothing to
-                        // write, and its window did not grow, so what it pruned stays pruned.
-                        continue;
+        // Floors never run backwards: the last commit's is the batch's.
+        let mut floor = Millis(0);
+        for (commit_floor, effects) in commits {
+            floor = floor.max(commit_floor);
+            for effect in effects {
+                match effect {
+                    Effect::BucketMeta { bucket, meta } => {
+                        let record = encode(meta);
+                        if doomed.records.remove(&**bucket).is_some_and(|kept| kept == record) {
+                            // Forgotten and back as it was, its record still in the file: nothing to
+                            // write, and its window did not grow, so what it pruned stays pruned.
+                            continue;
+                        }
+                        // Its window may have grown: no grant it pruned may linger and count again.
+                        let ats = doomed.take_bucket(bucket);
+                        if !ats.is_empty() {
+                            let grants = opened(&mut grants, txn, GRANTS)?;
+                            for at in ats {
+                                grants.remove((at, &**bucket))?;
+                            }
+                        }
+                        opened(&mut buckets, txn, BUCKETS)?.insert(&**bucket, record.as_slice())?;
                     }
-                    // Its window may have grown: no grant it pruned may linger and count again.
-                    let ats = doomed.take_bucket(bucket);
-                    if !ats.is_empty() {
-                        let grants = opened(&mut grants, txn, GRANTS)?;
-                        for at in ats {
-                            grants.remove((at, &**bucket))?;
+                    Effect::WindowGrant { bucket, at, cost } => {
+                        doomed.revive(bucket, at.0);
+                        opened(&mut grants, txn, GRANTS)?.insert((at.0, &**bucket), cost)?;
+                        written += 1;
+                        newest_written = newest_written.max(at.0);
+                    }
+                    Effect::WindowPruned { bucket, grants: ats } => doomed.add(bucket, ats, floor),
+                    Effect::BucketForgotten { bucket, grants: ats } => {
+                        doomed.add(bucket, ats, floor);
+                        // Its record stays until a batch of them is deleted: a bucket that comes back
+                        // as it was (the common case) then costs no write at all.
+                        let kept = opened(&mut buckets, txn, BUCKETS)?.get(&**bucket)?.map(|v| v.value().to_vec());
+                        if let Some(kept) = kept {
+                            doomed.records.insert(bucket.clone(), kept);
                         }
                     }
-                    opened(&mut buckets, txn, BUCKETS)?.insert(&**bucket, record.as_slice())?;
-                }
-                Effect::WindowGrant { bucket, at, cost } => {
-                    doomed.revive(bucket, at.0);
-                    opened(&mut grants, txn, GRANTS)?.insert((at.0, &**bucket), cost)?;
-                    written += 1;
-                    newest_written = newest_written.max(at.0);
-                }
-                Effect::WindowPruned { bucket, grants: ats } => doomed.add(bucket, ats, floor),
-                Effect::BucketForgotten { bucket, grants: ats } => {
-                    doomed.add(bucket, ats, floor);
-                    // Its record stays until a batch of them is deleted: a bucket that comes back
-                    // as it was (the common case) then costs no write at all.
-                    let kept = opened(&mut buckets, txn, BUCKETS)?.get(&**bucket)?.map(|v| v.value().to_vec());
-                    if let Some(kept) = kept {
-                        doomed.records.insert(bucket.clone(), kept);
+                    Effect::PermitSet { id, permit } => {
+                        let record = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(permit));
+                        opened(&mut permits, txn, PERMITS)?.insert(id.0, record.as_slice())?;
                     }
-                }
-                Effect::PermitSet { id, permit } => {
-                    let record = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(permit));
-                    opened(&mut permits, txn, PERMITS)?.insert(id.0, record.as_slice())?;
-                }
-                Effect::PermitEnded { id } => {
-                    opened(&mut permits, txn, PERMITS)?.remove(id.0)?;
-                }
-                Effect::ThrottleSet { key, until } => {
-                    opened(&mut throttles, txn, THROTTLES)?.insert(&**key, until.0)?;
-                }
-                Effect::ThrottleEnded { key } => {
-                    opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
+                    Effect::PermitEnded { id } => {
+                        opened(&mut permits, txn, PERMITS)?.remove(id.0)?;
+                    }
+                    Effect::ThrottleSet { key, until } => {
+                        opened(&mut throttles, txn, THROTTLES)?.insert(&**key, until.0)?;
+                    }
+                    Effect::ThrottleEnded { key } => {
+                        opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
+                    }
                 }
             }
         }
@@ -864,7 +1081,8 @@ impl Store {
     }
 
     /// The number of window entries in the file (for tests of file size and pruning).
-    pub fn grant_rows(&self) -> Result<u64, StoreError> {
+    pub fn grant_rows(&mut self) -> Result<u64, StoreError> {
+        self.apply_notes()?;
         let txn = self.db.begin_read().map_err(|e| self.corrupt(e))?;
         let table = txn.open_table(GRANTS).map_err(|e| self.corrupt(e))?;
         table.len().map_err(|e| self.corrupt(e))
@@ -925,11 +1143,13 @@ mod tests {
             .collect()
     }
 
+    // The deletion policy is per redb commit: these tests open the file alone, where every
+    // commit is one (behind a journal, commits are first kept as notes).
     #[test]
     fn doomed_grants_are_deleted_when_due_together_and_all_at_finish() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limiter.redb");
-        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let mut store = Store::open(&path, &plain_file_opener()).unwrap();
         store.delete_batch = 1;
         let meta = BucketMeta { retain_ms: 1000, last_calls: 5, last_concurrent: 0 };
         store.commit(&[grant("a", 1_000, 1), grant("b", 1_500, 1), grant("a", 2_000, 1)], Millis(2_000)).unwrap();
@@ -959,6 +1179,35 @@ mod tests {
         assert_eq!(store.grant_rows().unwrap(), 3);
     }
 
+    /// Behind its journal, a commit is kept as a note (one append) until a commit of the notes
+    /// alone takes them into redb; an open after a crash redoes them, in order.
+    #[test]
+    fn commits_kept_as_notes_are_redone_at_the_next_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let caller = || Arc::<str>::from("caller");
+        {
+            let mut store = Store::open(&path, &file_opener()).unwrap();
+            store.commit(&[grant("a", 1_000, 2)], Millis(1_000)).unwrap();
+            let throttle = Effect::ThrottleSet { key: caller(), until: Millis(9_000) };
+            store.commit(&[throttle, grant("b", 1_100, 1)], Millis(1_100)).unwrap();
+            store.commit(&[Effect::ThrottleEnded { key: caller() }], Millis(1_200)).unwrap();
+            assert_eq!(store.journal_stats().unwrap().notes, 3);
+            assert!(rows(&store).is_empty(), "not in redb yet");
+            // Dropped without `finish`, as a crash leaves it.
+        }
+        let store = Store::open(&path, &file_opener()).unwrap();
+        assert_eq!(rows(&store), vec![(1_000, "a".to_owned()), (1_100, "b".to_owned())]);
+        let txn = store.db.begin_read().unwrap();
+        assert!(txn.open_table(THROTTLES).unwrap().is_empty().unwrap(), "set, then ended, in order");
+        assert_eq!(txn.open_table(META).unwrap().get(KEY_FLOOR).unwrap().unwrap().value(), 1_200);
+        drop((txn, store));
+        // The open's commit of the notes retired them: the next open finds nothing to redo.
+        let store = Store::open(&path, &file_opener()).unwrap();
+        assert_eq!(rows(&store).len(), 2);
+        assert_eq!(store.journal_stats().unwrap().notes, 0);
+    }
+
     /// The bucket records in the file, in key order.
     fn records(store: &Store) -> Vec<(String, BucketMeta)> {
         let txn = store.db.begin_read().unwrap();
@@ -979,7 +1228,7 @@ mod tests {
     fn forgotten_bucket_records_wait_for_a_batch_or_come_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limiter.redb");
-        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let mut store = Store::open(&path, &plain_file_opener()).unwrap();
         let meta = BucketMeta { retain_ms: 1000, last_calls: 5, last_concurrent: 0 };
         let created = |key: &str, meta: BucketMeta| Effect::BucketMeta { bucket: Arc::from(key), meta };
         let forgotten = |key: &str| Effect::BucketForgotten { bucket: Arc::from(key), grants: vec![] };
@@ -1011,7 +1260,7 @@ mod tests {
     fn doomed_grants_wait_for_a_batch() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limiter.redb");
-        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let mut store = Store::open(&path, &plain_file_opener()).unwrap();
         let n = DELETE_BATCH as u64;
         let old: Vec<Effect> = (0..n).map(|i| grant(&format!("k{i}"), 1_000 + i, 1)).collect();
         store.commit(&old, Millis(1_000 + n)).unwrap();

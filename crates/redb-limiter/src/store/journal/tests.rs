@@ -426,6 +426,80 @@ enum TxnEnd {
     FailedBefore,
 }
 
+/// The region of runs with notes.
+const NOTE_REGION: u64 = 1 << 20;
+
+/// Notes acknowledged since the last redb commit, each one insert, oldest first: what the store
+/// does with its commits, in miniature.
+type Notes = Vec<(u64, Vec<u8>)>;
+
+fn note_bytes(key: u64, value: &[u8]) -> Vec<u8> {
+    let mut note = key.to_le_bytes().to_vec();
+    note.extend_from_slice(value);
+    note
+}
+
+fn note_insert(note: &[u8]) -> (u64, Vec<u8>) {
+    (u64_at(note, 0), note[8..].to_vec())
+}
+
+/// One step of the workload from `acked`: with `notes`, half the time a note (one insert kept
+/// in `pending` until a commit writes it); otherwise a transaction. As the store does, the
+/// waiting notes are first committed alone (when a note is refused, that commit holds it too).
+/// Returns how it ended and the state it makes.
+fn run_step(
+    db: &Database,
+    journal: &JournalMonitor,
+    power: Option<&Power>,
+    notes: bool,
+    rng: &mut fastrand::Rng,
+    acked: &Model,
+    pending: &mut Notes,
+) -> (TxnEnd, Model) {
+    let mut next = acked.clone();
+    if notes && rng.bool() {
+        let (key, value) = (rng.u64(..48), random_value(rng));
+        next.insert(key, value.clone());
+        power.inspect(|p| p.in_journal_sync.store(true, Ordering::SeqCst));
+        let appended = journal.append_note(&note_bytes(key, &value));
+        power.inspect(|p| p.in_journal_sync.store(false, Ordering::SeqCst));
+        pending.push((key, value));
+        return match appended {
+            Ok(true) => (TxnEnd::Committed, next),
+            Ok(false) => (commit_notes(db, journal, pending), next),
+            Err(_) => (TxnEnd::CommitFailed, next),
+        };
+    }
+    match commit_notes(db, journal, pending) {
+        TxnEnd::Committed => {}
+        end => return (end, next),
+    }
+    let end = run_txn(db, rng, &mut next);
+    (end, next)
+}
+
+/// One commit of the waiting notes alone, if any; the journal is then told they are held.
+fn commit_notes(db: &Database, journal: &JournalMonitor, pending: &mut Notes) -> TxnEnd {
+    if pending.is_empty() {
+        return TxnEnd::Committed;
+    }
+    let Ok(txn) = db.begin_write() else { return TxnEnd::FailedBefore };
+    {
+        let Ok(mut table) = txn.open_table(TABLE) else { return TxnEnd::FailedBefore };
+        for (key, value) in pending.iter() {
+            if table.insert(key, value.as_slice()).is_err() {
+                return TxnEnd::FailedBefore;
+            }
+        }
+    }
+    if txn.commit().is_err() {
+        return TxnEnd::CommitFailed;
+    }
+    journal.notes_held();
+    pending.clear();
+    TxnEnd::Committed
+}
+
 fn run_txn(db: &Database, rng: &mut fastrand::Rng, model: &mut Model) -> TxnEnd {
     let Ok(mut txn) = db.begin_write() else { return TxnEnd::FailedBefore };
     if txn.set_durability(Durability::Immediate).is_err() {
@@ -494,6 +568,11 @@ fn verify(m: &Machine, outcome: &Outcome, rng: &mut fastrand::Rng, cov: &Coverag
     let (data, log) = m.backends();
     let journal = JournalBackend::open_with(data, log, &options).map_err(|e| format!("journal open: {e}"))?;
     let recovery = journal.recovery().clone();
+    let monitor = journal.monitor();
+    let notes = monitor.take_recovered_notes();
+    if notes.len() as u64 != recovery.pending_notes {
+        return Err(format!("{} notes handed over, {} reported", notes.len(), recovery.pending_notes));
+    }
     count(&cov.runs, 1);
     count(&cov.acked_commits, outcome.acked_commits);
     if recovery.replayed_records > 0 {
@@ -513,6 +592,20 @@ fn verify(m: &Machine, outcome: &Outcome, rng: &mut fastrand::Rng, cov: &Coverag
         Ok(true) => {}
         Ok(false) => return Err("the integrity check had to repair the file".into()),
         Err(e) => return Err(format!("integrity check: {e}")),
+    }
+    if !notes.is_empty() {
+        // What the store does at open: one commit redoes the notes, in order.
+        count(&cov.notes_redone, notes.len() as u64);
+        let txn = db.begin_write().map_err(|e| e.to_string())?;
+        {
+            let mut table = txn.open_table(TABLE).map_err(|e| e.to_string())?;
+            for note in &notes {
+                let (key, value) = note_insert(note);
+                table.insert(key, value.as_slice()).map_err(|e| e.to_string())?;
+            }
+        }
+        txn.commit().map_err(|e| format!("commit of the notes: {e}"))?;
+        monitor.notes_held();
     }
     let found = read_table(&db)?;
     if found != outcome.acked {
@@ -568,6 +661,8 @@ struct Coverage {
     checkpoints: AtomicU64,
     requested_checkpoints: AtomicU64,
     direct_batches: AtomicU64,
+    notes: AtomicU64,
+    notes_redone: AtomicU64,
 }
 
 fn count(counter: &AtomicU64, n: u64) {
@@ -590,13 +685,20 @@ fn random_options(rng: &mut fastrand::Rng) -> JournalOptions {
 fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let survive = [0.0, 0.0, 0.3, 0.7][rng.usize(..4)];
-    let options = random_options(&mut rng);
+    let mut options = random_options(&mut rng);
     let txns = rng.usize(1..20);
     let machine = Machine::new(seed, survive);
     let cut_at = rng.u64(1..=OPS_OPEN + txns as u64 * OPS_PER_TXN);
     let clean_close = rng.u8(..4) == 0;
     // Some runs also ask for checkpoints between commits, as a compaction does.
     let requests_checkpoints = rng.u8(..3) == 0;
+    // Half the runs keep some commits as notes, as the store does, in a region large enough
+    // for them (a quarter of it) and the commits around them.
+    let notes = rng.bool();
+    if notes {
+        options.region_bytes = NOTE_REGION;
+    }
+    let mut pending = Notes::new();
     machine.power.arm(cut_at);
     let mut monitor = None;
     let mut outcome =
@@ -614,8 +716,9 @@ fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String>
                 handle.request_checkpoint();
                 count(&cov.requested_checkpoints, 1);
             }
-            let mut next = outcome.acked.clone();
-            match run_txn(&db, &mut rng, &mut next) {
+            let (end, next) =
+                run_step(&db, &handle, Some(&machine.power), notes, &mut rng, &outcome.acked, &mut pending);
+            match end {
                 TxnEnd::Committed => {
                     outcome.acked = next;
                     outcome.acked_commits += 1;
@@ -636,6 +739,7 @@ fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String>
     if let Some(stats) = monitor.map(|m| m.stats()) {
         count(&cov.checkpoints, stats.checkpoints);
         count(&cov.direct_batches, stats.direct_batches);
+        count(&cov.notes, stats.notes);
     }
     verify(&machine.reboot(), &outcome, &mut rng, cov).map_err(|e| format!("seed {seed} (cut at op {cut_at}): {e}"))
 }
@@ -644,7 +748,11 @@ fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String>
 fn simulate_fault(seed: u64, cov: &Coverage) -> Result<(), String> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let survive = [0.0, 0.5][rng.usize(..2)];
-    let options = random_options(&mut rng);
+    let mut options = random_options(&mut rng);
+    let notes = rng.bool();
+    if notes {
+        options.region_bytes = NOTE_REGION;
+    }
     let txns = rng.usize(1..12);
     let machine = Machine::new(seed, survive);
     let kinds = [F_WRITE | F_SET_LEN | F_SYNC, F_SYNC, F_WRITE][rng.usize(..3)];
@@ -667,12 +775,14 @@ fn simulate_fault(seed: u64, cov: &Coverage) -> Result<(), String> {
         };
         'run: {
             let Ok(journal) = JournalBackend::open_with(data, log, &options) else { break 'run };
+            let handle = journal.monitor();
             monitor = Some(journal.monitor());
             let Ok(db) = Database::builder().create_with_backend(journal) else { break 'run };
             outcome.created = true;
+            let mut pending = Notes::new();
             for _ in 0..txns {
-                let mut next = outcome.acked.clone();
-                match run_txn(&db, &mut rng, &mut next) {
+                let (end, next) = run_step(&db, &handle, None, notes, &mut rng, &outcome.acked, &mut pending);
+                match end {
                     TxnEnd::Committed => {
                         outcome.acked = next;
                         outcome.acked_commits += 1;
@@ -689,6 +799,7 @@ fn simulate_fault(seed: u64, cov: &Coverage) -> Result<(), String> {
     if let Some(stats) = monitor.map(|m| m.stats()) {
         count(&cov.checkpoints, stats.checkpoints);
         count(&cov.direct_batches, stats.direct_batches);
+        count(&cov.notes, stats.notes);
     }
     let what = format!(
         "seed {seed} (fault {} #{nth} of kinds {kinds}, fired {})",
@@ -761,7 +872,7 @@ impl Coverage {
         format!(
             "{what}, {seeds} seeds: {} reboots checked, {} acknowledged commits, {} recoveries replayed \
              {} records, {} in-flight commits found whole, {} rebinds, {} unfinished creations refused \
-             by redb, {} checkpoints ({} asked for), {} direct batches",
+             by redb, {} checkpoints ({} asked for), {} direct batches, {} notes ({} redone at an open)",
             get(&self.runs),
             get(&self.acked_commits),
             get(&self.runs_with_replay),
@@ -772,6 +883,8 @@ impl Coverage {
             get(&self.checkpoints),
             get(&self.requested_checkpoints),
             get(&self.direct_batches),
+            get(&self.notes),
+            get(&self.notes_redone),
         )
     }
 }
@@ -888,7 +1001,7 @@ fn sample_record(buf: &mut Vec<u8>, id: &[u8; 16], generation: u64, seq: u64) ->
     let iter = || entries.iter().map(|(o, b)| (*o, b.as_slice()));
     let size = record_size(iter());
     let key = RecordKey { journal_id: id, generation, seq };
-    encode_record(buf, &key, size, 16384, 40960, entries.len(), iter());
+    encode_record(buf, &key, 0, size, 16384, 40960, entries.len(), iter());
     entries
 }
 
@@ -900,7 +1013,18 @@ fn record_round_trips() {
     assert_eq!(buf.len() as u64, ALIGN, "320 + 1000 + 0 + 777 bytes stored, in one page");
     let key = RecordKey { journal_id: &id, generation: 3, seq: 9 };
     let record = decode_record(&buf, &key).unwrap().unwrap();
-    assert_eq!(record, Record { seq: 9, min_len: 16384, final_len: 40960, entries, size: buf.len() as u64 });
+    assert_eq!(
+        record,
+        Record {
+            seq: 9,
+            note: false,
+            retires_notes: false,
+            min_len: 16384,
+            final_len: 40960,
+            entries,
+            size: buf.len() as u64
+        }
+    );
     // Another generation, sequence number or journal is not this record.
     for (g, s, i) in [(4, 9, id), (3, 10, id), (3, 9, [8u8; 16])] {
         let key = RecordKey { journal_id: &i, generation: g, seq: s };
@@ -933,6 +1057,7 @@ fn torn_or_corrupt_records_end_the_log() {
 #[test]
 fn header_slots_round_trip_and_detect_tears() {
     let header = Header {
+        version: FORMAT_VERSION,
         journal_id: [9u8; 16],
         generation: 12,
         next_seq: 400,
@@ -1588,4 +1713,106 @@ fn stored_len_drops_exactly_the_trailing_zeros() {
         let naive = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         assert_eq!(stored_len(&bytes), naive, "{bytes:?}");
     }
+}
+
+/// A version-1 header slot made from `slot` (one written at the current version).
+fn as_version_1(slot: &[u8]) -> Vec<u8> {
+    let mut s = slot.to_vec();
+    s[8..12].copy_from_slice(&1u32.to_le_bytes());
+    s[SLOT_CHECKSUM_AT..SLOT_CHECKSUM_AT + 8].fill(0);
+    let sum = xxh64(&s);
+    s[SLOT_CHECKSUM_AT..SLOT_CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
+    s
+}
+
+#[test]
+fn a_version_1_journal_opens_and_is_rewritten_at_the_current_version() {
+    let m = Machine::new(1, 0.0);
+    let mut rng = fastrand::Rng::with_seed(1);
+    let mut model = Model::new();
+    let db = Database::builder().create_with_backend(open_on(&m, &options(64 << 10))).unwrap();
+    assert!(matches!(run_txn(&db, &mut rng, &mut model), TxnEnd::Committed));
+    drop(db);
+    let mut log = disk_bytes(&m.log);
+    for slot in 0..2 {
+        let at = slot * SLOT_LEN;
+        if let Slot::Valid(_) = Header::decode(&log[at..at + SLOT_LEN]) {
+            let old = as_version_1(&log[at..at + SLOT_LEN]);
+            log[at..at + SLOT_LEN].copy_from_slice(&old);
+        }
+    }
+    let version_of = |log: &[u8]| {
+        let slots = [Header::decode(&log[..SLOT_LEN]), Header::decode(&log[SLOT_LEN..2 * SLOT_LEN])];
+        slots
+            .into_iter()
+            .filter_map(|s| if let Slot::Valid(h) = s { Some(h) } else { None })
+            .max_by_key(|h| h.generation)
+    };
+    assert_eq!(version_of(&log).unwrap().version, 1);
+    let old = Machine::with_disks(2, 0.0, Disk::with_bytes(disk_bytes(&m.data)), Disk::with_bytes(log));
+    let db = Database::builder().create_with_backend(open_on(&old, &options(64 << 10))).unwrap();
+    assert_eq!(read_table(&db).unwrap(), model, "a version-1 journal serves unchanged");
+    let header = version_of(&disk_bytes(&old.log)).unwrap();
+    assert_eq!(header.version, FORMAT_VERSION, "rewritten before anything new is appended");
+}
+
+/// What a power cut would leave of `m` now, as another machine; `m` keeps running.
+fn durable_copy(m: &Machine) -> Machine {
+    let durable = |disk: &Arc<Mutex<Disk>>| Disk::with_bytes(disk.lock().unwrap().durable.clone());
+    Machine::with_disks(m.seed.wrapping_add(3), 0.0, durable(&m.data), durable(&m.log))
+}
+
+#[test]
+fn notes_wait_across_a_close_and_are_retired_by_the_record_after_their_commit() {
+    let m = Machine::new(1, 0.0);
+    let opts = options(1 << 20);
+    let journal = open_on(&m, &opts);
+    let monitor = journal.monitor();
+    let db = Database::builder().create_with_backend(journal).unwrap();
+    assert!(monitor.append_note(&note_bytes(1, b"one")).unwrap());
+    assert!(monitor.append_note(&note_bytes(2, b"two")).unwrap());
+    assert_eq!(monitor.stats().notes, 2);
+    // A clean close with notes waiting keeps the records: no checkpoint may retire them.
+    drop(db);
+    let m = m.reboot();
+    let journal = open_on(&m, &opts);
+    assert_eq!(journal.recovery().pending_notes, 2);
+    let monitor = journal.monitor();
+    let notes = monitor.take_recovered_notes();
+    assert_eq!(notes.iter().map(|n| note_insert(n)).collect::<Vec<_>>(), [(1, b"one".to_vec()), (2, b"two".to_vec())]);
+    assert!(monitor.take_recovered_notes().is_empty(), "handed over once");
+    let db = Database::builder().create_with_backend(journal).unwrap();
+    let mut pending: Notes = notes.iter().map(|n| note_insert(n)).collect();
+    assert!(matches!(commit_notes(&db, &monitor, &mut pending), TxnEnd::Committed));
+    // Held, but no record says so yet: a crash now redoes them (idempotent by contract).
+    let crashed = durable_copy(&m);
+    assert_eq!(open_on(&crashed, &opts).recovery().pending_notes, 2);
+    // One more record (here a note) retires them; only the new note waits.
+    assert!(monitor.append_note(&note_bytes(3, b"three")).unwrap());
+    let crashed = durable_copy(&m);
+    let journal = open_on(&crashed, &opts);
+    assert_eq!(journal.monitor().take_recovered_notes(), vec![note_bytes(3, b"three")]);
+    drop(db);
+}
+
+#[test]
+fn notes_stop_at_a_quarter_of_the_region_and_a_checkpoint_makes_room_when_none_waits() {
+    let m = Machine::new(1, 0.0);
+    let region = 256 << 10;
+    let journal = open_on(&m, &options(region));
+    let monitor = journal.monitor();
+    let db = Database::builder().create_with_backend(journal).unwrap();
+    // The region holds the records of the database's creation, then the notes.
+    let used = monitor.stats().record_bytes;
+    let mut appended = 0;
+    while monitor.append_note(&note_bytes(appended, &[7; 100])).unwrap() {
+        appended += 1;
+    }
+    assert_eq!(appended, (region / NOTE_ROOM_DIVISOR - used) / ALIGN, "one aligned record each, up to a quarter");
+    let checkpoints = monitor.stats().checkpoints;
+    let mut pending: Notes = (0..appended).map(|k| (k, vec![7; 100])).collect();
+    assert!(matches!(commit_notes(&db, &monitor, &mut pending), TxnEnd::Committed));
+    assert!(monitor.append_note(&note_bytes(99, b"after")).unwrap(), "room again");
+    assert_eq!(monitor.stats().checkpoints, checkpoints + 1, "made by a checkpoint");
+    drop(db);
 }

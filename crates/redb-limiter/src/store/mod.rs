@@ -18,8 +18,8 @@
 //! # Notes: one append per commit
 //!
 //! Behind its journal, [`Store::commit`] does not make a redb commit: it appends the commit's
-//! floor and effects to the journal as a note (postcard, schema byte 1; one append and one sync) and keeps them
-//! in memory. One redb commit of the notes alone takes them into the file once
+//! floor and effects to the journal as a note (postcard after schema byte 1; one append and one
+//! sync) and keeps them in memory. One redb commit of the notes alone takes them into the file once
 //! [`NOTES_BEFORE_COMMIT`](crate::policy::NOTES_BEFORE_COMMIT) wait (or their effects pass
 //! [`NOTE_EFFECTS_BEFORE_COMMIT`](crate::policy::NOTE_EFFECTS_BEFORE_COMMIT)), before any other
 //! redb commit (a tidying one, a commit too large for a note), at quiet moments

@@ -445,8 +445,8 @@ fn note_insert(note: &[u8]) -> (u64, Vec<u8>) {
 
 /// One step of the workload from `acked`: with `notes`, half the time a note (one insert kept
 /// in `pending` until a commit writes it); otherwise a transaction. As the store does, the
-/// waiting notes are first committed alone (when a note is refused, that commit holds it too).
-/// Returns how it ended and the state it makes.
+/// waiting notes are first committed alone, then the transaction (or the insert the journal
+/// refused as a note) in a commit of its own. Returns how it ended and the state it makes.
 fn run_step(
     db: &Database,
     journal: &JournalMonitor,
@@ -463,10 +463,16 @@ fn run_step(
         power.inspect(|p| p.in_journal_sync.store(true, Ordering::SeqCst));
         let appended = journal.append_note(&note_bytes(key, &value));
         power.inspect(|p| p.in_journal_sync.store(false, Ordering::SeqCst));
-        pending.push((key, value));
         return match appended {
-            Ok(true) => (TxnEnd::Committed, next),
-            Ok(false) => (commit_notes(db, journal, pending), next),
+            Ok(true) => {
+                pending.push((key, value));
+                (TxnEnd::Committed, next)
+            }
+            // Not a note: the waiting notes are committed alone, then the insert on its own.
+            Ok(false) => match commit_notes(db, journal, pending) {
+                TxnEnd::Committed => (commit_inserts(db, &[(key, value)]), next),
+                end => (end, acked.clone()),
+            },
             Err(_) => (TxnEnd::CommitFailed, next),
         };
     }
@@ -483,21 +489,29 @@ fn commit_notes(db: &Database, journal: &JournalMonitor, pending: &mut Notes) ->
     if pending.is_empty() {
         return TxnEnd::Committed;
     }
+    let end = commit_inserts(db, pending);
+    if matches!(end, TxnEnd::Committed) {
+        journal.notes_held();
+        pending.clear();
+    }
+    end
+}
+
+/// One commit of `inserts`, in order, and nothing else.
+fn commit_inserts(db: &Database, inserts: &[(u64, Vec<u8>)]) -> TxnEnd {
     let Ok(txn) = db.begin_write() else { return TxnEnd::FailedBefore };
     {
         let Ok(mut table) = txn.open_table(TABLE) else { return TxnEnd::FailedBefore };
-        for (key, value) in pending.iter() {
+        for (key, value) in inserts {
             if table.insert(key, value.as_slice()).is_err() {
                 return TxnEnd::FailedBefore;
             }
         }
     }
-    if txn.commit().is_err() {
-        return TxnEnd::CommitFailed;
+    match txn.commit() {
+        Ok(()) => TxnEnd::Committed,
+        Err(_) => TxnEnd::CommitFailed,
     }
-    journal.notes_held();
-    pending.clear();
-    TxnEnd::Committed
 }
 
 fn run_txn(db: &Database, rng: &mut fastrand::Rng, model: &mut Model) -> TxnEnd {

@@ -1222,10 +1222,35 @@ impl State {
             // megabytes while notes wait get here.
             return Err(io::Error::other("journal: full while notes wait for the commit that holds them"));
         }
+        let batch = std::mem::take(&mut self.batch);
+        let (min_len, len, count) = (self.min_len, self.len, batch.map.len());
+        let written = self.write_record(log, counters, 0, size, min_len, len, count, batch.iter());
+        self.batch = batch;
+        written?;
+        counters.records.fetch_add(1, Ordering::Relaxed);
+        self.absorb_batch();
+        Ok(())
+    }
+
+    /// Encodes one record at the write position, writes it and syncs the journal: the one
+    /// write and the one sync of a barrier or a note. The first record after
+    /// [`JournalMonitor::notes_held`] also retires the notes.
+    #[allow(clippy::too_many_arguments)]
+    fn write_record<'a>(
+        &mut self,
+        log: &dyn StorageBackend,
+        counters: &Counters,
+        flags: u32,
+        size: u64,
+        min_len: u64,
+        final_len: u64,
+        count: usize,
+        entries: impl Iterator<Item = (u64, &'a [u8])>,
+    ) -> io::Result<()> {
         let mut buf = std::mem::take(&mut self.buf);
         let key = RecordKey { journal_id: &self.journal_id, generation: self.generation, seq: self.next_seq };
-        let flags = if self.retire_notes { FLAG_RETIRES_NOTES } else { 0 };
-        encode_record(&mut buf, &key, flags, size, self.min_len, self.len, self.batch.map.len(), self.batch.iter());
+        let flags = flags | if self.retire_notes { FLAG_RETIRES_NOTES } else { 0 };
+        encode_record(&mut buf, &key, flags, size, min_len, final_len, count, entries);
         let appended = log.write(self.write_pos, &buf);
         self.buf = buf;
         appended?;
@@ -1239,10 +1264,8 @@ impl State {
         self.write_pos += size;
         self.next_seq += 1;
         self.records_in_region += 1;
-        counters.records.fetch_add(1, Ordering::Relaxed);
-        counters.record_bytes.fetch_add(size, Ordering::Relaxed);
         self.retire_notes = false;
-        self.absorb_batch();
+        counters.record_bytes.fetch_add(size, Ordering::Relaxed);
         Ok(())
     }
 
@@ -1273,29 +1296,11 @@ impl State {
         if !room(self) {
             return Ok(false);
         }
-        let mut buf = std::mem::take(&mut self.buf);
-        let key = RecordKey { journal_id: &self.journal_id, generation: self.generation, seq: self.next_seq };
         // Lengths of 0, so that a reader that took it for pages would find an entry past the
         // file's end and refuse it (the header's version already keeps such readers out).
-        let flags = FLAG_NOTE | if self.retire_notes { FLAG_RETIRES_NOTES } else { 0 };
-        encode_record(&mut buf, &key, flags, size, 0, 0, 1, std::iter::once((0, note)));
-        let appended = log.write(self.write_pos, &buf);
-        self.buf = buf;
-        appended?;
-        #[cfg(test)]
-        let skip_sync = self.sabotage == Sabotage::SkipLogSync;
-        #[cfg(not(test))]
-        let skip_sync = false;
-        if !skip_sync {
-            log.sync_data()?;
-        }
-        self.write_pos += size;
-        self.next_seq += 1;
-        self.records_in_region += 1;
+        self.write_record(log, counters, FLAG_NOTE, size, 0, 0, 1, std::iter::once((0, note)))?;
         self.notes_pending += 1;
-        self.retire_notes = false;
         counters.notes.fetch_add(1, Ordering::Relaxed);
-        counters.record_bytes.fetch_add(size, Ordering::Relaxed);
         Ok(true)
     }
 

@@ -895,6 +895,48 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
   'acquire, report or peek (wire sections 3 and 9.1-9.2); refusals and peeks write nothing';
 
+-- The writing half of the server's one-statement acquire of one window limit
+-- (acquire_window.sql, beside this script), called by that statement only when it does not
+-- refuse. p_grant: the statement's snapshot decided a grant; p_xm, p_now, p_total and p_seq
+-- are what it read (the bucket row's version, now, its total and newest sequence number).
+-- A grant writes the bucket row only if nobody changed it since (as acquire() does), then the
+-- grant row, and answers NULL. Otherwise (a changed row, or a request the statement leaves
+-- to the general path) it answers acquire()'s reply for the same request.
+CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_window(p_grant boolean, p_key text, p_calls bigint,
+                                                      p_per bigint, p_cost bigint, p_caller text,
+                                                      p_at_ms bigint, p_recheck bigint, p_hold bigint,
+                                                      p_lhold bigint, p_xm xid, p_now bigint,
+                                                      p_total bigint, p_seq bigint)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+BEGIN
+  IF p_grant THEN
+    WITH u AS (
+      UPDATE __SCHEMA__.buckets AS bk
+         SET total = p_total + least(p_cost, p_calls), last_seq = p_seq + 1, last_at = p_now,
+             floor_ms = greatest(bk.floor_ms, p_now), last_calls = p_calls
+       WHERE bk.key = p_key AND bk.xmin = p_xm
+      RETURNING bk.id
+    )
+    INSERT INTO __SCHEMA__.grants (bucket, at, seq, cost, cum)
+    SELECT u.id, p_now, p_seq + 1, least(p_cost, p_calls), p_total + least(p_cost, p_calls) FROM u;
+    IF FOUND THEN
+      RETURN NULL;
+    END IF;
+    -- Changed since the read (the UPDATE then usually holds the row's lock): decide again.
+  END IF;
+  RETURN __SCHEMA__.acquire(
+    jsonb_build_object('key', p_caller, 'holdMs', p_hold,
+                       'limits', jsonb_build_array(jsonb_build_object(
+                         'key', p_key, 'calls', p_calls, 'perMs', p_per, 'cost', p_cost, 'holdMs', p_lhold))),
+    'acquire', p_recheck, '', p_at_ms);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._acquire_window(boolean, text, bigint, bigint, bigint, text, bigint, bigint,
+                                               bigint, bigint, xid, bigint, bigint, bigint) IS
+  'writes a grant of one window limit decided by the server''s one-statement acquire, else decides it';
+
 
 ---------------------------------------------------------------------------------------------
 -- settle: {"settled": true|false}; raises RL400 naming costs[i].key for a key that was not a

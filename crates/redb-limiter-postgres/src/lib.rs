@@ -51,6 +51,8 @@ const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
 /// The one statement that decides an acquire of one window limit (see the file); `__SCHEMA__`
 /// as above.
 const ACQUIRE_WINDOW_SQL: &str = include_str!("../sql/acquire_window.sql");
+/// The same for two or more window limits.
+const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
 pub const SCHEMA_VERSION: i32 = 1;
 /// The schema used when none is named.
@@ -143,7 +145,7 @@ pub struct PgLimiter {
     /// Held while `/health` probes, so a flood of requests costs one probe.
     probing: tokio::sync::Mutex<()>,
     probes: AtomicU64,
-    /// One-window acquires the statement decided, and those it left to `acquire()` (tests).
+    /// Window-only acquires the statements decided, and those they left to `acquire()` (tests).
     window_decided: AtomicU64,
     window_left: AtomicU64,
 }
@@ -154,6 +156,7 @@ struct Statements {
     acquire: String,
     peek: String,
     acquire_window: String,
+    acquire_windows: String,
     release: String,
     settle: String,
     throttle: String,
@@ -166,19 +169,21 @@ impl Statements {
     fn new(schema: &str) -> Statements {
         let quoted = format!("\"{schema}\".");
         let call = |sql: &str| sql.replace("S.", &quoted);
-        // The statement file's comments stay in the file: what is sent (and hashed by the
+        // A statement file's comments stay in the file: what is sent (and hashed by the
         // statement cache on every call) is the statement alone.
-        let acquire_window = ACQUIRE_WINDOW_SQL
-            .lines()
-            .filter(|line| !line.trim_start().starts_with("--"))
-            .map(str::trim)
-            .collect::<Vec<_>>()
-            .join("\n")
-            .replace("__SCHEMA__", &format!("\"{schema}\""));
+        let file = |sql: &str| {
+            sql.lines()
+                .filter(|line| !line.trim_start().starts_with("--"))
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join("\n")
+                .replace("__SCHEMA__", &format!("\"{schema}\""))
+        };
         Statements {
             acquire: call("SELECT S.acquire($1::jsonb, $2, $3, $4, $5)"),
             peek: call("SELECT S.acquire($1::jsonb, 'peek', $2, $3, $4)"),
-            acquire_window,
+            acquire_window: file(ACQUIRE_WINDOW_SQL),
+            acquire_windows: file(ACQUIRE_WINDOWS_SQL),
             release: call("SELECT S.release($1, $2::jsonb, $3)"),
             settle: call("SELECT S.settle($1, $2::jsonb, $3)"),
             throttle: call("SELECT S.throttle($1, $2, $3)"),
@@ -241,7 +246,13 @@ impl PgLimiter {
         }
         let mut config = tokio_postgres::Config::from_str(&options.url).map_err(PgError::BadUrl)?;
         let timeout_ms = options.statement_timeout.as_millis();
-        config.options(format!("-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"));
+        // Every statement we send, and every one our functions run, probes indexes by key with
+        // parameters: the generic plan is the plan. Left to choose, PostgreSQL plans a
+        // statement over unnest() of array parameters again on every call (its custom plan
+        // knows the arrays' lengths, so it looks cheaper), which costs more than running it.
+        config.options(format!(
+            "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c plan_cache_mode=force_generic_plan"
+        ));
         // Named per schema, so an operator (or a test) can tell whose connections are whose.
         config.application_name(format!("redb-limiter/{}", options.schema));
         config.connect_timeout(Duration::from_secs(5));
@@ -376,14 +387,13 @@ impl PgLimiter {
     /// Decides an acquire (with the figures after it when the request asked for a report); a
     /// grant is answered only once the database committed it.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
-        let decision = match one_window(&req) {
-            Some(limit) => {
-                let result = self.acquire_window(&req, limit).await;
-                self.record(&result);
-                result?
-            }
+        let result = match windows_only(&req) {
+            Some([limit]) => self.acquire_window(&req, limit).await,
+            Some(_) => self.acquire_windows(&req).await,
             None => return self.acquire_any(req).await,
         };
+        self.record(&result);
+        let decision = result?;
         self.count(&decision);
         Ok(Acquired { decision, report: None })
     }
@@ -404,7 +414,7 @@ impl PgLimiter {
     /// An acquire of one window limit, by the one statement of `sql/acquire_window.sql`: its
     /// row is the decision, or carries `acquire()`'s reply when it left the request to it.
     async fn acquire_window(&self, req: &AcquireRequest, limit: &Limit) -> Result<Decision, LimiterError> {
-        let window = limit.window.as_ref().expect("one_window picks a window limit");
+        let window = limit.window.as_ref().expect("windows_only picks window limits");
         let row = self
             .query_row(
                 &self.sql.acquire_window,
@@ -442,6 +452,52 @@ impl PgLimiter {
                 limit: req.key.clone(),
             }),
             _ => Err(unexpected()),
+        }
+    }
+
+    /// An acquire of two or more window limits, by the one statement of
+    /// `sql/acquire_windows.sql`: its row is the decision, or carries `acquire()`'s reply when
+    /// it left the request to it.
+    async fn acquire_windows(&self, req: &AcquireRequest) -> Result<Decision, LimiterError> {
+        let keys: Vec<&str> = req.limits.iter().map(|l| l.key.as_str()).collect();
+        let figure = |f: fn(&Limit) -> u64| req.limits.iter().map(|l| to_i64(f(l))).collect::<Vec<i64>>();
+        let calls = figure(|l| l.window.map_or(0, |w| w.calls));
+        let per = figure(|l| l.window.map_or(0, |w| w.per_ms));
+        let costs = figure(|l| l.cost);
+        let holds = figure(|l| l.hold_ms);
+        let row = self
+            .query_row(
+                &self.sql.acquire_windows,
+                &[
+                    &keys,
+                    &calls,
+                    &per,
+                    &costs,
+                    &req.key,
+                    &self.at(),
+                    &to_i64(self.options.recheck_ms),
+                    &to_i64(req.hold_ms),
+                    &holds,
+                ],
+            )
+            .await?;
+        let reply: Option<Value> = row.try_get(5).map_err(|e| unavailable(&e))?;
+        if let Some(reply) = reply {
+            self.window_left.fetch_add(1, Ordering::Relaxed);
+            return decision_from(&reply).ok_or_else(|| protocol(&reply));
+        }
+        self.window_decided.fetch_add(1, Ordering::Relaxed);
+        let verdict: &str = row.try_get(0).map_err(|e| unavailable(&e))?;
+        let retry: Option<i64> = row.try_get(1).map_err(|e| unavailable(&e))?;
+        let reason: Option<&str> = row.try_get(2).map_err(|e| unavailable(&e))?;
+        let limit: Option<&str> = row.try_get(3).map_err(|e| unavailable(&e))?;
+        let now: Option<i64> = row.try_get(4).map_err(|e| unavailable(&e))?;
+        match (verdict, retry, reason.and_then(Reason::parse), limit, now) {
+            ("g", _, _, _, Some(now)) => Ok(Decision::Granted { at: millis_from_sql(now), permit: None }),
+            ("x", Some(retry), Some(reason), Some(limit), _) => {
+                Ok(Decision::Refused { retry_at: millis_from_sql(retry), reason, limit: limit.to_owned() })
+            }
+            _ => Err(LimiterError::Unavailable(format!("PostgreSQL answered an unexpected verdict {verdict:?}"))),
         }
     }
 
@@ -570,8 +626,8 @@ impl PgLimiter {
         self.probes.load(Ordering::Relaxed)
     }
 
-    /// How many one-window acquires `sql/acquire_window.sql` decided itself, and how many it
-    /// left to `acquire()` (tests).
+    /// How many window-only acquires `sql/acquire_window.sql` and `sql/acquire_windows.sql`
+    /// decided themselves, and how many they left to `acquire()` (tests).
     #[doc(hidden)]
     #[must_use]
     pub fn window_paths(&self) -> (u64, u64) {
@@ -648,17 +704,13 @@ impl Backend for PgLimiter {
     }
 }
 
-/// The one limit of a request that `sql/acquire_window.sql` decides: an acquire (no report,
-/// no permit) of one window limit with no concurrency and a cost above 0.
-fn one_window(req: &AcquireRequest) -> Option<&Limit> {
-    match req.limits.as_slice() {
-        [limit]
-            if !req.report && !req.permit && limit.window.is_some() && limit.concurrent.is_none() && limit.cost > 0 =>
-        {
-            Some(limit)
-        }
-        _ => None,
-    }
+/// The limits of a request that `sql/acquire_window.sql` (one) or `sql/acquire_windows.sql`
+/// (more) decides: an acquire (no report, no permit) of window limits only, each with a cost
+/// above 0.
+fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
+    let plain = |l: &Limit| l.window.is_some() && l.concurrent.is_none() && l.cost > 0;
+    (!req.report && !req.permit && !req.limits.is_empty() && req.limits.iter().all(plain))
+        .then_some(req.limits.as_slice())
 }
 
 fn costs_json(costs: &[Cost]) -> Value {

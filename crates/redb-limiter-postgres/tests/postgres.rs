@@ -318,6 +318,84 @@ fn one_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
     });
 }
 
+/// An acquire of two or more window limits is one statement too (`sql/acquire_windows.sql`):
+/// it decides a grant and a refusal (the latest retryAt; on a tie the throttle, else the first
+/// limit in request order) itself, and leaves the rest to `acquire()` in the same call (a new
+/// bucket, a retryAt past a window's first row, a row changed since it was read).
+#[test]
+fn several_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "windows", clock.clone()).await;
+        let mut engine = Engine::new(EngineConfig::default());
+        let mut effects = Vec::new();
+        macro_rules! check {
+            ($req:expr, $path:expr, $what:expr) => {{
+                let req: AcquireRequest = $req;
+                let before = pg.window_paths();
+                let want = engine.acquire(&req, clock.now(), &mut effects);
+                let got = pg.acquire(req.clone()).await.unwrap();
+                assert_eq!(got.decision, want, "{}: {req:?}", $what);
+                let after = pg.window_paths();
+                assert_eq!((after.0 - before.0, after.1 - before.1), $path, "{}: which path", $what);
+                want
+            }};
+        }
+        const DECIDED: (u64, u64) = (1, 0);
+        const LEFT: (u64, u64) = (0, 1);
+        let pair = |a: (&str, u64), b: (&str, u64), cost: u64| {
+            AcquireRequest::new(
+                "caller",
+                vec![window(a.0, a.1, 1000).with_cost(cost), window(b.0, b.1, 1000).with_cost(cost)],
+            )
+            .unwrap()
+        };
+
+        assert!(check!(pair(("a", 4), ("b", 4), 1), LEFT, "new buckets").is_granted());
+        clock.advance(10);
+        assert!(check!(pair(("a", 4), ("b", 4), 1), DECIDED, "a grant").is_granted());
+        clock.advance(10);
+        assert!(check!(pair(("b", 4), ("a", 4), 2), DECIDED, "a grant that fills both").is_granted());
+        clock.advance(10);
+        assert!(!check!(pair(("b", 4), ("a", 4), 1), DECIDED, "both full: the first in order").is_granted());
+        assert!(!check!(pair(("b", 4), ("a", 4), 4), LEFT, "a retryAt past the first rows").is_granted());
+        let c = AcquireRequest::new("caller", vec![window("c", 9, 1000)]).unwrap();
+        assert!(check!(c, LEFT, "a new bucket").is_granted());
+        clock.advance(10);
+        assert!(!check!(pair(("c", 9), ("a", 4), 1), DECIDED, "one full").is_granted());
+        // a's first grant leaves at T0 + 1000: the later one stands, a tie is the throttle's.
+        for until in [T0.plus(999), T0.plus(1000), T0.plus(1001)] {
+            engine.throttle("caller", until, clock.now(), &mut effects);
+            pg.throttle(ThrottleRequest::new("caller", until, clock.now()).unwrap()).await.unwrap();
+            assert!(!check!(pair(("c", 9), ("a", 4), 1), DECIDED, "throttled and full").is_granted());
+        }
+        clock.set(T0.plus(1010));
+        assert!(check!(pair(("a", 4), ("b", 4), 1), DECIDED, "the first grants left").is_granted());
+
+        // A row changed since the statement read it: the write half decides again through
+        // acquire(), here with a version the rows never had.
+        clock.advance(10);
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let schema = pg.schema().to_owned();
+        let now = clock.now().0 as i64;
+        let write = format!(
+            "SELECT \"{schema}\"._acquire_windows(true, ARRAY['a', 'b'], ARRAY[4, 4]::bigint[], \
+             ARRAY[1000, 1000]::bigint[], ARRAY[1, 1]::bigint[], 'caller', $1, 0, 600000, \
+             ARRAY[600000, 600000]::bigint[], ARRAY[1, 2]::bigint[], ARRAY['1', '1']::xid[], $1, \
+             ARRAY[0, 0]::bigint[], ARRAY[0, 0]::bigint[])"
+        );
+        let reply: serde_json::Value = client.query_one(&write, &[&now]).await.unwrap().get(0);
+        let want = engine.acquire(&pair(("a", 4), ("b", 4), 1), clock.now(), &mut effects);
+        assert_eq!(want, Decision::Granted { at: clock.now(), permit: None });
+        assert_eq!(reply["granted"], true, "{reply}");
+        assert_eq!(reply["at"], now, "{reply}");
+        clock.advance(1);
+        check!(pair(("a", 4), ("b", 4), 1), DECIDED, "after the changed rows");
+    });
+}
+
 #[test]
 fn an_unknown_schema_version_is_refused_naming_it() {
     let Some(url) = database_url() else { return };

@@ -65,11 +65,11 @@
 -- statement joining everything would cost more to start than to run, and statements over
 -- unnest() of array parameters would be planned again on every call. acquire() decides the
 -- common case (one limit) itself with at most five index probes and one write statement;
--- _acquire_any() decides every request. The server sends an acquire of one window limit as
--- the one statement of acquire_window.sql instead (beside this script): every statement a
--- function runs costs an executor start on every call, so that statement refuses with no
--- plpgsql at all and calls _acquire_window() (below) only to write a grant or to hand the
--- request to acquire().
+-- _acquire_any() decides every request. The server sends an acquire of window limits only as
+-- the one statement of acquire_window.sql (one limit) or acquire_windows.sql (several)
+-- instead, beside this script: every statement a function runs costs an executor start on
+-- every call, so those statements refuse with no plpgsql at all and call _acquire_window() or
+-- _acquire_windows() (below) only to write a grant or to hand the request to acquire().
 
 BEGIN;
 

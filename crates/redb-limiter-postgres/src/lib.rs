@@ -9,10 +9,11 @@
 //! snapshot: no row lock, no write, no WAL. `sql/schema.sql` documents the tables and how a
 //! window's used cost stays a lookup however long the window.
 //!
-//! The most common request, an acquire of one window limit, is instead the one prepared
-//! statement of `sql/acquire_window.sql`: a plain SELECT that decides it (a refusal costs no
-//! plpgsql at all) and calls a small function to write a grant, or hands the request to the
-//! same `acquire()` in the same call when it is not the common case. PostgreSQL spends most
+//! The most common request, an acquire of window limits only, is instead the one prepared
+//! statement of `sql/acquire_window.sql` (`sql/acquire_windows.sql` for several limits): a
+//! plain SELECT that decides it (a refusal costs no plpgsql at all) and calls a small function
+//! to write a grant, or hands the request to the same `acquire()` in the same call when it is
+//! not the common case. PostgreSQL spends most
 //! of a call starting the executor for each statement it runs, so fewer statements is what
 //! makes a call cheaper.
 //!

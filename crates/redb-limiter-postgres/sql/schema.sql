@@ -65,7 +65,11 @@
 -- statement joining everything would cost more to start than to run, and statements over
 -- unnest() of array parameters would be planned again on every call. acquire() decides the
 -- common case (one limit) itself with at most five index probes and one write statement;
--- _acquire_any() decides every request.
+-- _acquire_any() decides every request. The server sends an acquire of window limits only as
+-- the one statement of acquire_window.sql (one limit) or acquire_windows.sql (several)
+-- instead, beside this script: every statement a function runs costs an executor start on
+-- every call, so those statements refuse with no plpgsql at all and call _acquire_window() or
+-- _acquire_windows() (below) only to write a grant or to hand the request to acquire().
 
 BEGIN;
 
@@ -894,6 +898,101 @@ END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
   'acquire, report or peek (wire sections 3 and 9.1-9.2); refusals and peeks write nothing';
+
+-- The writing half of the server's one-statement acquire of one window limit
+-- (acquire_window.sql, beside this script), called by that statement only when it does not
+-- refuse. p_grant: the statement's snapshot decided a grant; p_xm, p_now, p_total and p_seq
+-- are what it read (the bucket row's version, now, its total and newest sequence number).
+-- A grant writes the bucket row only if nobody changed it since (as acquire() does), then the
+-- grant row, and answers NULL. Otherwise (a changed row, or a request the statement leaves
+-- to the general path) it answers acquire()'s reply for the same request.
+-- It never waits for a row with xmax set (another transaction writing or locking it, or a
+-- lock of a committed one, which the row's next plain update clears): such a grant was
+-- usually decided on a row about to change, and waiting here would hold the row's lock
+-- through acquire()'s whole decision afterwards, serialising a hot bucket's callers on that;
+-- acquire() then decides and waits as it always did.
+CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_window(p_grant boolean, p_key text, p_calls bigint,
+                                                      p_per bigint, p_cost bigint, p_caller text,
+                                                      p_at_ms bigint, p_recheck bigint, p_hold bigint,
+                                                      p_lhold bigint, p_xm xid, p_now bigint,
+                                                      p_total bigint, p_seq bigint)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+BEGIN
+  IF p_grant THEN
+    WITH u AS (
+      UPDATE __SCHEMA__.buckets AS bk
+         SET total = p_total + least(p_cost, p_calls), last_seq = p_seq + 1, last_at = p_now,
+             floor_ms = greatest(bk.floor_ms, p_now), last_calls = p_calls
+       WHERE bk.key = p_key AND bk.xmin = p_xm AND bk.xmax = '0'::xid
+      RETURNING bk.id
+    )
+    INSERT INTO __SCHEMA__.grants (bucket, at, seq, cost, cum)
+    SELECT u.id, p_now, p_seq + 1, least(p_cost, p_calls), p_total + least(p_cost, p_calls) FROM u;
+    IF FOUND THEN
+      RETURN NULL;
+    END IF;
+    -- Changed since the read (the UPDATE then usually holds the row's lock): decide again.
+  END IF;
+  RETURN __SCHEMA__.acquire(
+    jsonb_build_object('key', p_caller, 'holdMs', p_hold,
+                       'limits', jsonb_build_array(jsonb_build_object(
+                         'key', p_key, 'calls', p_calls, 'perMs', p_per, 'cost', p_cost, 'holdMs', p_lhold))),
+    'acquire', p_recheck, '', p_at_ms);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._acquire_window(boolean, text, bigint, bigint, bigint, text, bigint, bigint,
+                                               bigint, bigint, xid, bigint, bigint, bigint) IS
+  'writes a grant of one window limit decided by the server''s one-statement acquire, else decides it';
+
+-- The same for two or more window limits (acquire_windows.sql), the arrays in request order:
+-- a grant locks every bucket row in key order (the one order of every multi-row lock) and
+-- writes them and their grant rows only if none changed since the statement's read (p_xms),
+-- then answers NULL. Otherwise it answers acquire()'s reply for the same request.
+CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_windows(p_grant boolean, p_keys text[], p_calls bigint[],
+                                                       p_per bigint[], p_cost bigint[], p_caller text,
+                                                       p_at_ms bigint, p_recheck bigint, p_hold bigint,
+                                                       p_lholds bigint[], p_ids bigint[], p_xms xid[],
+                                                       p_now bigint, p_totals bigint[], p_seqs bigint[])
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_same integer;
+BEGIN
+  IF p_grant THEN
+    SELECT count(*) FILTER (WHERE s.same) INTO v_same
+      FROM (SELECT bk.xmin = x.xm AS same
+              FROM __SCHEMA__.buckets bk
+              JOIN unnest(p_keys, p_xms) AS x(key, xm) ON bk.key = x.key
+             ORDER BY bk.key
+               FOR UPDATE OF bk) s;
+    IF v_same = cardinality(p_keys) THEN
+      UPDATE __SCHEMA__.buckets AS bk
+         SET total = x.total + least(x.cost, x.calls), last_seq = x.seq + 1, last_at = p_now,
+             floor_ms = greatest(bk.floor_ms, p_now), last_calls = x.calls
+        FROM unnest(p_keys, p_totals, p_seqs, p_cost, p_calls) AS x(key, total, seq, cost, calls)
+       WHERE bk.key = x.key;
+      INSERT INTO __SCHEMA__.grants (bucket, at, seq, cost, cum)
+      SELECT x.id, p_now, x.seq + 1, least(x.cost, x.calls), x.total + least(x.cost, x.calls)
+        FROM unnest(p_ids, p_totals, p_seqs, p_cost, p_calls) AS x(id, total, seq, cost, calls);
+      RETURN NULL;
+    END IF;
+    -- Changed since the read (the rows stay locked): decide again.
+  END IF;
+  RETURN __SCHEMA__.acquire(
+    jsonb_build_object('key', p_caller, 'holdMs', p_hold, 'limits',
+      (SELECT jsonb_agg(jsonb_build_object('key', x.key, 'calls', x.calls, 'perMs', x.per, 'cost', x.cost,
+                                           'holdMs', x.hold) ORDER BY x.ord)
+         FROM unnest(p_keys, p_calls, p_per, p_cost, p_lholds) WITH ORDINALITY AS x(key, calls, per, cost, hold, ord))),
+    'acquire', p_recheck, '', p_at_ms);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._acquire_windows(boolean, text[], bigint[], bigint[], bigint[], text, bigint,
+                                                bigint, bigint, bigint[], bigint[], xid[], bigint, bigint[],
+                                                bigint[]) IS
+  'writes a grant of several window limits decided by the server''s one-statement acquire, else decides it';
 
 
 ---------------------------------------------------------------------------------------------

@@ -9,6 +9,14 @@
 //! snapshot: no row lock, no write, no WAL. `sql/schema.sql` documents the tables and how a
 //! window's used cost stays a lookup however long the window.
 //!
+//! The most common request, an acquire of window limits only, is instead the one prepared
+//! statement of `sql/acquire_window.sql` (`sql/acquire_windows.sql` for several limits): a
+//! plain SELECT that decides it (a refusal costs no plpgsql at all) and calls a small function
+//! to write a grant, or hands the request to the same `acquire()` in the same call when it is
+//! not the common case. PostgreSQL spends most
+//! of a call starting the executor for each statement it runs, so fewer statements is what
+//! makes a call cheaper.
+//!
 //! What it must never do: decide anything in Rust. The Rust engine is the oracle the SQL is
 //! tested against (`tests/postgres.rs` drives both with the same operations and instants); this
 //! crate only validates nothing further (requests arrive validated by
@@ -34,13 +42,18 @@ use redb_limiter::backend::Backend;
 use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateView, ThrottleView, Totals};
 use redb_limiter::engine::{Figures, Refusal};
 use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage};
-use redb_limiter::request::{AcquireRequest, Cost, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
+use redb_limiter::request::{AcquireRequest, Cost, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest};
 use redb_limiter::time::Clock;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
 use serde_json::{Value, json};
 
 /// The schema script; `__SCHEMA__` stands for the quoted schema name.
 const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
+/// The one statement that decides an acquire of one window limit (see the file); `__SCHEMA__`
+/// as above.
+const ACQUIRE_WINDOW_SQL: &str = include_str!("../sql/acquire_window.sql");
+/// The same for two or more window limits.
+const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
 pub const SCHEMA_VERSION: i32 = 1;
 /// The schema used when none is named.
@@ -119,6 +132,8 @@ pub struct PgLimiter {
     pool: Pool,
     schema: String,
     options: PgOptions,
+    /// Every statement this limiter sends, with the schema written in once.
+    sql: Statements,
     /// Permit ids: a random nonce per process in the high half, a sequence in the low half,
     /// so servers sharing the database never issue the same id.
     nonce: u64,
@@ -131,6 +146,53 @@ pub struct PgLimiter {
     /// Held while `/health` probes, so a flood of requests costs one probe.
     probing: tokio::sync::Mutex<()>,
     probes: AtomicU64,
+    /// Window-only acquires the statements decided, and those they left to `acquire()` (tests).
+    window_decided: AtomicU64,
+    window_left: AtomicU64,
+}
+
+/// The text of every statement the limiter sends, for its schema: built once, so that a call
+/// neither formats its statement nor hashes more text than it sends.
+struct Statements {
+    acquire: String,
+    peek: String,
+    acquire_window: String,
+    acquire_windows: String,
+    release: String,
+    settle: String,
+    throttle: String,
+    lift: String,
+    state: String,
+    sweep: String,
+}
+
+impl Statements {
+    fn new(schema: &str) -> Statements {
+        let quoted = format!("\"{schema}\".");
+        let call = |sql: &str| sql.replace("S.", &quoted);
+        // A statement file's comments stay in the file: what is sent (and hashed by the
+        // statement cache on every call) is the statement alone.
+        let file = |sql: &str| {
+            sql.lines()
+                .filter(|line| !line.trim_start().starts_with("--"))
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join("\n")
+                .replace("__SCHEMA__", &format!("\"{schema}\""))
+        };
+        Statements {
+            acquire: call("SELECT S.acquire($1::jsonb, $2, $3, $4, $5)"),
+            peek: call("SELECT S.acquire($1::jsonb, 'peek', $2, $3, $4)"),
+            acquire_window: file(ACQUIRE_WINDOW_SQL),
+            acquire_windows: file(ACQUIRE_WINDOWS_SQL),
+            release: call("SELECT S.release($1, $2::jsonb, $3)"),
+            settle: call("SELECT S.settle($1, $2::jsonb, $3)"),
+            throttle: call("SELECT S.throttle($1, $2, $3)"),
+            lift: call("SELECT S.lift($1, $2)"),
+            state: call("SELECT S.state($1, $2, $3, $4)"),
+            sweep: call("SELECT S.sweep($1, $2)"),
+        }
+    }
 }
 
 /// What the latest database call said, and when.
@@ -185,7 +247,13 @@ impl PgLimiter {
         }
         let mut config = tokio_postgres::Config::from_str(&options.url).map_err(PgError::BadUrl)?;
         let timeout_ms = options.statement_timeout.as_millis();
-        config.options(format!("-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}"));
+        // Every statement we send, and every one our functions run, probes indexes by key with
+        // parameters: the generic plan is the plan. Left to choose, PostgreSQL plans a
+        // statement over unnest() of array parameters again on every call (its custom plan
+        // knows the arrays' lengths, so it looks cheaper), which costs more than running it.
+        config.options(format!(
+            "-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms} -c plan_cache_mode=force_generic_plan"
+        ));
         // Named per schema, so an operator (or a test) can tell whose connections are whose.
         config.application_name(format!("redb-limiter/{}", options.schema));
         config.connect_timeout(Duration::from_secs(5));
@@ -217,6 +285,7 @@ impl PgLimiter {
         Ok(PgLimiter {
             pool,
             schema: options.schema.clone(),
+            sql: Statements::new(&options.schema),
             nonce: random_nonce(),
             sequence: AtomicU64::new(0),
             metrics: Arc::new(redb_limiter::metrics::Metrics::default()),
@@ -225,6 +294,8 @@ impl PgLimiter {
             last: std::sync::Mutex::new(None),
             probing: tokio::sync::Mutex::new(()),
             probes: AtomicU64::new(0),
+            window_decided: AtomicU64::new(0),
+            window_left: AtomicU64::new(0),
             options,
         })
     }
@@ -292,59 +363,156 @@ impl PgLimiter {
     where
         T: for<'a> tokio_postgres::types::FromSql<'a>,
     {
-        let result = self.call_once(sql, params).await;
+        let result = async { self.query_row(sql, params).await?.try_get(0).map_err(|e| unavailable(&e)) }.await;
         self.record(&result);
         result
     }
 
-    async fn call_once<T>(
+    /// One statement answering one row (prepared once per connection); a database error is
+    /// `unavailable`, except the functions' own bad-request code (RL400).
+    async fn query_row(
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<T, LimiterError>
-    where
-        T: for<'a> tokio_postgres::types::FromSql<'a>,
-    {
+    ) -> Result<tokio_postgres::Row, LimiterError> {
         let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
-        let sql = sql.replace("S.", &format!("\"{}\".", self.schema));
-        let statement = client.prepare_cached(&sql).await.map_err(|e| unavailable(&e))?;
-        let row = client.query_one(&statement, params).await.map_err(|e| match e.as_db_error() {
+        let statement = client.prepare_cached(sql).await.map_err(|e| unavailable(&e))?;
+        client.query_one(&statement, params).await.map_err(|e| match e.as_db_error() {
             Some(db) if db.code().code() == "RL400" => {
                 LimiterError::BadRequest(redb_limiter::BadRequest(db.message().to_owned()))
             }
             _ => unavailable(&e),
-        })?;
-        row.try_get(0).map_err(|e| unavailable(&e))
+        })
     }
 
     /// Decides an acquire (with the figures after it when the request asked for a report); a
     /// grant is answered only once the database committed it.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
+        let result = match windows_only(&req) {
+            Some([limit]) => self.acquire_window(&req, limit).await,
+            Some(_) => self.acquire_windows(&req).await,
+            None => return self.acquire_any(req).await,
+        };
+        self.record(&result);
+        let decision = result?;
+        self.count(&decision);
+        Ok(Acquired { decision, report: None })
+    }
+
+    /// Any acquire, by a call of the schema's `acquire()`.
+    async fn acquire_any(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         let permit = self.next_permit().to_string();
         let mode = if req.report { "report" } else { "acquire" };
         let reply: Value = self
-            .call(
-                "SELECT S.acquire($1::jsonb, $2, $3, $4, $5)",
-                &[&req.to_json(), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()],
-            )
+            .call(&self.sql.acquire, &[&req.to_json(), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()])
             .await?;
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
-        match &decision {
-            Decision::Granted { .. } => self.metrics.decided("acquire", "granted", ""),
-            Decision::Refused { reason, .. } => self.metrics.decided("acquire", "refused", reason.as_str()),
-        }
+        self.count(&decision);
         let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
         Ok(Acquired { decision, report })
     }
 
-    /// Decides as an acquire would at the same instant and changes nothing.
-    pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
-        let reply: Value = self
-            .call(
-                "SELECT S.acquire($1::jsonb, 'peek', $2, $3, $4)",
-                &[&req.to_json(), &to_i64(self.options.recheck_ms), &"", &self.at()],
+    /// An acquire of one window limit, by the one statement of `sql/acquire_window.sql`: its
+    /// row is the decision, or carries `acquire()`'s reply when it left the request to it.
+    async fn acquire_window(&self, req: &AcquireRequest, limit: &Limit) -> Result<Decision, LimiterError> {
+        let window = limit.window.as_ref().expect("windows_only picks window limits");
+        let row = self
+            .query_row(
+                &self.sql.acquire_window,
+                &[
+                    &limit.key,
+                    &to_i64(window.calls),
+                    &to_i64(window.per_ms),
+                    &to_i64(limit.cost),
+                    &req.key,
+                    &self.at(),
+                    &to_i64(self.options.recheck_ms),
+                    &to_i64(req.hold_ms),
+                    &to_i64(limit.hold_ms),
+                ],
             )
             .await?;
+        let column = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| unavailable(&e));
+        let reply: Option<Value> = row.try_get(4).map_err(|e| unavailable(&e))?;
+        if let Some(reply) = reply {
+            self.window_left.fetch_add(1, Ordering::Relaxed);
+            return decision_from(&reply).ok_or_else(|| protocol(&reply));
+        }
+        self.window_decided.fetch_add(1, Ordering::Relaxed);
+        let verdict: &str = row.try_get(0).map_err(|e| unavailable(&e))?;
+        let (until, rate_at, now) = (column(1)?, column(2)?, column(3)?);
+        let unexpected = || LimiterError::Unavailable(format!("PostgreSQL answered an unexpected verdict {verdict:?}"));
+        match (verdict, until, rate_at, now) {
+            ("g", _, _, Some(now)) => Ok(Decision::Granted { at: millis_from_sql(now), permit: None }),
+            ("r", _, Some(at), _) => {
+                Ok(Decision::Refused { retry_at: millis_from_sql(at), reason: Reason::Rate, limit: limit.key.clone() })
+            }
+            ("t", Some(until), _, _) => Ok(Decision::Refused {
+                retry_at: millis_from_sql(until),
+                reason: Reason::Throttle,
+                limit: req.key.clone(),
+            }),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// An acquire of two or more window limits, by the one statement of
+    /// `sql/acquire_windows.sql`: its row is the decision, or carries `acquire()`'s reply when
+    /// it left the request to it.
+    async fn acquire_windows(&self, req: &AcquireRequest) -> Result<Decision, LimiterError> {
+        let keys: Vec<&str> = req.limits.iter().map(|l| l.key.as_str()).collect();
+        let figure = |f: fn(&Limit) -> u64| req.limits.iter().map(|l| to_i64(f(l))).collect::<Vec<i64>>();
+        let calls = figure(|l| l.window.map_or(0, |w| w.calls));
+        let per = figure(|l| l.window.map_or(0, |w| w.per_ms));
+        let costs = figure(|l| l.cost);
+        let holds = figure(|l| l.hold_ms);
+        let row = self
+            .query_row(
+                &self.sql.acquire_windows,
+                &[
+                    &keys,
+                    &calls,
+                    &per,
+                    &costs,
+                    &req.key,
+                    &self.at(),
+                    &to_i64(self.options.recheck_ms),
+                    &to_i64(req.hold_ms),
+                    &holds,
+                ],
+            )
+            .await?;
+        let reply: Option<Value> = row.try_get(5).map_err(|e| unavailable(&e))?;
+        if let Some(reply) = reply {
+            self.window_left.fetch_add(1, Ordering::Relaxed);
+            return decision_from(&reply).ok_or_else(|| protocol(&reply));
+        }
+        self.window_decided.fetch_add(1, Ordering::Relaxed);
+        let verdict: &str = row.try_get(0).map_err(|e| unavailable(&e))?;
+        let retry: Option<i64> = row.try_get(1).map_err(|e| unavailable(&e))?;
+        let reason: Option<&str> = row.try_get(2).map_err(|e| unavailable(&e))?;
+        let limit: Option<&str> = row.try_get(3).map_err(|e| unavailable(&e))?;
+        let now: Option<i64> = row.try_get(4).map_err(|e| unavailable(&e))?;
+        match (verdict, retry, reason.and_then(Reason::parse), limit, now) {
+            ("g", _, _, _, Some(now)) => Ok(Decision::Granted { at: millis_from_sql(now), permit: None }),
+            ("x", Some(retry), Some(reason), Some(limit), _) => {
+                Ok(Decision::Refused { retry_at: millis_from_sql(retry), reason, limit: limit.to_owned() })
+            }
+            _ => Err(LimiterError::Unavailable(format!("PostgreSQL answered an unexpected verdict {verdict:?}"))),
+        }
+    }
+
+    fn count(&self, decision: &Decision) {
+        match decision {
+            Decision::Granted { .. } => self.metrics.decided("acquire", "granted", ""),
+            Decision::Refused { reason, .. } => self.metrics.decided("acquire", "refused", reason.as_str()),
+        }
+    }
+
+    /// Decides as an acquire would at the same instant and changes nothing.
+    pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        let reply: Value =
+            self.call(&self.sql.peek, &[&req.to_json(), &to_i64(self.options.recheck_ms), &"", &self.at()]).await?;
         let peeked = peeked_from(&reply).ok_or_else(|| protocol(&reply))?;
         match &peeked.refusal {
             None => self.metrics.decided("peek", "fits", ""),
@@ -357,8 +525,7 @@ impl PgLimiter {
     /// live.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         let costs = (!req.costs.is_empty()).then(|| costs_json(&req.costs));
-        let released: bool =
-            self.call("SELECT S.release($1, $2::jsonb, $3)", &[&req.permit, &costs, &self.at()]).await?;
+        let released: bool = self.call(&self.sql.release, &[&req.permit, &costs, &self.at()]).await?;
         self.metrics.decided("release", if released { "released" } else { "unknown" }, "");
         Ok(released)
     }
@@ -366,7 +533,7 @@ impl PgLimiter {
     /// Settles a permit's grant to its real costs: `true` when the permit was live.
     pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
         let result: Result<Value, LimiterError> =
-            self.call("SELECT S.settle($1, $2::jsonb, $3)", &[&req.permit, &costs_json(&req.costs), &self.at()]).await;
+            self.call(&self.sql.settle, &[&req.permit, &costs_json(&req.costs), &self.at()]).await;
         let reply = match result {
             Err(e @ LimiterError::BadRequest(_)) => {
                 self.metrics.decided("settle", "bad_request", "");
@@ -382,7 +549,7 @@ impl PgLimiter {
     /// Throttles a caller (only ever extends); the throttle in force afterwards.
     pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
         let until: Option<i64> =
-            self.call("SELECT S.throttle($1, $2, $3)", &[&req.key, &millis_to_sql(req.until), &self.at()]).await?;
+            self.call(&self.sql.throttle, &[&req.key, &millis_to_sql(req.until), &self.at()]).await?;
         let until = until.map(millis_from_sql);
         self.metrics.decided("throttle", if until.is_some() { "in_force" } else { "none" }, "");
         Ok(until)
@@ -390,7 +557,7 @@ impl PgLimiter {
 
     /// Ends the throttle of a caller: `true` when one was in force.
     pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
-        let lifted: bool = self.call("SELECT S.lift($1, $2)", &[&req.key, &self.at()]).await?;
+        let lifted: bool = self.call(&self.sql.lift, &[&req.key, &self.at()]).await?;
         self.metrics.decided("lift", if lifted { "lifted" } else { "none" }, "");
         Ok(lifted)
     }
@@ -400,7 +567,7 @@ impl PgLimiter {
     pub async fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let after = (!after.is_empty()).then_some(after);
-        let reply: Value = self.call("SELECT S.state($1, $2, $3, $4)", &[&prefix, &after, &limit, &self.at()]).await?;
+        let reply: Value = self.call(&self.sql.state, &[&prefix, &after, &limit, &self.at()]).await?;
         let snapshot = snapshot_from(&reply).ok_or_else(|| protocol(&reply))?;
         let truncated = reply.get("truncated").and_then(Value::as_bool).unwrap_or(false);
         Ok(StatePage { snapshot, truncated })
@@ -414,7 +581,7 @@ impl PgLimiter {
     /// Deletes lapsed places, grants past their bucket's retention, idle buckets and ended
     /// throttles, at most `batch` rows of each; how many rows went.
     pub async fn sweep(&self, batch: i32) -> Result<i32, LimiterError> {
-        self.call("SELECT S.sweep($1, $2)", &[&batch, &self.at()]).await
+        self.call(&self.sql.sweep, &[&batch, &self.at()]).await
     }
 
     /// Sweeps `batch` rows at a time until a call deletes nothing or `max_batches` calls ran:
@@ -458,6 +625,21 @@ impl PgLimiter {
     #[must_use]
     pub fn health_probes(&self) -> u64 {
         self.probes.load(Ordering::Relaxed)
+    }
+
+    /// How many window-only acquires `sql/acquire_window.sql` and `sql/acquire_windows.sql`
+    /// decided themselves, and how many they left to `acquire()` (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn window_paths(&self) -> (u64, u64) {
+        (self.window_decided.load(Ordering::Relaxed), self.window_left.load(Ordering::Relaxed))
+    }
+
+    /// The one-window statement as this limiter sends it (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn acquire_window_sql(&self) -> &str {
+        &self.sql.acquire_window
     }
 
     /// Runs [`PgLimiter::sweep_backlog`] (up to [`SWEEP_BATCHES_PER_TICK`] batches of
@@ -521,6 +703,15 @@ impl Backend for PgLimiter {
     async fn state_page(&self, prefix: String, after: String, limit: usize) -> Result<StatePage, LimiterError> {
         PgLimiter::state_page(self, &prefix, &after, limit).await
     }
+}
+
+/// The limits of a request that `sql/acquire_window.sql` (one) or `sql/acquire_windows.sql`
+/// (more) decides: an acquire (no report, no permit) of window limits only, each with a cost
+/// above 0.
+fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
+    let plain = |l: &Limit| l.window.is_some() && l.concurrent.is_none() && l.cost > 0;
+    (!req.report && !req.permit && !req.limits.is_empty() && req.limits.iter().all(plain))
+        .then_some(req.limits.as_slice())
 }
 
 fn costs_json(costs: &[Cost]) -> Value {

@@ -172,6 +172,16 @@ fn refusals_and_peeks_lock_and_write_nothing() {
             let reply: String = client.query_one(&call, &[&body, &mode, &at]).await.unwrap().get(0);
             assert!(reply.contains("\"fits\": false") || reply.contains("\"granted\": false"), "{mode}: {reply}");
         }
+        // The one statement that decides a one-window acquire, as the limiter sends it.
+        let verdict: String = client
+            .query_one(
+                pg.acquire_window_sql(),
+                &[&"w", &2i64, &60_000i64, &1i64, &"caller", &at, &0i64, &600_000i64, &600_000i64],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(verdict, "r", "the statement refuses for rate");
         let xid: Option<i64> = client.query_one("SELECT txid_current_if_assigned()", &[]).await.unwrap().get(0);
         assert_eq!(xid, None, "a refusal or a peek wrote or locked a row");
         // And the check can fail: a grant in the same kind of transaction is assigned one.
@@ -181,6 +191,208 @@ fn refusals_and_peeks_lock_and_write_nothing() {
         let xid: Option<i64> = client.query_one("SELECT txid_current_if_assigned()", &[]).await.unwrap().get(0);
         assert!(xid.is_some(), "a grant writes its row");
         client.batch_execute("ROLLBACK").await.unwrap();
+    });
+}
+
+/// A one-window acquire is one statement (`sql/acquire_window.sql`): it decides a grant, a
+/// rate refusal and a throttle itself, and leaves every other case to `acquire()` in the same
+/// call (a new bucket, a grant in the newest grant's millisecond, a retryAt past the window's
+/// first row, a longer window than the retention, a shorter one, a settled bucket, a bucket
+/// with places, a row changed since it was read). Both halves answer as the engine does.
+#[test]
+fn one_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "window", clock.clone()).await;
+        let mut engine = Engine::new(EngineConfig::default());
+        let mut effects = Vec::new();
+        // Each step against the engine, and which path decided it: (statement, acquire()).
+        macro_rules! check {
+            ($req:expr, $path:expr, $what:expr) => {{
+                let req: AcquireRequest = $req;
+                let before = pg.window_paths();
+                let want = engine.acquire(&req, clock.now(), &mut effects);
+                let got = pg.acquire(req.clone()).await.unwrap();
+                // (each side issues its own permit ids)
+                let plain = |d: &Decision| match d {
+                    Decision::Granted { at, permit } => format!("granted at {at:?}, permit {}", permit.is_some()),
+                    refused => format!("{refused:?}"),
+                };
+                assert_eq!(plain(&got.decision), plain(&want), "{}: {req:?}", $what);
+                let after = pg.window_paths();
+                assert_eq!((after.0 - before.0, after.1 - before.1), $path, "{}: which path", $what);
+                want
+            }};
+        }
+        const DECIDED: (u64, u64) = (1, 0);
+        const LEFT: (u64, u64) = (0, 1);
+        const NEITHER: (u64, u64) = (0, 0);
+        let w = |calls: u64, per_ms: u64, cost: u64| {
+            AcquireRequest::new("caller", vec![window("w", calls, per_ms).with_cost(cost)]).unwrap()
+        };
+
+        assert!(check!(w(5, 1000, 1), LEFT, "a new bucket").is_granted());
+        assert!(check!(w(5, 1000, 1), LEFT, "the same millisecond").is_granted());
+        clock.advance(10);
+        assert!(check!(w(5, 1000, 2), DECIDED, "a grant").is_granted());
+        clock.advance(10);
+        assert!(!check!(w(5, 1000, 2), DECIDED, "a rate refusal at the first row").is_granted());
+        assert!(!check!(w(5, 1000, 4), LEFT, "a retryAt past the first row").is_granted());
+        assert!(!check!(w(5, 1000, 9), LEFT, "a cost capped at calls, past the first row").is_granted());
+        assert!(check!(w(5, 1000, 0), NEITHER, "cost 0 goes to acquire() directly").is_granted());
+
+        // Throttles: alone, and against a rate refusal (the later one stands; a tie is the
+        // throttle's).
+        let roomy = AcquireRequest::new("caller", vec![window("v", 100, 1000)]).unwrap();
+        assert!(check!(roomy.clone(), LEFT, "another new bucket").is_granted());
+        let t = |until: Millis| ThrottleRequest::new("caller", until, clock.now()).unwrap();
+        let rate_at = T0.plus(1000);
+        for until in [rate_at.minus(1), rate_at, rate_at.plus(1)] {
+            engine.throttle("caller", until, clock.now(), &mut effects);
+            pg.throttle(t(until)).await.unwrap();
+            assert!(!check!(w(5, 1000, 2), DECIDED, "throttled and full").is_granted());
+        }
+        let nowhere = AcquireRequest::new("caller", vec![window("x", 100, 1000)]).unwrap();
+        check!(nowhere.clone(), LEFT, "a throttled caller, a new bucket");
+        check!(nowhere, LEFT, "a throttled caller, a new bucket again (a refusal creates nothing)");
+        clock.advance(1);
+        check!(roomy.clone(), DECIDED, "a throttled caller");
+        clock.set(T0.plus(2000));
+        assert!(check!(roomy.clone(), DECIDED, "the throttle ended").is_granted());
+
+        // Retention (rule 3): a longer window lengthens it, a shorter one may restart it.
+        clock.advance(1);
+        assert!(check!(w(5, 3000, 1), LEFT, "a longer window").is_granted());
+        clock.advance(1);
+        assert!(check!(w(5, 1000, 1), LEFT, "a shorter window than the retention").is_granted());
+        clock.advance(1);
+        assert!(check!(w(5, 3000, 1), DECIDED, "the retention's own window").is_granted());
+
+        // A bucket with places (its figures kept) and a settled bucket.
+        let place = AcquireRequest::new("caller", vec![window("p", 5, 1000).with_concurrent(2)]).unwrap();
+        assert!(check!(place, NEITHER, "a place").is_granted());
+        clock.advance(1);
+        let p = AcquireRequest::new("caller", vec![window("p", 5, 1000)]).unwrap();
+        assert!(check!(p, LEFT, "a bucket with places").is_granted());
+        let settled = AcquireRequest::new("caller", vec![window("s", 5, 1000)]).unwrap();
+        let permit = engine.acquire(&settled.clone().with_permit(), clock.now(), &mut effects);
+        let Decision::Granted { permit: Some(engine_permit), .. } = permit else { panic!("{permit:?}") };
+        let Decision::Granted { permit: Some(pg_permit), .. } =
+            pg.acquire(settled.clone().with_permit()).await.unwrap().decision
+        else {
+            panic!("a permit")
+        };
+        let costs = vec![redb_limiter::request::Cost::new("s", 3)];
+        engine.settle(&engine_permit.to_string(), &costs, clock.now(), &mut effects).unwrap();
+        pg.settle(redb_limiter::request::SettleRequest::new(pg_permit.to_string(), costs).unwrap()).await.unwrap();
+        clock.advance(1);
+        assert!(check!(settled.clone(), LEFT, "a settled bucket").is_granted());
+        clock.advance(1);
+        let more = AcquireRequest::new("caller", vec![window("s", 5, 1000).with_cost(2)]).unwrap();
+        assert!(!check!(more, LEFT, "a settled bucket, full").is_granted());
+
+        // A row changed since the statement read it: the write half decides again through
+        // acquire(), here with a version the row never had.
+        clock.advance(1);
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let schema = pg.schema().to_owned();
+        let row = client
+            .query_one(&format!("SELECT total, last_seq FROM \"{schema}\".buckets WHERE key = 'w'"), &[])
+            .await
+            .unwrap();
+        let (total, seq): (i64, i64) = (row.get(0), row.get(1));
+        let now = clock.now().0 as i64;
+        let write = format!(
+            "SELECT \"{schema}\"._acquire_window(true, 'w', 5, 3000, 1, 'caller', $1, 0, 600000, 600000, \
+             '1'::xid, $1, $2, $3)"
+        );
+        let reply: serde_json::Value = client.query_one(&write, &[&now, &total, &seq]).await.unwrap().get(0);
+        let want = engine.acquire(&w(5, 3000, 1), clock.now(), &mut effects);
+        assert_eq!(want, Decision::Granted { at: clock.now(), permit: None });
+        assert_eq!(reply["granted"], true, "{reply}");
+        assert_eq!(reply["at"], now, "{reply}");
+        clock.advance(1);
+        check!(w(5, 3000, 1), DECIDED, "after the changed row");
+    });
+}
+
+/// An acquire of two or more window limits is one statement too (`sql/acquire_windows.sql`):
+/// it decides a grant and a refusal (the latest retryAt; on a tie the throttle, else the first
+/// limit in request order) itself, and leaves the rest to `acquire()` in the same call (a new
+/// bucket, a retryAt past a window's first row, a row changed since it was read).
+#[test]
+fn several_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "windows", clock.clone()).await;
+        let mut engine = Engine::new(EngineConfig::default());
+        let mut effects = Vec::new();
+        macro_rules! check {
+            ($req:expr, $path:expr, $what:expr) => {{
+                let req: AcquireRequest = $req;
+                let before = pg.window_paths();
+                let want = engine.acquire(&req, clock.now(), &mut effects);
+                let got = pg.acquire(req.clone()).await.unwrap();
+                assert_eq!(got.decision, want, "{}: {req:?}", $what);
+                let after = pg.window_paths();
+                assert_eq!((after.0 - before.0, after.1 - before.1), $path, "{}: which path", $what);
+                want
+            }};
+        }
+        const DECIDED: (u64, u64) = (1, 0);
+        const LEFT: (u64, u64) = (0, 1);
+        let pair = |a: (&str, u64), b: (&str, u64), cost: u64| {
+            AcquireRequest::new(
+                "caller",
+                vec![window(a.0, a.1, 1000).with_cost(cost), window(b.0, b.1, 1000).with_cost(cost)],
+            )
+            .unwrap()
+        };
+
+        assert!(check!(pair(("a", 4), ("b", 4), 1), LEFT, "new buckets").is_granted());
+        clock.advance(10);
+        assert!(check!(pair(("a", 4), ("b", 4), 1), DECIDED, "a grant").is_granted());
+        clock.advance(10);
+        assert!(check!(pair(("b", 4), ("a", 4), 2), DECIDED, "a grant that fills both").is_granted());
+        clock.advance(10);
+        assert!(!check!(pair(("b", 4), ("a", 4), 1), DECIDED, "both full: the first in order").is_granted());
+        assert!(!check!(pair(("b", 4), ("a", 4), 4), LEFT, "a retryAt past the first rows").is_granted());
+        let c = AcquireRequest::new("caller", vec![window("c", 9, 1000)]).unwrap();
+        assert!(check!(c, LEFT, "a new bucket").is_granted());
+        clock.advance(10);
+        assert!(!check!(pair(("c", 9), ("a", 4), 1), DECIDED, "one full").is_granted());
+        // a's first grant leaves at T0 + 1000: the later one stands, a tie is the throttle's.
+        for until in [T0.plus(999), T0.plus(1000), T0.plus(1001)] {
+            engine.throttle("caller", until, clock.now(), &mut effects);
+            pg.throttle(ThrottleRequest::new("caller", until, clock.now()).unwrap()).await.unwrap();
+            assert!(!check!(pair(("c", 9), ("a", 4), 1), DECIDED, "throttled and full").is_granted());
+        }
+        clock.set(T0.plus(1010));
+        assert!(check!(pair(("a", 4), ("b", 4), 1), DECIDED, "the first grants left").is_granted());
+
+        // A row changed since the statement read it: the write half decides again through
+        // acquire(), here with a version the rows never had.
+        clock.advance(10);
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let schema = pg.schema().to_owned();
+        let now = clock.now().0 as i64;
+        let write = format!(
+            "SELECT \"{schema}\"._acquire_windows(true, ARRAY['a', 'b'], ARRAY[4, 4]::bigint[], \
+             ARRAY[1000, 1000]::bigint[], ARRAY[1, 1]::bigint[], 'caller', $1, 0, 600000, \
+             ARRAY[600000, 600000]::bigint[], ARRAY[1, 2]::bigint[], ARRAY['1', '1']::xid[], $1, \
+             ARRAY[0, 0]::bigint[], ARRAY[0, 0]::bigint[])"
+        );
+        let reply: serde_json::Value = client.query_one(&write, &[&now]).await.unwrap().get(0);
+        let want = engine.acquire(&pair(("a", 4), ("b", 4), 1), clock.now(), &mut effects);
+        assert_eq!(want, Decision::Granted { at: clock.now(), permit: None });
+        assert_eq!(reply["granted"], true, "{reply}");
+        assert_eq!(reply["at"], now, "{reply}");
+        clock.advance(1);
+        check!(pair(("a", 4), ("b", 4), 1), DECIDED, "after the changed rows");
     });
 }
 
@@ -415,6 +627,9 @@ fn the_database_decides_as_the_engine_does() {
     let rt = runtime();
     let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
+    // One-window acquires decided by the one statement, and left by it to acquire(): both
+    // halves are compared with the engine.
+    let paths = std::sync::Mutex::new((0u64, 0u64));
     runner
         .run(&prop::collection::vec(op(), 1..60), |ops| {
             rt.block_on(async {
@@ -475,8 +690,14 @@ fn the_database_decides_as_the_engine_does() {
                     }
                     effects.clear();
                 }
+                let (decided, left) = pg.window_paths();
+                let mut paths = paths.lock().unwrap();
+                paths.0 += decided;
+                paths.1 += left;
                 Ok(())
             })
         })
         .unwrap();
+    let (decided, left) = *paths.lock().unwrap();
+    assert!(decided > 0 && left > 0, "decided by the statement {decided}, left to acquire() {left}");
 }

@@ -270,25 +270,40 @@ async fn a_hot_bucket_under_64_connections_on_two_servers_never_over_grants() {
             let warm = client.get(format!("{url}/health")).send().await.unwrap();
             assert_eq!(warm.status(), 200);
             start.wait().await;
-            let (mut granted, mut refused) = (0u64, 0u64);
+            let (mut granted, mut refused, mut unavailable) = (0u64, 0u64, 0u64);
             for _ in 0..EACH {
-                let resp = client.post(format!("{url}/acquire")).json(&body).send().await.unwrap();
-                assert_eq!(resp.status(), 200);
-                let reply: Value = resp.json().await.unwrap();
-                match reply["granted"].as_bool() {
-                    Some(true) => granted += 1,
-                    Some(false) if reply["reason"] == "rate" => refused += 1,
-                    _ => panic!("unexpected reply {reply}"),
+                loop {
+                    let resp = client.post(format!("{url}/acquire")).json(&body).send().await.unwrap();
+                    let status = resp.status();
+                    let reply: Value = resp.json().await.unwrap();
+                    // On a loaded machine a call may wait on the hot row past the statement
+                    // timeout: 503, nothing granted (checked by the exact count below); a host
+                    // asks again.
+                    if status == 503 && reply["error"]["code"] == "unavailable" && unavailable < 20 {
+                        unavailable += 1;
+                        continue;
+                    }
+                    assert_eq!(status, 200, "{reply}");
+                    match reply["granted"].as_bool() {
+                        Some(true) => granted += 1,
+                        Some(false) if reply["reason"] == "rate" => refused += 1,
+                        _ => panic!("unexpected reply {reply}"),
+                    }
+                    break;
                 }
             }
-            (granted, refused)
+            (granted, refused, unavailable)
         }));
     }
-    let (mut granted, mut refused) = (0, 0);
+    let (mut granted, mut refused, mut unavailable) = (0, 0, 0);
     for task in tasks {
-        let (g, r) = task.await.unwrap();
+        let (g, r, u) = task.await.unwrap();
         granted += g;
         refused += r;
+        unavailable += u;
+    }
+    if unavailable > 0 {
+        eprintln!("{unavailable} calls answered 503 and were asked again");
     }
     assert_eq!((granted, refused), (CALLS, CONNECTIONS * EACH - CALLS));
     let peek = json!({"key": "probe", "limits": [limit]});

@@ -9,6 +9,9 @@
 //!   previous one was flushing. One iteration is one grant.
 //! - `durability/grant_N_plain`: the same on the file alone, without its journal (redb's own
 //!   commits), measured right after, for the journal's before/after.
+//! - `durability/grant_1_caller`: one requester with `caller_commits` on, as the server runs:
+//!   a request that arrives alone is committed in its caller's thread, with no hand-off to the
+//!   writer thread and back.
 //! - `reopen_1m/limiter`: a file with 1,000,000 live window entries (1,000 buckets x 1,000
 //!   grants at distinct milliseconds, all inside a one-day window) opened with
 //!   `Limiter::open_with` until it answers its first acquire, with the file in the OS page
@@ -87,10 +90,16 @@ fn grants(c: &mut Criterion) {
 
     let dir = fresh_dir();
     for requesters in REQUESTERS {
-        // The file behind its journal (production), then the file alone, back to back.
-        for (suffix, opener) in [("", file_opener as fn() -> Opener), ("_plain", plain_file_opener)] {
+        // The file behind its journal (production), the same with the caller committing when
+        // it is alone (the server's setting) at one requester, then the file alone.
+        let variants: &[(&str, fn() -> Opener, bool)] = if requesters == 1 {
+            &[("", file_opener, false), ("_caller", file_opener, true), ("_plain", plain_file_opener, false)]
+        } else {
+            &[("", file_opener, false), ("_plain", plain_file_opener, false)]
+        };
+        for &(suffix, opener, caller_commits) in variants {
             let name = format!("grant_{requesters}{suffix}");
-            let options = LimiterOptions { opener: opener(), ..LimiterOptions::default() };
+            let options = LimiterOptions { opener: opener(), caller_commits, ..LimiterOptions::default() };
             let limiter = Arc::new(
                 Limiter::open_with(dir.path().join(format!("{name}.redb")), options).expect("open the limiter"),
             );

@@ -70,6 +70,9 @@ fn grant_requests() -> Vec<AcquireRequest> {
         .expect("valid requests")
 }
 
+/// A bench variant: its name's suffix, how the file is opened, and `caller_commits`.
+type Variant = (&'static str, fn() -> Opener, bool);
+
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
 }
@@ -92,7 +95,7 @@ fn grants(c: &mut Criterion) {
     for requesters in REQUESTERS {
         // The file behind its journal (production), the same with the caller committing when
         // it is alone (the server's setting) at one requester, then the file alone.
-        let variants: &[(&str, fn() -> Opener, bool)] = if requesters == 1 {
+        let variants: &[Variant] = if requesters == 1 {
             &[("", file_opener, false), ("_caller", file_opener, true), ("_plain", plain_file_opener, false)]
         } else {
             &[("", file_opener, false), ("_plain", plain_file_opener, false)]

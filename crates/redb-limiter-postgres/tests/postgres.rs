@@ -194,6 +194,33 @@ fn refusals_and_peeks_lock_and_write_nothing() {
     });
 }
 
+/// Which path decided a window acquire: (the one statement, `acquire()`).
+const DECIDED: (u64, u64) = (1, 0);
+const LEFT: (u64, u64) = (0, 1);
+
+/// Decides `req` in the database and in `engine` at the clock's now: both must answer alike
+/// (permit ids aside: each side issues its own), and `path` must have decided it.
+async fn check_path(
+    pg: &PgLimiter,
+    engine: &mut Engine,
+    clock: &FakeClock,
+    req: AcquireRequest,
+    path: (u64, u64),
+    what: &str,
+) -> Decision {
+    let before = pg.window_paths();
+    let want = engine.acquire(&req, clock.now(), &mut Vec::new());
+    let got = pg.acquire(req.clone()).await.unwrap();
+    let plain = |d: &Decision| match d {
+        Decision::Granted { at, permit } => format!("granted at {at:?}, permit {}", permit.is_some()),
+        refused => format!("{refused:?}"),
+    };
+    assert_eq!(plain(&got.decision), plain(&want), "{what}: {req:?}");
+    let after = pg.window_paths();
+    assert_eq!((after.0 - before.0, after.1 - before.1), path, "{what}: which path");
+    want
+}
+
 /// A one-window acquire is one statement (`sql/acquire_window.sql`): it decides a grant, a
 /// rate refusal and a throttle itself, and leaves every other case to `acquire()` in the same
 /// call (a new bucket, a grant in the newest grant's millisecond, a retryAt past the window's
@@ -207,26 +234,12 @@ fn one_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
         let pg = fresh(&url, "window", clock.clone()).await;
         let mut engine = Engine::new(EngineConfig::default());
         let mut effects = Vec::new();
-        // Each step against the engine, and which path decided it: (statement, acquire()).
+        // Each step against the engine, and which path decided it.
         macro_rules! check {
-            ($req:expr, $path:expr, $what:expr) => {{
-                let req: AcquireRequest = $req;
-                let before = pg.window_paths();
-                let want = engine.acquire(&req, clock.now(), &mut effects);
-                let got = pg.acquire(req.clone()).await.unwrap();
-                // (each side issues its own permit ids)
-                let plain = |d: &Decision| match d {
-                    Decision::Granted { at, permit } => format!("granted at {at:?}, permit {}", permit.is_some()),
-                    refused => format!("{refused:?}"),
-                };
-                assert_eq!(plain(&got.decision), plain(&want), "{}: {req:?}", $what);
-                let after = pg.window_paths();
-                assert_eq!((after.0 - before.0, after.1 - before.1), $path, "{}: which path", $what);
-                want
-            }};
+            ($req:expr, $path:expr, $what:expr) => {
+                check_path(&pg, &mut engine, &clock, $req, $path, $what).await
+            };
         }
-        const DECIDED: (u64, u64) = (1, 0);
-        const LEFT: (u64, u64) = (0, 1);
         const NEITHER: (u64, u64) = (0, 0);
         let w = |calls: u64, per_ms: u64, cost: u64| {
             AcquireRequest::new("caller", vec![window("w", calls, per_ms).with_cost(cost)]).unwrap()
@@ -330,20 +343,12 @@ fn several_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
         let pg = fresh(&url, "windows", clock.clone()).await;
         let mut engine = Engine::new(EngineConfig::default());
         let mut effects = Vec::new();
+        // Each step against the engine, and which path decided it.
         macro_rules! check {
-            ($req:expr, $path:expr, $what:expr) => {{
-                let req: AcquireRequest = $req;
-                let before = pg.window_paths();
-                let want = engine.acquire(&req, clock.now(), &mut effects);
-                let got = pg.acquire(req.clone()).await.unwrap();
-                assert_eq!(got.decision, want, "{}: {req:?}", $what);
-                let after = pg.window_paths();
-                assert_eq!((after.0 - before.0, after.1 - before.1), $path, "{}: which path", $what);
-                want
-            }};
+            ($req:expr, $path:expr, $what:expr) => {
+                check_path(&pg, &mut engine, &clock, $req, $path, $what).await
+            };
         }
-        const DECIDED: (u64, u64) = (1, 0);
-        const LEFT: (u64, u64) = (0, 1);
         let pair = |a: (&str, u64), b: (&str, u64), cost: u64| {
             AcquireRequest::new(
                 "caller",

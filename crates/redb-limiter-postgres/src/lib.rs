@@ -433,12 +433,9 @@ impl PgLimiter {
             )
             .await?;
         let column = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| unavailable(&e));
-        let reply: Option<Value> = row.try_get(4).map_err(|e| unavailable(&e))?;
-        if let Some(reply) = reply {
-            self.window_left.fetch_add(1, Ordering::Relaxed);
-            return decision_from(&reply).ok_or_else(|| protocol(&reply));
+        if let Some(decision) = self.left_to_acquire(&row, 4)? {
+            return Ok(decision);
         }
-        self.window_decided.fetch_add(1, Ordering::Relaxed);
         let verdict: &str = row.try_get(0).map_err(|e| unavailable(&e))?;
         let (until, rate_at, now) = (column(1)?, column(2)?, column(3)?);
         let unexpected = || LimiterError::Unavailable(format!("PostgreSQL answered an unexpected verdict {verdict:?}"));
@@ -454,6 +451,18 @@ impl PgLimiter {
             }),
             _ => Err(unexpected()),
         }
+    }
+
+    /// `acquire()`'s decision when the one-statement acquire left the request to it (its reply
+    /// in column `at`), `None` when the statement decided itself; counts which path it was.
+    fn left_to_acquire(&self, row: &tokio_postgres::Row, at: usize) -> Result<Option<Decision>, LimiterError> {
+        let reply: Option<Value> = row.try_get(at).map_err(|e| unavailable(&e))?;
+        let Some(reply) = reply else {
+            self.window_decided.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        };
+        self.window_left.fetch_add(1, Ordering::Relaxed);
+        decision_from(&reply).ok_or_else(|| protocol(&reply)).map(Some)
     }
 
     /// An acquire of two or more window limits, by the one statement of
@@ -482,12 +491,9 @@ impl PgLimiter {
                 ],
             )
             .await?;
-        let reply: Option<Value> = row.try_get(5).map_err(|e| unavailable(&e))?;
-        if let Some(reply) = reply {
-            self.window_left.fetch_add(1, Ordering::Relaxed);
-            return decision_from(&reply).ok_or_else(|| protocol(&reply));
+        if let Some(decision) = self.left_to_acquire(&row, 5)? {
+            return Ok(decision);
         }
-        self.window_decided.fetch_add(1, Ordering::Relaxed);
         let verdict: &str = row.try_get(0).map_err(|e| unavailable(&e))?;
         let retry: Option<i64> = row.try_get(1).map_err(|e| unavailable(&e))?;
         let reason: Option<&str> = row.try_get(2).map_err(|e| unavailable(&e))?;

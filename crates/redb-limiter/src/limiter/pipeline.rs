@@ -704,8 +704,8 @@ impl Writer {
             if quiet {
                 let started = Instant::now();
                 let store = file.store.as_mut().expect("checked above");
-                // The commits kept as notes go into the file, then it is compacted if sparse.
-                let compacted = store.apply_notes().and_then(|()| store.compact_if_sparse());
+                // Commits the notes waiting in the journal, then compacts if sparse.
+                let compacted = store.compact_if_sparse();
                 shared.metrics.file_bytes.set(i64::try_from(store.file_len()).unwrap_or(i64::MAX));
                 match &compacted {
                     Ok(Some((before, after))) => tracing::info!(

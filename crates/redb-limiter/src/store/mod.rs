@@ -758,7 +758,9 @@ impl Store {
         &self.path
     }
 
-    /// Compacts the file when free space dominates it: larger than [`COMPACT_ABOVE_BYTES`] with
+    /// Commits the notes waiting in the journal ([`Store::apply_notes`]: none may wait through a
+    /// compaction's checkpoint, and a quiet moment is the time for them), then compacts the
+    /// file when free space dominates it: larger than [`COMPACT_ABOVE_BYTES`] with
     /// less than a quarter of it allocated to live pages. Returns the file's size before and
     /// after when it compacted. For quiet moments: it holds the file until done (a file of a few
     /// tens of MB with little live data compacts in well under a second).

@@ -8,6 +8,12 @@
 //! 15:52:35.573 holding a place in `fixture/conc` (2 at once, held 24 h) and counting in
 //! `fixture/rpd` (5 per day), its permit `p-c89bf14a218248e70000000000000000`; and a throttle of
 //! `fixture/cred:2` until 2026-12-01T11:52:35.000Z; then SIGTERM.
+//!
+//! The journal's format changed too (version 2 added notes). `v4-journal1-killed-limiter.redb`
+//! and its `-journal` were left by a `kill -9` of the previous release's `serve` binary (journal
+//! version 1): three grants of cost 2 in `fixture/tpd` (10 per 31 days) at 00:05:56.759, .773 and
+//! .784 on 2026-12-01, and a throttle of `fixture/cred:2` until 12:00:00.000Z that day. The file
+//! itself is empty: every commit is only in the journal.
 
 use std::sync::Arc;
 
@@ -169,4 +175,42 @@ fn a_file_of_the_release_before_serves_as_before_and_its_permits_still_settle() 
         used,
         vec![("fixture/rpd".to_owned(), 1, 0), ("fixture/tpd".to_owned(), 5, 0), ("fixture/tpm".to_owned(), 99_000, 0),]
     );
+}
+
+#[test]
+fn a_file_and_version_1_journal_left_by_a_kill_of_the_previous_release_serve_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    std::fs::copy(fixtures.join("v4-journal1-killed-limiter.redb"), &path).unwrap();
+    let journal = redb_limiter::store::journal::journal_path(&path);
+    std::fs::copy(fixtures.join("v4-journal1-killed-limiter.redb-journal"), &journal).unwrap();
+    let version = |slot: usize| {
+        let bytes = std::fs::read(&journal).unwrap();
+        u32::from_le_bytes(bytes[slot * 8192 + 8..slot * 8192 + 12].try_into().unwrap())
+    };
+    assert_eq!(version(0), 1, "written at journal version 1");
+
+    let clock = Arc::new(FakeClock::new(at("2026-12-01T01:00:00.000Z")));
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    let snapshot = limiter.state_blocking("fixture/").unwrap();
+    let buckets: Vec<(String, u64)> = snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used)).collect();
+    assert_eq!(buckets, vec![("fixture/tpd".to_owned(), 6)]);
+    assert_throttled_until(&limiter, at("2026-12-01T12:00:00.000Z"));
+    // 6 of 10 used: cost 5 waits for the first grant to leave the window.
+    let tpd = AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpd", 10, 2_678_400_000).with_cost(5)])
+        .unwrap();
+    assert_eq!(
+        limiter.acquire_blocking(tpd).unwrap(),
+        Decision::Refused {
+            retry_at: at("2026-12-01T00:05:56.759Z").plus(2_678_400_000),
+            reason: Reason::Rate,
+            limit: "fixture/tpd".into()
+        }
+    );
+    drop(limiter);
+    assert_eq!(version(0).max(version(1)), 2, "the header is rewritten at this version");
+    let store = Store::open(&path, &file_opener()).unwrap();
+    assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
 }

@@ -132,7 +132,13 @@ impl From<LimiterError> for Failure {
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         let body = ErrorReply { error: ErrorBody { code: self.code.to_owned(), message: self.message } };
-        (self.status, json_body(&body)).into_response()
+        let mut response = (self.status, json_body(&body)).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The body was left unread, so the connection closes after this reply: say so, or a
+            // client may send its next request on it and lose it to the close.
+            response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

@@ -278,6 +278,9 @@ async fn every_error_row() {
     assert!(body.contains("method_not_allowed"));
     let (status, reply) = s.post_raw("/acquire", vec![b' '; 64 * 1024 + 1]).await;
     assert_eq!((status, code(&reply).as_str()), (413, "payload_too_large"));
+    // The unread body ends the connection, and the reply says so (no client reuses it).
+    let resp = s.http.post(format!("{}/acquire", s.url)).body(vec![b' '; 64 * 1024 + 1]).send().await.unwrap();
+    assert_eq!(resp.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
 
     // None of it changed anything.
     assert_eq!(s.state().await["totals"], json!({"buckets": 0, "permits": 0, "throttles": 0}));

@@ -36,13 +36,16 @@ FSTYPE=$(stat -f -c %T "$DURABILITY_BENCH_DIR")
 case $FSTYPE in
   tmpfs|ramfs) die "$DURABILITY_BENCH_DIR is on $FSTYPE: fsync there costs nothing; set DURABILITY_BENCH_DIR to a directory on disk" ;;
 esac
-echo "# files in $DURABILITY_BENCH_DIR ($FSTYPE; $(findmnt -no SOURCE,FSTYPE,OPTIONS -T "$DURABILITY_BENCH_DIR" 2>/dev/null | cut -c1-70))"
+echo "# files in ${DURABILITY_BENCH_DIR#"$ROOT"/} ($FSTYPE; $(findmnt -no SOURCE,FSTYPE,OPTIONS -T "$DURABILITY_BENCH_DIR" 2>/dev/null | cut -c1-70))"
 
 PROBE=$DURABILITY_BENCH_DIR/fsync_probe
 gcc -O2 -Wall -o "$PROBE" "$PROBE_SRC"
 SQLITE=$DURABILITY_BENCH_DIR/sqlite_window
 gcc -O2 -Wall -o "$SQLITE" "$SQLITE_SRC" -lsqlite3 -lpthread
-(cd "$ROOT" && cargo bench --bench durability --no-run)
+# cargo's progress lines name the project's absolute folder: they stay out of the output.
+CARGO_NOISE='^\s*(Compiling|Finished|Executable) '
+built=$(cd "$ROOT" && cargo bench --bench durability --no-run 2>&1) || { echo "$built" >&2; die "the durability bench does not build"; }
+grep -v -E "$CARGO_NOISE" <<<"$built" || true
 
 # Criterion's time per iteration (ns) for one benchmark of the last run: the slope of its
 # linear sampling where it has one (the figure criterion prints), else the mean.
@@ -72,7 +75,7 @@ sqlite() { # run threads: rps of SQLite at that many threads into SQ<threads>[ru
   printf -v "SQ$2[$1]" '%s' "$(sed -n 's/.* rps=\([0-9]*\).*/\1/p' <<<"$out")"
 }
 
-declare -a APPEND APPEND_P50 OVERWRITE OVERWRITE_P50 G1 G16 G64 P1 P16 P64 SQ1 SQ16 SQ64 RL RC RS
+declare -a APPEND APPEND_P50 OVERWRITE OVERWRITE_P50 G1 G1C G16 G64 P1 P16 P64 SQ1 SQ16 SQ64 RL RC RS
 for run in $(seq 1 "$RUNS"); do
   echo "## probe $run"
   probe "$run"
@@ -80,8 +83,9 @@ for run in $(seq 1 "$RUNS"); do
   for t in 1 16 64; do sqlite "$run" "$t"; done
   echo "## bench run $run: cargo bench --bench durability"
   rm -rf "$TARGET/criterion/durability" "$TARGET/criterion/reopen_1m"
-  (cd "$ROOT" && cargo bench --bench durability 2>&1) | grep -v -E '^\s*$|Benchmarking .*: (Warming|Collecting|Analyzing)'
+  (cd "$ROOT" && cargo bench --bench durability 2>&1) | { grep -v -E "^\s*\$|$CARGO_NOISE|Benchmarking .*: (Warming|Collecting|Analyzing)" || true; }
   G1[run]=$(per_s durability/grant_1)
+  G1C[run]=$(per_s durability/grant_1_caller)
   G16[run]=$(per_s durability/grant_16)
   G64[run]=$(per_s durability/grant_64)
   P1[run]=$(per_s durability/grant_1_plain)
@@ -115,6 +119,11 @@ for run in $(seq 1 "$RUNS"); do
     "$(ratio "${G1[run]}" "${SQ1[run]}") $(ratio "${G1[run]}" "${P1[run]}")" \
     "$(ratio "${G16[run]}" "${SQ16[run]}") $(ratio "${G16[run]}" "${P16[run]}")" \
     "$(ratio "${G64[run]}" "${SQ64[run]}") $(ratio "${G64[run]}" "${P64[run]}")"
+done
+echo "## one requester committing its own grants (caller_commits, as the server runs): grants/s and over SQLite"
+printf '%-6s %14s %12s %12s\n' run grant_1_caller /sqlite /grant_1
+for run in $(seq 1 "$RUNS"); do
+  printf '%-6s %14s %12s %12s\n' "$run" "${G1C[run]}" "$(ratio "${G1C[run]}" "${SQ1[run]}")" "$(ratio "${G1C[run]}" "${G1[run]}")"
 done
 echo "## ratios: grant_1 over the probe before / after it (target >= 0.45), grant_64 over grant_1 (target >= 10)"
 printf '%-6s %22s %22s %17s\n' run 'grant_1/append b/a' 'grant_1/overwrite b/a' grant_64/grant_1

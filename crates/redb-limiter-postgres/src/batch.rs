@@ -101,9 +101,21 @@ impl Drop for Slot {
         let mut state = self.batcher.lock();
         if state.queue.is_empty() {
             state.running -= 1;
-        } else {
-            drop(state);
-            tokio::spawn(Arc::clone(&self.batcher).drain());
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                drop(state);
+                runtime.spawn(Arc::clone(&self.batcher).drain());
+            }
+            // Dropped outside the runtime (it is shutting down): nothing will send what queued.
+            Err(_) => {
+                state.running -= 1;
+                for waiting in state.queue.drain(..) {
+                    let gone = LimiterError::Unavailable("PostgreSQL: the server is stopping".into());
+                    let _ = waiting.reply.send(Answer::Decided(Err(gone)));
+                }
+            }
         }
     }
 }
@@ -262,5 +274,55 @@ fn answer(row: &tokio_postgres::Row, i: usize, item: &Item) -> Answer {
         _ => Answer::Decided(Err(LimiterError::Unavailable(format!(
             "PostgreSQL answered an unexpected batch row {ord}: verdict {verdict:?}"
         )))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batcher whose pool never connects: these tests never send a batch statement.
+    fn batcher(slots: usize) -> Arc<Batcher> {
+        let manager = deadpool_postgres::Manager::from_config(
+            tokio_postgres::Config::new(),
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig::default(),
+        );
+        let pool = Pool::builder(manager).max_size(1).build().expect("a pool that is never used");
+        Arc::new(Batcher::new(pool, String::new(), slots))
+    }
+
+    fn item() -> Item {
+        Item { key: "w".into(), calls: 1, per_ms: 1000, cost: 1, caller: "c".into(), at: None }
+    }
+
+    #[tokio::test]
+    async fn a_free_turn_leads_and_a_lone_waiter_goes_alone_when_it_ends() {
+        let b = batcher(1);
+        let Turn::Lead(turn) = b.submit(item).await else { panic!("the turn was free") };
+        let waiter = tokio::spawn({
+            let b = Arc::clone(&b);
+            async move { matches!(b.submit(item).await, Turn::Alone) }
+        });
+        while b.lock().queue.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(b.lock().running, 1, "the waiter queued behind the turn");
+        drop(turn);
+        assert!(waiter.await.unwrap(), "a lone waiter is sent back to go alone");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while b.lock().running > 0 {
+            assert!(std::time::Instant::now() < deadline, "the turn was never freed");
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(b.submit(item).await, Turn::Lead(_)), "the turn is free again");
+        assert_eq!(b.paths(), (0, 0, 0), "no batch statement was sent");
+    }
+
+    #[tokio::test]
+    async fn no_turns_sends_every_request_alone() {
+        let b = batcher(0);
+        assert!(matches!(b.submit(item).await, Turn::Alone));
+        assert_eq!(b.lock().running, 0);
     }
 }

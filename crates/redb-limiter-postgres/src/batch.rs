@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use crate::unavailable;
 
 /// Batches in flight at once from one limiter, unless the options say otherwise.
-pub const DEFAULT_BATCHERS: usize = 1;
+pub const DEFAULT_BATCHERS: usize = 4;
 /// Most requests one batch statement decides.
 pub const MAX_BATCH: usize = 64;
 

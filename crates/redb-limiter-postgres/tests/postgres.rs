@@ -28,12 +28,18 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn fresh(url: &str, name: &str, clock: Arc<FakeClock>) -> PgLimiter {
+    fresh_with(url, name, clock, redb_limiter_postgres::batch::DEFAULT_BATCHERS).await
+}
+
+/// The same with `batchers` batch turns (one: requests sent at once queue behind the first).
+async fn fresh_with(url: &str, name: &str, clock: Arc<FakeClock>, batchers: usize) -> PgLimiter {
     static N: AtomicU32 = AtomicU32::new(0);
     let schema = format!("t_{}_{}_{name}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
     let mut options = PgOptions::new(url);
     options.schema = schema;
     options.pool_size = 4;
     options.clock = Some(clock);
+    options.batchers = batchers;
     PgLimiter::connect(options).await.expect("connect and create the schema")
 }
 
@@ -135,7 +141,7 @@ fn refusals_and_peeks_lock_and_write_nothing() {
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let clock = Arc::new(FakeClock::new(T0));
-        let pg = fresh(&url, "readonly", clock.clone()).await;
+        let pg = fresh_with(&url, "readonly", clock.clone(), 1).await;
         let full = AcquireRequest::new("caller", vec![window("w", 2, 60_000)]).unwrap();
         for _ in 0..2 {
             assert!(pg.acquire(full.clone()).await.unwrap().decision.is_granted());
@@ -273,7 +279,7 @@ fn a_failed_batch_commits_nothing_and_answers_each_of_its_requests_unavailable()
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let clock = Arc::new(FakeClock::new(T0));
-        let pg = fresh(&url, "failed", clock.clone()).await;
+        let pg = fresh_with(&url, "failed", clock.clone(), 1).await;
         let keys = ["d", "x", "y", "z"];
         let req = |key: &str| AcquireRequest::new("caller", vec![window(key, 10, 60_000)]).unwrap();
         for key in keys {

@@ -42,6 +42,11 @@ pub struct ServeArgs {
     /// Connections to PostgreSQL (PostgreSQL mode).
     #[arg(long, env = "REDB_LIMITER_PG_POOL", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub pg_pool: u64,
+    /// Batch statements of one-window acquires in flight at once (PostgreSQL mode): while
+    /// requests are concurrent, those waiting at once are decided in one statement; 0 sends
+    /// each alone.
+    #[arg(long, env = "REDB_LIMITER_PG_BATCHERS", default_value_t = redb_limiter_postgres::batch::DEFAULT_BATCHERS as u64, value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub pg_batchers: u64,
     /// On SIGTERM, connections still open this long after it are closed unanswered.
     #[arg(long, hide = true, default_value_t = 10_000)]
     pub drain_deadline_ms: u64,
@@ -147,6 +152,7 @@ async fn run_postgres(args: &ServeArgs, url: &str, config: ServerConfig) -> anyh
     let mut options = PgOptions::new(url);
     options.schema = args.pg_schema.clone();
     options.pool_size = args.pg_pool as usize;
+    options.batchers = args.pg_batchers as usize;
     options.recheck_ms = args.recheck_ms;
     let limiter = Arc::new(PgLimiter::connect(options).await?);
     limiter.spawn_sweeper(std::time::Duration::from_secs(1));

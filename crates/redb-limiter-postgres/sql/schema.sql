@@ -70,6 +70,9 @@
 -- instead, beside this script: every statement a function runs costs an executor start on
 -- every call, so those statements refuse with no plpgsql at all and call _acquire_window() or
 -- _acquire_windows() (below) only to write a grant or to hand the request to acquire().
+-- While requests are concurrent, the server decides the one-window acquires waiting at once
+-- in one statement over arrays instead (acquire_window_batch.sql, beside this script), which
+-- never waits for a lock and leaves to acquire_window.sql what it cannot decide so.
 
 BEGIN;
 

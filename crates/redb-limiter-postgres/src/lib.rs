@@ -17,6 +17,13 @@
 //! of a call starting the executor for each statement it runs, so fewer statements is what
 //! makes a call cheaper.
 //!
+//! While requests are concurrent, the one-window acquires waiting at once are instead decided
+//! together by the one statement of `sql/acquire_window_batch.sql`, in one round trip and one
+//! transaction, as a group commit does ([`batch`] owns the queue and says when): the same
+//! decision for each, a refusal still writing and locking nothing, and a request it cannot
+//! decide without waiting (or without `acquire()`) left to go alone afterwards. A request that
+//! finds nothing in flight goes alone at once, as before.
+//!
 //! What it must never do: decide anything in Rust. The Rust engine is the oracle the SQL is
 //! tested against (`tests/postgres.rs` drives both with the same operations and instants); this
 //! crate only validates nothing further (requests arrive validated by
@@ -31,6 +38,8 @@
 //! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
 //! statements cached per connection), TLS through `rustls` with the Mozilla roots when the URL
 //! asks for it (`sslmode=require`), as managed databases do.
+
+pub mod batch;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -54,6 +63,9 @@ const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
 const ACQUIRE_WINDOW_SQL: &str = include_str!("../sql/acquire_window.sql");
 /// The same for two or more window limits.
 const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
+/// The one statement that decides a batch of one-window acquires (see the file and
+/// [`batch`]); `__SCHEMA__` as above.
+const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
 pub const SCHEMA_VERSION: i32 = 1;
 /// The schema used when none is named.
@@ -82,6 +94,9 @@ pub struct PgOptions {
     pub statement_timeout: Duration,
     /// Replaces the database's clock: tests only, to drive instants as the engine's tests do.
     pub clock: Option<Arc<dyn Clock>>,
+    /// How many batches of one-window acquires may be in flight at once (see [`batch`]); 0
+    /// sends every one-window acquire alone, as its own statement.
+    pub batchers: usize,
 }
 
 impl PgOptions {
@@ -94,6 +109,7 @@ impl PgOptions {
             recheck_ms: redb_limiter::engine::DEFAULT_RECHECK_MS,
             statement_timeout: Duration::from_secs(5),
             clock: None,
+            batchers: batch::DEFAULT_BATCHERS,
         }
     }
 }
@@ -105,6 +121,7 @@ impl std::fmt::Debug for PgOptions {
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
             .field("recheck_ms", &self.recheck_ms)
+            .field("batchers", &self.batchers)
             .finish_non_exhaustive()
     }
 }
@@ -127,7 +144,8 @@ pub enum PgError {
     Database(#[from] tokio_postgres::Error),
 }
 
-/// The limiter on PostgreSQL. Cheap to share behind an `Arc`; every method is one round trip.
+/// The limiter on PostgreSQL. Cheap to share behind an `Arc`; every method is one round trip
+/// (shared with others when a batch decides it; two when a batch leaves it to go alone).
 pub struct PgLimiter {
     pool: Pool,
     schema: String,
@@ -149,6 +167,8 @@ pub struct PgLimiter {
     /// Window-only acquires the statements decided, and those they left to `acquire()` (tests).
     window_decided: AtomicU64,
     window_left: AtomicU64,
+    /// Gathers the one-window acquires of concurrent requests into one statement.
+    batcher: Arc<batch::Batcher>,
 }
 
 /// The text of every statement the limiter sends, for its schema: built once, so that a call
@@ -167,19 +187,21 @@ struct Statements {
 }
 
 impl Statements {
+    /// A statement file as sent: its comments stay in the file, so that what is sent (and
+    /// hashed by the statement cache on every call) is the statement alone.
+    fn file(sql: &str, schema: &str) -> String {
+        sql.lines()
+            .filter(|line| !line.trim_start().starts_with("--"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replace("__SCHEMA__", &format!("\"{schema}\""))
+    }
+
     fn new(schema: &str) -> Statements {
         let quoted = format!("\"{schema}\".");
         let call = |sql: &str| sql.replace("S.", &quoted);
-        // A statement file's comments stay in the file: what is sent (and hashed by the
-        // statement cache on every call) is the statement alone.
-        let file = |sql: &str| {
-            sql.lines()
-                .filter(|line| !line.trim_start().starts_with("--"))
-                .map(str::trim)
-                .collect::<Vec<_>>()
-                .join("\n")
-                .replace("__SCHEMA__", &format!("\"{schema}\""))
-        };
+        let file = |sql: &str| Statements::file(sql, schema);
         Statements {
             acquire: call("SELECT S.acquire($1::jsonb, $2, $3, $4, $5)"),
             peek: call("SELECT S.acquire($1::jsonb, 'peek', $2, $3, $4)"),
@@ -282,7 +304,10 @@ impl PgLimiter {
             message: e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned()),
         })?;
         drop(client);
+        let batch_sql = Statements::file(ACQUIRE_WINDOW_BATCH_SQL, &options.schema);
+        let batcher = Arc::new(batch::Batcher::new(pool.clone(), batch_sql, options.batchers));
         Ok(PgLimiter {
+            batcher,
             pool,
             schema: options.schema.clone(),
             sql: Statements::new(&options.schema),
@@ -389,7 +414,7 @@ impl PgLimiter {
     /// grant is answered only once the database committed it.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         let result = match windows_only(&req) {
-            Some([limit]) => self.acquire_window(&req, limit).await,
+            Some([limit]) => self.acquire_window_grouped(&req, limit).await,
             Some(_) => self.acquire_windows(&req).await,
             None => return self.acquire_any(req).await,
         };
@@ -412,9 +437,36 @@ impl PgLimiter {
         Ok(Acquired { decision, report })
     }
 
-    /// An acquire of one window limit, by the one statement of `sql/acquire_window.sql`: its
-    /// row is the decision, or carries `acquire()`'s reply when it left the request to it.
-    async fn acquire_window(&self, req: &AcquireRequest, limit: &Limit) -> Result<Decision, LimiterError> {
+    /// An acquire of one window limit: in a batch with those of concurrent requests when others
+    /// are in flight (see [`batch`]), else, or when the batch leaves it, alone.
+    async fn acquire_window_grouped(&self, req: &AcquireRequest, limit: &Limit) -> Result<Decision, LimiterError> {
+        // One instant for the request, whichever path decides it (the injected clock's).
+        let at = self.at();
+        let window = limit.window.as_ref().expect("windows_only picks window limits");
+        let item = || batch::Item {
+            key: limit.key.clone(),
+            calls: to_i64(window.calls),
+            per_ms: to_i64(window.per_ms),
+            cost: to_i64(limit.cost),
+            caller: req.key.clone(),
+            at,
+        };
+        match self.batcher.submit(item).await {
+            batch::Turn::Lead(_turn) => self.acquire_window(req, limit, at).await,
+            batch::Turn::Alone => self.acquire_window(req, limit, at).await,
+            batch::Turn::Decided(decision) => decision,
+        }
+    }
+
+    /// An acquire of one window limit, by the one statement of `sql/acquire_window.sql` at `at`
+    /// (`None`: the database's clock): its row is the decision, or carries `acquire()`'s reply
+    /// when it left the request to it.
+    async fn acquire_window(
+        &self,
+        req: &AcquireRequest,
+        limit: &Limit,
+        at: Option<i64>,
+    ) -> Result<Decision, LimiterError> {
         let window = limit.window.as_ref().expect("windows_only picks window limits");
         let row = self
             .query_row(
@@ -425,7 +477,7 @@ impl PgLimiter {
                     &to_i64(window.per_ms),
                     &to_i64(limit.cost),
                     &req.key,
-                    &self.at(),
+                    &at,
                     &to_i64(self.options.recheck_ms),
                     &to_i64(req.hold_ms),
                     &to_i64(limit.hold_ms),
@@ -639,6 +691,22 @@ impl PgLimiter {
     #[must_use]
     pub fn window_paths(&self) -> (u64, u64) {
         (self.window_decided.load(Ordering::Relaxed), self.window_left.load(Ordering::Relaxed))
+    }
+
+    /// How many batch statements (`sql/acquire_window_batch.sql`, two or more one-window
+    /// acquires each) this limiter sent, how many requests they decided and how many they left
+    /// to go alone (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn batch_paths(&self) -> (u64, u64, u64) {
+        self.batcher.paths()
+    }
+
+    /// The batch statement as this limiter sends it (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn acquire_window_batch_sql(&self) -> &str {
+        self.batcher.sql()
     }
 
     /// The one-window statement as this limiter sends it (tests).

@@ -6,7 +6,6 @@
 //! with the same operations at the same instants (the database's clock replaced by an injected
 //! one) and compares every answer.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -29,12 +28,18 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn fresh(url: &str, name: &str, clock: Arc<FakeClock>) -> PgLimiter {
+    fresh_with(url, name, clock, redb_limiter_postgres::batch::DEFAULT_BATCHERS).await
+}
+
+/// The same with `batchers` batch turns (one: requests sent at once queue behind the first).
+async fn fresh_with(url: &str, name: &str, clock: Arc<FakeClock>, batchers: usize) -> PgLimiter {
     static N: AtomicU32 = AtomicU32::new(0);
     let schema = format!("t_{}_{}_{name}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
     let mut options = PgOptions::new(url);
     options.schema = schema;
     options.pool_size = 4;
     options.clock = Some(clock);
+    options.batchers = batchers;
     PgLimiter::connect(options).await.expect("connect and create the schema")
 }
 
@@ -136,7 +141,7 @@ fn refusals_and_peeks_lock_and_write_nothing() {
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let clock = Arc::new(FakeClock::new(T0));
-        let pg = fresh(&url, "readonly", clock.clone()).await;
+        let pg = fresh_with(&url, "readonly", clock.clone(), 1).await;
         let full = AcquireRequest::new("caller", vec![window("w", 2, 60_000)]).unwrap();
         for _ in 0..2 {
             assert!(pg.acquire(full.clone()).await.unwrap().decision.is_granted());
@@ -160,6 +165,14 @@ fn refusals_and_peeks_lock_and_write_nothing() {
             report.report = true;
             assert!(!pg.acquire(report).await.unwrap().decision.is_granted());
         }
+        // Refusals sent at once: the first goes alone, the others in one batch statement.
+        let batches = pg.batch_paths();
+        let refused = join_all((0..8).map(|_| pg.acquire(full.clone())).collect()).await;
+        for r in refused {
+            assert!(matches!(r.unwrap().decision, Decision::Refused { reason: Reason::Rate, .. }));
+        }
+        let (sent, decided, _) = pg.batch_paths();
+        assert_eq!((sent - batches.0, decided - batches.1), (1, 7), "one batch decided seven refusals");
         assert_eq!(read(client.query_one(&row, &[]).await.unwrap()), before);
         // The same calls inside one explicit transaction: PostgreSQL assigns a transaction id
         // at a transaction's first row write or row lock, and only such a transaction writes
@@ -182,6 +195,23 @@ fn refusals_and_peeks_lock_and_write_nothing() {
             .unwrap()
             .get(0);
         assert_eq!(verdict, "r", "the statement refuses for rate");
+        // The batch statement, as the limiter sends it, refusing a batch of them.
+        let batch = client
+            .query(
+                pg.acquire_window_batch_sql(),
+                &[
+                    &vec!["w"; 4],
+                    &vec![2i64; 4],
+                    &vec![60_000i64; 4],
+                    &vec![1i64; 4],
+                    &vec!["caller"; 4],
+                    &vec![Some(at); 4],
+                ],
+            )
+            .await
+            .unwrap();
+        let verdicts: Vec<&str> = batch.iter().map(|r| r.get(1)).collect();
+        assert_eq!(verdicts, ["r"; 4], "the batch refuses each for rate");
         let xid: Option<i64> = client.query_one("SELECT txid_current_if_assigned()", &[]).await.unwrap().get(0);
         assert_eq!(xid, None, "a refusal or a peek wrote or locked a row");
         // And the check can fail: a grant in the same kind of transaction is assigned one.
@@ -191,6 +221,162 @@ fn refusals_and_peeks_lock_and_write_nothing() {
         let xid: Option<i64> = client.query_one("SELECT txid_current_if_assigned()", &[]).await.unwrap().get(0);
         assert!(xid.is_some(), "a grant writes its row");
         client.batch_execute("ROLLBACK").await.unwrap();
+    });
+}
+
+/// The batch statement never waits for a lock: a bucket row another transaction holds is left
+/// to go alone (so is a second grant of a bucket in the same batch, whose row the batch itself
+/// writes), while the batch grants the rest at once. Sent on a connection that gives up after
+/// two seconds: a wait would fail the statement.
+#[test]
+fn a_batch_never_waits_for_a_lock_and_leaves_a_second_grant_of_a_bucket_alone() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "nowait", clock.clone()).await;
+        for key in ["x", "y", "z"] {
+            let req = AcquireRequest::new("caller", vec![window(key, 5, 1000)]).unwrap();
+            assert!(pg.acquire(req).await.unwrap().decision.is_granted());
+        }
+        let connect = || async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            client
+        };
+        let (holder, batcher) = (connect().await, connect().await);
+        let schema = pg.schema().to_owned();
+        holder.batch_execute("BEGIN").await.unwrap();
+        let lock = format!("SELECT 1 FROM \"{schema}\".buckets WHERE key = 'x' FOR UPDATE");
+        assert_eq!(holder.query(&lock, &[]).await.unwrap().len(), 1);
+        batcher.batch_execute("SET statement_timeout = '2s'; SET lock_timeout = '2s'").await.unwrap();
+        let at = Some(T0.plus(10).0 as i64);
+        let keys = ["x", "y", "y", "z", "y"];
+        let rows = batcher
+            .query(
+                pg.acquire_window_batch_sql(),
+                &[&keys.to_vec(), &vec![5i64; 5], &vec![1000i64; 5], &vec![1i64; 5], &vec!["caller"; 5], &vec![at; 5]],
+            )
+            .await
+            .expect("the batch does not wait for the locked row");
+        let verdicts: Vec<(i64, &str)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(verdicts, [(1, "a"), (2, "g"), (3, "a"), (4, "g"), (5, "a")]);
+        holder.batch_execute("COMMIT").await.unwrap();
+        // What the batch granted is committed, once each.
+        let used = |key: &str| {
+            let req = AcquireRequest::new("caller", vec![window(key, 5, 1000)]).unwrap();
+            let pg = &pg;
+            async move { pg.peek(req).await.unwrap().report.limits[0].window.unwrap().0 }
+        };
+        assert_eq!((used("x").await, used("y").await, used("z").await), (1, 2, 2));
+    });
+}
+
+/// A batch statement that fails rolled back every request in it: each is answered
+/// `unavailable` and none of its grants was committed. (Grants into one bucket fail here on a
+/// check constraint; the others of the same batch would have been granted.)
+#[test]
+fn a_failed_batch_commits_nothing_and_answers_each_of_its_requests_unavailable() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh_with(&url, "failed", clock.clone(), 1).await;
+        let keys = ["d", "x", "y", "z"];
+        let req = |key: &str| AcquireRequest::new("caller", vec![window(key, 10, 60_000)]).unwrap();
+        for key in keys {
+            assert!(pg.acquire(req(key)).await.unwrap().decision.is_granted());
+        }
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let schema = pg.schema().to_owned();
+        let x: i64 = client
+            .query_one(&format!("SELECT id FROM \"{schema}\".buckets WHERE key = 'x'"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE \"{schema}\".grants ADD CONSTRAINT no_x CHECK (bucket <> {x}) NOT VALID"
+            ))
+            .await
+            .unwrap();
+        clock.advance(10);
+        // The first takes the free turn and goes alone; the other three queue behind it and are
+        // one batch.
+        let answers = join_all(keys.iter().map(|k| pg.acquire(req(k))).collect()).await;
+        assert!(answers[0].as_ref().unwrap().decision.is_granted(), "{answers:?}");
+        for answer in &answers[1..] {
+            assert!(matches!(answer, Err(LimiterError::Unavailable(_))), "{answers:?}");
+        }
+        client.batch_execute(&format!("ALTER TABLE \"{schema}\".grants DROP CONSTRAINT no_x")).await.unwrap();
+        let used = |key: &'static str| {
+            let pg = &pg;
+            async move { pg.peek(req(key)).await.unwrap().report.limits[0].window.unwrap().0 }
+        };
+        assert_eq!((used("d").await, used("x").await, used("y").await, used("z").await), (2, 1, 1, 1));
+        assert_eq!(pg.batch_paths(), (0, 0, 0), "the failed batch counts nothing");
+    });
+}
+
+/// Two limiters on one schema (as two servers), batching overlapping hot buckets: 48 tasks on
+/// each, one-window acquires of three hot buckets and now and then two windows of them in
+/// either order (locked in key order by the other path). No call fails (a batch never waits, so
+/// it never deadlocks with anything), and every window holds at most its calls: the granted
+/// instants are checked offline against every window.
+#[test]
+fn two_limiters_batching_hot_buckets_never_fail_nor_over_grant() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        const CALLS: u64 = 5;
+        const PER_MS: u64 = 300;
+        let schema = format!("t_{}_hot_batches", std::process::id());
+        let connect = || {
+            let mut options = PgOptions::new(&url);
+            options.schema = schema.clone();
+            options.pool_size = 8;
+            PgLimiter::connect(options)
+        };
+        let limiters = [Arc::new(connect().await.unwrap()), Arc::new(connect().await.unwrap())];
+        let mut tasks = Vec::new();
+        for task in 0..96u64 {
+            let pg = Arc::clone(&limiters[(task % 2) as usize]);
+            tasks.push(tokio::spawn(async move {
+                let mut granted: Vec<(u64, Vec<String>)> = Vec::new();
+                for i in 0..60u64 {
+                    let (a, b) = (format!("h{}", (task + i) % 3), format!("h{}", (task + i + 1) % 3));
+                    let keys = if i % 5 == 4 { vec![a, b] } else { vec![a] };
+                    let limits = keys.iter().map(|k| window(k, CALLS, PER_MS)).collect();
+                    let req = AcquireRequest::new(format!("t{task}"), limits).unwrap();
+                    match pg.acquire(req).await.expect("no call fails").decision {
+                        Decision::Granted { at, .. } => granted.push((at.0, keys)),
+                        Decision::Refused { reason: Reason::Rate, .. } => {}
+                        other => panic!("{other:?}"),
+                    }
+                }
+                granted
+            }));
+        }
+        let mut by_bucket: std::collections::BTreeMap<String, Vec<u64>> = std::collections::BTreeMap::new();
+        for task in tasks {
+            for (at, keys) in task.await.unwrap() {
+                for key in keys {
+                    by_bucket.entry(key).or_default().push(at);
+                }
+            }
+        }
+        let mut fullest = 0;
+        for (bucket, mut instants) in by_bucket {
+            instants.sort_unstable();
+            for (i, &start) in instants.iter().enumerate() {
+                let inside = instants[i..].iter().take_while(|&&t| t < start + PER_MS).count() as u64;
+                assert!(inside <= CALLS, "{bucket}: {inside} grants in the {PER_MS} ms from {start}");
+                fullest = fullest.max(inside);
+            }
+        }
+        assert_eq!(fullest, CALLS, "some window was filled to its calls, so the bound was tested");
+        for pg in &limiters {
+            let (batches, decided, alone) = pg.batch_paths();
+            assert!(batches > 0 && decided > 0 && alone > 0, "{:?}", pg.batch_paths());
+        }
     });
 }
 
@@ -588,15 +774,24 @@ enum Op {
     Release(usize),
     Throttle(u8, u64),
     Advance(u64),
+    /// Acquires sent at once, each naming buckets no other one of them names (so they decide
+    /// the same in any order, and the engine can decide them one after another): the one-window
+    /// ones among them are decided in batches.
+    Round(Vec<(u8, Vec<LimitSpec>)>),
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    let limit = (
+/// A limit of a generated request: (window, cost, concurrent).
+fn limit_spec() -> impl Strategy<Value = (Option<(u64, u64)>, u64, Option<u64>)> {
+    (
         prop::option::weighted(0.8, (1u64..5, prop::sample::select(vec![100u64, 250, 1000, 3000]))),
         0u64..7,
         prop::option::weighted(0.3, 1u64..3),
     )
-        .prop_filter("a limit needs a window or a concurrency", |(w, _, c)| w.is_some() || c.is_some());
+        .prop_filter("a limit needs a window or a concurrency", |(w, _, c)| w.is_some() || c.is_some())
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let limit = limit_spec();
     prop_oneof![
         6 => (0u8..3, prop::collection::btree_map(0u8..4, limit, 1..3))
             .prop_map(|(caller, m)| Op::Acquire(caller, m.into_iter().map(|(b, (w, cost, c))| (b, w, cost, c)).collect())),
@@ -624,85 +819,173 @@ fn request(caller: u8, limits: &[LimitSpec]) -> AcquireRequest {
     AcquireRequest::new(format!("caller{caller}"), limits).unwrap()
 }
 
+/// A round of acquires naming disjoint buckets: request `j` names buckets `2j` (and `2j + 1`
+/// for a second limit), mostly one window each.
+fn round() -> impl Strategy<Value = Op> {
+    let one = (0u8..3, limit_spec(), prop::option::weighted(0.25, limit_spec()));
+    prop::collection::vec(one, 1..9).prop_map(|reqs| {
+        Op::Round(
+            reqs.into_iter()
+                .enumerate()
+                .map(|(j, (caller, (w, cost, c), second))| {
+                    let bucket = u8::try_from(2 * j).unwrap();
+                    let mut limits = vec![(bucket, w, cost, c)];
+                    if let Some((w, cost, c)) = second {
+                        limits.push((bucket + 1, w, cost, c));
+                    }
+                    (caller, limits)
+                })
+                .collect(),
+        )
+    })
+}
+
+/// Awaits every future, polling them in order (so the first takes a free batch turn and the
+/// others queue behind it), and answers their outputs in order.
+async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none()
+                && let std::task::Poll::Ready(out) = future.as_mut().poll(cx)
+            {
+                *output = Some(out);
+            }
+        }
+        if outputs.iter().all(Option::is_some) { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("ready")).collect()
+}
+
+/// What the differential tests saw: one-window acquires decided by the one statement and left
+/// by it to acquire(); batch statements sent, requests they decided and left alone.
+#[derive(Default, Debug)]
+struct Seen {
+    window: (u64, u64),
+    batches: (u64, u64, u64),
+}
+
+/// The engine's and the database's answers to one acquire, compared.
+fn compare(
+    i: usize,
+    req: &AcquireRequest,
+    now: Millis,
+    want: &Decision,
+    got: &Decision,
+    permits: &mut Vec<(String, String)>,
+) -> Result<(), TestCaseError> {
+    match (want, got) {
+        (Decision::Granted { at: a, permit: pa }, Decision::Granted { at: b, permit: pb }) => {
+            prop_assert_eq!(a, b, "op {}: {:?}", i, req);
+            prop_assert_eq!(pa.is_some(), pb.is_some(), "op {}: {:?}", i, req);
+            if let (Some(pa), Some(pb)) = (pa, pb) {
+                permits.push((pa.to_string(), pb.to_string()));
+            }
+        }
+        _ => prop_assert_eq!(want, got, "op {}: {:?} at +{}", i, req, now.since(T0)),
+    }
+    Ok(())
+}
+
+/// Runs `ops` on a fresh schema and on the engine at the same instants, comparing every answer
+/// (a permit's id aside: each side issues its own); adds what it saw to `seen`.
+async fn differential(url: &str, ops: &[Op], seen: &std::sync::Mutex<Seen>) -> Result<(), TestCaseError> {
+    let clock = Arc::new(FakeClock::new(T0));
+    let pg = fresh(url, "diff", clock.clone()).await;
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut effects = Vec::new();
+    // (engine permit, database permit) of each grant that got one.
+    let mut permits: Vec<(String, String)> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let now = clock.now();
+        match op {
+            Op::Acquire(caller, limits) => {
+                let req = request(*caller, limits);
+                let want = engine.acquire(&req, now, &mut effects);
+                let got = pg.acquire(req.clone()).await.map_err(|e| TestCaseError::fail(e.to_string()))?.decision;
+                compare(i, &req, now, &want, &got, &mut permits)?;
+            }
+            Op::Round(reqs) => {
+                let reqs: Vec<AcquireRequest> = reqs.iter().map(|(c, limits)| request(*c, limits)).collect();
+                let got = join_all(reqs.iter().map(|r| pg.acquire(r.clone())).collect()).await;
+                for (req, got) in reqs.iter().zip(got) {
+                    let want = engine.acquire(req, now, &mut effects);
+                    let got = got.map_err(|e| TestCaseError::fail(e.to_string()))?.decision;
+                    compare(i, req, now, &want, &got, &mut permits)?;
+                }
+            }
+            Op::Release(n) if !permits.is_empty() => {
+                let (e, p) = &permits[n % permits.len()];
+                let want = engine.release(e, now, &mut effects);
+                let got = pg
+                    .release(ReleaseRequest::new(p.clone()).unwrap())
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(want, got, "op {}: release", i);
+            }
+            Op::Release(_) => {}
+            Op::Throttle(caller, ahead) => {
+                let key = format!("caller{caller}");
+                let until = now.plus(*ahead);
+                let want = engine.throttle(&key, until, now, &mut effects);
+                let got = pg
+                    .throttle(ThrottleRequest::new(key, until, now).unwrap())
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(want, got, "op {}: throttle", i);
+            }
+            Op::Advance(ms) => {
+                clock.advance(*ms);
+                engine.sweep(clock.now(), &mut effects);
+            }
+        }
+        effects.clear();
+    }
+    let mut seen = seen.lock().unwrap();
+    let (decided, left) = pg.window_paths();
+    seen.window.0 += decided;
+    seen.window.1 += left;
+    let (batches, in_batch, alone) = pg.batch_paths();
+    seen.batches.0 += batches;
+    seen.batches.1 += in_batch;
+    seen.batches.2 += alone;
+    Ok(())
+}
+
+/// Runs `cases` generated operation lists (`REDB_LIMITER_PG_CASES` overrides) through
+/// [`differential`]; what they saw.
+fn run_differential(url: &str, cases: u32, ops: impl Strategy<Value = Vec<Op>>) -> Seen {
+    let rt = runtime();
+    let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
+    let seen = std::sync::Mutex::new(Seen::default());
+    runner.run(&ops, |ops| rt.block_on(differential(url, &ops, &seen))).unwrap();
+    seen.into_inner().unwrap()
+}
+
 /// The same operations at the same instants on the engine and on the database: every answer
 /// must be the same (a permit's id aside: each side issues its own).
 #[test]
 fn the_database_decides_as_the_engine_does() {
     let Some(url) = database_url() else { return };
-    let rt = runtime();
-    let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
+    let seen = run_differential(&url, 200, prop::collection::vec(op(), 1..60));
     // One-window acquires decided by the one statement, and left by it to acquire(): both
     // halves are compared with the engine.
-    let paths = std::sync::Mutex::new((0u64, 0u64));
-    runner
-        .run(&prop::collection::vec(op(), 1..60), |ops| {
-            rt.block_on(async {
-                let clock = Arc::new(FakeClock::new(T0));
-                let pg = fresh(&url, "diff", clock.clone()).await;
-                let mut engine = Engine::new(EngineConfig::default());
-                let mut effects = Vec::new();
-                // (engine permit, database permit) of each grant that got one.
-                let mut permits: Vec<(String, String)> = Vec::new();
-                let mut sides: HashMap<&str, usize> = HashMap::new();
-                for (i, op) in ops.iter().enumerate() {
-                    let now = clock.now();
-                    match op {
-                        Op::Acquire(caller, limits) => {
-                            let req = request(*caller, limits);
-                            let want = engine.acquire(&req, now, &mut effects);
-                            let got =
-                                pg.acquire(req.clone()).await.map_err(|e| TestCaseError::fail(e.to_string()))?.decision;
-                            match (&want, &got) {
-                                (Decision::Granted { at: a, permit: pa }, Decision::Granted { at: b, permit: pb }) => {
-                                    prop_assert_eq!(a, b, "op {}: {:?}", i, req);
-                                    prop_assert_eq!(pa.is_some(), pb.is_some(), "op {}: {:?}", i, req);
-                                    if let (Some(pa), Some(pb)) = (pa, pb) {
-                                        permits.push((pa.to_string(), pb.to_string()));
-                                    }
-                                    *sides.entry("granted").or_default() += 1;
-                                }
-                                _ => {
-                                    prop_assert_eq!(&want, &got, "op {}: {:?} at +{}", i, req, now.since(T0));
-                                    *sides.entry("refused").or_default() += 1;
-                                }
-                            }
-                        }
-                        Op::Release(n) if !permits.is_empty() => {
-                            let (e, p) = &permits[n % permits.len()];
-                            let want = engine.release(e, now, &mut effects);
-                            let got = pg
-                                .release(ReleaseRequest::new(p.clone()).unwrap())
-                                .await
-                                .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                            prop_assert_eq!(want, got, "op {}: release", i);
-                        }
-                        Op::Release(_) => {}
-                        Op::Throttle(caller, ahead) => {
-                            let key = format!("caller{caller}");
-                            let until = now.plus(*ahead);
-                            let want = engine.throttle(&key, until, now, &mut effects);
-                            let got = pg
-                                .throttle(ThrottleRequest::new(key, until, now).unwrap())
-                                .await
-                                .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                            prop_assert_eq!(want, got, "op {}: throttle", i);
-                        }
-                        Op::Advance(ms) => {
-                            clock.advance(*ms);
-                            engine.sweep(clock.now(), &mut effects);
-                        }
-                    }
-                    effects.clear();
-                }
-                let (decided, left) = pg.window_paths();
-                let mut paths = paths.lock().unwrap();
-                paths.0 += decided;
-                paths.1 += left;
-                Ok(())
-            })
-        })
-        .unwrap();
-    let (decided, left) = *paths.lock().unwrap();
+    let (decided, left) = seen.window;
     assert!(decided > 0 && left > 0, "decided by the statement {decided}, left to acquire() {left}");
+}
+
+/// The same with rounds of acquires sent at once, so that the one-window ones among them are
+/// decided in batch statements (`sql/acquire_window_batch.sql`): every answer must still be the
+/// engine's, for the requests a batch decided and for those it left to go alone.
+#[test]
+fn the_database_decides_as_the_engine_does_in_concurrent_batches() {
+    let Some(url) = database_url() else { return };
+    let ops = prop_oneof![3 => op(), 2 => round()];
+    let seen = run_differential(&url, 120, prop::collection::vec(ops, 1..40));
+    eprintln!("{seen:?}");
+    let (batches, decided, alone) = seen.batches;
+    assert!(batches > 0 && decided > 0 && alone > 0, "{seen:?}");
 }

@@ -22,11 +22,12 @@ fn database_url() -> Option<String> {
     redb_limiter_postgres::test_database_url()
 }
 
-/// A fresh schema for one test, on the injected clock.
+/// The runtime each test runs on: two workers, as a server has on this machine.
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
+/// A fresh schema for one test, on the injected clock, with the default batch turns.
 async fn fresh(url: &str, name: &str, clock: Arc<FakeClock>) -> PgLimiter {
     fresh_with(url, name, clock, redb_limiter_postgres::batch::DEFAULT_BATCHERS).await
 }

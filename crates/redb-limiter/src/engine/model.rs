@@ -398,3 +398,30 @@ impl EffectLog {
         e
     }
 }
+
+/// The offline check of rule 1 over the instants a load was granted at (cost 1 each): the most
+/// grants any stretch of `per_ms` holds, and the instant that stretch starts. Sorts `instants`.
+pub fn fullest_window(instants: &mut [u64], per_ms: u64) -> (u64, u64) {
+    instants.sort_unstable();
+    let mut fullest = (0, 0);
+    for (i, &start) in instants.iter().enumerate() {
+        let inside = instants[i..].iter().take_while(|&&t| t < start.saturating_add(per_ms)).count() as u64;
+        if inside > fullest.0 {
+            fullest = (inside, start);
+        }
+    }
+    fullest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fullest_window;
+
+    #[test]
+    fn the_fullest_window_is_found_wherever_it_starts_and_excludes_its_end() {
+        // From 10: 10, 20, 1000 and 1005 (1010 is the end, outside); from 0 only three.
+        assert_eq!(fullest_window(&mut [1005, 0, 1000, 20, 10], 1000), (4, 10));
+        assert_eq!(fullest_window(&mut [0, 1000, 2000], 1000), (1, 0));
+        assert_eq!(fullest_window(&mut [], 1000), (0, 0));
+    }
+}

@@ -869,6 +869,16 @@ struct RecordKey<'a> {
     seq: u64,
 }
 
+/// The figures of a record's header besides its key (see the record layout above).
+struct RecordHead {
+    flags: u32,
+    /// The whole record's length, padding included ([`record_size`]).
+    size: u64,
+    min_len: u64,
+    final_len: u64,
+    count: usize,
+}
+
 /// The length of `bytes` without its trailing zeros, which records leave out.
 fn stored_len(bytes: &[u8]) -> usize {
     // Whole 64-byte blocks of zeros first (the OR of a block vectorizes), then the bytes of the
@@ -887,17 +897,13 @@ fn record_size<'a>(entries: impl Iterator<Item = (u64, &'a [u8])>) -> u64 {
     align_up(RECORD_HEADER_LEN as u64 + body + CHECKSUM_LEN as u64)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn encode_record<'a>(
     buf: &mut Vec<u8>,
     key: &RecordKey<'_>,
-    flags: u32,
-    size: u64,
-    min_len: u64,
-    final_len: u64,
-    count: usize,
+    head: &RecordHead,
     entries: impl Iterator<Item = (u64, &'a [u8])>,
 ) {
+    let RecordHead { flags, size, min_len, final_len, count } = *head;
     buf.clear();
     buf.extend_from_slice(&RECORD_MAGIC);
     buf.extend_from_slice(&flags.to_le_bytes());
@@ -1223,8 +1229,8 @@ impl State {
             return Err(io::Error::other("journal: full while notes wait for the commit that holds them"));
         }
         let batch = std::mem::take(&mut self.batch);
-        let (min_len, len, count) = (self.min_len, self.len, batch.map.len());
-        let written = self.write_record(log, counters, 0, size, min_len, len, count, batch.iter());
+        let head = RecordHead { flags: 0, size, min_len: self.min_len, final_len: self.len, count: batch.map.len() };
+        let written = self.write_record(log, counters, head, batch.iter());
         self.batch = batch;
         written?;
         counters.records.fetch_add(1, Ordering::Relaxed);
@@ -1235,22 +1241,20 @@ impl State {
     /// Encodes one record at the write position, writes it and syncs the journal: the one
     /// write and the one sync of a barrier or a note. The first record after
     /// [`JournalMonitor::notes_held`] also retires the notes.
-    #[allow(clippy::too_many_arguments)]
     fn write_record<'a>(
         &mut self,
         log: &dyn StorageBackend,
         counters: &Counters,
-        flags: u32,
-        size: u64,
-        min_len: u64,
-        final_len: u64,
-        count: usize,
+        mut head: RecordHead,
         entries: impl Iterator<Item = (u64, &'a [u8])>,
     ) -> io::Result<()> {
         let mut buf = std::mem::take(&mut self.buf);
         let key = RecordKey { journal_id: &self.journal_id, generation: self.generation, seq: self.next_seq };
-        let flags = flags | if self.retire_notes { FLAG_RETIRES_NOTES } else { 0 };
-        encode_record(&mut buf, &key, flags, size, min_len, final_len, count, entries);
+        if self.retire_notes {
+            head.flags |= FLAG_RETIRES_NOTES;
+        }
+        let size = head.size;
+        encode_record(&mut buf, &key, &head, entries);
         let appended = log.write(self.write_pos, &buf);
         self.buf = buf;
         appended?;
@@ -1298,7 +1302,8 @@ impl State {
         }
         // Lengths of 0, so that a reader that took it for pages would find an entry past the
         // file's end and refuse it (the header's version already keeps such readers out).
-        self.write_record(log, counters, FLAG_NOTE, size, 0, 0, 1, std::iter::once((0, note)))?;
+        let head = RecordHead { flags: FLAG_NOTE, size, min_len: 0, final_len: 0, count: 1 };
+        self.write_record(log, counters, head, std::iter::once((0, note)))?;
         self.notes_pending += 1;
         counters.notes.fetch_add(1, Ordering::Relaxed);
         Ok(true)

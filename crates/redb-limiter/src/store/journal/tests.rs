@@ -1015,7 +1015,8 @@ fn sample_record(buf: &mut Vec<u8>, id: &[u8; 16], generation: u64, seq: u64) ->
     let iter = || entries.iter().map(|(o, b)| (*o, b.as_slice()));
     let size = record_size(iter());
     let key = RecordKey { journal_id: id, generation, seq };
-    encode_record(buf, &key, 0, size, 16384, 40960, entries.len(), iter());
+    let head = RecordHead { flags: 0, size, min_len: 16384, final_len: 40960, count: entries.len() };
+    encode_record(buf, &key, &head, iter());
     entries
 }
 

@@ -44,6 +44,13 @@ async fn fresh_with(url: &str, name: &str, clock: Arc<FakeClock>, batchers: usiz
     PgLimiter::connect(options).await.expect("connect and create the schema")
 }
 
+/// A plain connection of its own, outside the limiter's pool (to look at or hold rows).
+async fn plain_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
 fn window(key: &str, calls: u64, per_ms: u64) -> Limit {
     Limit::window(key, calls, per_ms)
 }
@@ -147,8 +154,7 @@ fn refusals_and_peeks_lock_and_write_nothing() {
         for _ in 0..2 {
             assert!(pg.acquire(full.clone()).await.unwrap().decision.is_granted());
         }
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = plain_client(&url).await;
         let schema = pg.schema().to_owned();
         let row = format!(
             "SELECT b.xmin::text, b.xmax::text, (SELECT count(*) FROM \"{schema}\".grants) \
@@ -239,12 +245,7 @@ fn a_batch_never_waits_for_a_lock_and_leaves_a_second_grant_of_a_bucket_alone() 
             let req = AcquireRequest::new("caller", vec![window(key, 5, 1000)]).unwrap();
             assert!(pg.acquire(req).await.unwrap().decision.is_granted());
         }
-        let connect = || async {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-            tokio::spawn(connection);
-            client
-        };
-        let (holder, batcher) = (connect().await, connect().await);
+        let (holder, batcher) = (plain_client(&url).await, plain_client(&url).await);
         let schema = pg.schema().to_owned();
         holder.batch_execute("BEGIN").await.unwrap();
         let lock = format!("SELECT 1 FROM \"{schema}\".buckets WHERE key = 'x' FOR UPDATE");
@@ -286,8 +287,7 @@ fn a_failed_batch_commits_nothing_and_answers_each_of_its_requests_unavailable()
         for key in keys {
             assert!(pg.acquire(req(key)).await.unwrap().decision.is_granted());
         }
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = plain_client(&url).await;
         let schema = pg.schema().to_owned();
         let x: i64 = client
             .query_one(&format!("SELECT id FROM \"{schema}\".buckets WHERE key = 'x'"), &[])
@@ -492,8 +492,7 @@ fn one_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
         // A row changed since the statement read it: the write half decides again through
         // acquire(), here with a version the row never had.
         clock.advance(1);
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = plain_client(&url).await;
         let schema = pg.schema().to_owned();
         let row = client
             .query_one(&format!("SELECT total, last_seq FROM \"{schema}\".buckets WHERE key = 'w'"), &[])
@@ -565,8 +564,7 @@ fn several_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
         // A row changed since the statement read it: the write half decides again through
         // acquire(), here with a version the rows never had.
         clock.advance(10);
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = plain_client(&url).await;
         let schema = pg.schema().to_owned();
         let now = clock.now().0 as i64;
         let write = format!(
@@ -592,8 +590,7 @@ fn an_unknown_schema_version_is_refused_naming_it() {
         let clock = Arc::new(FakeClock::new(T0));
         let pg = fresh(&url, "version", clock).await;
         let schema = pg.schema().to_owned();
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = plain_client(&url).await;
         client.batch_execute(&format!("UPDATE \"{schema}\".meta SET version = 99")).await.unwrap();
         let mut options = PgOptions::new(&url);
         options.schema = schema.clone();
@@ -609,8 +606,7 @@ fn a_database_that_cannot_be_reached_is_unavailable_and_grants_nothing() {
         let clock = Arc::new(FakeClock::new(T0));
         let pg = fresh(&url, "down", clock).await;
         // Every connection of the pool is terminated from the server side.
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = plain_client(&url).await;
         let name = format!("redb-limiter/{}", pg.schema());
         let killed = client
             .query_one(
@@ -634,8 +630,7 @@ fn a_database_that_cannot_be_reached_is_unavailable_and_grants_nothing() {
 
 /// Rows in each table of a limiter's schema, read apart from the limiter.
 async fn totals(url: &str, schema: &str) -> serde_json::Value {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
+    let client = plain_client(url).await;
     client.query_one(&format!("SELECT \"{schema}\".totals()"), &[]).await.unwrap().get(0)
 }
 
@@ -728,8 +723,7 @@ fn health_answers_from_the_latest_call_and_probes_at_most_once_a_second() {
 
         // A request that fails (the bucket's row locked past the lock timeout) makes /health
         // unavailable at once, with the reason, and without a probe.
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = plain_client(&url).await;
         client.batch_execute("BEGIN").await.unwrap();
         let locked = format!("SELECT 1 FROM \"{}\".buckets WHERE key = 'w' FOR UPDATE", pg.schema());
         assert_eq!(client.query(&locked, &[]).await.unwrap().len(), 1);

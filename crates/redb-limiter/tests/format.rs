@@ -45,6 +45,20 @@ fn assert_throttled_until(limiter: &Limiter, until: Millis) {
     );
 }
 
+/// An acquire of `cost` in the fixtures' 31-day window of 10 (`fixture/tpd`).
+fn tpd(cost: u64) -> AcquireRequest {
+    AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpd", 10, 2_678_400_000).with_cost(cost)])
+        .unwrap()
+}
+
+/// `cost` in `fixture/tpd` is refused for rate until the grant made at `first` leaves the window.
+fn assert_tpd_waits_for(limiter: &Limiter, cost: u64, first: Millis) {
+    assert_eq!(
+        limiter.acquire_blocking(tpd(cost)).unwrap(),
+        Decision::Refused { retry_at: first.plus(2_678_400_000), reason: Reason::Rate, limit: "fixture/tpd".into() }
+    );
+}
+
 #[test]
 fn a_file_of_the_previous_release_serves_as_before() {
     let (_dir, path) = fixture_copy("v2-limiter.redb");
@@ -71,10 +85,6 @@ fn a_file_of_the_previous_release_serves_as_before() {
     assert_eq!(snapshot.view.throttles[0].until, at("2026-12-01T11:52:35.000Z"));
 
     // The windows decide as before: 6 of 10 used, so cost 5 waits for the first grant to leave.
-    let tpd = |cost| {
-        AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpd", 10, 2_678_400_000).with_cost(cost)])
-            .unwrap()
-    };
     let leaves = at("2026-11-30T15:52:35.476Z").plus(2_678_400_000);
     assert_eq!(
         limiter.acquire_blocking(tpd(5)).unwrap(),
@@ -141,16 +151,7 @@ fn a_file_of_the_release_before_serves_as_before_and_its_permits_still_settle() 
     assert_eq!(snapshot.view.throttles[0].until, at("2026-12-01T12:00:00.000Z"));
 
     // 5 of 10 used in tpd: cost 6 waits for the first grant to leave.
-    let tpd = AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpd", 10, 2_678_400_000).with_cost(6)])
-        .unwrap();
-    assert_eq!(
-        limiter.acquire_blocking(tpd).unwrap(),
-        Decision::Refused {
-            retry_at: at("2026-11-30T18:48:51.213Z").plus(2_678_400_000),
-            reason: Reason::Rate,
-            limit: "fixture/tpd".into()
-        }
-    );
+    assert_tpd_waits_for(&limiter, 6, at("2026-11-30T18:48:51.213Z"));
     assert_throttled_until(&limiter, at("2026-12-01T12:00:00.000Z"));
     // A version-3 permit recorded its windows: it settles again (the latest figure stands).
     let settle = SettleRequest::new(SETTLED, vec![Cost::new("fixture/tpm", 99_000)]).unwrap();
@@ -199,16 +200,7 @@ fn a_file_and_version_1_journal_left_by_a_kill_of_the_previous_release_serve_as_
     assert_eq!(buckets, vec![("fixture/tpd".to_owned(), 6)]);
     assert_throttled_until(&limiter, at("2026-12-01T12:00:00.000Z"));
     // 6 of 10 used: cost 5 waits for the first grant to leave the window.
-    let tpd = AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/tpd", 10, 2_678_400_000).with_cost(5)])
-        .unwrap();
-    assert_eq!(
-        limiter.acquire_blocking(tpd).unwrap(),
-        Decision::Refused {
-            retry_at: at("2026-12-01T00:05:56.759Z").plus(2_678_400_000),
-            reason: Reason::Rate,
-            limit: "fixture/tpd".into()
-        }
-    );
+    assert_tpd_waits_for(&limiter, 5, at("2026-12-01T00:05:56.759Z"));
     drop(limiter);
     assert_eq!(version(0).max(version(1)), 2, "the header is rewritten at this version");
     let store = Store::open(&path, &file_opener()).unwrap();

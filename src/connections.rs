@@ -200,14 +200,11 @@ fn json_error_for(buf: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Accepts and serves connections until `shutdown` completes, then drains (see the module
-/// docs); `on_shutdown` runs once accepting has stopped. With `workers`, each connection is
-/// served on the next of those runtimes, round robin (see the `workers` module); without, on
-/// the caller's.
+/// docs); `on_shutdown` runs once accepting has stopped.
 pub(crate) async fn run(
     listener: TcpListener,
     router: axum::Router,
     limits: Limits,
-    workers: &[tokio::runtime::Handle],
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_shutdown: impl FnOnce(),
 ) -> io::Result<()> {
@@ -218,7 +215,6 @@ pub(crate) async fn run(
     // The head's deadline is ours (from its first byte, not from the end of the last request).
     http.header_read_timeout(None);
     tokio::pin!(shutdown);
-    let mut next_worker = 0usize;
     loop {
         while tasks.try_join_next().is_some() {}
         let slot = tokio::select! {
@@ -240,34 +236,11 @@ pub(crate) async fn run(
                 }
             },
         };
-        let (router, http, stopping) = (router.clone(), http.clone(), stopping.clone());
-        if workers.is_empty() {
-            tasks.spawn(async move {
-                serve_connection(stream, router, http, limits, stopping).await;
-                drop(slot);
-            });
-            continue;
-        }
-        // Registered again on the worker's reactor, so its wake-ups stay on the worker's thread.
-        let stream = match stream.into_std() {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "handing a connection to a worker failed");
-                continue;
-            }
-        };
-        let worker = &workers[next_worker % workers.len()];
-        next_worker = next_worker.wrapping_add(1);
-        tasks.spawn_on(
-            async move {
-                match TcpStream::from_std(stream) {
-                    Ok(stream) => serve_connection(stream, router, http, limits, stopping).await,
-                    Err(e) => tracing::warn!(error = %e, "a worker could not take a connection"),
-                }
-                drop(slot);
-            },
-            worker,
-        );
+        let connection = serve_connection(stream, router.clone(), http.clone(), limits, stopping.clone());
+        tasks.spawn(async move {
+            connection.await;
+            drop(slot);
+        });
     }
     on_shutdown();
     drop(listener);

@@ -8,8 +8,6 @@
 //!   live page (`GET /`, the file `src/page.html` embedded).
 //! - `connections`: the accept loop under the wire: connection limits, request and idle
 //!   timeouts, hyper's own errors given the JSON body, and the drain deadline.
-//! - [`workers`]: threads each running a single-threaded runtime, which PostgreSQL mode serves
-//!   its connections on.
 //! - [`recent`]: the bounded feed of latest refusals and decisions per second (`GET /recent`).
 //! - [`cli`]: each subcommand's body (`serve`, `status`, `check`, `contract`, `bench`, and the
 //!   hidden `grind` the crash test kills); the binary only parses and dispatches.
@@ -17,4 +15,3 @@ pub mod cli;
 mod connections;
 pub mod recent;
 pub mod server;
-pub mod workers;

@@ -48,9 +48,6 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// On shutdown, connections still open this long after it began are closed unanswered.
     pub drain_deadline: Duration,
-    /// Runtimes to serve connections on, each connection on one, round robin (the runtimes of
-    /// [`crate::workers::Workers`]); empty: every connection on the caller's runtime.
-    pub workers: Vec<tokio::runtime::Handle>,
 }
 
 impl Default for ServerConfig {
@@ -61,7 +58,6 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(120),
             max_connections: 4096,
             drain_deadline: Duration::from_secs(10),
-            workers: Vec::new(),
         }
     }
 }
@@ -97,10 +93,8 @@ pub async fn serve<B: Backend>(
         max_connections: config.max_connections,
         drain_deadline: config.drain_deadline,
     };
-    crate::connections::run(listener, router, limits, &config.workers, shutdown, move || {
-        app.draining.store(true, Ordering::SeqCst);
-    })
-    .await
+    crate::connections::run(listener, router, limits, shutdown, move || app.draining.store(true, Ordering::SeqCst))
+        .await
 }
 
 /// An error reply: status, code and a message naming the field at fault.

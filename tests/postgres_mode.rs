@@ -33,18 +33,14 @@ impl Drop for Server {
     }
 }
 
-/// A server on two workers (see `redb_limiter_server::workers`).
 fn start(database: &str, schema: &str) -> Server {
-    start_with(database, schema, 8, 2)
+    start_with_pool(database, schema, 8)
 }
 
-/// A server with a pool of `pool` connections and `workers` workers (0: none, every connection
-/// on one multi-threaded runtime). Tests of two servers run one of each.
-fn start_with(database: &str, schema: &str, pool: usize, workers: usize) -> Server {
-    let (pool, workers) = (pool.to_string(), workers.to_string());
+fn start_with_pool(database: &str, schema: &str, pool: usize) -> Server {
+    let pool = pool.to_string();
     let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
         .args(["serve", "--listen", "127.0.0.1:0", "--pg-pool", &pool, "--pg-schema", schema])
-        .args(["--pg-workers", &workers])
         .env("REDB_LIMITER_POSTGRES", database)
         .env_remove("REDB_LIMITER_TOKEN")
         .stdout(Stdio::piped())
@@ -79,7 +75,7 @@ fn schema(name: &str) -> String {
 async fn two_servers_share_one_set_of_limits() {
     let Some(db) = database_url() else { return };
     let schema = schema("rules");
-    let (a, b) = (start(&db, &schema), start_with(&db, &schema, 8, 0));
+    let (a, b) = (start(&db, &schema), start(&db, &schema));
     let health: Value = reqwest::get(format!("{}/health", a.url)).await.unwrap().json().await.unwrap();
     assert_eq!((health["ok"].clone(), health["backend"].clone()), (json!(true), json!("postgres")));
     assert!(health.get("path").is_none());
@@ -130,45 +126,6 @@ async fn two_servers_share_one_set_of_limits() {
     assert_eq!(state["buckets"][0]["windowUsed"], 1);
 }
 
-/// `serve` in PostgreSQL mode, as the binary runs it: each connection is served on a worker,
-/// round robin, and a worker's requests go over its own pool. Two keep-alive connections, two
-/// workers: one database connection in each worker's pool, and the shared pool keeps only the
-/// one `connect` opened.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_are_served_on_workers_each_sending_over_its_own_pool() {
-    use redb_limiter_postgres::{PgLimiter, PgOptions, enter_worker};
-    use redb_limiter_server::server::{ServerConfig, serve};
-    use redb_limiter_server::workers::Workers;
-    let Some(db) = database_url() else { return };
-    let mut options = PgOptions::new(&db);
-    options.schema = schema("workers");
-    options.pool_size = 4;
-    options.workers = 2;
-    let limiter = std::sync::Arc::new(PgLimiter::connect(options).await.unwrap());
-    let workers = Workers::start(2, enter_worker).unwrap();
-    let config = ServerConfig { workers: workers.handles(), ..ServerConfig::default() };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, limiter.clone(), config, async move {
-        let _ = stopped.await;
-    }));
-    let clients: Vec<reqwest::Client> =
-        (0..2).map(|_| reqwest::Client::builder().pool_max_idle_per_host(1).build().unwrap()).collect();
-    for round in 0..3 {
-        for client in &clients {
-            let resp = client.post(format!("{url}/acquire")).json(&roomy_acquire("c")).send().await.unwrap();
-            assert_eq!(resp.status(), 200, "round {round}");
-            let reply: Value = resp.json().await.unwrap();
-            assert_eq!(reply["granted"], true, "{reply}");
-        }
-    }
-    assert_eq!(limiter.pool_sizes(), [1, 1, 1], "one database connection per worker, none more in the shared pool");
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
-    workers.stop().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_contract_suite_passes_against_postgres_mode() {
     let Some(db) = database_url() else { return };
@@ -197,7 +154,7 @@ fn wall_us() -> u64 {
 async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
     let Some(db) = database_url() else { return };
     let schema = schema("load");
-    let servers = [start(&db, &schema), start_with(&db, &schema, 8, 0)];
+    let servers = [start(&db, &schema), start(&db, &schema)];
     const CALLS: u64 = 5;
     const PER_MS: u64 = 400;
     const CONCURRENT: u64 = 2;
@@ -294,7 +251,7 @@ async fn concurrent_overlapping_requests_on_two_servers_never_over_grant() {
 async fn a_hot_bucket_under_64_connections_on_two_servers_never_over_grants() {
     let Some(db) = database_url() else { return };
     let schema = schema("hot");
-    let servers = [start_with(&db, &schema, 32, 2), start_with(&db, &schema, 32, 0)];
+    let servers = [start_with_pool(&db, &schema, 32), start_with_pool(&db, &schema, 32)];
     const CALLS: u64 = 50;
     const CONNECTIONS: u64 = 64;
     const EACH: u64 = 5;
@@ -408,7 +365,7 @@ async fn killing_a_server_mid_load_loses_no_acknowledged_grant() {
     let Some(db) = database_url() else { return };
     let schema = schema("kill_server");
     let mut victim = start(&db, &schema);
-    let survivor = start_with(&db, &schema, 8, 0);
+    let survivor = start(&db, &schema);
     let stop = Arc::new(AtomicBool::new(false));
     // Grants acknowledged by each server.
     let acked = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::server::{ServerConfig, serve};
-use crate::workers::Workers;
 use redb_limiter::limiter::{Limiter, LimiterOptions};
 use redb_limiter_postgres::{PgLimiter, PgOptions};
 
@@ -48,11 +47,6 @@ pub struct ServeArgs {
     /// each alone.
     #[arg(long, env = "REDB_LIMITER_PG_BATCHERS", default_value_t = redb_limiter_postgres::batch::DEFAULT_BATCHERS as u64, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub pg_batchers: u64,
-    /// Threads serving connections in PostgreSQL mode, each a single-threaded runtime with its
-    /// own share of the pool [default: one per core, at most one per 4 connections of the
-    /// pool]; 0 serves every connection on one multi-threaded runtime sharing one pool.
-    #[arg(long, env = "REDB_LIMITER_PG_WORKERS", value_parser = clap::value_parser!(u64).range(0..=1024))]
-    pub pg_workers: Option<u64>,
     /// On SIGTERM, connections still open this long after it are closed unanswered.
     #[arg(long, hide = true, default_value_t = 10_000)]
     pub drain_deadline_ms: u64,
@@ -153,28 +147,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Pool connections each worker gets at least, when the number of workers is left to `serve`.
-const POOL_PER_WORKER: usize = 4;
-
 /// PostgreSQL mode: the same wire, decided in the database; a sweeper deletes what lapsed.
-/// Connections are served on workers (see [`crate::workers`]), each with its own pool.
-async fn run_postgres(args: &ServeArgs, url: &str, mut config: ServerConfig) -> anyhow::Result<()> {
-    let workers = match args.pg_workers {
-        Some(n) => n as usize,
-        None => {
-            let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-            cores.min(args.pg_pool as usize / POOL_PER_WORKER).max(1)
-        }
-    };
+async fn run_postgres(args: &ServeArgs, url: &str, config: ServerConfig) -> anyhow::Result<()> {
     let mut options = PgOptions::new(url);
     options.schema = args.pg_schema.clone();
     options.pool_size = args.pg_pool as usize;
     options.batchers = args.pg_batchers as usize;
     options.recheck_ms = args.recheck_ms;
-    options.workers = workers;
     let limiter = Arc::new(PgLimiter::connect(options).await?);
-    let workers = Workers::start(workers, redb_limiter_postgres::enter_worker).context("starting the workers")?;
-    config.workers = workers.handles();
     limiter.spawn_sweeper(std::time::Duration::from_secs(1));
     let listener =
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
@@ -189,7 +169,6 @@ async fn run_postgres(args: &ServeArgs, url: &str, mut config: ServerConfig) -> 
     }
     tracing::info!(%addr, schema = %limiter.schema(), "serving from PostgreSQL");
     serve(listener, limiter, config, shutdown).await?;
-    workers.stop().await;
     tracing::info!("drained");
     Ok(())
 }

@@ -78,9 +78,7 @@ struct State {
 
 /// The queue and the turns of one limiter's batched one-window acquires.
 pub(crate) struct Batcher {
-    /// The limiter's pools: a batch goes over the sending thread's (see
-    /// [`crate::pool_for_this_thread`]).
-    pools: Vec<Pool>,
+    pool: Pool,
     /// The batch statement, for the limiter's schema.
     sql: String,
     slots: usize,
@@ -123,9 +121,9 @@ impl Drop for Slot {
 }
 
 impl Batcher {
-    pub(crate) fn new(pools: Vec<Pool>, sql: String, slots: usize) -> Batcher {
+    pub(crate) fn new(pool: Pool, sql: String, slots: usize) -> Batcher {
         Batcher {
-            pools,
+            pool,
             sql,
             slots,
             state: std::sync::Mutex::new(State::default()),
@@ -220,7 +218,7 @@ impl Batcher {
         let (calls, per, costs) = (figure(|i| i.calls), figure(|i| i.per_ms), figure(|i| i.cost));
         let callers: Vec<&str> = batch.iter().map(|w| w.item.caller.as_str()).collect();
         let ats: Vec<Option<i64>> = batch.iter().map(|w| w.item.at).collect();
-        let client = crate::pool_for_this_thread(&self.pools).get().await.map_err(|e| unavailable(&e))?;
+        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
         let statement = client.prepare_cached(&self.sql).await.map_err(|e| unavailable(&e))?;
         let rows = client
             .query(&statement, &[&keys, &calls, &per, &costs, &callers, &ats])
@@ -291,7 +289,7 @@ mod tests {
             deadpool_postgres::ManagerConfig::default(),
         );
         let pool = Pool::builder(manager).max_size(1).build().expect("a pool that is never used");
-        Arc::new(Batcher::new(vec![pool], String::new(), slots))
+        Arc::new(Batcher::new(pool, String::new(), slots))
     }
 
     fn item() -> Item {

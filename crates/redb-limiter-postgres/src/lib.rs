@@ -38,19 +38,9 @@
 //! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
 //! statements cached per connection), TLS through `rustls` with the Mozilla roots when the URL
 //! asks for it (`sslmode=require`), as managed databases do.
-//!
-//! Workers: a host that serves from several single-threaded runtimes (the server does, one per
-//! core) sets [`PgOptions::workers`] and marks each runtime's thread with [`enter_worker`]. The
-//! limiter then keeps one pool per worker, used only by requests on that worker's thread, so a
-//! request, its connection to PostgreSQL and the task driving that connection stay on one
-//! thread, with no hand-off between threads on the way. Every other thread (the sweeper's, a
-//! multi-threaded host's) uses one more, shared, pool. The batcher stays one for all threads,
-//! so concurrent requests on every worker share its batches; a batch goes over the pool of the
-//! thread that sends it.
 
 pub mod batch;
 
-use std::cell::Cell;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -107,27 +97,6 @@ pub struct PgOptions {
     /// How many batches of one-window acquires may be in flight at once (see [`batch`]); 0
     /// sends every one-window acquire alone, as its own statement.
     pub batchers: usize,
-    /// Worker threads that get a pool of their own (see [`enter_worker`]): 0 keeps one pool of
-    /// `pool_size` for every thread. Otherwise each worker's pool holds `pool_size / workers`
-    /// connections (rounded up, at least 1) and the pool of every other thread
-    /// [`SHARED_POOL_WITH_WORKERS`].
-    pub workers: usize,
-}
-
-/// The shared pool's size when workers have their own: it serves the sweeper, `/health`'s
-/// probe and any request from a thread that is not a worker.
-pub const SHARED_POOL_WITH_WORKERS: usize = 2;
-
-thread_local! {
-    /// The worker this thread is, once [`enter_worker`] marked it.
-    static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-/// Marks the calling thread as worker `index`: a limiter with [`PgOptions::workers`] sends this
-/// thread's requests over worker `index % workers`'s own pool. Call it once, first thing, on
-/// the thread that runs a single-threaded runtime.
-pub fn enter_worker(index: usize) {
-    WORKER.with(|w| w.set(Some(index)));
 }
 
 impl PgOptions {
@@ -141,7 +110,6 @@ impl PgOptions {
             statement_timeout: Duration::from_secs(5),
             clock: None,
             batchers: batch::DEFAULT_BATCHERS,
-            workers: 0,
         }
     }
 }
@@ -154,7 +122,6 @@ impl std::fmt::Debug for PgOptions {
             .field("pool_size", &self.pool_size)
             .field("recheck_ms", &self.recheck_ms)
             .field("batchers", &self.batchers)
-            .field("workers", &self.workers)
             .finish_non_exhaustive()
     }
 }
@@ -180,9 +147,7 @@ pub enum PgError {
 /// The limiter on PostgreSQL. Cheap to share behind an `Arc`; every method is one round trip
 /// (shared with others when a batch decides it; two when a batch leaves it to go alone).
 pub struct PgLimiter {
-    /// The shared pool first, then one per worker (see [`PgOptions::workers`]); a request uses
-    /// [`pool_for_this_thread`]'s.
-    pools: Vec<Pool>,
+    pool: Pool,
     schema: String,
     options: PgOptions,
     /// Every statement this limiter sends, with the schema written in once.
@@ -202,19 +167,8 @@ pub struct PgLimiter {
     /// Window-only acquires the statements decided, and those they left to `acquire()` (tests).
     window_decided: AtomicU64,
     window_left: AtomicU64,
-    /// Gathers the one-window acquires of concurrent requests, on every thread, into one
-    /// statement.
+    /// Gathers the one-window acquires of concurrent requests into one statement.
     batcher: Arc<batch::Batcher>,
-}
-
-/// The pool the calling thread sends over, of a limiter's `pools`: its worker's own (see
-/// [`enter_worker`]) or, on any other thread or without workers, the shared one (the first).
-pub(crate) fn pool_for_this_thread(pools: &[Pool]) -> &Pool {
-    let workers = pools.len() - 1;
-    match WORKER.with(Cell::get) {
-        Some(index) if workers > 0 => &pools[1 + index % workers],
-        _ => &pools[0],
-    }
 }
 
 /// The text of every statement the limiter sends, for its schema: built once, so that a call
@@ -325,27 +279,14 @@ impl PgLimiter {
         // Named per schema, so an operator (or a test) can tell whose connections are whose.
         config.application_name(format!("redb-limiter/{}", options.schema));
         config.connect_timeout(Duration::from_secs(5));
-        let pool = |size: usize| {
-            let manager =
-                Manager::from_config(config.clone(), tls(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
-            Pool::builder(manager)
-                .max_size(size.max(1))
-                .wait_timeout(Some(options.statement_timeout))
-                .create_timeout(Some(Duration::from_secs(5)))
-                .runtime(deadpool_postgres::Runtime::Tokio1)
-                .build()
-                .map_err(|e| PgError::Unreachable(e.to_string()))
-        };
-        let mut pools = Vec::with_capacity(1 + options.workers);
-        if options.workers == 0 {
-            pools.push(pool(options.pool_size)?);
-        } else {
-            pools.push(pool(SHARED_POOL_WITH_WORKERS.min(options.pool_size))?);
-            for _ in 0..options.workers {
-                pools.push(pool(options.pool_size.div_ceil(options.workers))?);
-            }
-        }
-        let pool = pools[0].clone();
+        let manager = Manager::from_config(config, tls(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .wait_timeout(Some(options.statement_timeout))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| PgError::Unreachable(e.to_string()))?;
         let client = pool.get().await.map_err(|e| PgError::Unreachable(e.to_string()))?;
         let fsync: String = client.query_one("SHOW fsync", &[]).await?.get(0);
         if fsync == "off" {
@@ -364,10 +305,10 @@ impl PgLimiter {
         })?;
         drop(client);
         let batch_sql = Statements::file(ACQUIRE_WINDOW_BATCH_SQL, &options.schema);
-        let batcher = Arc::new(batch::Batcher::new(pools.clone(), batch_sql, options.batchers));
+        let batcher = Arc::new(batch::Batcher::new(pool.clone(), batch_sql, options.batchers));
         Ok(PgLimiter {
             batcher,
-            pools,
+            pool,
             schema: options.schema.clone(),
             sql: Statements::new(&options.schema),
             nonce: random_nonce(),
@@ -459,7 +400,7 @@ impl PgLimiter {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, LimiterError> {
-        let client = pool_for_this_thread(&self.pools).get().await.map_err(|e| unavailable(&e))?;
+        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
         let statement = client.prepare_cached(sql).await.map_err(|e| unavailable(&e))?;
         client.query_one(&statement, params).await.map_err(|e| match e.as_db_error() {
             Some(db) if db.code().code() == "RL400" => {
@@ -728,7 +669,7 @@ impl PgLimiter {
         }
         self.probes.fetch_add(1, Ordering::Relaxed);
         let result = async {
-            let client = pool_for_this_thread(&self.pools).get().await.map_err(|e| unavailable(&e))?;
+            let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
             client.simple_query("SELECT 1").await.map_err(|e| unavailable(&e))?;
             Ok(())
         }
@@ -759,13 +700,6 @@ impl PgLimiter {
     #[must_use]
     pub fn batch_paths(&self) -> (u64, u64, u64) {
         self.batcher.paths()
-    }
-
-    /// Connections each pool holds now, the shared pool's first (tests).
-    #[doc(hidden)]
-    #[must_use]
-    pub fn pool_sizes(&self) -> Vec<usize> {
-        self.pools.iter().map(|pool| pool.status().size).collect()
     }
 
     /// The batch statement as this limiter sends it (tests).

@@ -583,43 +583,6 @@ fn several_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
     });
 }
 
-/// With workers, a thread marked worker `i` sends over worker `i % workers`'s own pool, and
-/// every other thread over the shared pool; each pool opens its connections on its own thread.
-#[test]
-fn a_worker_thread_sends_over_its_own_pool_and_any_other_thread_over_the_shared_one() {
-    let Some(url) = database_url() else { return };
-    let rt = runtime();
-    let pg = rt.block_on(async {
-        let mut options = PgOptions::new(&url);
-        options.schema = format!("t_{}_workers", std::process::id());
-        options.pool_size = 4;
-        options.workers = 2;
-        options.clock = Some(Arc::new(FakeClock::new(T0)));
-        Arc::new(PgLimiter::connect(options).await.expect("connect and create the schema"))
-    });
-    assert_eq!(pg.pool_sizes(), [1, 0, 0], "connect's own connection, in the shared pool");
-    let req = AcquireRequest::new("caller", vec![window("w", 100, 60_000)]).unwrap();
-    // As the server runs a worker: a single-threaded runtime on a thread marked first.
-    let on_worker = |index: usize| {
-        let (pg, req) = (Arc::clone(&pg), req.clone());
-        std::thread::spawn(move || {
-            redb_limiter_postgres::enter_worker(index);
-            let worker = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            worker.block_on(pg.acquire(req)).unwrap().decision.is_granted()
-        })
-        .join()
-        .unwrap()
-    };
-    assert!(on_worker(1));
-    assert_eq!(pg.pool_sizes(), [1, 0, 1], "worker 1's pool");
-    assert!(on_worker(0));
-    assert_eq!(pg.pool_sizes(), [1, 1, 1], "worker 0's pool");
-    assert!(on_worker(2), "worker 2 of 2 workers is worker 0 again");
-    assert_eq!(pg.pool_sizes(), [1, 1, 1], "worker 0's pool, still one connection");
-    assert!(rt.block_on(pg.acquire(req.clone())).unwrap().decision.is_granted());
-    assert_eq!(pg.pool_sizes(), [1, 1, 1], "a thread that is no worker: the shared pool's connection");
-}
-
 #[test]
 fn an_unknown_schema_version_is_refused_naming_it() {
     let Some(url) = database_url() else { return };

@@ -280,7 +280,12 @@ impl PgLimiter {
         config.application_name(format!("redb-limiter/{}", options.schema));
         config.connect_timeout(Duration::from_secs(5));
         let manager = Manager::from_config(config, tls(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        // Last in, first out: the session used last is used next, so only as many sessions as
+        // the load needs stay busy (and their backends' caches warm). First in, first out sent
+        // each request to the session idle longest, cycling every backend of the pool even one
+        // request at a time.
         let pool = Pool::builder(manager)
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .max_size(options.pool_size.max(1))
             .wait_timeout(Some(options.statement_timeout))
             .create_timeout(Some(Duration::from_secs(5)))

@@ -583,6 +583,35 @@ fn several_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
     });
 }
 
+/// The pool hands out the session used last: after a burst opened every session of the pool,
+/// requests one at a time keep to one of them (first in, first out would cycle through all).
+#[test]
+fn requests_one_at_a_time_keep_to_the_session_used_last() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = Arc::new(fresh_with(&url, "lifo", clock, 0).await);
+        let req = AcquireRequest::new("caller", vec![window("w", 1_000_000, 60_000)]).unwrap();
+        let name = format!("redb-limiter/{}", pg.schema());
+        let client = plain_client(&url).await;
+        let sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state_change > $2";
+        let burst: Vec<_> = (0..32).map(|_| pg.acquire(req.clone())).collect();
+        assert!(join_all(burst).await.iter().all(|r| r.as_ref().is_ok_and(|a| a.decision.is_granted())));
+        let since: std::time::SystemTime = client.query_one("SELECT clock_timestamp()", &[]).await.unwrap().get(0);
+        let opened: i64 = client
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", &[&name])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(opened >= 2, "the burst opened {opened} sessions; the test needs two or more");
+        for _ in 0..20 {
+            assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
+        }
+        let used: i64 = client.query_one(sessions, &[&name, &since]).await.unwrap().get(0);
+        assert_eq!(used, 1, "20 requests one at a time used {used} of the pool's {opened} sessions");
+    });
+}
+
 #[test]
 fn an_unknown_schema_version_is_refused_naming_it() {
     let Some(url) = database_url() else { return };

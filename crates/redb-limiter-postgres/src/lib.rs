@@ -97,7 +97,16 @@ pub struct PgOptions {
     /// How many batches of one-window acquires may be in flight at once (see [`batch`]); 0
     /// sends every one-window acquire alone, as its own statement.
     pub batchers: usize,
+    /// A pool session unused this long is closed by the sweeper's next tick
+    /// ([`PgLimiter::close_idle_sessions`]); the pool opens one again when the load needs it.
+    /// The pool hands out the session used last, so the sessions beyond what the load needs
+    /// sit unused, holding a backend each, and a session unused for long may meanwhile have
+    /// been cut by the network or by the server's `idle_session_timeout`.
+    pub idle_session: Duration,
 }
+
+/// [`PgOptions::idle_session`] unless set otherwise.
+pub const DEFAULT_IDLE_SESSION: Duration = Duration::from_secs(60);
 
 impl PgOptions {
     #[must_use]
@@ -110,6 +119,7 @@ impl PgOptions {
             statement_timeout: Duration::from_secs(5),
             clock: None,
             batchers: batch::DEFAULT_BATCHERS,
+            idle_session: DEFAULT_IDLE_SESSION,
         }
     }
 }
@@ -122,6 +132,7 @@ impl std::fmt::Debug for PgOptions {
             .field("pool_size", &self.pool_size)
             .field("recheck_ms", &self.recheck_ms)
             .field("batchers", &self.batchers)
+            .field("idle_session", &self.idle_session)
             .finish_non_exhaustive()
     }
 }
@@ -721,9 +732,16 @@ impl PgLimiter {
         &self.sql.acquire_window
     }
 
+    /// Closes the pool's sessions that no request took for longer than
+    /// [`PgOptions::idle_session`]; how many it closed. Sessions in use are not touched.
+    pub fn close_idle_sessions(&self) -> usize {
+        let idle = self.options.idle_session;
+        self.pool.retain(|_, metrics| metrics.last_used() < idle).removed.len()
+    }
+
     /// Runs [`PgLimiter::sweep_backlog`] (up to [`SWEEP_BATCHES_PER_TICK`] batches of
-    /// [`SWEEP_BATCH`]) every `every`, the first at once, until the limiter is dropped (the
-    /// task holds a weak handle).
+    /// [`SWEEP_BATCH`]) and [`PgLimiter::close_idle_sessions`] every `every`, the first at
+    /// once, until the limiter is dropped (the task holds a weak handle).
     pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -734,6 +752,10 @@ impl PgLimiter {
                 let Some(limiter) = weak.upgrade() else { return };
                 if let Err(e) = limiter.sweep_backlog(SWEEP_BATCH, SWEEP_BATCHES_PER_TICK).await {
                     tracing::debug!(error = %e, "sweep failed; the next one tries again");
+                }
+                let closed = limiter.close_idle_sessions();
+                if closed > 0 {
+                    tracing::debug!(closed, "closed database sessions left unused");
                 }
             }
         });

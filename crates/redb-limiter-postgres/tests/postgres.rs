@@ -612,6 +612,54 @@ fn requests_one_at_a_time_keep_to_the_session_used_last() {
     });
 }
 
+/// Sessions of the pool unused for longer than `idle_session` are closed (the sweeper's tick
+/// does it), and the pool opens one again when a request needs it; sessions used within it stay.
+#[test]
+fn sessions_unused_past_idle_session_are_closed_and_reopened_when_needed() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let client = plain_client(&url).await;
+        let req = AcquireRequest::new("caller", vec![window("w", 1_000_000, 60_000)]).unwrap();
+        let sessions_of = |pg: &PgLimiter| format!("redb-limiter/{}", pg.schema());
+        let open = async |name: &str| -> i64 {
+            let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+            client.query_one(sql, &[&name]).await.unwrap().get(0)
+        };
+        let burst = async |pg: &PgLimiter| {
+            let requests: Vec<_> = (0..16).map(|_| pg.acquire(req.clone())).collect();
+            assert!(join_all(requests).await.iter().all(|r| r.as_ref().is_ok_and(|a| a.decision.is_granted())));
+        };
+        // The default: a minute. A session used a moment ago stays.
+        let kept = fresh_with(&url, "idle_kept", Arc::new(FakeClock::new(T0)), 0).await;
+        burst(&kept).await;
+        let opened = open(&sessions_of(&kept)).await;
+        assert!(opened >= 2, "the burst opened {opened} sessions; the test needs two or more");
+        assert_eq!(kept.close_idle_sessions(), 0);
+        assert_eq!(open(&sessions_of(&kept)).await, opened);
+        // Zero: every session not in use has been unused too long.
+        let mut options = PgOptions::new(&url);
+        options.schema = format!("t_{}_idle_closed", std::process::id());
+        options.pool_size = 4;
+        options.clock = Some(Arc::new(FakeClock::new(T0)));
+        options.batchers = 0;
+        options.idle_session = std::time::Duration::ZERO;
+        let closing = PgLimiter::connect(options).await.expect("connect and create the schema");
+        burst(&closing).await;
+        let name = sessions_of(&closing);
+        let opened = open(&name).await;
+        assert!(opened >= 2, "the burst opened {opened} sessions; the test needs two or more");
+        assert_eq!(i64::try_from(closing.close_idle_sessions()).unwrap(), opened);
+        // A closed session's backend leaves pg_stat_activity once it has read the close.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while open(&name).await > 0 {
+            assert!(std::time::Instant::now() < deadline, "the closed sessions' backends are still there");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(closing.acquire(req.clone()).await.unwrap().decision.is_granted(), "a session opened again");
+        assert_eq!(open(&name).await, 1);
+    });
+}
+
 #[test]
 fn an_unknown_schema_version_is_refused_naming_it() {
     let Some(url) = database_url() else { return };

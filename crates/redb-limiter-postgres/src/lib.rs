@@ -36,8 +36,9 @@
 //! until a later success), and otherwise runs one `SELECT 1`, one probe at a time.
 //!
 //! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
-//! statements cached per connection), TLS through `rustls` with the Mozilla roots when the URL
-//! asks for it (`sslmode=require`), as managed databases do.
+//! statements cached per connection; the session used last is handed out first, and the
+//! sweeper closes sessions left unused for [`PgOptions::idle_session`]), TLS through `rustls`
+//! with the Mozilla roots when the URL asks for it (`sslmode=require`), as managed databases do.
 
 pub mod batch;
 

@@ -5,7 +5,7 @@
 //! `--watch` redraws the same view in place once a second, as the live page shows it: bars,
 //! fullest first, places about to lapse, and (from a server) the latest refusals and decisions
 //! per second from `/recent`; q or Ctrl-C quits. [`render_live`] is the drawing, a pure function
-//! of what was read; [`watch`] owns the terminal (its own screen, keys read unbuffered) and
+//! of what was read; `watch` owns the terminal (its own screen, keys read unbuffered) and
 //! gives it back as it was.
 
 use std::fmt::Write as _;

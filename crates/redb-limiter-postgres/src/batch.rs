@@ -2,7 +2,7 @@
 //! waiting at once are decided by one statement (`sql/acquire_window_batch.sql`) in one round
 //! trip and one transaction, instead of one statement each.
 //!
-//! Shape: a [`Batcher`] has `slots` turns (the limiter's `batchers` option, default
+//! Shape: a `Batcher` has `slots` turns (the limiter's `batchers` option, default
 //! [`DEFAULT_BATCHERS`]). A request that finds a turn free takes it and sends its own request
 //! at once, through today's one-request statement, in its own task: when nothing else waits it
 //! costs no extra task hop and no other statement. A request that finds every turn taken

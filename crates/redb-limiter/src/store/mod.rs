@@ -20,8 +20,8 @@
 //! Behind its journal, [`Store::commit`] does not make a redb commit: it appends the commit's
 //! floor and effects to the journal as a note (postcard after schema byte 1; one append and one
 //! sync) and keeps them in memory. One redb commit of the notes alone takes them into the file once
-//! [`NOTES_BEFORE_COMMIT`](crate::policy::NOTES_BEFORE_COMMIT) wait (or their effects pass
-//! [`NOTE_EFFECTS_BEFORE_COMMIT`](crate::policy::NOTE_EFFECTS_BEFORE_COMMIT)), before any other
+//! [`NOTES_BEFORE_COMMIT`] wait (or their effects pass
+//! [`NOTE_EFFECTS_BEFORE_COMMIT`]), before any other
 //! redb commit (a tidying one, a commit too large for a note), at quiet moments
 //! ([`Store::apply_notes`]) and at [`Store::finish`]. A redb commit costs tens of microseconds of
 //! CPU whatever it holds; a note costs a few. An open redoes the notes a crash left, in order, in
@@ -63,9 +63,9 @@
 //! the grants a prune or a forgotten bucket reports are spread over time (a bucket's pruned
 //! grants span its window), so deleting them at once would dirty one leaf each. Instead the store
 //! dooms them and deletes doomed grants together, about oldest first. A commit that carries a
-//! request's change deletes only once [`DELETE_BATCH`](crate::policy::DELETE_BATCH) are due (about a leaf's worth, so one
+//! request's change deletes only once [`DELETE_BATCH`] are due (about a leaf's worth, so one
 //! commit in many pays for it), at most a few per grant it writes, and only those
-//! [`DELETE_AFTER_MS`](crate::policy::DELETE_AFTER_MS) old, or twice as old as when they were doomed if that is sooner (by then
+//! [`DELETE_AFTER_MS`] old, or twice as old as when they were doomed if that is sooner (by then
 //! the grants around them in the log are doomed too). [`Store::commit_and_tidy`] (a sweep's
 //! forgetting, a reopen's prune) and [`Store::finish`] delete them all. A commit that writes a
 //! bucket's record (its window grew, or it was created again) first deletes that bucket's doomed
@@ -73,7 +73,7 @@
 //! doomed grant only costs space: its bucket's window never grew since it was pruned, and
 //! loading the file prunes it again.
 //!
-//! A forgotten bucket's record is kept the same way, until [`RECORD_DELETE_BATCH`](crate::policy::RECORD_DELETE_BATCH) wait (or a
+//! A forgotten bucket's record is kept the same way, until [`RECORD_DELETE_BATCH`] wait (or a
 //! tidying commit): a bucket that comes back with the same record, as a key with sparse
 //! traffic does every time its window empties, then writes nothing. Until deleted, the record
 //! only costs space: loading the file restores an empty bucket and forgets it again.
@@ -523,7 +523,7 @@ pub struct Store {
     path: PathBuf,
     /// Grants reported gone but still in the file (see the module docs).
     doomed: Doomed,
-    /// [`DELETE_BATCH`](crate::policy::DELETE_BATCH); smaller in tests.
+    /// [`DELETE_BATCH`]; smaller in tests.
     delete_batch: usize,
     /// The file's identity (device, inode) when opened; `None` where there is none to read.
     identity: Option<(u64, u64)>,

@@ -34,14 +34,36 @@ async fn fresh(url: &str, name: &str, clock: Arc<FakeClock>) -> PgLimiter {
 
 /// The same with `batchers` batch turns (one: requests sent at once queue behind the first).
 async fn fresh_with(url: &str, name: &str, clock: Arc<FakeClock>, batchers: usize) -> PgLimiter {
+    fresh_options(url, name, clock, |options| options.batchers = batchers).await
+}
+
+/// The same with the options `set` changes.
+async fn fresh_options(url: &str, name: &str, clock: Arc<FakeClock>, set: impl FnOnce(&mut PgOptions)) -> PgLimiter {
     static N: AtomicU32 = AtomicU32::new(0);
     let schema = format!("t_{}_{}_{name}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
     let mut options = PgOptions::new(url);
     options.schema = schema;
     options.pool_size = 4;
     options.clock = Some(clock);
-    options.batchers = batchers;
+    set(&mut options);
     PgLimiter::connect(options).await.expect("connect and create the schema")
+}
+
+/// How many database sessions of `pg`'s pool are open (with `since`: how many changed state
+/// after it, that is, ran a statement), read apart from the pool.
+async fn sessions(client: &tokio_postgres::Client, pg: &PgLimiter, since: Option<std::time::SystemTime>) -> i64 {
+    let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+               AND ($2::timestamptz IS NULL OR state_change > $2)";
+    let name = format!("redb-limiter/{}", pg.schema());
+    client.query_one(sql, &[&name, &since]).await.unwrap().get(0)
+}
+
+/// `n` acquires of a roomy window sent at once, all granted (one: a request alone); at once,
+/// they open the pool's sessions.
+async fn burst(pg: &PgLimiter, n: usize) {
+    let req = AcquireRequest::new("caller", vec![window("w", 1_000_000, 60_000)]).unwrap();
+    let requests: Vec<_> = (0..n).map(|_| pg.acquire(req.clone())).collect();
+    assert!(join_all(requests).await.iter().all(|r| r.as_ref().is_ok_and(|a| a.decision.is_granted())));
 }
 
 /// A plain connection of its own, outside the limiter's pool (to look at or hold rows).
@@ -364,13 +386,10 @@ fn two_limiters_batching_hot_buckets_never_fail_nor_over_grant() {
                 }
             }
         }
-        let mut fullest = 0;
-        for (bucket, mut instants) in by_bucket {
-            let (inside, start) = redb_limiter::engine::model::fullest_window(&mut instants, PER_MS);
-            assert!(inside <= CALLS, "{bucket}: {inside} grants in the {PER_MS} ms from {start}");
-            fullest = fullest.max(inside);
-        }
-        assert_eq!(fullest, CALLS, "some window was filled to its calls, so the bound was tested");
+        let fullest = redb_limiter::engine::model::fullest_window_of(by_bucket, PER_MS);
+        let (bucket, inside, start) = fullest.expect("grants were recorded");
+        assert!(inside <= CALLS, "{bucket}: {inside} grants in the {PER_MS} ms from {start}");
+        assert_eq!(inside, CALLS, "some window was filled to its calls, so the bound was tested");
         for pg in &limiters {
             let (batches, decided, alone) = pg.batch_paths();
             assert!(batches > 0 && decided > 0 && alone > 0, "{:?}", pg.batch_paths());
@@ -589,25 +608,16 @@ fn several_window_acquires_are_decided_by_one_statement_or_left_to_acquire() {
 fn requests_one_at_a_time_keep_to_the_session_used_last() {
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
-        let clock = Arc::new(FakeClock::new(T0));
-        let pg = Arc::new(fresh_with(&url, "lifo", clock, 0).await);
-        let req = AcquireRequest::new("caller", vec![window("w", 1_000_000, 60_000)]).unwrap();
-        let name = format!("redb-limiter/{}", pg.schema());
+        let pg = fresh_with(&url, "lifo", Arc::new(FakeClock::new(T0)), 0).await;
         let client = plain_client(&url).await;
-        let sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state_change > $2";
-        let burst: Vec<_> = (0..32).map(|_| pg.acquire(req.clone())).collect();
-        assert!(join_all(burst).await.iter().all(|r| r.as_ref().is_ok_and(|a| a.decision.is_granted())));
+        burst(&pg, 32).await;
         let since: std::time::SystemTime = client.query_one("SELECT clock_timestamp()", &[]).await.unwrap().get(0);
-        let opened: i64 = client
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", &[&name])
-            .await
-            .unwrap()
-            .get(0);
+        let opened = sessions(&client, &pg, None).await;
         assert!(opened >= 2, "the burst opened {opened} sessions; the test needs two or more");
         for _ in 0..20 {
-            assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
+            burst(&pg, 1).await;
         }
-        let used: i64 = client.query_one(sessions, &[&name, &since]).await.unwrap().get(0);
+        let used = sessions(&client, &pg, Some(since)).await;
         assert_eq!(used, 1, "20 requests one at a time used {used} of the pool's {opened} sessions");
     });
 }
@@ -619,44 +629,31 @@ fn sessions_unused_past_idle_session_are_closed_and_reopened_when_needed() {
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let client = plain_client(&url).await;
-        let req = AcquireRequest::new("caller", vec![window("w", 1_000_000, 60_000)]).unwrap();
-        let sessions_of = |pg: &PgLimiter| format!("redb-limiter/{}", pg.schema());
-        let open = async |name: &str| -> i64 {
-            let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
-            client.query_one(sql, &[&name]).await.unwrap().get(0)
-        };
-        let burst = async |pg: &PgLimiter| {
-            let requests: Vec<_> = (0..16).map(|_| pg.acquire(req.clone())).collect();
-            assert!(join_all(requests).await.iter().all(|r| r.as_ref().is_ok_and(|a| a.decision.is_granted())));
-        };
         // The default: a minute. A session used a moment ago stays.
         let kept = fresh_with(&url, "idle_kept", Arc::new(FakeClock::new(T0)), 0).await;
-        burst(&kept).await;
-        let opened = open(&sessions_of(&kept)).await;
+        burst(&kept, 16).await;
+        let opened = sessions(&client, &kept, None).await;
         assert!(opened >= 2, "the burst opened {opened} sessions; the test needs two or more");
         assert_eq!(kept.close_idle_sessions(), 0);
-        assert_eq!(open(&sessions_of(&kept)).await, opened);
+        assert_eq!(sessions(&client, &kept, None).await, opened);
         // Zero: every session not in use has been unused too long.
-        let mut options = PgOptions::new(&url);
-        options.schema = format!("t_{}_idle_closed", std::process::id());
-        options.pool_size = 4;
-        options.clock = Some(Arc::new(FakeClock::new(T0)));
-        options.batchers = 0;
-        options.idle_session = std::time::Duration::ZERO;
-        let closing = PgLimiter::connect(options).await.expect("connect and create the schema");
-        burst(&closing).await;
-        let name = sessions_of(&closing);
-        let opened = open(&name).await;
+        let closing = fresh_options(&url, "idle_closed", Arc::new(FakeClock::new(T0)), |options| {
+            options.batchers = 0;
+            options.idle_session = std::time::Duration::ZERO;
+        })
+        .await;
+        burst(&closing, 16).await;
+        let opened = sessions(&client, &closing, None).await;
         assert!(opened >= 2, "the burst opened {opened} sessions; the test needs two or more");
         assert_eq!(i64::try_from(closing.close_idle_sessions()).unwrap(), opened);
         // A closed session's backend leaves pg_stat_activity once it has read the close.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while open(&name).await > 0 {
+        while sessions(&client, &closing, None).await > 0 {
             assert!(std::time::Instant::now() < deadline, "the closed sessions' backends are still there");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        assert!(closing.acquire(req.clone()).await.unwrap().decision.is_granted(), "a session opened again");
-        assert_eq!(open(&name).await, 1);
+        burst(&closing, 1).await;
+        assert_eq!(sessions(&client, &closing, None).await, 1, "one session opened again");
     });
 }
 

@@ -413,9 +413,23 @@ pub fn fullest_window(instants: &mut [u64], per_ms: u64) -> (u64, u64) {
     fullest
 }
 
+/// [`fullest_window`] over several buckets' instants: the bucket whose window is fullest, with
+/// its count and start (the first such bucket on a tie); `None` without buckets. Every bucket
+/// holds at most `calls` in any window exactly when this one does.
+pub fn fullest_window_of<K>(buckets: impl IntoIterator<Item = (K, Vec<u64>)>, per_ms: u64) -> Option<(K, u64, u64)> {
+    let mut fullest: Option<(K, u64, u64)> = None;
+    for (bucket, mut instants) in buckets {
+        let (inside, start) = fullest_window(&mut instants, per_ms);
+        if fullest.as_ref().is_none_or(|f| inside > f.1) {
+            fullest = Some((bucket, inside, start));
+        }
+    }
+    fullest
+}
+
 #[cfg(test)]
 mod tests {
-    use super::fullest_window;
+    use super::{fullest_window, fullest_window_of};
 
     #[test]
     fn the_fullest_window_is_found_wherever_it_starts_and_excludes_its_end() {
@@ -423,5 +437,12 @@ mod tests {
         assert_eq!(fullest_window(&mut [1005, 0, 1000, 20, 10], 1000), (4, 10));
         assert_eq!(fullest_window(&mut [0, 1000, 2000], 1000), (1, 0));
         assert_eq!(fullest_window(&mut [], 1000), (0, 0));
+    }
+
+    #[test]
+    fn the_fullest_window_of_several_buckets_names_its_bucket() {
+        let buckets = [("a", vec![0, 2000]), ("b", vec![5, 7, 3000]), ("c", vec![0, 1, 5000])];
+        assert_eq!(fullest_window_of(buckets, 1000), Some(("b", 2, 5)), "the first of two as full");
+        assert_eq!(fullest_window_of(Vec::<(&str, Vec<u64>)>::new(), 1000), None);
     }
 }

@@ -1,0 +1,333 @@
+"""The asyncio twin: :class:`AsyncLimiter` over ``httpx.AsyncClient``, and its
+:class:`AsyncPermit`. Same methods, names and errors as :mod:`redb_limiter._sync`.
+
+Cancellation is a way out like any other: a cancelled wait leaves the in-process line and the
+limiter's (its ticket is released), and a grant that arrives after the caller was cancelled is
+released, never leaked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from datetime import datetime
+from typing import Any, Optional, Set, Type, TypeVar, cast
+
+import httpx
+
+from ._base import Clock, LimiterBase, Wait, WaitReport, check_max_waiters, check_seconds, log, refused
+from ._errors import LimiterError, QueueTimeout, Unreachable
+from ._lines import AsyncLines
+from ._request import AcquireRequest, Costs, Limits, check_key
+from ._time import ms_to_datetime
+from ._wire import Grant, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle
+
+__all__ = ["AsyncLimiter", "AsyncPermit", "AcquireContext"]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+class AsyncPermit:
+    """A grant. Use it with ``async with``: on exit its places are released (after a settle in
+    the body, the settled costs stand), whether the body returned, raised or was cancelled."""
+
+    def __init__(self, limiter: AsyncLimiter, grant: Grant) -> None:
+        self._limiter = limiter
+        self.at: datetime = ms_to_datetime(grant.at_ms)
+        self.id: str | None = grant.permit
+        self.released = False
+        #: The costs of the latest successful settle, if any.
+        self.costs: dict[str, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"AsyncPermit(at={self.at.isoformat()}, id={self.id!r}, released={self.released})"
+
+    async def settle(self, costs: Costs) -> bool:
+        """Sets the grant's real cost in each named window bucket (the latest settle stands);
+        ``False`` when the permit is no longer live (or the grant has no permit id)."""
+        if self.id is None or self.released:
+            return False
+        settled = await self._limiter.settle(self.id, costs)
+        if settled:
+            self.costs = dict(costs)
+        return settled
+
+    async def release(self, costs: Costs | None = None) -> bool:
+        """Releases the places now, after settling ``costs`` if given (one durable step);
+        ``True`` when the permit was live. A second release sends nothing."""
+        if self.id is None or self.released:
+            return False
+        live = await self._limiter.release(self.id, costs)
+        self.released = True
+        return live
+
+    async def __aenter__(self) -> AsyncPermit:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[types.TracebackType],
+    ) -> None:
+        if exc is None:
+            await self.release()
+            return
+        if self.id is None or self.released:
+            return
+        # Even when the body was cancelled, the release is sent: shielded, so that a second
+        # cancellation cannot stop it halfway.
+        try:
+            await self._limiter._shielded(self.release())
+        except LimiterError as e:  # never hide the body's own error behind the release's
+            log.warning("releasing permit %s after an error failed: %s; its places lapse at holdMs", self.id, e)
+
+
+class AcquireContext:
+    """What :meth:`AsyncLimiter.acquire` returns: ``await`` it for the permit, or use it with
+    ``async with`` to release on exit."""
+
+    def __init__(self, start: Callable[[], Coroutine[Any, Any, AsyncPermit]]) -> None:
+        self._start = start
+        self._permit: AsyncPermit | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncPermit]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> AsyncPermit:
+        self._permit = await self._start()
+        return self._permit
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[types.TracebackType],
+    ) -> None:
+        if self._permit is not None:
+            await self._permit.__aexit__(exc_type, exc, tb)
+
+
+class AsyncLimiter(LimiterBase):
+    """An asyncio client of a redb-limiter server; the twin of :class:`Limiter` (same
+    arguments, methods and errors). Use one per event loop; ``await aclose()`` when done."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 10.0,
+        *,
+        max_waiters: int | None = None,
+        on_wait: Optional[Callable[[WaitReport], None]] = None,
+        clock: Clock | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, max_waiters, clock, on_wait)
+        self._http = http_client if http_client is not None else httpx.AsyncClient(timeout=self.timeout)
+        self._lines = AsyncLines()
+        self._pending: Set[asyncio.Task[Any]] = set()
+
+    async def aclose(self) -> None:
+        """Waits for the clean-ups that cancelled waits left running, then closes."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncLimiter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _lines_waiting(self, shape: str) -> int:
+        return self._lines.waiting(shape)
+
+    async def _shielded(self, work: Coroutine[Any, Any, Any]) -> Any:
+        """Runs ``work`` to its end even if the caller is cancelled meanwhile."""
+        task = asyncio.ensure_future(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return await asyncio.shield(task)
+
+    async def _post(self, method: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        sent = self.clock.wall()
+        try:
+            response = await self._http.post(f"{self.url}/{method}", json=body, headers=self._headers())
+        except httpx.TransportError as e:
+            raise Unreachable(f"{method}: {self.url}: {e!r}") from e
+        data = decode(method, response.status_code, response.content)
+        return data, self._observe(sent, response, data)
+
+    async def _ask_once(self, body: dict[str, Any]) -> tuple[Outcome, float]:
+        data, now_ms = await self._post("acquire", body)
+        return parse_acquire(data), now_ms
+
+    async def _ask(self, body: dict[str, Any]) -> tuple[Outcome, float]:
+        """One acquire whose answer is undone if the caller is cancelled before it arrives: a
+        late grant is released, a late ticket leaves the line."""
+        task = asyncio.ensure_future(self._ask_once(body))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await self._shielded(self._undo(task))
+            raise
+
+    async def _undo(self, task: asyncio.Future[tuple[Outcome, float]]) -> None:
+        try:
+            outcome, _ = await task
+        except Exception:
+            return
+        if isinstance(outcome, Grant):
+            if outcome.permit is not None:
+                try:
+                    await self.release(outcome.permit)
+                except LimiterError as e:
+                    log.warning("releasing a grant that came after cancellation failed: %s", e)
+        elif outcome.ticket is not None:
+            await self._leave(outcome.ticket)
+
+    def try_acquire(
+        self,
+        key: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        hold_ms: int | None = None,
+        permit: bool = True,
+    ) -> AcquireContext:
+        """Asks once: the :class:`AsyncPermit`, or :class:`Refused`. Never waits, never queues.
+        ``await`` it, or use it with ``async with``."""
+        request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, permit=permit)
+
+        async def start() -> AsyncPermit:
+            outcome, now_ms = await self._ask(request.body())
+            if isinstance(outcome, Grant):
+                return AsyncPermit(self, outcome)
+            raise refused(outcome, now_ms, self.clock.monotonic())
+
+        return AcquireContext(start)
+
+    def acquire(
+        self,
+        key: str,
+        limits: Limits,
+        cost: int = 1,
+        max_wait: float | None = None,
+        queue: bool = True,
+        *,
+        hold_ms: int | None = None,
+        grace_ms: int | None = None,
+        permit: bool = True,
+        max_waiters: int | None = None,
+    ) -> AcquireContext:
+        """Waits until granted (see :meth:`Limiter.acquire`); ``await`` it for the
+        :class:`AsyncPermit`, or ``async with`` it to release on exit. Cancelling the waiting
+        task leaves both lines."""
+        request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, grace_ms=grace_ms, permit=permit)
+        waited = check_seconds("max_wait", max_wait)
+        bound = check_max_waiters(max_waiters) or self.max_waiters
+
+        async def start() -> AsyncPermit:
+            started = self.clock.monotonic()
+            deadline = None if waited is None else started + waited
+            line = self._lines.join(request.shape, bound)
+            try:
+                turn = None if deadline is None else deadline - self.clock.monotonic()
+                if not await self._lines.take_turn(line, turn):
+                    raise QueueTimeout(self.clock.monotonic() - started, None)
+                try:
+                    return await self._wait(request, queue, started, deadline)
+                finally:
+                    self._lines.pass_turn(line)
+            finally:
+                self._lines.leave(request.shape, line)
+
+        return AcquireContext(start)
+
+    async def _wait(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> AsyncPermit:
+        wait = Wait(request, queue, started, deadline)
+        try:
+            while True:
+                outcome, now_ms = await self._ask(wait.body())
+                if isinstance(outcome, Grant):
+                    wait.granted()
+                    return AsyncPermit(self, outcome)
+                seconds = wait.refused(outcome, now_ms, self.clock.monotonic())
+                await self.clock.asleep(seconds)
+                self._report(seconds, wait.last)
+        finally:
+            if wait.ticket is not None:
+                await self._shielded(self._leave(wait.ticket))
+
+    async def _leave(self, ticket: str) -> None:
+        try:
+            await self._post("release", {"ticket": ticket})
+        except LimiterError as e:
+            log.warning("leaving the line with ticket %s failed: %s; it lapses after its grace", ticket, e)
+
+    async def peek(self, key: str, limits: Limits, cost: int = 1, *, hold_ms: int | None = None) -> Peek:
+        """Would this acquire be granted now, and how full is each limit? Changes nothing."""
+        request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms)
+        return parse_peek((await self._post("peek", request.body()))[0])
+
+    async def release(self, permit: str, costs: Costs | None = None) -> bool:
+        """Releases a permit's places (settling ``costs`` first, in one durable step)."""
+        data, _ = await self._post("release", self._release_body(permit, costs))
+        return parse_bool(data, "released", "release")
+
+    async def settle(self, permit: str, costs: Costs) -> bool:
+        """Sets a permit's grant's real costs: ``True`` when the permit was live."""
+        data, _ = await self._post("settle", self._settle_body(permit, costs))
+        return parse_bool(data, "settled", "settle")
+
+    async def throttle(self, key: str, until: datetime) -> datetime | None:
+        """Closes caller ``key`` until ``until``; returns the throttle now in force."""
+        return parse_throttle((await self._post("throttle", self._throttle_body(key, until)))[0])
+
+    async def lift(self, key: str) -> bool:
+        """Ends the throttle of ``key`` early: ``True`` when one was in force."""
+        check_key("key", key)
+        return parse_bool((await self._post("lift", {"key": key}))[0], "lifted", "lift")
+
+    async def throttle_from(self, key: str, response: object, *, default_ms: int = 5_000) -> datetime | None:
+        """See :meth:`Limiter.throttle_from`."""
+        until = self._throttle_from_until(response, default_ms)
+        return None if until is None else await self.throttle(key, ms_to_datetime(until))
+
+    def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[httpx.Response], Awaitable[None]]:
+        """A response event hook for an ``httpx.AsyncClient`` (the ``http_client`` of
+        ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic``); see :meth:`Limiter.httpx_hook`."""
+        check_key("key", key)
+
+        async def hook(response: httpx.Response) -> None:
+            if response.status_code == 429:
+                await response.aread()
+            try:
+                await self.throttle_from(key, response, default_ms=default_ms)
+            except LimiterError as e:
+                log.warning("could not throttle %s after a %s: %s", key, response.status_code, e)
+
+        return hook
+
+    def limit(self, key: str, limits: Limits, cost: int = 1, max_wait: float | None = None) -> Callable[[F], F]:
+        """A decorator for ``async def`` functions: each call waits for a grant first and
+        releases its places when it returns, raises or is cancelled."""
+        AcquireRequest.build(key, limits, cost)
+        check_seconds("max_wait", max_wait)
+
+        def decorate(fn: F) -> F:
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError(f"{fn.__qualname__} is not async: decorate it with Limiter.limit")
+
+            @functools.wraps(fn)
+            async def limited(*args: Any, **kwargs: Any) -> Any:
+                async with self.acquire(key, limits, cost, max_wait, permit=False):
+                    return await fn(*args, **kwargs)
+
+            return cast(F, limited)
+
+        return decorate

@@ -1,0 +1,251 @@
+"""What the twins share: the configuration, the clocks, the limiter's clock as seen from the
+host, the waiting rules of one ``acquire`` (a pure state machine) and the reading of a
+provider's response. :class:`~redb_limiter.Limiter` and :class:`~redb_limiter.AsyncLimiter`
+add only their transport (``httpx.Client`` or ``httpx.AsyncClient``) and how they sleep.
+
+Nothing here does I/O; only the clock seam (:class:`Clock`) reads the host's clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Optional, Tuple
+
+import httpx
+
+from ._errors import BadRequest, QueueTimeout, Refused
+from ._request import AcquireRequest, Costs, Limits, check_key, costs_body, permit_id
+from ._time import datetime_to_ms, format_instant, ms_to_datetime, parse_instant
+from ._wire import Refusal, date_header_ms
+from .vendor import Headers, vendor_budget_ms, vendor_wait_ms
+
+log = logging.getLogger("redb_limiter")
+
+__all__ = ["Clock", "SystemClock", "WaitReport"]
+
+
+class Clock:
+    """The host's clocks, as the clients read them. Subclass it to test a host whose wall clock
+    is off, or to watch the sleeps; the default reads the real clocks."""
+
+    def wall(self) -> float:
+        """Seconds since the epoch (``time.time()``)."""
+        return time.time()
+
+    def monotonic(self) -> float:
+        """A clock that never steps (``time.monotonic()``): deadlines are measured on it."""
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+SystemClock = Clock
+
+
+@dataclass(frozen=True)
+class WaitReport:
+    """One wait, as the ``on_wait`` hook sees it: how long (seconds), why, and the limit key
+    (for a throttle, the caller key) whose ``retryAt`` was slept on."""
+
+    waited: float
+    reason: str
+    limit: str
+
+
+class ServerClock:
+    """The limiter's clock as the host sees it: the host's wall clock plus a skew learned from
+    replies. A reply's own ``now`` (a queued refusal, a reported acquire, a peek) sets it to the
+    millisecond; otherwise the HTTP ``Date`` header (whole seconds) bounds it: the host's
+    reading is kept while it agrees with ``Date`` and pulled inside its second when it does not,
+    so a host whose clock is off still sleeps the right time."""
+
+    def __init__(self) -> None:
+        self.skew_ms = 0.0
+
+    def observe(self, sent_ms: float, received_ms: float, now_ms: int | None, date_ms: int | None) -> float:
+        """The limiter's clock when a reply arrived, in ms since the epoch; learns the skew."""
+        if now_ms is not None:
+            estimate = float(now_ms)
+        else:
+            estimate = received_ms + self.skew_ms
+            if date_ms is not None:
+                # Stamped between sending and receiving, with second precision.
+                latest = date_ms + 1000 + max(received_ms - sent_ms, 0.0)
+                estimate = min(max(estimate, float(date_ms)), latest)
+        self.skew_ms = estimate - received_ms
+        return estimate
+
+    def now_ms(self, wall_ms: float) -> int:
+        return int(wall_ms + self.skew_ms)
+
+
+def check_seconds(field: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise BadRequest(f"{field} must be a finite number of seconds, at least 0, got {value!r}", field)
+    return float(value)
+
+
+def check_max_waiters(value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise BadRequest(f"max_waiters must be an integer of at least 1, got {value!r}", "max_waiters")
+    return value
+
+
+def refused(refusal: Refusal, server_now_ms: float, received_at: float) -> Refused:
+    return Refused(
+        refusal.reason,
+        refusal.limit,
+        ms_to_datetime(refusal.retry_at_ms),
+        max(refusal.retry_at_ms - server_now_ms, 0.0) / 1000,
+        received_at=received_at,
+    )
+
+
+class Wait:
+    """The rules of one waiting acquire, apart from any I/O: what to send next (with the ticket
+    once the limiter filed one), and after each refusal, how long to sleep on the limiter's
+    clock, or that ``max_wait`` cannot be met (then :class:`QueueTimeout` at once, rather than
+    a sleep past the deadline)."""
+
+    def __init__(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> None:
+        self.request = request
+        self.queue = queue
+        self.started = started
+        self.deadline = deadline
+        self.ticket: str | None = None
+        self.last: Refused | None = None
+
+    def body(self) -> dict[str, Any]:
+        # `report` makes every answer carry the limiter's `now`, to size sleeps on its clock.
+        return self.request.body(queue=self.queue, ticket=self.ticket, report=True)
+
+    def granted(self) -> None:
+        self.ticket = None  # a grant ends the ticket
+
+    def refused(self, refusal: Refusal, server_now_ms: float, monotonic: float) -> float:
+        """The seconds to sleep before asking again; raises :class:`QueueTimeout`."""
+        if refusal.ticket is not None:
+            self.ticket = refusal.ticket
+        elif refusal.reason != "throttle":
+            self.ticket = None  # lapsed, or the line was full: wait as plain hosts do
+        self.last = refused(refusal, server_now_ms, monotonic)
+        seconds = max(refusal.retry_at_ms - server_now_ms, 1.0) / 1000
+        if self.deadline is not None and monotonic + seconds > self.deadline:
+            raise self.timeout(monotonic)
+        return seconds
+
+    def timeout(self, monotonic: float) -> QueueTimeout:
+        return QueueTimeout(monotonic - self.started, self.last)
+
+
+def response_parts(response: object) -> Tuple[int, Headers, bytes]:
+    """Status, headers and (when read) body of a provider's ``httpx.Response``, or of an SDK's
+    error that carries one as ``.response`` (``openai.RateLimitError``, ``anthropic.RateLimitError``)."""
+    if not isinstance(response, httpx.Response):
+        inner = getattr(response, "response", None)
+        if not isinstance(inner, httpx.Response):
+            raise TypeError(f"expected an httpx.Response (or an error carrying one), got {type(response).__name__}")
+        response = inner
+    assert isinstance(response, httpx.Response)
+    try:
+        body = response.content
+    except httpx.ResponseNotRead:
+        body = b""
+    return response.status_code, response.headers, body
+
+
+def throttle_until_ms(status: int, headers: Headers, body: bytes, now_ms: int, default_ms: int) -> int | None:
+    """Until when a provider's answer closes its caller: a 429 for the wait it asked, a success
+    reporting an exhausted budget until the reset; ``None`` for anything else."""
+    if status == 429:
+        return now_ms + vendor_wait_ms(headers, body, now=ms_to_datetime(now_ms), default_ms=default_ms)
+    if 200 <= status < 300:
+        return vendor_budget_ms(headers, now_ms)
+    return None
+
+
+class LimiterBase:
+    """The configuration and the request builders both twins share."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float,
+        max_waiters: int | None,
+        clock: Clock | None,
+        on_wait: Optional[Callable[[WaitReport], None]],
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise BadRequest(f"url must be an http:// or https:// URL, got {url!r}", "url")
+        if token is not None and (not isinstance(token, str) or not token.strip()):
+            raise BadRequest("token must be a non-empty string or None", "token")
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = check_seconds("timeout", timeout)
+        self.max_waiters = check_max_waiters(max_waiters)
+        self.clock = clock if clock is not None else Clock()
+        self.on_wait = on_wait
+        self._server = ServerClock()
+
+    def _headers(self) -> dict[str, str]:
+        return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}
+
+    def _observe(self, sent_wall: float, response: httpx.Response, data: Mapping[str, Any]) -> float:
+        """Learns the limiter's clock from a reply; returns its ``now`` at receipt, in ms."""
+        now = data.get("now")
+        now_ms: int | None = None
+        if isinstance(now, str):
+            try:
+                now_ms = parse_instant(now)
+            except ValueError:
+                now_ms = None
+        return self._server.observe(
+            sent_wall * 1000, self.clock.wall() * 1000, now_ms, date_header_ms(response.headers.get("date"))
+        )
+
+    def server_now(self) -> datetime:
+        """The limiter's clock as this host estimates it from the replies so far."""
+        return ms_to_datetime(self._server.now_ms(self.clock.wall() * 1000))
+
+    def waiting(self, key: str, limits: Limits) -> int:
+        """How many callers in this process wait for this request shape (the head included)."""
+        return self._lines_waiting(AcquireRequest.build(key, limits).shape)
+
+    def _lines_waiting(self, shape: str) -> int:
+        raise NotImplementedError
+
+    def _report(self, seconds: float, refusal: Refused | None) -> None:
+        if self.on_wait is not None and refusal is not None:
+            self.on_wait(WaitReport(seconds, refusal.reason, refusal.limit))
+
+    @staticmethod
+    def _release_body(permit: str, costs: Costs | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"permit": permit_id("permit", permit)}
+        if costs is not None:
+            body["costs"] = costs_body(costs)
+        return body
+
+    @staticmethod
+    def _settle_body(permit: str, costs: Costs) -> dict[str, Any]:
+        return {"permit": permit_id("permit", permit), "costs": costs_body(costs)}
+
+    def _throttle_body(self, key: str, until: datetime) -> dict[str, Any]:
+        check_key("key", key)
+        return {"key": key, "until": format_instant(max(datetime_to_ms(until, "until"), 0))}
+
+    def _throttle_from_until(self, response: object, default_ms: int) -> int | None:
+        status, headers, body = response_parts(response)
+        now_ms = self._server.now_ms(self.clock.wall() * 1000)
+        return throttle_until_ms(status, headers, body, now_ms, default_ms)

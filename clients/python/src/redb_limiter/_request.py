@@ -1,0 +1,194 @@
+"""Requests as values, validated with the wire's bounds before anything is sent.
+
+Owns :class:`Limit` and the one place every request body is built (both twins call it), so
+that a bad value fails here with an error naming the field, and nothing reaches the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, Union
+
+from ._errors import BadRequest
+
+__all__ = ["Limit", "Limits", "Costs"]
+
+MAX_KEY_BYTES = 512
+MAX_PERMIT_BYTES = 128
+MAX_LIMITS = 64
+MAX_CALLS = 10**9
+MAX_PER_MS = 2_678_400_000
+MAX_CONCURRENT = 10**6
+MAX_COST = 10**9
+MAX_HOLD_MS = 86_400_000
+MIN_GRACE_MS, MAX_GRACE_MS = 100, 60_000
+
+#: Real costs after a call: bucket key -> cost in that bucket's window.
+Costs = Mapping[str, int]
+
+
+def _int(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"{field} must be an integer from {low} to {high}, got {value!r}", field)
+    return value
+
+
+def check_key(field: str, value: object, max_bytes: int = MAX_KEY_BYTES) -> str:
+    if not isinstance(value, str):
+        raise BadRequest(f"{field} must be a string, got {type(value).__name__}", field)
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest(f"{field} must be valid UTF-8 text", field) from None
+    if not 1 <= size <= max_bytes:
+        raise BadRequest(f"{field} must be 1 to {max_bytes} bytes of UTF-8, got {size}", field)
+    return value
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One bucket a call counts in: a rolling window (``calls`` per ``per_ms``), a concurrency
+    limit (``concurrency`` places, each lapsing ``hold_ms`` after its grant unless released),
+    or both. ``cost`` overrides the request's cost in this bucket's window.
+
+    Build one with :meth:`Limit.window` or :meth:`Limit.concurrent` (or both fields at once);
+    every field is checked against the wire's bounds here, naming the field at fault.
+    """
+
+    key: str
+    calls: int | None = None
+    per_ms: int | None = None
+    concurrency: int | None = None
+    cost: int | None = None
+    hold_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        check_key("key", self.key)
+        if (self.calls is None) != (self.per_ms is None):
+            field = "per_ms" if self.per_ms is None else "calls"
+            raise BadRequest(f"{field} is required with {'calls' if field == 'per_ms' else 'per_ms'}", field)
+        if self.calls is not None:
+            _int("calls", self.calls, 1, MAX_CALLS)
+            _int("per_ms", self.per_ms, 1, MAX_PER_MS)
+        if self.concurrency is not None:
+            _int("concurrency", self.concurrency, 1, MAX_CONCURRENT)
+        if self.calls is None and self.concurrency is None:
+            raise BadRequest("a limit needs a window (calls and per_ms), a concurrency, or both", "calls")
+        if self.cost is not None:
+            _int("cost", self.cost, 0, MAX_COST)
+        if self.hold_ms is not None:
+            _int("hold_ms", self.hold_ms, 1, MAX_HOLD_MS)
+
+    @classmethod
+    def window(cls, key: str, calls: int, per_ms: int, cost: int | None = None) -> Limit:
+        """At most ``calls`` (counting each call's cost) in any stretch of ``per_ms``."""
+        return cls(key, calls=calls, per_ms=per_ms, cost=cost)
+
+    @classmethod
+    def concurrent(cls, key: str, n: int, hold_ms: int | None = None) -> Limit:
+        """At most ``n`` places held at once; a place not released lapses after ``hold_ms``."""
+        return cls(key, concurrency=n, hold_ms=hold_ms)
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": self.key}
+        if self.calls is not None:
+            body["calls"] = self.calls
+            body["perMs"] = self.per_ms
+        if self.concurrency is not None:
+            body["concurrent"] = self.concurrency
+        if self.cost is not None:
+            body["cost"] = self.cost
+        if self.hold_ms is not None:
+            body["holdMs"] = self.hold_ms
+        return body
+
+
+#: One limit or several.
+Limits = Union[Limit, Sequence[Limit]]
+
+
+@dataclass(frozen=True)
+class AcquireRequest:
+    """An acquire's params, validated: what every twin sends to ``/acquire`` and ``/peek``."""
+
+    key: str
+    limits: tuple[Limit, ...]
+    cost: int
+    hold_ms: int | None
+    grace_ms: int | None
+    permit: bool
+
+    @classmethod
+    def build(
+        cls,
+        key: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        hold_ms: int | None = None,
+        grace_ms: int | None = None,
+        permit: bool = False,
+    ) -> AcquireRequest:
+        check_key("key", key)
+        if isinstance(limits, Limit):
+            limits = (limits,)
+        if isinstance(limits, (str, bytes)) or not isinstance(limits, Sequence):
+            raise BadRequest("limits must be a Limit or a sequence of Limit", "limits")
+        if len(limits) > MAX_LIMITS:
+            raise BadRequest(f"limits must have at most {MAX_LIMITS} entries, got {len(limits)}", "limits")
+        seen: dict[str, int] = {}
+        for i, limit in enumerate(limits):
+            if not isinstance(limit, Limit):
+                raise BadRequest(f"limits[{i}] must be a Limit, got {type(limit).__name__}", f"limits[{i}]")
+            if limit.key in seen:
+                raise BadRequest(f"limits[{i}].key repeats limits[{seen[limit.key]}].key", f"limits[{i}].key")
+            seen[limit.key] = i
+        _int("cost", cost, 0, MAX_COST)
+        if hold_ms is not None:
+            _int("hold_ms", hold_ms, 1, MAX_HOLD_MS)
+        if grace_ms is not None:
+            _int("grace_ms", grace_ms, MIN_GRACE_MS, MAX_GRACE_MS)
+        return cls(key, tuple(limits), cost, hold_ms, grace_ms, bool(permit))
+
+    @property
+    def shape(self) -> str:
+        """Waiters queue per shape: the caller key and the buckets named, whatever the costs,
+        so a large call at the head of the line is never overtaken by smaller ones."""
+        return "\0".join([self.key, *(limit.key for limit in self.limits)])
+
+    def body(self, *, queue: bool = False, ticket: str | None = None, report: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": self.key, "limits": [limit.to_wire() for limit in self.limits]}
+        if self.cost != 1:
+            body["cost"] = self.cost
+        if self.hold_ms is not None:
+            body["holdMs"] = self.hold_ms
+        if self.permit:
+            body["permit"] = True
+        if report:
+            body["report"] = True
+        if ticket is not None:
+            body["ticket"] = ticket
+        elif queue:
+            body["queue"] = True
+        if (queue or ticket is not None) and self.grace_ms is not None:
+            body["graceMs"] = self.grace_ms
+        return body
+
+
+def permit_id(field: str, value: object) -> str:
+    """A permit (or ticket) id as the wire takes it: 1-128 bytes."""
+    return check_key(field, value, MAX_PERMIT_BYTES)
+
+
+def costs_body(costs: Costs) -> list[Dict[str, Any]]:
+    """``costs`` as the wire's list, checked: 1-64 entries, keys 1-512 bytes, costs 0-10^9."""
+    if not isinstance(costs, Mapping):
+        raise BadRequest("costs must be a mapping of bucket key to cost", "costs")
+    if not 1 <= len(costs) <= MAX_LIMITS:
+        raise BadRequest(f"costs must have 1 to {MAX_LIMITS} entries, got {len(costs)}", "costs")
+    out = []
+    for key, cost in costs.items():
+        check_key(f"costs[{key!r}]", key)
+        out.append({"key": key, "cost": _int(f"costs[{key!r}]", cost, 0, MAX_COST)})
+    return out

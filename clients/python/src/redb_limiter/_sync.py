@@ -1,0 +1,283 @@
+"""The blocking twin: :class:`Limiter` over ``httpx.Client``, and its :class:`Permit`.
+
+Every method has its twin of the same name in :mod:`redb_limiter._async`; both build their
+requests and read their replies through the shared modules, and differ only in how they send
+and sleep.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Optional, Type, TypeVar, cast
+
+import httpx
+
+from ._base import Clock, LimiterBase, Wait, WaitReport, check_max_waiters, check_seconds, log, refused
+from ._errors import LimiterError, QueueTimeout, Unreachable
+from ._lines import SyncLines
+from ._request import AcquireRequest, Costs, Limits, check_key
+from ._time import ms_to_datetime
+from ._wire import Grant, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle
+
+__all__ = ["Limiter", "Permit"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Permit:
+    """A grant. Use it as a context manager: on exit its places are released (after a settle
+    in the body, the settled costs stand), whether the body returned or raised.
+
+    ``at`` is the grant's instant on the limiter's clock; ``id`` the permit id (``None`` when
+    the grant holds no place and was not asked for one)."""
+
+    def __init__(self, limiter: Limiter, grant: Grant) -> None:
+        self._limiter = limiter
+        self.at: datetime = ms_to_datetime(grant.at_ms)
+        self.id: str | None = grant.permit
+        self.released = False
+        #: The costs of the latest successful settle, if any.
+        self.costs: dict[str, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"Permit(at={self.at.isoformat()}, id={self.id!r}, released={self.released})"
+
+    def settle(self, costs: Costs) -> bool:
+        """Sets the grant's real cost in each named window bucket (the latest settle stands);
+        ``False`` when the permit is no longer live (or the grant has no permit id)."""
+        if self.id is None or self.released:
+            return False
+        settled = self._limiter.settle(self.id, costs)
+        if settled:
+            self.costs = dict(costs)
+        return settled
+
+    def release(self, costs: Costs | None = None) -> bool:
+        """Releases the places now, after settling ``costs`` if given (one durable step);
+        ``True`` when the permit was live. A second release sends nothing."""
+        if self.id is None or self.released:
+            return False
+        live = self._limiter.release(self.id, costs)
+        self.released = True
+        return live
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[types.TracebackType],
+    ) -> None:
+        if exc is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except LimiterError as e:  # never hide the body's own error behind the release's
+            log.warning("releasing permit %s after an error failed: %s; its places lapse at holdMs", self.id, e)
+
+
+class Limiter(LimiterBase):
+    """A blocking client of a redb-limiter server (thread-safe; share one per process).
+
+    ``url`` is the server's address (``http://127.0.0.1:7411``), ``token`` its bearer token,
+    ``timeout`` the seconds one HTTP request may take. ``max_waiters`` bounds the callers that
+    may wait for one request shape at once (a call beyond raises :class:`QueueFull`);
+    ``on_wait`` is called after every sleep. ``http_client`` replaces the ``httpx.Client``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 10.0,
+        *,
+        max_waiters: int | None = None,
+        on_wait: Optional[Callable[[WaitReport], None]] = None,
+        clock: Clock | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, max_waiters, clock, on_wait)
+        self._http = http_client if http_client is not None else httpx.Client(timeout=self.timeout)
+        self._lines = SyncLines()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Limiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _lines_waiting(self, shape: str) -> int:
+        return self._lines.waiting(shape)
+
+    def _post(self, method: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """POSTs ``body`` to ``/method``: the reply's JSON and the limiter's clock at receipt."""
+        sent = self.clock.wall()
+        try:
+            response = self._http.post(f"{self.url}/{method}", json=body, headers=self._headers())
+        except httpx.TransportError as e:
+            raise Unreachable(f"{method}: {self.url}: {e!r}") from e
+        data = decode(method, response.status_code, response.content)
+        return data, self._observe(sent, response, data)
+
+    def _ask(self, body: dict[str, Any]) -> tuple[Outcome, float]:
+        data, now_ms = self._post("acquire", body)
+        return parse_acquire(data), now_ms
+
+    def try_acquire(
+        self,
+        key: str,
+        limits: Limits,
+        cost: int = 1,
+        *,
+        hold_ms: int | None = None,
+        permit: bool = True,
+    ) -> Permit:
+        """Asks once: the :class:`Permit`, or :class:`Refused`. Never waits, never queues.
+
+        ``permit`` asks for a permit id even when the grant holds no place, so it can be
+        settled; without it, a grant of window limits alone has nothing to release."""
+        request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, permit=permit)
+        outcome, now_ms = self._ask(request.body())
+        if isinstance(outcome, Grant):
+            return Permit(self, outcome)
+        raise refused(outcome, now_ms, self.clock.monotonic())
+
+    def acquire(
+        self,
+        key: str,
+        limits: Limits,
+        cost: int = 1,
+        max_wait: float | None = None,
+        queue: bool = True,
+        *,
+        hold_ms: int | None = None,
+        grace_ms: int | None = None,
+        permit: bool = True,
+        max_waiters: int | None = None,
+    ) -> Permit:
+        """Waits until granted and returns the :class:`Permit` (a context manager).
+
+        Sleeps until each refusal's ``retryAt``, measured on the limiter's clock; callers of
+        the same shape (caller key and buckets) go first in, first out. With ``queue`` it
+        takes a ticket in the limiter's line, so callers in other processes that come later
+        do not overtake it, and leaves the line when it gives up. ``max_wait`` (seconds) ends
+        the wait with :class:`QueueTimeout`; ``max_waiters`` overrides the limiter's."""
+        request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, grace_ms=grace_ms, permit=permit)
+        waited = check_seconds("max_wait", max_wait)
+        bound = check_max_waiters(max_waiters) or self.max_waiters
+        started = self.clock.monotonic()
+        deadline = None if waited is None else started + waited
+        line = self._lines.join(request.shape, bound)
+        try:
+            turn = None if deadline is None else deadline - self.clock.monotonic()
+            if not self._lines.take_turn(line, turn):
+                raise QueueTimeout(self.clock.monotonic() - started, None)
+            try:
+                return self._wait(request, queue, started, deadline)
+            finally:
+                self._lines.pass_turn(line)
+        finally:
+            self._lines.leave(request.shape, line)
+
+    def _wait(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> Permit:
+        wait = Wait(request, queue, started, deadline)
+        try:
+            while True:
+                outcome, now_ms = self._ask(wait.body())
+                if isinstance(outcome, Grant):
+                    wait.granted()
+                    return Permit(self, outcome)
+                seconds = wait.refused(outcome, now_ms, self.clock.monotonic())
+                self.clock.sleep(seconds)
+                self._report(seconds, wait.last)
+        finally:
+            if wait.ticket is not None:
+                self._leave(wait.ticket)
+
+    def _leave(self, ticket: str) -> None:
+        """Leaves the limiter's line (a ticket not asked again would hold it for its grace)."""
+        try:
+            self._post("release", {"ticket": ticket})
+        except LimiterError as e:
+            log.warning("leaving the line with ticket %s failed: %s; it lapses after its grace", ticket, e)
+
+    def peek(self, key: str, limits: Limits, cost: int = 1, *, hold_ms: int | None = None) -> Peek:
+        """Would this acquire be granted now, and how full is each limit? Changes nothing."""
+        request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms)
+        return parse_peek(self._post("peek", request.body())[0])
+
+    def release(self, permit: str, costs: Costs | None = None) -> bool:
+        """Releases a permit's places (settling ``costs`` first, in one durable step);
+        ``True`` when it was live."""
+        return parse_bool(self._post("release", self._release_body(permit, costs))[0], "released", "release")
+
+    def settle(self, permit: str, costs: Costs) -> bool:
+        """Sets a permit's grant's real costs: ``True`` when the permit was live."""
+        return parse_bool(self._post("settle", self._settle_body(permit, costs))[0], "settled", "settle")
+
+    def throttle(self, key: str, until: datetime) -> datetime | None:
+        """Closes caller ``key`` until ``until`` (an aware ``datetime``; throttles only extend);
+        returns the throttle now in force."""
+        return parse_throttle(self._post("throttle", self._throttle_body(key, until))[0])
+
+    def lift(self, key: str) -> bool:
+        """Ends the throttle of ``key`` early: ``True`` when one was in force."""
+        check_key("key", key)
+        return parse_bool(self._post("lift", {"key": key})[0], "lifted", "lift")
+
+    def throttle_from(self, key: str, response: object, *, default_ms: int = 5_000) -> datetime | None:
+        """Reads a provider's answer for caller ``key``: a 429 throttles it for the wait the
+        provider asked (``default_ms`` when it names none), a success reporting an exhausted
+        budget until the reset. Returns the throttle now in force, if this answer set one.
+
+        ``response`` is an ``httpx.Response`` (its body read, for a 429's ``RetryInfo``) or an
+        SDK error carrying one (``openai.RateLimitError``)."""
+        until = self._throttle_from_until(response, default_ms)
+        return None if until is None else self.throttle(key, ms_to_datetime(until))
+
+    def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[httpx.Response], None]:
+        """A response event hook for an ``httpx.Client`` (the ``http_client`` of
+        ``openai.OpenAI`` or ``anthropic.Anthropic``) that calls :meth:`throttle_from` for
+        every response. A limiter that cannot be reached is logged, never raised into the
+        provider's call."""
+        check_key("key", key)
+
+        def hook(response: httpx.Response) -> None:
+            if response.status_code == 429:
+                response.read()
+            try:
+                self.throttle_from(key, response, default_ms=default_ms)
+            except LimiterError as e:
+                log.warning("could not throttle %s after a %s: %s", key, response.status_code, e)
+
+        return hook
+
+    def limit(self, key: str, limits: Limits, cost: int = 1, max_wait: float | None = None) -> Callable[[F], F]:
+        """A decorator: every call of the function first waits for a grant (as :meth:`acquire`)
+        and releases its places when the function returns or raises. For ``async def``
+        functions use :meth:`AsyncLimiter.limit`."""
+        AcquireRequest.build(key, limits, cost)
+        check_seconds("max_wait", max_wait)
+
+        def decorate(fn: F) -> F:
+            if inspect.iscoroutinefunction(fn):
+                raise TypeError(f"{fn.__qualname__} is async: decorate it with AsyncLimiter.limit")
+
+            @functools.wraps(fn)
+            def limited(*args: Any, **kwargs: Any) -> Any:
+                with self.acquire(key, limits, cost, max_wait, permit=False):
+                    return fn(*args, **kwargs)
+
+            return cast(F, limited)
+
+        return decorate

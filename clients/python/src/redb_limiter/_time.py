@@ -10,6 +10,8 @@ from __future__ import annotations
 import calendar
 from datetime import datetime, timedelta, timezone
 
+from ._errors import BadRequest
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _DIGITS = "0123456789"
 
@@ -27,7 +29,7 @@ def ms_to_datetime(ms: int) -> datetime:
 def datetime_to_ms(at: datetime, field: str = "instant") -> int:
     """An aware ``datetime`` as whole milliseconds since the epoch (rounded down)."""
     if at.tzinfo is None or at.utcoffset() is None:
-        raise ValueError(f"{field} must be an aware datetime (with a time zone), got a naive one")
+        raise BadRequest(f"{field} must be an aware datetime (with a time zone), got a naive one", field)
     delta = at - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000 + delta.microseconds // 1_000
 

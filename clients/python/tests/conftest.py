@@ -1,0 +1,196 @@
+"""Starts the real redb-limiter server for the tests, and lets one suite drive both twins.
+
+The binary is ``$REDB_LIMITER_BIN``, else ``target/release/redb-limiter`` at the repository
+root, built with cargo when missing. Each server runs on a temporary file and a free port and
+is stopped by its PID. The sync twin runs in worker threads behind an async facade, so that
+each test is written once and run against ``Limiter`` and ``AsyncLimiter`` alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from redb_limiter import AsyncLimiter, Limiter, Permit
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def server_binary() -> Path:
+    named = os.environ.get("REDB_LIMITER_BIN")
+    if named:
+        return Path(named)
+    built = REPO_ROOT / "target" / "release" / "redb-limiter"
+    if not built.exists():
+        print("building the server: cargo build --release --bin redb-limiter", file=sys.stderr)
+        subprocess.run(["cargo", "build", "--release", "--bin", "redb-limiter"], cwd=REPO_ROOT, check=True)
+    return built
+
+
+@dataclass
+class Server:
+    url: str
+    path: Path
+    process: subprocess.Popen[str]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def start_server(folder: Path, token: str | None = None) -> Server:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDB_LIMITER_")}
+    if token is not None:
+        env["REDB_LIMITER_TOKEN"] = token
+    path = folder / "limiter.redb"
+    log = open(folder / "server.log", "w")
+    process = subprocess.Popen(
+        [str(server_binary()), "serve", "--path", str(path), "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=env,
+    )
+    log.close()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline() if process.stdout else ""))
+    reader.start()
+    reader.join(timeout=60)
+    if not lines or not lines[0].strip():
+        process.kill()
+        raise RuntimeError(f"the server printed no ready line; see {folder / 'server.log'}")
+    ready = json.loads(lines[0])
+    assert ready["ready"] is True
+    return Server(ready["url"], path, process)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    started = start_server(tmp_path_factory.mktemp("server"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test's own, so tests sharing the server never meet."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+class ThreadedPermit:
+    """A sync ``Permit`` behind the async permit's methods."""
+
+    def __init__(self, permit: Permit) -> None:
+        self.permit = permit
+
+    @property
+    def at(self) -> Any:
+        return self.permit.at
+
+    @property
+    def id(self) -> str | None:
+        return self.permit.id
+
+    @property
+    def released(self) -> bool:
+        return self.permit.released
+
+    async def settle(self, costs: dict[str, int]) -> bool:
+        return await asyncio.to_thread(self.permit.settle, costs)
+
+    async def release(self, costs: dict[str, int] | None = None) -> bool:
+        return await asyncio.to_thread(self.permit.release, costs)
+
+
+class ThreadedContext:
+    def __init__(self, start: Callable[[], Permit]) -> None:
+        self.start = start
+        self.permit: ThreadedPermit | None = None
+
+    async def run(self) -> ThreadedPermit:
+        return ThreadedPermit(await asyncio.to_thread(self.start))
+
+    def __await__(self) -> Any:
+        return self.run().__await__()
+
+    async def __aenter__(self) -> ThreadedPermit:
+        self.permit = await self.run()
+        return self.permit
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self.permit is not None
+        await asyncio.to_thread(self.permit.permit.__exit__, *exc)
+
+
+class ThreadedLimiter:
+    """The sync ``Limiter`` behind ``AsyncLimiter``'s signatures: each call in a thread."""
+
+    kind = "sync"
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+
+    def acquire(self, *args: Any, **kwargs: Any) -> ThreadedContext:
+        return ThreadedContext(lambda: self.limiter.acquire(*args, **kwargs))
+
+    def try_acquire(self, *args: Any, **kwargs: Any) -> ThreadedContext:
+        return ThreadedContext(lambda: self.limiter.try_acquire(*args, **kwargs))
+
+    def waiting(self, *args: Any) -> int:
+        return self.limiter.waiting(*args)
+
+    def server_now(self) -> Any:
+        return self.limiter.server_now()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.limiter, name)
+
+        async def threaded(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(method, *args, **kwargs)
+
+        return threaded
+
+
+TWINS = ["sync", "async"]
+
+
+def make_twin(kind: str, url: str, **kwargs: Any) -> Any:
+    if kind == "sync":
+        return ThreadedLimiter(Limiter(url, **kwargs))
+    limiter = AsyncLimiter(url, **kwargs)
+    limiter.kind = "async"  # type: ignore[attr-defined]
+    return limiter
+
+
+async def close_twin(twin: Any) -> None:
+    if isinstance(twin, ThreadedLimiter):
+        twin.limiter.close()
+    else:
+        await twin.aclose()
+
+
+@pytest.fixture(params=TWINS)
+async def twin(request: pytest.FixtureRequest, server: Server) -> AsyncIterator[Any]:
+    """``Limiter`` (in threads) and ``AsyncLimiter``: the same test runs against both."""
+    made = make_twin(request.param, server.url)
+    yield made
+    await close_twin(made)

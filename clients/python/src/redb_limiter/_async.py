@@ -298,12 +298,12 @@ class AsyncLimiter(LimiterBase):
         until = self._throttle_from_until(response, default_ms)
         return None if until is None else await self.throttle(key, ms_to_datetime(until))
 
-    def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[httpx.Response], Awaitable[None]]:
+    def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[Any], Awaitable[None]]:
         """A response event hook for an ``httpx.AsyncClient`` (the ``http_client`` of
         ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic``); see :meth:`Limiter.httpx_hook`."""
         check_key("key", key)
 
-        async def hook(response: httpx.Response) -> None:
+        async def hook(response: Any) -> None:
             if response.status_code == 429:
                 await response.aread()
             try:

@@ -150,19 +150,21 @@ class Wait:
 
 
 def response_parts(response: object) -> Tuple[int, Headers, bytes]:
-    """Status, headers and (when read) body of a provider's ``httpx.Response``, or of an SDK's
-    error that carries one as ``.response`` (``openai.RateLimitError``, ``anthropic.RateLimitError``)."""
-    if not isinstance(response, httpx.Response):
-        inner = getattr(response, "response", None)
-        if not isinstance(inner, httpx.Response):
-            raise TypeError(f"expected an httpx.Response (or an error carrying one), got {type(response).__name__}")
+    """Status, headers and (when read) body of a provider's response: an ``httpx.Response``
+    (or one of httpx's forks', as the OpenAI and Anthropic SDKs use), or an SDK's error that
+    carries one as ``.response`` (``openai.RateLimitError``, ``anthropic.RateLimitError``)."""
+    inner = getattr(response, "response", None)
+    if inner is not None and isinstance(getattr(inner, "status_code", None), int):
         response = inner
-    assert isinstance(response, httpx.Response)
+    status = getattr(response, "status_code", None)
+    headers = getattr(response, "headers", None)
+    if not isinstance(status, int) or headers is None:
+        raise TypeError(f"expected an HTTP response (or an error carrying one), got {type(response).__name__}")
     try:
-        body = response.content
-    except httpx.ResponseNotRead:
+        body = getattr(response, "content", b"")
+    except Exception:  # the body was not read (httpx's ResponseNotRead, or its forks')
         body = b""
-    return response.status_code, response.headers, body
+    return status, headers, body if isinstance(body, bytes) else b""
 
 
 def throttle_until_ms(status: int, headers: Headers, body: bytes, now_ms: int, default_ms: int) -> int | None:

@@ -245,16 +245,16 @@ class Limiter(LimiterBase):
         until = self._throttle_from_until(response, default_ms)
         return None if until is None else self.throttle(key, ms_to_datetime(until))
 
-    def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[httpx.Response], None]:
-        """A response event hook for an ``httpx.Client`` (the ``http_client`` of
-        ``openai.OpenAI`` or ``anthropic.Anthropic``) that calls :meth:`throttle_from` for
-        every response. A limiter that cannot be reached is logged, never raised into the
-        provider's call."""
+    def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[Any], None]:
+        """A response event hook for an ``httpx.Client`` (or the same client of httpx's fork
+        ``httpx2``, which the newer OpenAI and Anthropic SDKs take as ``http_client``) that
+        calls :meth:`throttle_from` for every response. A limiter that cannot be reached is
+        logged, never raised into the provider's call."""
         check_key("key", key)
 
-        def hook(response: httpx.Response) -> None:
+        def hook(response: Any) -> None:
             if response.status_code == 429:
-                response.read()
+                response.read()  # for a RetryInfo in the body
             try:
                 self.throttle_from(key, response, default_ms=default_ms)
             except LimiterError as e:

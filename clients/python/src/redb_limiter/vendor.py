@@ -22,8 +22,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Optional, Tuple, Union
 
-import httpx
-
 from ._time import datetime_to_ms, ms_to_datetime, parse_http_date, parse_instant
 
 __all__ = [
@@ -61,6 +59,7 @@ _DURATION_BUDGETS = (
 )
 
 #: Response headers: a mapping (``httpx.Headers``, a ``dict``) or ``(name, value)`` pairs.
+#: Headers with a ``raw`` list of byte pairs (httpx's) are read as sent, bytes included.
 #: Names match case-insensitively; of a repeated header the first value counts.
 Headers = Union[Mapping[str, str], Iterable[Tuple[str, str]]]
 
@@ -73,9 +72,10 @@ def _header(headers: Headers, name: str) -> str | None:
     """The first value of header ``name`` without surrounding spaces and tabs; ``None`` when it
     is absent, not UTF-8 or empty."""
     value: str | bytes | None = None
-    if isinstance(headers, httpx.Headers):
-        for raw_name, raw_value in headers.raw:
-            if raw_name.lower() == name.encode():
+    raw = getattr(headers, "raw", None)  # httpx's (and its forks') headers, as sent
+    if isinstance(raw, list):
+        for raw_name, raw_value in raw:
+            if isinstance(raw_name, bytes) and raw_name.lower() == name.encode():
                 value = raw_value
                 break
     else:

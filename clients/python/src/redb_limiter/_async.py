@@ -204,7 +204,7 @@ class AsyncLimiter(LimiterBase):
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, permit=permit)
 
         async def start() -> AsyncPermit:
-            outcome, now_ms = await self._ask(request.body())
+            outcome, now_ms = await self._ask(request.body(report=True))
             if isinstance(outcome, Grant):
                 return AsyncPermit(self, outcome)
             raise refused(outcome, now_ms, self.clock.monotonic())

@@ -147,7 +147,7 @@ class Limiter(LimiterBase):
         ``permit`` asks for a permit id even when the grant holds no place, so it can be
         settled; without it, a grant of window limits alone has nothing to release."""
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, permit=permit)
-        outcome, now_ms = self._ask(request.body())
+        outcome, now_ms = self._ask(request.body(report=True))
         if isinstance(outcome, Grant):
             return Permit(self, outcome)
         raise refused(outcome, now_ms, self.clock.monotonic())

@@ -26,7 +26,7 @@ from .vendor import Headers, vendor_budget_ms, vendor_wait_ms
 
 log = logging.getLogger("redb_limiter")
 
-__all__ = ["Clock", "SystemClock", "WaitReport"]
+__all__ = ["Clock", "WaitReport"]
 
 
 class Clock:
@@ -47,8 +47,6 @@ class Clock:
     async def asleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-
-SystemClock = Clock
 
 
 @dataclass(frozen=True)
@@ -184,7 +182,7 @@ class LimiterBase:
         self,
         url: str,
         token: str | None,
-        timeout: float,
+        timeout: float | None,
         max_waiters: int | None,
         clock: Clock | None,
         on_wait: Optional[Callable[[WaitReport], None]],

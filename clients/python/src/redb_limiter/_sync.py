@@ -96,7 +96,7 @@ class Limiter(LimiterBase):
         self,
         url: str,
         token: str | None = None,
-        timeout: float = 10.0,
+        timeout: float | None = 10.0,
         *,
         max_waiters: int | None = None,
         on_wait: Optional[Callable[[WaitReport], None]] = None,

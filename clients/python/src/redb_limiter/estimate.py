@@ -95,7 +95,7 @@ def _count(obj: Mapping[str, Any], name: str, field: str) -> Optional[int]:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise EstimateError(f"{field} must be a non-negative integer")
-    return value
+    return int(value)
 
 
 def _required(obj: Mapping[str, Any], name: str, field: str) -> int:

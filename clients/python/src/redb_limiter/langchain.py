@@ -55,13 +55,13 @@ class RedbRateLimiter(BaseRateLimiter):
         if self._sync is None:
             assert self._async is not None
             a = self._async
-            self._sync = Limiter(a.url, a.token, a.timeout or 10.0, max_waiters=a.max_waiters, clock=a.clock)
+            self._sync = Limiter(a.url, a.token, a.timeout, max_waiters=a.max_waiters, clock=a.clock)
         return self._sync
 
     def _async_limiter(self) -> AsyncLimiter:
         if self._async is None:
             s = self._sync_limiter()
-            self._async = AsyncLimiter(s.url, s.token, s.timeout or 10.0, max_waiters=s.max_waiters, clock=s.clock)
+            self._async = AsyncLimiter(s.url, s.token, s.timeout, max_waiters=s.max_waiters, clock=s.clock)
         return self._async
 
     def acquire(self, *, blocking: bool = True) -> bool:

@@ -7,17 +7,21 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# PYTHON picks the interpreter (for example a 3.9 one); each gets a venv of its own.
 python=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check ".[test]"
+venv=.venv
+[ -z "${PYTHON:-}" ] || venv=".venv-$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+py="$venv/bin/python"
+"$py" -m pip install --quiet --disable-pip-version-check ".[test]"
 
-echo "mypy --strict src/redb_limiter"
-.venv/bin/python -m mypy --strict src/redb_limiter
+echo "mypy --strict src/redb_limiter ($("$py" --version))"
+"$py" -m mypy --strict src/redb_limiter
 
 # pytest's exit 5 (no test collected) is a failure too: a run that tests nothing is not green.
 run_pytest() {
   local status=0
-  .venv/bin/python -m pytest "$@" || status=$?
+  "$py" -m pytest "$@" || status=$?
   if [ "$status" -eq 5 ]; then
     echo "pytest collected no test: failing" >&2
     return 1
@@ -27,7 +31,7 @@ run_pytest() {
 
 run_pytest tests --ignore=tests/test_line.py "$@"
 
-if .venv/bin/python tests/line_probe.py; then
+if "$py" tests/line_probe.py; then
   run_pytest tests/test_line.py
 else
   echo "=================================================================================" >&2

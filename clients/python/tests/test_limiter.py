@@ -352,13 +352,25 @@ async def test_on_wait_reports_every_sleep(server: Server, prefix: str) -> None:
     assert 0.1 < reports[0].waited <= 0.3
 
 
+class SignallingClock(Clock):
+    """Tells the test when a wait has gone to sleep."""
+
+    def __init__(self) -> None:
+        self.sleeping = asyncio.Event()
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleeping.set()
+        await asyncio.sleep(seconds)
+
+
 async def test_cancelling_a_wait_leaves_the_line_and_releases_a_late_grant(server: Server, prefix: str) -> None:
     me, conc = f"{prefix}/me", Limit.concurrent(f"{prefix}/conc", 1)
-    async with AsyncLimiter(server.url) as limiter:
+    clock = SignallingClock()
+    async with AsyncLimiter(server.url, clock=clock) as limiter:
         holder = await limiter.acquire(me, [conc])
         waiting = asyncio.ensure_future(limiter.acquire(me, [conc]))
-        await until(lambda: limiter.waiting(me, [conc]) == 1)
-        await asyncio.sleep(0.05)  # let it ask and go to sleep on its retryAt
+        await clock.sleeping.wait()  # it asked, was refused, and sleeps on its retryAt
+        assert limiter.waiting(me, [conc]) == 1
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

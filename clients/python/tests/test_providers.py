@@ -20,7 +20,7 @@ import pytest
 
 from conftest import TWINS, Server, close_twin, make_twin
 from redb_limiter import AsyncLimiter, Limit, Limiter, Refused, usage_tokens
-from redb_limiter._time import format_instant, parse_instant
+from redb_limiter._time import datetime_to_ms, format_instant, parse_instant
 
 # The HTTP library each SDK takes as `http_client`: httpx, or its fork httpx2 in newer releases.
 OPENAI_HTTP: Any = getattr(openai._base_client, "httpx2", httpx)
@@ -126,16 +126,14 @@ def test_the_hook_throttles_openai_and_anthropic_sdk_callers(server: Server, pre
         reset = limiter.server_now() + timedelta(seconds=10)
         headers = {
             "anthropic-ratelimit-tokens-remaining": "0",
-            "anthropic-ratelimit-tokens-reset": format_instant(int(reset.timestamp()) * 1000),
+            "anthropic-ratelimit-tokens-reset": format_instant(datetime_to_ms(reset) // 1000 * 1000),
         }
         replies.append((200, headers, MESSAGE))
         message = claude.messages.create(model="claude-test", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
         assert usage_tokens(message, "anthropic") == 50
         with pytest.raises(Refused) as refused:
             limiter.try_acquire(anthropic_key, [Limit.window(f"{prefix}/rpm", 100, 60_000)])
-        assert format_instant(parse_instant(headers["anthropic-ratelimit-tokens-reset"])) == format_instant(
-            int(refused.value.retry_at.timestamp() * 1000)
-        )
+        assert parse_instant(headers["anthropic-ratelimit-tokens-reset"]) == datetime_to_ms(refused.value.retry_at)
         assert not replies
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -62,3 +63,10 @@ async def test_aacquire_with_either_twin(server: Server, prefix: str) -> None:
         assert await paced.aacquire(blocking=False) is True
         assert await paced.aacquire(blocking=False) is False
         assert paced.acquire(blocking=False) is False
+
+
+def test_aacquire_from_a_sync_limiter_works_in_each_event_loop(server: Server, prefix: str) -> None:
+    with Limiter(server.url) as limiter:
+        paced = RedbRateLimiter(limiter, f"{prefix}/caller", [Limit.window(f"{prefix}/rpm", 5, 60_000)])
+        for _ in range(3):  # as a script calling asyncio.run per model call would
+            assert asyncio.run(paced.aacquire()) is True

@@ -12,6 +12,7 @@ holds no permit: a concurrency limit's place is held until its ``hold_ms`` lapse
 
 from __future__ import annotations
 
+import asyncio
 from typing import Optional, Union
 
 from langchain_core.rate_limiters import BaseRateLimiter
@@ -48,6 +49,7 @@ class RedbRateLimiter(BaseRateLimiter):
         self.max_wait = max_wait
         self._sync: Optional[Limiter] = limiter if isinstance(limiter, Limiter) else None
         self._async: Optional[AsyncLimiter] = limiter if isinstance(limiter, AsyncLimiter) else None
+        self._made_for: Optional[asyncio.AbstractEventLoop] = None
         if self._sync is None and self._async is None:
             raise TypeError(f"limiter must be a Limiter or an AsyncLimiter, got {type(limiter).__name__}")
 
@@ -59,9 +61,14 @@ class RedbRateLimiter(BaseRateLimiter):
         return self._sync
 
     def _async_limiter(self) -> AsyncLimiter:
-        if self._async is None:
+        if self._async is not None and self._made_for is None:
+            return self._async  # the caller's own
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._made_for is not loop:
+            # One made here belongs to the event loop it was made in (its connections do).
             s = self._sync_limiter()
             self._async = AsyncLimiter(s.url, s.token, s.timeout, max_waiters=s.max_waiters, clock=s.clock)
+            self._made_for = loop
         return self._async
 
     def acquire(self, *, blocking: bool = True) -> bool:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redb_limiter
+
 PACKAGE = Path(__file__).resolve().parents[1]
 SOURCES = sorted((PACKAGE / "src" / "redb_limiter").glob("*.py"))
 
@@ -21,8 +23,9 @@ def test_mypy_strict_passes_over_the_package() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_the_package_ships_py_typed() -> None:
-    assert (PACKAGE / "src" / "redb_limiter" / "py.typed").exists()
+def test_the_installed_package_ships_py_typed() -> None:
+    installed = Path(redb_limiter.__file__).parent
+    assert (installed / "py.typed").exists(), installed
 
 
 def test_every_module_parses_as_python_3_9() -> None:

@@ -1,10 +1,17 @@
 -- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
 --
--- Format version 1. Every object lives in one schema, written __SCHEMA__ below; the server
+-- Format version 2. Every object lives in one schema, written __SCHEMA__ below; the server
 -- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
 -- running this script, which it does on first use and on `check`. The script is idempotent:
 -- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
 -- version) a schema that carries another format version or that holds objects but no meta.
+-- A schema of an earlier version is first brought to this one by the steps in migrate/
+-- (version 1 to 2: migrate/1-2.sql).
+--
+-- Keys and permit strings are stored escaped (the server's src/keys.rs): U+0000 as U+0001
+-- U+0001 and U+0001 as U+0001 U+0002, so that every UTF-8 string a key may be is stored
+-- (text and jsonb hold no U+0000), compared, ordered (COLLATE "C") and prefix-matched as the
+-- string it stands for. These functions never look inside a key.
 --
 -- Time is whole milliseconds since the Unix epoch (bigint). The clock is the database's
 -- (clock_timestamp()), floored per bucket so that it never runs backwards for a bucket.
@@ -96,8 +103,8 @@ BEGIN
     RETURN;
   END IF;
   EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
-  IF v_version IS DISTINCT FROM 1 THEN
-    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 1',
+  IF v_version IS DISTINCT FROM 2 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 2',
       coalesce(v_version::text, 'none')
       USING ERRCODE = 'RL001';
   END IF;
@@ -112,7 +119,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   version integer NOT NULL,
   sweep_cursor text COLLATE "C" NOT NULL DEFAULT ''
 );
-INSERT INTO __SCHEMA__.meta (version) VALUES (1) ON CONFLICT DO NOTHING;
+INSERT INTO __SCHEMA__.meta (version) VALUES (2) ON CONFLICT DO NOTHING;
 COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row) and the sweep cursor';
 
 -- A bucket: the row every grant into it locks, its retention and its running totals.
@@ -627,6 +634,18 @@ BEGIN
     v_clock := greatest(v_now, coalesce(at_ms, __SCHEMA__._clock_ms()));
   END LOOP;
 
+  -- The instant the grant is stamped with: the clock read after every row the decision read
+  -- (and after any lock it waited for), so that it is no earlier than any release, settle or
+  -- grant whose effect the decision saw. (The clock read first, as v_now was, may precede a
+  -- release that a later statement's snapshot then sees: a grant reported before the release
+  -- it needed.) A grant decided at v_now is a grant at any later instant: windows only lose
+  -- grants as time passes, places only lapse, and what could add to them writes the bucket
+  -- rows this grant writes only if unchanged (or holds locked). An injected instant (at_ms)
+  -- stands as it is.
+  IF at_ms IS NULL THEN
+    v_now := greatest(v_now, __SCHEMA__._clock_ms());
+  END IF;
+
   -- Write the grant, bucket by bucket.
   v_windows := '[]';
   FOR i IN 1 .. n LOOP
@@ -669,8 +688,10 @@ BEGIN
        WHERE bk.key = lk[i] AND bk.xmin::text = bxm[i];
       GET DIAGNOSTICS v_rows = ROW_COUNT;
       IF v_rows = 0 THEN
-        -- Changed (or forgotten) since: decide again under the lock, from the start.
-        RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, v_now);
+        -- Changed (or forgotten) since: decide again, from the start, at an instant read
+        -- again (never the one read before the wait: what the new decision sees may have
+        -- been committed after it).
+        RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
       END IF;
     ELSE
       UPDATE __SCHEMA__.buckets AS bk
@@ -835,7 +856,12 @@ BEGIN
                                 'now', b.now);
     END IF;
 
-    -- A grant. A bucket that may be idle with a longer retention, or figures this grant
+    -- A grant, stamped with the clock read after the rows it was decided on (see
+    -- _acquire_any: no earlier than a release or settle the decision saw).
+    IF at_ms IS NULL THEN
+      b.now := greatest(b.now, __SCHEMA__._clock_ms());
+    END IF;
+    -- A bucket that may be idle with a longer retention, or figures this grant
     -- does not set, may start afresh (rule 3): the general path decides that.
     IF b.retain_ms > coalesce(v_per, 0)
        OR (b.last_calls > 0 AND NOT coalesce(v_cost, 0) > 0)
@@ -893,8 +919,8 @@ BEGIN
                                                              'per', v_per, 'cost', v_cost)) END);
       RETURN jsonb_build_object('granted', true, 'at', b.now, 'permit', permit_id, 'now', b.now);
     END IF;
-    -- Changed since the read (the UPDATE then usually holds the row's lock): read again.
-    at_ms := greatest(b.now, coalesce(at_ms, __SCHEMA__._clock_ms()));
+    -- Changed since the read (the UPDATE then usually holds the row's lock): read again, at
+    -- an instant read again (the bucket's floor keeps it from running backwards).
   END LOOP;
   RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
 END
@@ -1031,8 +1057,7 @@ BEGIN
              FROM ROWS FROM (jsonb_to_recordset(costs) AS (key text)) WITH ORDINALITY AS x(key, ord)
             ORDER BY x.ord LOOP
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p.windows) w WHERE w->>'k' = e.key) THEN
-      RAISE EXCEPTION 'costs[%].key must name a window limit of the permit''s grant: % is not one',
-        e.ord - 1, e.key
+      RAISE EXCEPTION 'costs[%].key is not a window limit of the permit''s grant', e.ord - 1
         USING ERRCODE = 'RL400', DETAIL = e.key;
     END IF;
   END LOOP;
@@ -1170,67 +1195,75 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.state(prefix text DEFAULT '', after text D
 RETURNS jsonb
 LANGUAGE plpgsql STABLE AS
 $$
+-- Each kind is one statement walking its primary key in order from `after` (keyset
+-- pagination): the rows it reads grow with the page, never with the table beyond it, and each
+-- costs a few index probes. (The page is built by jsonb_agg, not by appending to a value,
+-- which copied the page so far on every row.)
 DECLARE
   v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
   v_prefix text := coalesce(prefix, '');
   v_after text := coalesce(after, '');
-  v_buckets jsonb := '[]';
-  v_permits jsonb := '[]';
+  v_buckets jsonb;
+  v_permits jsonb;
   v_throttles jsonb;
   v_truncated boolean := false;
-  v_count integer := 0;
-  v_cut bigint;
-  v_used bigint;
-  v_oldest bigint;
-  v_held bigint;
-  v_next bigint;
-  v_places jsonb;
-  b record;
-  p record;
 BEGIN
-  FOR b IN SELECT * FROM __SCHEMA__.buckets bk
-            WHERE bk.key > v_after AND bk.key >= v_prefix AND starts_with(bk.key, v_prefix)
-            ORDER BY bk.key LOOP
-    v_used := 0;
-    v_oldest := NULL;
-    IF b.retain_ms > 0 THEN
-      v_cut := greatest(b.pruned_to, v_now - b.retain_ms);
-      v_used := __SCHEMA__._used(b.id, v_cut, b.total, b.dtotal, b.fen);
-      SELECT min(g.at) INTO v_oldest FROM __SCHEMA__.grants g
-       WHERE g.bucket = b.id AND g.at > v_cut AND g.cost > 0;
-    END IF;
-    SELECT count(*), min(pl.lapse) INTO v_held, v_next FROM __SCHEMA__.places pl
-     WHERE pl.bucket = b.id AND pl.lapse > v_now;
-    CONTINUE WHEN v_used = 0 AND v_held = 0;
-    IF v_count = lim THEN
-      v_truncated := true;
-      EXIT;
-    END IF;
-    v_count := v_count + 1;
-    v_buckets := v_buckets || jsonb_build_array(jsonb_build_object(
-      'key', b.key, 'windowUsed', v_used, 'calls', b.last_calls, 'perMs', b.retain_ms,
-      'concurrent', b.last_concurrent, 'oldestGrant', v_oldest, 'placesHeld', v_held,
-      'nextLapse', v_next));
-  END LOOP;
+  SELECT coalesce(jsonb_agg(jsonb_build_object(
+           'key', s.key, 'windowUsed', s.used, 'calls', s.last_calls, 'perMs', s.retain_ms,
+           'concurrent', s.last_concurrent, 'oldestGrant', s.oldest, 'placesHeld', s.held,
+           'nextLapse', s.next) ORDER BY s.key), '[]')
+    INTO v_buckets
+    FROM (SELECT bk.key, bk.last_calls, bk.retain_ms, bk.last_concurrent,
+                 CASE WHEN w.seq IS NULL THEN 0
+                      WHEN bk.fen THEN bk.total + bk.dtotal - w.before - __SCHEMA__._fen_sum(bk.id, w.seq - 1)
+                      ELSE bk.total - w.before END AS used,
+                 o.at AS oldest, pl.held, pl.next
+            FROM __SCHEMA__.buckets bk
+            LEFT JOIN LATERAL (
+                 SELECT g.seq, g.cum - g.cost AS before FROM __SCHEMA__.grants g
+                  WHERE bk.retain_ms > 0 AND g.bucket = bk.id
+                    AND g.at > greatest(bk.pruned_to, v_now - bk.retain_ms)
+                  ORDER BY g.at LIMIT 1) w ON true
+            LEFT JOIN LATERAL (
+                 SELECT g.at FROM __SCHEMA__.grants g
+                  WHERE bk.retain_ms > 0 AND g.bucket = bk.id
+                    AND g.at > greatest(bk.pruned_to, v_now - bk.retain_ms) AND g.cost > 0
+                  ORDER BY g.at LIMIT 1) o ON true
+            CROSS JOIN LATERAL (
+                 SELECT count(*) AS held, min(p.lapse) AS next FROM __SCHEMA__.places p
+                  WHERE p.bucket = bk.id AND p.lapse > v_now) pl
+           WHERE bk.key > v_after AND bk.key >= v_prefix AND starts_with(bk.key, v_prefix)
+             AND (pl.held > 0
+                  OR CASE WHEN w.seq IS NULL THEN 0
+                          WHEN bk.fen THEN bk.total + bk.dtotal - w.before - __SCHEMA__._fen_sum(bk.id, w.seq - 1)
+                          ELSE bk.total - w.before END > 0)
+           ORDER BY bk.key
+           LIMIT lim + 1) s;
+  IF jsonb_array_length(v_buckets) > lim THEN
+    v_truncated := true;
+    v_buckets := v_buckets - lim;
+  END IF;
 
-  v_count := 0;
-  FOR p IN SELECT * FROM __SCHEMA__.permits pm
-            WHERE pm.id > v_after AND pm.lapse > v_now ORDER BY pm.id LOOP
-    SELECT coalesce(jsonb_agg(jsonb_build_object('bucket', bk.key, 'lapse', x.l) ORDER BY x.o), '[]')
-      INTO v_places
-      FROM unnest(p.place_buckets, p.place_lapses) WITH ORDINALITY AS x(b, l, o)
-      JOIN __SCHEMA__.buckets bk ON bk.id = x.b
-     WHERE x.l > v_now AND starts_with(bk.key, v_prefix);
-    CONTINUE WHEN jsonb_array_length(v_places) = 0
-                  AND (v_prefix <> '' OR cardinality(p.place_buckets) > 0);
-    IF v_count = lim THEN
-      v_truncated := true;
-      EXIT;
-    END IF;
-    v_count := v_count + 1;
-    v_permits := v_permits || jsonb_build_array(jsonb_build_object(
-      'permit', p.id, 'lapse', p.lapse, 'places', v_places));
-  END LOOP;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('permit', s.id, 'lapse', s.lapse, 'places', s.places)
+                            ORDER BY s.id), '[]')
+    INTO v_permits
+    FROM (SELECT pm.id, pm.lapse, x.places
+            FROM __SCHEMA__.permits pm
+           CROSS JOIN LATERAL (
+                 SELECT coalesce(jsonb_agg(jsonb_build_object('bucket', bk.key, 'lapse', y.l) ORDER BY y.o),
+                                 '[]') AS places
+                   FROM unnest(pm.place_buckets, pm.place_lapses) WITH ORDINALITY AS y(b, l, o)
+                   JOIN __SCHEMA__.buckets bk ON bk.id = y.b
+                  WHERE y.l > v_now AND starts_with(bk.key, v_prefix)) x
+           WHERE pm.id > v_after AND pm.lapse > v_now
+             AND NOT (jsonb_array_length(x.places) = 0
+                      AND (v_prefix <> '' OR cardinality(pm.place_buckets) > 0))
+           ORDER BY pm.id
+           LIMIT lim + 1) s;
+  IF jsonb_array_length(v_permits) > lim THEN
+    v_truncated := true;
+    v_permits := v_permits - lim;
+  END IF;
 
   SELECT coalesce(jsonb_agg(jsonb_build_object('key', t.key, 'until', t.until) ORDER BY t.key), '[]')
     INTO v_throttles

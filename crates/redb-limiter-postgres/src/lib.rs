@@ -41,6 +41,8 @@
 //! with the Mozilla roots when the URL asks for it (`sslmode=require`), as managed databases do.
 
 pub mod batch;
+pub mod faults;
+pub mod keys;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -57,6 +59,8 @@ use redb_limiter::time::Clock;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
 use serde_json::{Value, json};
 
+use crate::keys::{escape, unescape};
+
 /// The schema script; `__SCHEMA__` stands for the quoted schema name.
 const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
 /// The one statement that decides an acquire of one window limit (see the file); `__SCHEMA__`
@@ -68,7 +72,12 @@ const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// [`batch`]); `__SCHEMA__` as above.
 const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
+/// The steps from each earlier format version to the next: `MIGRATIONS[i]` takes a schema of
+/// version `i + 1` to version `i + 2` (`sql/migrate/N-M.sql`; `__SCHEMA__` as above). Each
+/// runs in its own transaction under the schema's advisory lock and does nothing unless the
+/// schema still carries its starting version, so servers starting at once migrate once.
+const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [include_str!("../sql/migrate/1-2.sql")];
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
 /// Rows of each kind one `sweep` call deletes at most.
@@ -171,8 +180,8 @@ pub struct PgLimiter {
     metrics: Arc<redb_limiter::metrics::Metrics>,
     synchronous_commit: String,
     started: std::time::Instant,
-    /// The outcome of the latest database call, on [`PgLimiter::health_clock`].
-    last: std::sync::Mutex<Option<Outcome>>,
+    /// The outcome of the latest database call, and the pace of the error log.
+    faults: Arc<faults::Faults>,
     /// Held while `/health` probes, so a flood of requests costs one probe.
     probing: tokio::sync::Mutex<()>,
     probes: AtomicU64,
@@ -229,13 +238,6 @@ impl Statements {
     }
 }
 
-/// What the latest database call said, and when.
-struct Outcome {
-    at: Millis,
-    /// `None`: it succeeded; otherwise why it failed (as `Unavailable` carries it).
-    failure: Option<String>,
-}
-
 impl std::fmt::Debug for PgLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgLimiter").field("schema", &self.schema).finish_non_exhaustive()
@@ -270,6 +272,24 @@ fn tls() -> tokio_postgres_rustls::MakeRustlsConnect {
 /// A database error as the wire's `unavailable` (the message names no URL).
 fn unavailable(e: &impl std::fmt::Display) -> LimiterError {
     LimiterError::Unavailable(format!("PostgreSQL: {e}"))
+}
+
+/// Brings a schema of an earlier format version to [`SCHEMA_VERSION`], one step at a time
+/// ([`MIGRATIONS`]); a missing schema, or one of this version or a later one, is left to the
+/// schema script (which creates the first and refuses the last).
+async fn migrate(client: &tokio_postgres::Client, schema: &str) -> Result<(), tokio_postgres::Error> {
+    let quoted = format!("\"{schema}\"");
+    let meta = format!("{quoted}.meta");
+    let exists: bool = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&meta]).await?.get(0);
+    if !exists {
+        return Ok(());
+    }
+    let version: Option<i32> = client.query_one(&format!("SELECT max(version) FROM {meta}"), &[]).await?.get(0);
+    let Some(version) = version else { return Ok(()) };
+    for step in MIGRATIONS.iter().skip(usize::try_from(version - 1).unwrap_or(usize::MAX)) {
+        client.batch_execute(&step.replace("__SCHEMA__", &quoted)).await?;
+    }
+    Ok(())
 }
 
 impl PgLimiter {
@@ -315,14 +335,17 @@ impl PgLimiter {
                 "PostgreSQL runs with synchronous_commit=off: a grant acknowledged just before a database crash may be lost"
             );
         }
-        let script = SCHEMA_SQL.replace("__SCHEMA__", &format!("\"{}\"", options.schema));
-        client.batch_execute(&script).await.map_err(|e| PgError::Schema {
+        let schema_error = |e: tokio_postgres::Error| PgError::Schema {
             schema: options.schema.clone(),
             message: e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned()),
-        })?;
+        };
+        migrate(&client, &options.schema).await.map_err(schema_error)?;
+        let script = SCHEMA_SQL.replace("__SCHEMA__", &format!("\"{}\"", options.schema));
+        client.batch_execute(&script).await.map_err(schema_error)?;
         drop(client);
         let batch_sql = Statements::file(ACQUIRE_WINDOW_BATCH_SQL, &options.schema);
-        let batcher = Arc::new(batch::Batcher::new(pool.clone(), batch_sql, options.batchers));
+        let faults = Arc::new(faults::Faults::new(options.clock.clone()));
+        let batcher = Arc::new(batch::Batcher::new(pool.clone(), batch_sql, options.batchers, Arc::clone(&faults)));
         Ok(PgLimiter {
             batcher,
             pool,
@@ -333,7 +356,7 @@ impl PgLimiter {
             metrics: Arc::new(redb_limiter::metrics::Metrics::default()),
             synchronous_commit,
             started: std::time::Instant::now(),
-            last: std::sync::Mutex::new(None),
+            faults,
             probing: tokio::sync::Mutex::new(()),
             probes: AtomicU64::new(0),
             window_decided: AtomicU64::new(0),
@@ -369,34 +392,19 @@ impl PgLimiter {
         PermitId((u128::from(self.nonce) << 64) | u128::from(seq))
     }
 
-    /// The clock `/health`'s freshness is measured on: the injected clock, or monotonic time
-    /// since connect (never the wall clock, which may step).
-    fn health_clock(&self) -> Millis {
-        match &self.options.clock {
-            Some(clock) => clock.now(),
-            None => Millis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)),
-        }
-    }
-
-    /// Remembers what a database call said: an `Unavailable` is a failure; anything else
-    /// (an answer, a bad request the database refused) shows it reachable.
+    /// Remembers what a database call said, for `/health`: an answer (a bad request the
+    /// database refused included) shows it reachable. A database error was recorded where it
+    /// arose, as out or as the request's own ([`faults`]); an answer this crate could not read
+    /// says nothing about the database.
     fn record<T>(&self, result: &Result<T, LimiterError>) {
-        let failure = match result {
-            Err(LimiterError::Unavailable(why)) => Some(why.clone()),
-            _ => None,
-        };
-        let outcome = Outcome { at: self.health_clock(), failure };
-        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(outcome);
+        if !matches!(result, Err(LimiterError::Unavailable(_))) {
+            self.faults.answered();
+        }
     }
 
     /// The latest outcome as `/health`'s answer, while it is fresh.
     fn fresh_outcome(&self) -> Option<Result<(), LimiterError>> {
-        let last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let last = last.as_ref()?;
-        (self.health_clock().since(last.at) < HEALTH_FRESH_MS).then(|| match &last.failure {
-            None => Ok(()),
-            Some(why) => Err(LimiterError::Unavailable(why.clone())),
-        })
+        self.faults.fresh(HEALTH_FRESH_MS)
     }
 
     /// One call of a schema function returning one value; its outcome is recorded for
@@ -417,13 +425,13 @@ impl PgLimiter {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, LimiterError> {
-        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
-        let statement = client.prepare_cached(sql).await.map_err(|e| unavailable(&e))?;
+        let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
+        let statement = client.prepare_cached(sql).await.map_err(|e| self.faults.database(&e))?;
         client.query_one(&statement, params).await.map_err(|e| match e.as_db_error() {
             Some(db) if db.code().code() == "RL400" => {
                 LimiterError::BadRequest(redb_limiter::BadRequest(db.message().to_owned()))
             }
-            _ => unavailable(&e),
+            _ => self.faults.database(&e),
         })
     }
 
@@ -446,7 +454,10 @@ impl PgLimiter {
         let permit = self.next_permit().to_string();
         let mode = if req.report { "report" } else { "acquire" };
         let reply: Value = self
-            .call(&self.sql.acquire, &[&req.to_json(), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()])
+            .call(
+                &self.sql.acquire,
+                &[&request_json(&req), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()],
+            )
             .await?;
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
         self.count(&decision);
@@ -485,15 +496,17 @@ impl PgLimiter {
         at: Option<i64>,
     ) -> Result<Decision, LimiterError> {
         let window = limit.window.as_ref().expect("windows_only picks window limits");
+        let (key, caller) = (escape(&limit.key), escape(&req.key));
+        let (key, caller): (&str, &str) = (&key, &caller);
         let row = self
             .query_row(
                 &self.sql.acquire_window,
                 &[
-                    &limit.key,
+                    &key,
                     &to_i64(window.calls),
                     &to_i64(window.per_ms),
                     &to_i64(limit.cost),
-                    &req.key,
+                    &caller,
                     &at,
                     &to_i64(self.options.recheck_ms),
                     &to_i64(req.hold_ms),
@@ -538,7 +551,10 @@ impl PgLimiter {
     /// `sql/acquire_windows.sql`: its row is the decision, or carries `acquire()`'s reply when
     /// it left the request to it.
     async fn acquire_windows(&self, req: &AcquireRequest) -> Result<Decision, LimiterError> {
-        let keys: Vec<&str> = req.limits.iter().map(|l| l.key.as_str()).collect();
+        let keys: Vec<std::borrow::Cow<'_, str>> = req.limits.iter().map(|l| escape(&l.key)).collect();
+        let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        let caller = escape(&req.key);
+        let caller: &str = &caller;
         let figure = |f: fn(&Limit) -> u64| req.limits.iter().map(|l| to_i64(f(l))).collect::<Vec<i64>>();
         let calls = figure(|l| l.window.map_or(0, |w| w.calls));
         let per = figure(|l| l.window.map_or(0, |w| w.per_ms));
@@ -552,7 +568,7 @@ impl PgLimiter {
                     &calls,
                     &per,
                     &costs,
-                    &req.key,
+                    &caller,
                     &self.at(),
                     &to_i64(self.options.recheck_ms),
                     &to_i64(req.hold_ms),
@@ -570,9 +586,11 @@ impl PgLimiter {
         let now: Option<i64> = row.try_get(4).map_err(|e| unavailable(&e))?;
         match (verdict, retry, reason.and_then(Reason::parse), limit, now) {
             ("g", _, _, _, Some(now)) => Ok(Decision::Granted { at: millis_from_sql(now), permit: None }),
-            ("x", Some(retry), Some(reason), Some(limit), _) => {
-                Ok(Decision::Refused { retry_at: millis_from_sql(retry), reason, limit: limit.to_owned() })
-            }
+            ("x", Some(retry), Some(reason), Some(limit), _) => Ok(Decision::Refused {
+                retry_at: millis_from_sql(retry),
+                reason,
+                limit: unescape(limit).ok_or_else(|| protocol(&json!(limit)))?.into_owned(),
+            }),
             _ => Err(LimiterError::Unavailable(format!("PostgreSQL answered an unexpected verdict {verdict:?}"))),
         }
     }
@@ -586,8 +604,9 @@ impl PgLimiter {
 
     /// Decides as an acquire would at the same instant and changes nothing.
     pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
-        let reply: Value =
-            self.call(&self.sql.peek, &[&req.to_json(), &to_i64(self.options.recheck_ms), &"", &self.at()]).await?;
+        let reply: Value = self
+            .call(&self.sql.peek, &[&request_json(&req), &to_i64(self.options.recheck_ms), &"", &self.at()])
+            .await?;
         let peeked = peeked_from(&reply).ok_or_else(|| protocol(&reply))?;
         match &peeked.refusal {
             None => self.metrics.decided("peek", "fits", ""),
@@ -600,15 +619,19 @@ impl PgLimiter {
     /// live.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         let costs = (!req.costs.is_empty()).then(|| costs_json(&req.costs));
-        let released: bool = self.call(&self.sql.release, &[&req.permit, &costs, &self.at()]).await?;
+        let permit = escape(&req.permit);
+        let permit: &str = &permit;
+        let released: bool = self.call(&self.sql.release, &[&permit, &costs, &self.at()]).await?;
         self.metrics.decided("release", if released { "released" } else { "unknown" }, "");
         Ok(released)
     }
 
     /// Settles a permit's grant to its real costs: `true` when the permit was live.
     pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        let permit = escape(&req.permit);
+        let permit: &str = &permit;
         let result: Result<Value, LimiterError> =
-            self.call(&self.sql.settle, &[&req.permit, &costs_json(&req.costs), &self.at()]).await;
+            self.call(&self.sql.settle, &[&permit, &costs_json(&req.costs), &self.at()]).await;
         let reply = match result {
             Err(e @ LimiterError::BadRequest(_)) => {
                 self.metrics.decided("settle", "bad_request", "");
@@ -623,8 +646,9 @@ impl PgLimiter {
 
     /// Throttles a caller (only ever extends); the throttle in force afterwards.
     pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
-        let until: Option<i64> =
-            self.call(&self.sql.throttle, &[&req.key, &millis_to_sql(req.until), &self.at()]).await?;
+        let key = escape(&req.key);
+        let key: &str = &key;
+        let until: Option<i64> = self.call(&self.sql.throttle, &[&key, &millis_to_sql(req.until), &self.at()]).await?;
         let until = until.map(millis_from_sql);
         self.metrics.decided("throttle", if until.is_some() { "in_force" } else { "none" }, "");
         Ok(until)
@@ -632,7 +656,9 @@ impl PgLimiter {
 
     /// Ends the throttle of a caller: `true` when one was in force.
     pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
-        let lifted: bool = self.call(&self.sql.lift, &[&req.key, &self.at()]).await?;
+        let key = escape(&req.key);
+        let key: &str = &key;
+        let lifted: bool = self.call(&self.sql.lift, &[&key, &self.at()]).await?;
         self.metrics.decided("lift", if lifted { "lifted" } else { "none" }, "");
         Ok(lifted)
     }
@@ -641,7 +667,9 @@ impl PgLimiter {
     /// each kind.
     pub async fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        let after = (!after.is_empty()).then_some(after);
+        let (prefix, after) = (escape(prefix), escape(after));
+        let prefix: &str = &prefix;
+        let after = (!after.is_empty()).then_some(after.as_ref());
         let reply: Value = self.call(&self.sql.state, &[&prefix, &after, &limit, &self.at()]).await?;
         let snapshot = snapshot_from(&reply).ok_or_else(|| protocol(&reply))?;
         let truncated = reply.get("truncated").and_then(Value::as_bool).unwrap_or(false);
@@ -686,8 +714,8 @@ impl PgLimiter {
         }
         self.probes.fetch_add(1, Ordering::Relaxed);
         let result = async {
-            let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
-            client.simple_query("SELECT 1").await.map_err(|e| unavailable(&e))?;
+            let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
+            client.simple_query("SELECT 1").await.map_err(|e| self.faults.database(&e))?;
             Ok(())
         }
         .await;
@@ -717,6 +745,14 @@ impl PgLimiter {
     #[must_use]
     pub fn batch_paths(&self) -> (u64, u64, u64) {
         self.batcher.paths()
+    }
+
+    /// How many batch statements failed for a request's sake, their requests then decided
+    /// again one by one (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn batches_failed(&self) -> u64 {
+        self.batcher.failed()
     }
 
     /// The batch statement as this limiter sends it (tests).
@@ -817,18 +853,36 @@ fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
 }
 
 fn costs_json(costs: &[Cost]) -> Value {
-    Value::Array(costs.iter().map(|c| json!({ "key": c.key, "cost": c.cost })).collect())
+    Value::Array(costs.iter().map(|c| json!({ "key": escape(&c.key), "cost": c.cost })).collect())
+}
+
+/// An acquire's JSON as `acquire()` takes it: the caller and limit keys escaped.
+fn request_json(req: &AcquireRequest) -> Value {
+    let mut body = req.to_json();
+    let escape_key = |v: &mut Value| {
+        if let Some(Value::String(s)) = v.get_mut("key")
+            && let std::borrow::Cow::Owned(escaped) = escape(s)
+        {
+            *s = escaped;
+        }
+    };
+    escape_key(&mut body);
+    if let Some(limits) = body.get_mut("limits").and_then(Value::as_array_mut) {
+        limits.iter_mut().for_each(escape_key);
+    }
+    body
+}
+
+/// A key (or permit string) field of a reply, unescaped.
+fn key_at(v: &Value, field: &str) -> Option<String> {
+    unescape(v.get(field)?.as_str()?).map(std::borrow::Cow::into_owned)
 }
 
 fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
     let mut out = Vec::new();
     for f in reply.get("limits")?.as_array()? {
         let pair = |a: &str, b: &str| Some((f.get(a)?.as_u64()?, f.get(b)?.as_u64()?));
-        out.push(Figures {
-            key: f.get("key")?.as_str()?.to_owned(),
-            window: pair("used", "remaining"),
-            places: pair("held", "free"),
-        });
+        out.push(Figures { key: key_at(f, "key")?, window: pair("used", "remaining"), places: pair("held", "free") });
     }
     Some(out)
 }
@@ -844,7 +898,7 @@ fn peeked_from(reply: &Value) -> Option<Peeked> {
         Some(Refusal {
             retry_at: millis_at(reply, "retryAt")?,
             reason: Reason::parse(reply.get("reason")?.as_str()?)?,
-            limit: reply.get("limit")?.as_str()?.to_owned(),
+            limit: key_at(reply, "limit")?,
         })
     };
     Some(Peeked { refusal, report: report_from(reply)? })
@@ -898,7 +952,7 @@ fn decision_from(reply: &Value) -> Option<Decision> {
         Some(Decision::Refused {
             retry_at: millis_at(reply, "retryAt")?,
             reason: Reason::parse(reply.get("reason")?.as_str()?)?,
-            limit: reply.get("limit")?.as_str()?.to_owned(),
+            limit: key_at(reply, "limit")?,
         })
     }
 }
@@ -908,7 +962,7 @@ fn snapshot_from(reply: &Value) -> Option<Snapshot> {
     let mut view = StateView::default();
     for b in reply.get("buckets")?.as_array()? {
         view.buckets.push(BucketView {
-            key: b.get("key")?.as_str()?.to_owned(),
+            key: key_at(b, "key")?,
             meta: BucketMeta {
                 retain_ms: b.get("perMs")?.as_u64()?,
                 last_calls: b.get("calls")?.as_u64()?,
@@ -924,16 +978,16 @@ fn snapshot_from(reply: &Value) -> Option<Snapshot> {
     for p in reply.get("permits")?.as_array()? {
         let mut places = Vec::new();
         for place in p.get("places")?.as_array()? {
-            places.push((place.get("bucket")?.as_str()?.to_owned(), millis_at(place, "lapse")?));
+            places.push((key_at(place, "bucket")?, millis_at(place, "lapse")?));
         }
         view.permits.push(PermitView {
-            id: PermitId::from_str(p.get("permit")?.as_str()?).ok()?,
+            id: PermitId::from_str(&key_at(p, "permit")?).ok()?,
             expires: millis_at(p, "lapse")?,
             places,
         });
     }
     for t in reply.get("throttles")?.as_array()? {
-        view.throttles.push(ThrottleView { key: t.get("key")?.as_str()?.to_owned(), until: millis_at(t, "until")? });
+        view.throttles.push(ThrottleView { key: key_at(t, "key")?, until: millis_at(t, "until")? });
     }
     let totals = reply.get("totals").map_or(
         Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() },

@@ -1401,3 +1401,298 @@ fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
         assert_eq!(used("w\u{1}a", 5).await, 3, "a key with U+0000 is not one with U+0001");
     });
 }
+
+/// Wall-clock milliseconds since the Unix epoch, floored: the database's clock, on this machine.
+fn wall_ms() -> u64 {
+    u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
+/// One grant seen by a host in the instants test.
+#[derive(Debug, Clone)]
+struct Seen1 {
+    at: u64,
+    sent: u64,
+    answered: u64,
+    /// (window bucket, estimated cost) and whether it holds a place in `c`.
+    window: Option<u64>,
+    place: bool,
+    /// When the host sent the release (`u64::MAX`: never), and the settle (with its cost).
+    released: u64,
+    settled: Option<(u64, u64)>,
+}
+
+const INSTANT_CALLS: u64 = 40;
+const INSTANT_PER_MS: u64 = 200;
+const INSTANT_CONCURRENT: u64 = 3;
+const INSTANT_HOLD_MS: u64 = 5_000;
+
+/// The violations of section 10's last rule in what hosts saw, replayed offline by the
+/// reported instants: a bucket over `concurrent` places (a place counts from its grant's
+/// instant until its release was sent, or it lapsed), a window over `calls` (a grant counts its
+/// settled cost from when its settle was sent, its estimate before), a grant whose instant is
+/// outside its request's span (before it was sent or after it was answered).
+fn instant_violations(grants: &[Seen1]) -> (Vec<String>, u64, u64) {
+    let mut out = Vec::new();
+    let (mut most_held, mut most_used) = (0, 0);
+    for g in grants {
+        if g.at < g.sent || g.at > g.answered {
+            out.push(format!("granted at {} outside its request's span {}..={}", g.at, g.sent, g.answered));
+        }
+    }
+    for g in grants.iter().filter(|g| g.place) {
+        let a = g.at;
+        let held: Vec<&Seen1> =
+            grants.iter().filter(|h| h.place && h.at <= a && a < h.released && a < h.at + INSTANT_HOLD_MS).collect();
+        most_held = most_held.max(held.len() as u64);
+        if held.len() as u64 > INSTANT_CONCURRENT {
+            let late = held.iter().filter(|h| h.released > a).map(|h| h.released - a).max().unwrap_or(0);
+            out.push(format!(
+                "{} places held at {a} (concurrent {INSTANT_CONCURRENT}); a release it needed was sent up to {late} ms later",
+                held.len()
+            ));
+        }
+    }
+    for g in grants.iter().filter(|g| g.window.is_some()) {
+        let a = g.at;
+        let cost_at = |h: &Seen1| match h.settled {
+            Some((sent, cost)) if sent <= a => cost,
+            _ => h.window.unwrap_or(0),
+        };
+        let inside: u64 =
+            grants.iter().filter(|h| h.window.is_some() && h.at <= a && h.at + INSTANT_PER_MS > a).map(cost_at).sum();
+        most_used = most_used.max(inside);
+        if inside > INSTANT_CALLS {
+            out.push(format!("{inside} in the window ending at {a} (calls {INSTANT_CALLS})"));
+        }
+    }
+    (out, most_held, most_used)
+}
+
+/// One run of the instants test: two limiters on one fresh schema (as two servers), hosts
+/// acquiring a window `w` and places of `c` in every request shape that reaches a different
+/// path (two limits with a permit, one place by acquire()'s own path, one place with a permit,
+/// one window with a permit, one window alone), holding a moment, then settling and releasing.
+async fn instants_run(url: &str, run: usize, for_ms: u64) -> (Vec<Seen1>, (Vec<String>, u64, u64)) {
+    use redb_limiter::request::{Cost, SettleRequest};
+    let schema = format!("t_{}_instants_{run}", std::process::id());
+    let client = plain_client(url).await;
+    client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).await.unwrap();
+    let connect = || {
+        let mut options = PgOptions::new(url);
+        options.schema = schema.clone();
+        options.pool_size = 8;
+        PgLimiter::connect(options)
+    };
+    let limiters = [Arc::new(connect().await.unwrap()), Arc::new(connect().await.unwrap())];
+    let end = wall_ms() + for_ms;
+    let mut tasks = Vec::new();
+    for task in 0..16u64 {
+        let pg = Arc::clone(&limiters[usize::try_from(task % 2).unwrap()]);
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut i = task;
+            while wall_ms() < end {
+                i += 1;
+                let w = || window("w", INSTANT_CALLS, INSTANT_PER_MS).with_cost(4).with_hold_ms(INSTANT_HOLD_MS);
+                let c = || Limit::concurrent("c", INSTANT_CONCURRENT).with_hold_ms(INSTANT_HOLD_MS);
+                let (req, window, place) = match i % 7 {
+                    0 => (AcquireRequest::new("h", vec![w(), c()]).unwrap().with_permit(), Some(4), true),
+                    1 => (AcquireRequest::new("h", vec![c()]).unwrap(), None, true),
+                    2 => (AcquireRequest::new("h", vec![c()]).unwrap().with_permit(), None, true),
+                    3 | 5 => (AcquireRequest::new("h", vec![w()]).unwrap().with_permit(), Some(4), false),
+                    _ => (
+                        AcquireRequest::new("h", vec![window("w", INSTANT_CALLS, INSTANT_PER_MS)]).unwrap(),
+                        Some(1),
+                        false,
+                    ),
+                };
+                let sent = wall_ms();
+                let decision = pg.acquire(req).await.expect("no call fails").decision;
+                let answered = wall_ms();
+                match decision {
+                    Decision::Granted { at, permit } => {
+                        let mut g =
+                            Seen1 { at: at.0, sent, answered, window, place, released: u64::MAX, settled: None };
+                        tokio::time::sleep(std::time::Duration::from_millis(i % 4)).await;
+                        if let Some(permit) = permit {
+                            let permit = permit.to_string();
+                            if window.is_some() && i % 3 != 0 {
+                                let cost = i % 3;
+                                let settle = SettleRequest::new(&permit, vec![Cost::new("w", cost)]).unwrap();
+                                let sent = wall_ms();
+                                assert!(pg.settle(settle).await.expect("no call fails"));
+                                g.settled = Some((sent, cost));
+                            }
+                            g.released = wall_ms();
+                            assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.expect("no call fails"));
+                        }
+                        seen.push(g);
+                    }
+                    Decision::Refused { retry_at, .. } => {
+                        let wait = retry_at.0.saturating_sub(wall_ms()).min(5);
+                        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                    }
+                }
+            }
+            seen
+        }));
+    }
+    let mut grants = Vec::new();
+    for task in tasks {
+        grants.extend(task.await.unwrap());
+    }
+    let violations = instant_violations(&grants);
+    client.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await.unwrap();
+    (grants, violations)
+}
+
+/// Section 10: the instants reported are the instants judged. Two servers on one schema, hosts
+/// acquiring windows and places under concurrency with settles and releases; every grant's
+/// reported instant, replayed offline, keeps every window within `calls` and every bucket
+/// within `concurrent` (a grant that needed a release reports an instant no earlier than the
+/// release was sent), and lies within its request's span. `REDB_LIMITER_PG_INSTANT_RUNS` runs
+/// (default 3) of two seconds each.
+#[test]
+fn reported_instants_replay_within_every_window_and_place() {
+    let Some(url) = database_url() else { return };
+    let runs = std::env::var("REDB_LIMITER_PG_INSTANT_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    runtime().block_on(async {
+        let mut bad = Vec::new();
+        for run in 0..runs {
+            let (grants, (violations, most_held, most_used)) = instants_run(&url, run, 2_000).await;
+            let places = grants.iter().filter(|g| g.place).count();
+            let settled = grants.iter().filter(|g| g.settled.is_some()).count();
+            eprintln!(
+                "run {run}: {} grants ({places} places, {settled} settled), at most {most_held} places held and \
+                 {most_used} in a window, {} violations",
+                grants.len(),
+                violations.len()
+            );
+            for v in violations.iter().take(8) {
+                eprintln!("  {v}");
+            }
+            assert!(places > 50 && settled > 10, "the run exercised places and settles");
+            // The bounds were reached, so they were tested.
+            assert!(most_held >= INSTANT_CONCURRENT && most_used + 4 > INSTANT_CALLS, "{most_held} {most_used}");
+            bad.extend(violations.into_iter().take(5).map(|v| format!("run {run}: {v}")));
+        }
+        assert!(bad.is_empty(), "{bad:#?}");
+    });
+}
+
+/// Percentile `p` (0-100) of `samples`, in milliseconds.
+fn percentile_ms(samples: &mut [std::time::Duration], p: usize) -> f64 {
+    samples.sort();
+    let i = (samples.len() * p / 100).min(samples.len().saturating_sub(1));
+    samples.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// Acquires of one-window buckets `z0..z7` from four tasks until `stop`: each one's latency.
+async fn acquires_until(pg: &Arc<PgLimiter>, stop: &Arc<std::sync::atomic::AtomicBool>) -> Vec<std::time::Duration> {
+    let mut tasks = Vec::new();
+    for task in 0..4u64 {
+        let (pg, stop) = (Arc::clone(pg), Arc::clone(stop));
+        tasks.push(tokio::spawn(async move {
+            let mut took = Vec::new();
+            let mut i = task;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let req = AcquireRequest::new("c", vec![window(&format!("z{}", i % 8), 1_000_000, 60_000)]).unwrap();
+                let start = std::time::Instant::now();
+                assert!(pg.acquire(req).await.expect("no acquire fails").decision.is_granted());
+                took.push(start.elapsed());
+            }
+            took
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all
+}
+
+/// `/state` pages by key over an index, at a cost that grows with the page: pages of 100,000
+/// over 200,000 live buckets come back whole, within the statement timeout, in key order, one
+/// after another from the last key, while acquires run beside them (their p99 is reported
+/// against the same acquires alone), and `/health` stays up.
+#[test]
+fn state_pages_of_100000_over_200000_keys_within_the_timeout_beside_acquires() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = Arc::new(fresh(&url, "large_state", clock.clone()).await);
+        let schema = pg.schema().to_owned();
+        let client = plain_client(&url).await;
+        // 200,000 buckets holding one grant each, written as a grant writes them.
+        client
+            .batch_execute(&format!(
+                "INSERT INTO \"{schema}\".buckets (key, retain_ms, total, last_seq, last_at, floor_ms, last_calls)
+                 SELECT 'k' || lpad(i::text, 7, '0'), 60000, 1, 1, {t0}, {t0}, 10 FROM generate_series(1, 200000) i;
+                 INSERT INTO \"{schema}\".grants (bucket, at, seq, cost, cum)
+                 SELECT id, last_at, 1, 1, 1 FROM \"{schema}\".buckets;
+                 ANALYZE \"{schema}\".buckets; ANALYZE \"{schema}\".grants;",
+                t0 = T0.0
+            ))
+            .await
+            .unwrap();
+        clock.advance(10);
+        let one = AcquireRequest::new("c", vec![window("k0000001", 10, 60_000)]).unwrap();
+        assert_eq!(pg.peek(one).await.unwrap().report.limits[0].window, Some((1, 9)), "they count as grants");
+
+        // The acquires alone, for a baseline.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acquiring = tokio::spawn({
+            let (pg, stop) = (Arc::clone(&pg), Arc::clone(&stop));
+            async move { acquires_until(&pg, &stop).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut alone = acquiring.await.unwrap();
+
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acquiring = tokio::spawn({
+            let (pg, stop) = (Arc::clone(&pg), Arc::clone(&stop));
+            async move { acquires_until(&pg, &stop).await }
+        });
+        let timeout = PgOptions::new("").statement_timeout;
+        let small = std::time::Instant::now();
+        let first = pg.state_page("", "", 1000).await.unwrap();
+        let small = small.elapsed();
+        assert_eq!(first.snapshot.view.buckets.len(), 1000);
+        let mut after = String::new();
+        let mut seen = 0usize;
+        let mut took = Vec::new();
+        for page in 0..3 {
+            let start = std::time::Instant::now();
+            let got = pg.state_page("", &after, 100_000).await.expect("a page of 100,000 within the timeout");
+            took.push(start.elapsed());
+            assert!(took[page] < timeout, "{:?}", took[page]);
+            let keys: Vec<&str> = got.snapshot.view.buckets.iter().map(|b| b.key.as_str()).collect();
+            assert!(keys.windows(2).all(|w| w[0] < w[1]), "in key order");
+            if page < 2 {
+                assert_eq!(keys.len(), 100_000);
+                assert_eq!(keys[0], format!("k{:07}", page * 100_000 + 1));
+                assert!(got.truncated, "more remain");
+            } else {
+                assert!(keys.iter().all(|k| k.starts_with('z')) && !got.truncated, "{keys:?}");
+            }
+            seen += keys.len();
+            after = keys.last().unwrap().to_string();
+            pg.health().await.expect("a long read never flips /health");
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut beside = acquiring.await.unwrap();
+        assert!(seen > 200_000);
+        let (p99_alone, p99_beside) = (percentile_ms(&mut alone, 99), percentile_ms(&mut beside, 99));
+        eprintln!(
+            "state: a page of 1,000 in {:.1} ms, of 100,000 in {:.0} / {:.0} ms; acquires' p99 {p99_alone:.1} ms alone, \
+             {p99_beside:.1} ms beside the pages ({} and {} acquires)",
+            small.as_secs_f64() * 1000.0,
+            took[0].as_secs_f64() * 1000.0,
+            took[1].as_secs_f64() * 1000.0,
+            alone.len(),
+            beside.len()
+        );
+    });
+}

@@ -33,7 +33,14 @@
 //! Health: `/health` must not cost a round trip per request. Every database call records its
 //! outcome (with the sweeper's, about one a second even when idle); `/health` answers from the
 //! latest outcome while it is under [`HEALTH_FRESH_MS`] old, a failure included (unavailable
-//! until a later success), and otherwise runs one `SELECT 1`, one probe at a time.
+//! until a later success), and otherwise runs one `SELECT 1`, one probe at a time. Only a
+//! database that is out counts as a failure; a statement that failed for its request's sake
+//! (its key, a timeout) shows the database answering ([`faults`], which also paces the log of
+//! database errors: once, then at most once a second).
+//!
+//! Keys: every key and permit string crosses to the database escaped ([`keys`]), so that every
+//! UTF-8 string the file serves, U+0000 included, is stored, ordered and prefix-matched as
+//! itself.
 //!
 //! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
 //! statements cached per connection; the session used last is handed out first, and the

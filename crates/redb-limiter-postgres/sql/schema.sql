@@ -1183,104 +1183,88 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__.lift(text, bigint) IS 'lift a throttle in force (spec 9.4)';
 
 ---------------------------------------------------------------------------------------------
--- state: live buckets, permits and throttles whose keys start with prefix, in key order,
--- after `after` (exclusive), at most lim of each, read-only:
--- {"now", "truncated",
---  "buckets": [{"key", "windowUsed", "calls", "perMs", "concurrent", "oldestGrant"|null,
---               "placesHeld", "nextLapse"|null}],
---  "permits": [{"permit", "lapse", "places": [{"bucket", "lapse"}]}],
---  "throttles": [{"key", "until"}]}
-CREATE OR REPLACE FUNCTION __SCHEMA__.state(prefix text DEFAULT '', after text DEFAULT NULL,
-                                            lim integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
-RETURNS jsonb
+-- state_rows: live buckets, permits and throttles whose keys start with prefix, in key order,
+-- after `after` (exclusive), at most lim + 1 of each (one more than lim: more remain),
+-- read-only, as rows (no JSON: a page of 100,000 is read as it is sent):
+--   kind 'n': the instant (now_ms) the page was read at; always one row, first;
+--   kind 'b': a bucket: key, window_used, calls, per_ms, concurrent, oldest (its oldest grant
+--             with a cost, or NULL), held (places), next_lapse (or NULL);
+--   kind 'p': a permit: key (its id), lapse, place_keys and place_lapses (the places still
+--             held in buckets under prefix, in the grant's order);
+--   kind 't': a throttle: key, lapse (its until).
+-- Each kind is one statement walking its primary key in order from `after` (keyset
+-- pagination): what it reads grows with the page, never with the table beyond it, a few
+-- index probes per row.
+DROP FUNCTION IF EXISTS __SCHEMA__.state(text, text, integer, bigint);
+CREATE OR REPLACE FUNCTION __SCHEMA__.state_rows(prefix text DEFAULT '', after text DEFAULT NULL,
+                                                 lim integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
+RETURNS TABLE (kind text, key text, now_ms bigint, window_used bigint, calls bigint, per_ms bigint,
+               concurrent bigint, oldest bigint, held bigint, next_lapse bigint, lapse bigint,
+               place_keys text[], place_lapses bigint[])
 LANGUAGE plpgsql STABLE AS
 $$
--- Each kind is one statement walking its primary key in order from `after` (keyset
--- pagination): the rows it reads grow with the page, never with the table beyond it, and each
--- costs a few index probes. (The page is built by jsonb_agg, not by appending to a value,
--- which copied the page so far on every row.)
 DECLARE
   v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
   v_prefix text := coalesce(prefix, '');
   v_after text := coalesce(after, '');
-  v_buckets jsonb;
-  v_permits jsonb;
-  v_throttles jsonb;
-  v_truncated boolean := false;
 BEGIN
-  SELECT coalesce(jsonb_agg(jsonb_build_object(
-           'key', s.key, 'windowUsed', s.used, 'calls', s.last_calls, 'perMs', s.retain_ms,
-           'concurrent', s.last_concurrent, 'oldestGrant', s.oldest, 'placesHeld', s.held,
-           'nextLapse', s.next) ORDER BY s.key), '[]')
-    INTO v_buckets
-    FROM (SELECT bk.key, bk.last_calls, bk.retain_ms, bk.last_concurrent,
+  RETURN QUERY SELECT 'n'::text, NULL::text, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+                      NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[], NULL::bigint[];
+
+  RETURN QUERY
+  SELECT 'b'::text, s.key, v_now, s.used, s.last_calls, s.retain_ms, s.last_concurrent,
+         CASE WHEN s.first_cost > 0 THEN s.first_at
+              WHEN s.first_at IS NOT NULL THEN
+                (SELECT g.at FROM __SCHEMA__.grants g
+                  WHERE g.bucket = s.id AND g.at > s.first_at AND g.cost > 0
+                  ORDER BY g.at LIMIT 1) END,
+         s.held, s.next, NULL::bigint, NULL::text[], NULL::bigint[]
+    FROM (SELECT bk.key, bk.id, bk.last_calls, bk.retain_ms, bk.last_concurrent,
+                 w.at AS first_at, w.cost AS first_cost, pl.held, pl.next,
                  CASE WHEN w.seq IS NULL THEN 0
                       WHEN bk.fen THEN bk.total + bk.dtotal - w.before - __SCHEMA__._fen_sum(bk.id, w.seq - 1)
-                      ELSE bk.total - w.before END AS used,
-                 o.at AS oldest, pl.held, pl.next
+                      ELSE bk.total - w.before END AS used
             FROM __SCHEMA__.buckets bk
             LEFT JOIN LATERAL (
-                 SELECT g.seq, g.cum - g.cost AS before FROM __SCHEMA__.grants g
+                 SELECT g.at, g.seq, g.cost, g.cum - g.cost AS before FROM __SCHEMA__.grants g
                   WHERE bk.retain_ms > 0 AND g.bucket = bk.id
                     AND g.at > greatest(bk.pruned_to, v_now - bk.retain_ms)
                   ORDER BY g.at LIMIT 1) w ON true
-            LEFT JOIN LATERAL (
-                 SELECT g.at FROM __SCHEMA__.grants g
-                  WHERE bk.retain_ms > 0 AND g.bucket = bk.id
-                    AND g.at > greatest(bk.pruned_to, v_now - bk.retain_ms) AND g.cost > 0
-                  ORDER BY g.at LIMIT 1) o ON true
-            CROSS JOIN LATERAL (
+           CROSS JOIN LATERAL (
                  SELECT count(*) AS held, min(p.lapse) AS next FROM __SCHEMA__.places p
                   WHERE p.bucket = bk.id AND p.lapse > v_now) pl
            WHERE bk.key > v_after AND bk.key >= v_prefix AND starts_with(bk.key, v_prefix)
-             AND (pl.held > 0
-                  OR CASE WHEN w.seq IS NULL THEN 0
-                          WHEN bk.fen THEN bk.total + bk.dtotal - w.before - __SCHEMA__._fen_sum(bk.id, w.seq - 1)
-                          ELSE bk.total - w.before END > 0)
-           ORDER BY bk.key
-           LIMIT lim + 1) s;
-  IF jsonb_array_length(v_buckets) > lim THEN
-    v_truncated := true;
-    v_buckets := v_buckets - lim;
-  END IF;
+           ORDER BY bk.key) s
+   WHERE s.used > 0 OR s.held > 0
+   ORDER BY s.key
+   LIMIT lim + 1;
 
-  SELECT coalesce(jsonb_agg(jsonb_build_object('permit', s.id, 'lapse', s.lapse, 'places', s.places)
-                            ORDER BY s.id), '[]')
-    INTO v_permits
-    FROM (SELECT pm.id, pm.lapse, x.places
-            FROM __SCHEMA__.permits pm
-           CROSS JOIN LATERAL (
-                 SELECT coalesce(jsonb_agg(jsonb_build_object('bucket', bk.key, 'lapse', y.l) ORDER BY y.o),
-                                 '[]') AS places
-                   FROM unnest(pm.place_buckets, pm.place_lapses) WITH ORDINALITY AS y(b, l, o)
-                   JOIN __SCHEMA__.buckets bk ON bk.id = y.b
-                  WHERE y.l > v_now AND starts_with(bk.key, v_prefix)) x
-           WHERE pm.id > v_after AND pm.lapse > v_now
-             AND NOT (jsonb_array_length(x.places) = 0
-                      AND (v_prefix <> '' OR cardinality(pm.place_buckets) > 0))
-           ORDER BY pm.id
-           LIMIT lim + 1) s;
-  IF jsonb_array_length(v_permits) > lim THEN
-    v_truncated := true;
-    v_permits := v_permits - lim;
-  END IF;
+  RETURN QUERY
+  SELECT 'p'::text, pm.id, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+         NULL::bigint, NULL::bigint, pm.lapse, x.keys, x.lapses
+    FROM __SCHEMA__.permits pm
+   CROSS JOIN LATERAL (
+         SELECT coalesce(array_agg(bk.key ORDER BY y.o), '{}') AS keys,
+                coalesce(array_agg(y.l ORDER BY y.o), '{}') AS lapses
+           FROM unnest(pm.place_buckets, pm.place_lapses) WITH ORDINALITY AS y(b, l, o)
+           JOIN __SCHEMA__.buckets bk ON bk.id = y.b
+          WHERE y.l > v_now AND starts_with(bk.key, v_prefix)) x
+   WHERE pm.id > v_after AND pm.lapse > v_now
+     AND NOT (cardinality(x.keys) = 0 AND (v_prefix <> '' OR cardinality(pm.place_buckets) > 0))
+   ORDER BY pm.id
+   LIMIT lim + 1;
 
-  SELECT coalesce(jsonb_agg(jsonb_build_object('key', t.key, 'until', t.until) ORDER BY t.key), '[]')
-    INTO v_throttles
-    FROM (SELECT * FROM __SCHEMA__.throttles th
-           WHERE th.key > v_after AND th.until > v_now AND starts_with(th.key, v_prefix)
-           ORDER BY th.key LIMIT lim + 1) t;
-  IF jsonb_array_length(v_throttles) > lim THEN
-    v_truncated := true;
-    v_throttles := v_throttles - lim;
-  END IF;
-
-  RETURN jsonb_build_object('now', v_now, 'truncated', v_truncated, 'buckets', v_buckets,
-                            'permits', v_permits, 'throttles', v_throttles);
+  RETURN QUERY
+  SELECT 't'::text, th.key, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+         NULL::bigint, NULL::bigint, th.until, NULL::text[], NULL::bigint[]
+    FROM __SCHEMA__.throttles th
+   WHERE th.key > v_after AND th.until > v_now AND starts_with(th.key, v_prefix)
+   ORDER BY th.key
+   LIMIT lim + 1;
 END
 $$;
-COMMENT ON FUNCTION __SCHEMA__.state(text, text, integer, bigint) IS
-  'snapshot of live buckets, permits and throttles (GET /state), paged by key, read-only';
+COMMENT ON FUNCTION __SCHEMA__.state_rows(text, text, integer, bigint) IS
+  'live buckets, permits and throttles (GET /state), paged by key, as rows, read-only';
 
 -- Counts for metrics: rows in each table (lapsed rows not yet swept included).
 CREATE OR REPLACE FUNCTION __SCHEMA__.totals() RETURNS jsonb

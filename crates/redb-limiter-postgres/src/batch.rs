@@ -240,13 +240,19 @@ impl Batcher {
         let callers: Vec<std::borrow::Cow<'_, str>> = batch.iter().map(|w| escape(&w.item.caller)).collect();
         let callers: Vec<&str> = callers.iter().map(AsRef::as_ref).collect();
         let ats: Vec<Option<i64>> = batch.iter().map(|w| w.item.at).collect();
-        let database = |e: tokio_postgres::Error| {
-            let error = self.faults.database(&e);
-            if crate::faults::database_out(&e) { Failed::Out(error) } else { Failed::Rolledback }
-        };
         let client = self.pool.get().await.map_err(|e| Failed::Out(self.faults.pool(&e)))?;
-        let statement = client.prepare_cached(&self.sql).await.map_err(database)?;
-        let rows = client.query(&statement, &[&keys, &calls, &per, &costs, &callers, &ats]).await.map_err(database)?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&keys, &calls, &per, &costs, &callers, &ats];
+        let result = async { client.query(&client.prepare_cached(&self.sql).await?, &params).await }.await;
+        let rows = result.map_err(|e| {
+            let error = self.faults.database(&e);
+            if crate::faults::database_out(&e) {
+                // The session is closed rather than handed out again (see the limiter's).
+                drop(deadpool_postgres::Object::take(client));
+                Failed::Out(error)
+            } else {
+                Failed::Rolledback
+            }
+        })?;
         self.faults.answered();
         self.batches.fetch_add(1, Ordering::Relaxed);
         if rows.len() != batch.len() {

@@ -239,7 +239,7 @@ impl Statements {
             settle: call("SELECT S.settle($1, $2::jsonb, $3)"),
             throttle: call("SELECT S.throttle($1, $2, $3)"),
             lift: call("SELECT S.lift($1, $2)"),
-            state: call("SELECT S.state($1, $2, $3, $4)"),
+            state: call("SELECT * FROM S.state_rows($1, $2, $3, $4)"),
             sweep: call("SELECT S.sweep($1, $2)"),
         }
     }
@@ -433,13 +433,23 @@ impl PgLimiter {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, LimiterError> {
         let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
-        let statement = client.prepare_cached(sql).await.map_err(|e| self.faults.database(&e))?;
-        client.query_one(&statement, params).await.map_err(|e| match e.as_db_error() {
+        let result = async { client.query_one(&client.prepare_cached(sql).await?, params).await }.await;
+        result.map_err(|e| match e.as_db_error() {
             Some(db) if db.code().code() == "RL400" => {
                 LimiterError::BadRequest(redb_limiter::BadRequest(db.message().to_owned()))
             }
-            _ => self.faults.database(&e),
+            _ => self.session_failed(client, &e),
         })
+    }
+
+    /// A database error on `client`'s session: recorded and logged ([`faults`]); a session whose
+    /// database is out (cut, closed, shut down) is closed rather than handed out again, so the
+    /// next request opens a fresh one instead of failing on it too.
+    fn session_failed(&self, client: deadpool_postgres::Client, e: &tokio_postgres::Error) -> LimiterError {
+        if faults::database_out(e) {
+            drop(deadpool_postgres::Object::take(client));
+        }
+        self.faults.database(e)
     }
 
     /// Decides an acquire (with the figures after it when the request asked for a report); a
@@ -677,10 +687,15 @@ impl PgLimiter {
         let (prefix, after) = (escape(prefix), escape(after));
         let prefix: &str = &prefix;
         let after = (!after.is_empty()).then_some(after.as_ref());
-        let reply: Value = self.call(&self.sql.state, &[&prefix, &after, &limit, &self.at()]).await?;
-        let snapshot = snapshot_from(&reply).ok_or_else(|| protocol(&reply))?;
-        let truncated = reply.get("truncated").and_then(Value::as_bool).unwrap_or(false);
-        Ok(StatePage { snapshot, truncated })
+        let rows = async {
+            let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&prefix, &after, &limit, &self.at()];
+            let result = async { client.query(&client.prepare_cached(&self.sql.state).await?, &params).await }.await;
+            result.map_err(|e| self.session_failed(client, &e))
+        }
+        .await;
+        self.record(&rows);
+        page_from(&rows?, usize::try_from(limit).unwrap_or(0))
     }
 
     /// The live state whose keys start with `prefix`, at most `limit` entries of each kind.
@@ -722,8 +737,8 @@ impl PgLimiter {
         self.probes.fetch_add(1, Ordering::Relaxed);
         let result = async {
             let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
-            client.simple_query("SELECT 1").await.map_err(|e| self.faults.database(&e))?;
-            Ok(())
+            let result = client.simple_query("SELECT 1").await;
+            result.map(drop).map_err(|e| self.session_failed(client, &e))
         }
         .await;
         self.record(&result);
@@ -964,47 +979,62 @@ fn decision_from(reply: &Value) -> Option<Decision> {
     }
 }
 
-fn snapshot_from(reply: &Value) -> Option<Snapshot> {
-    let now = millis_at(reply, "now")?;
+/// A `/state` page from the rows of `state_rows()` (see the function): at most `limit` of each
+/// kind, truncated when one kind had more. A row this crate cannot read (a key that is no
+/// escaped form, an id it did not issue) fails the page: nothing is made up.
+fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, LimiterError> {
+    let bad = |why: &dyn std::fmt::Display| {
+        LimiterError::Unavailable(format!("PostgreSQL answered an unexpected state row: {why}"))
+    };
+    let mut now = None;
     let mut view = StateView::default();
-    for b in reply.get("buckets")?.as_array()? {
-        view.buckets.push(BucketView {
-            key: key_at(b, "key")?,
-            meta: BucketMeta {
-                retain_ms: b.get("perMs")?.as_u64()?,
-                last_calls: b.get("calls")?.as_u64()?,
-                last_concurrent: b.get("concurrent")?.as_u64()?,
-            },
-            window_used: b.get("windowUsed")?.as_u64()?,
-            oldest_grant: millis_at(b, "oldestGrant"),
-            grant_entries: 0,
-            places_held: usize::try_from(b.get("placesHeld")?.as_u64()?).ok()?,
-            next_lapse: millis_at(b, "nextLapse"),
-        });
-    }
-    for p in reply.get("permits")?.as_array()? {
-        let mut places = Vec::new();
-        for place in p.get("places")?.as_array()? {
-            places.push((key_at(place, "bucket")?, millis_at(place, "lapse")?));
+    let mut truncated = false;
+    for row in rows {
+        let number = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| bad(&e));
+        let count = |i: usize| number(i).map(|v| u64::try_from(v.unwrap_or(0)).unwrap_or(0));
+        let instant = |i: usize| number(i).map(|v| v.map(millis_from_sql));
+        let text = |k: &str| unescape(k).map(std::borrow::Cow::into_owned).ok_or_else(|| bad(&format!("key {k:?}")));
+        let key = || text(row.try_get::<_, &str>(1).map_err(|e| bad(&e))?);
+        let kind: &str = row.try_get(0).map_err(|e| bad(&e))?;
+        let taken = match kind {
+            "b" => view.buckets.len(),
+            "p" => view.permits.len(),
+            "t" => view.throttles.len(),
+            _ => 0,
+        };
+        if taken == limit && kind != "n" {
+            truncated = true; // one more than the page: more remain
+            continue;
         }
-        view.permits.push(PermitView {
-            id: PermitId::from_str(&key_at(p, "permit")?).ok()?,
-            expires: millis_at(p, "lapse")?,
-            places,
-        });
+        match kind {
+            "n" => now = instant(2)?,
+            "b" => view.buckets.push(BucketView {
+                key: key()?,
+                meta: BucketMeta { retain_ms: count(5)?, last_calls: count(4)?, last_concurrent: count(6)? },
+                window_used: count(3)?,
+                oldest_grant: instant(7)?,
+                grant_entries: 0,
+                places_held: usize::try_from(count(8)?).unwrap_or(usize::MAX),
+                next_lapse: instant(9)?,
+            }),
+            "p" => {
+                let keys: Vec<&str> = row.try_get(11).map_err(|e| bad(&e))?;
+                let lapses: Vec<i64> = row.try_get(12).map_err(|e| bad(&e))?;
+                let mut places = Vec::with_capacity(keys.len());
+                for (k, lapse) in keys.into_iter().zip(lapses) {
+                    places.push((text(k)?, millis_from_sql(lapse)));
+                }
+                let id = key()?;
+                let id = PermitId::from_str(&id).map_err(|_| bad(&format!("permit {id:?}")))?;
+                view.permits.push(PermitView { id, expires: instant(10)?.unwrap_or(Millis(0)), places });
+            }
+            "t" => view.throttles.push(ThrottleView { key: key()?, until: instant(10)?.unwrap_or(Millis(0)) }),
+            other => return Err(bad(&format!("kind {other:?}"))),
+        }
     }
-    for t in reply.get("throttles")?.as_array()? {
-        view.throttles.push(ThrottleView { key: key_at(t, "key")?, until: millis_at(t, "until")? });
-    }
-    let totals = reply.get("totals").map_or(
-        Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() },
-        |t| Totals {
-            buckets: t.get("buckets").and_then(Value::as_u64).unwrap_or(0) as usize,
-            permits: t.get("permits").and_then(Value::as_u64).unwrap_or(0) as usize,
-            throttles: t.get("throttles").and_then(Value::as_u64).unwrap_or(0) as usize,
-        },
-    );
-    Some(Snapshot { now, view, totals })
+    let now = now.ok_or_else(|| bad(&"no instant"))?;
+    let totals = Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() };
+    Ok(StatePage { snapshot: Snapshot { now, view, totals }, truncated })
 }
 
 #[cfg(test)]

@@ -627,3 +627,131 @@ async fn killing_postgres_mid_load_loses_no_acknowledged_grant_and_fails_closed_
     assert!(used <= acknowledged + in_flight, "{used} used > {acknowledged} acknowledged + {in_flight} in flight");
     release_all(&server.url, permits).await;
 }
+
+/// A server on a redb file in a fresh folder (kept alive beside it).
+fn start_file() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--path"])
+        .arg(&path)
+        .env_remove("REDB_LIMITER_TOKEN")
+        .env_remove("REDB_LIMITER_POSTGRES")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    (Server { child, url: ready["url"].as_str().unwrap().to_owned() }, dir)
+}
+
+/// A reply with what depends on each server's clock or nonce left out: instants and permits;
+/// and `/state`'s `totals`, which count what each backend still holds (the file's memory of
+/// idle buckets not yet swept, the database's page), not what is live.
+fn timeless(mut v: Value) -> Value {
+    match &mut v {
+        Value::Object(map) => {
+            map.remove("totals");
+            for field in ["at", "retryAt", "now", "permit", "until", "lapse", "oldestGrant", "nextLapse"] {
+                if map.contains_key(field) {
+                    map.insert(field.to_owned(), json!("…"));
+                }
+            }
+            for (_, value) in map.iter_mut() {
+                *value = timeless(value.take());
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| *item = timeless(item.take())),
+        _ => {}
+    }
+    v
+}
+
+/// Hostile keys over the wire (U+0000 and U+0001 as JSON escapes, quotes, backslashes, a key of
+/// 512 bytes, one character of every plane of Unicode), sent alike to a server on a redb file
+/// and one in PostgreSQL mode: every answer is the same (status and body, instants and
+/// permit ids aside), `/state` by prefix included, and `/health` stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_are_answered_as_the_file_answers_them() {
+    let Some(db) = database_url() else { return };
+    let pg = start(&db, &schema("hostile"));
+    let (file, _dir) = start_file();
+    let planes: String = (0..=16u32).map(|plane| char::from_u32((plane << 16) | 0x100).unwrap()).collect();
+    let keys = [
+        "\0".to_owned(),
+        "a\0b".to_owned(),
+        "\u{1}".to_owned(),
+        "\u{1}\u{2}\0".to_owned(),
+        "'\"\\".to_owned(),
+        format!("{}\0", "z".repeat(511)),
+        planes,
+    ];
+    let client = reqwest::Client::new();
+    let both = |method: &'static str, path: String, body: Option<Value>| {
+        let client = client.clone();
+        let urls = [pg.url.clone(), file.url.clone()];
+        async move {
+            let mut answers = Vec::new();
+            for url in urls {
+                let req = match method {
+                    "GET" => client.get(format!("{url}{path}")),
+                    _ => client.post(format!("{url}{path}")).json(body.as_ref().unwrap()),
+                };
+                let resp = req.send().await.unwrap();
+                answers.push((resp.status().as_u16(), resp.json::<Value>().await.unwrap()));
+            }
+            let [pg, file]: [(u16, Value); 2] = answers.try_into().unwrap();
+            assert_eq!((pg.0, timeless(pg.1.clone())), (file.0, timeless(file.1.clone())), "{method} {path} {body:?}");
+            [pg.1, file.1]
+        }
+    };
+    for key in &keys {
+        let window = json!({"key": key, "limits": [{"key": key, "calls": 1, "perMs": 60000}]});
+        assert_eq!(both("POST", "/acquire".into(), Some(window.clone())).await[0]["granted"], true);
+        assert_eq!(both("POST", "/acquire".into(), Some(window.clone())).await[0]["limit"], json!(key));
+        both("POST", "/peek".into(), Some(window)).await;
+        let place = format!("{}\0place", key.chars().take(40).collect::<String>());
+        let conc = json!({"key": key, "report": true, "limits": [{"key": place, "concurrent": 1}]});
+        let held = both("POST", "/acquire".into(), Some(conc.clone())).await;
+        both("POST", "/acquire".into(), Some(conc)).await;
+        // Each server's own permit, then hostile permit strings.
+        for (server, held) in [&pg, &file].into_iter().zip(held) {
+            let permit = held["permit"].as_str().unwrap_or_else(|| panic!("{held}"));
+            let released = client.post(format!("{}/release", server.url)).json(&json!({"permit": permit}));
+            assert_eq!(released.send().await.unwrap().json::<Value>().await.unwrap(), json!({"released": true}));
+        }
+        for permit in [format!("p-{key}"), key.clone()] {
+            let permit: String = permit.chars().take(40).collect();
+            both("POST", "/release".into(), Some(json!({"permit": permit}))).await;
+            both("POST", "/settle".into(), Some(json!({"permit": permit, "costs": [{"key": key, "cost": 1}]}))).await;
+        }
+        let soon = redb_limiter::time::format_instant(redb_limiter::time::wall_clock_now().plus(60_000));
+        both("POST", "/throttle".into(), Some(json!({"key": key, "until": soon}))).await;
+        both("POST", "/lift".into(), Some(json!({"key": key}))).await;
+        both("POST", "/lift".into(), Some(json!({"key": key}))).await;
+    }
+    for prefix in ["", "\0", "a", "\u{1}", "z", "'"] {
+        let query: String = url_encode(prefix);
+        let state = both("GET", format!("/state?prefix={query}&limit=3"), None).await;
+        if let Some(last) = state[0]["buckets"].as_array().and_then(|b| b.last()).and_then(|b| b["key"].as_str()) {
+            both("GET", format!("/state?prefix={query}&limit=3&after={}", url_encode(last)), None).await;
+        }
+    }
+    let health: Value = reqwest::get(format!("{}/health", pg.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(health["ok"], true);
+}
+
+/// `s` percent-encoded for a query string (every byte but unreserved ones).
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}

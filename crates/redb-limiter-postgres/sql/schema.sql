@@ -1,10 +1,17 @@
 -- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
 --
--- Format version 1. Every object lives in one schema, written __SCHEMA__ below; the server
+-- Format version 2. Every object lives in one schema, written __SCHEMA__ below; the server
 -- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
 -- running this script, which it does on first use and on `check`. The script is idempotent:
 -- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
 -- version) a schema that carries another format version or that holds objects but no meta.
+-- A schema of an earlier version is first brought to this one by the steps in migrate/
+-- (version 1 to 2: migrate/1-2.sql).
+--
+-- Keys and permit strings are stored escaped (the server's src/keys.rs): U+0000 as U+0001
+-- U+0001 and U+0001 as U+0001 U+0002, so that every UTF-8 string a key may be is stored
+-- (text and jsonb hold no U+0000), compared, ordered (COLLATE "C") and prefix-matched as the
+-- string it stands for. These functions never look inside a key.
 --
 -- Time is whole milliseconds since the Unix epoch (bigint). The clock is the database's
 -- (clock_timestamp()), floored per bucket so that it never runs backwards for a bucket.
@@ -96,8 +103,8 @@ BEGIN
     RETURN;
   END IF;
   EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
-  IF v_version IS DISTINCT FROM 1 THEN
-    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 1',
+  IF v_version IS DISTINCT FROM 2 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 2',
       coalesce(v_version::text, 'none')
       USING ERRCODE = 'RL001';
   END IF;
@@ -112,7 +119,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   version integer NOT NULL,
   sweep_cursor text COLLATE "C" NOT NULL DEFAULT ''
 );
-INSERT INTO __SCHEMA__.meta (version) VALUES (1) ON CONFLICT DO NOTHING;
+INSERT INTO __SCHEMA__.meta (version) VALUES (2) ON CONFLICT DO NOTHING;
 COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row) and the sweep cursor';
 
 -- A bucket: the row every grant into it locks, its retention and its running totals.
@@ -627,6 +634,18 @@ BEGIN
     v_clock := greatest(v_now, coalesce(at_ms, __SCHEMA__._clock_ms()));
   END LOOP;
 
+  -- The instant the grant is stamped with: the clock read after every row the decision read
+  -- (and after any lock it waited for), so that it is no earlier than any release, settle or
+  -- grant whose effect the decision saw. (The clock read first, as v_now was, may precede a
+  -- release that a later statement's snapshot then sees: a grant reported before the release
+  -- it needed.) A grant decided at v_now is a grant at any later instant: windows only lose
+  -- grants as time passes, places only lapse, and what could add to them writes the bucket
+  -- rows this grant writes only if unchanged (or holds locked). An injected instant (at_ms)
+  -- stands as it is.
+  IF at_ms IS NULL THEN
+    v_now := greatest(v_now, __SCHEMA__._clock_ms());
+  END IF;
+
   -- Write the grant, bucket by bucket.
   v_windows := '[]';
   FOR i IN 1 .. n LOOP
@@ -669,8 +688,10 @@ BEGIN
        WHERE bk.key = lk[i] AND bk.xmin::text = bxm[i];
       GET DIAGNOSTICS v_rows = ROW_COUNT;
       IF v_rows = 0 THEN
-        -- Changed (or forgotten) since: decide again under the lock, from the start.
-        RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, v_now);
+        -- Changed (or forgotten) since: decide again, from the start, at an instant read
+        -- again (never the one read before the wait: what the new decision sees may have
+        -- been committed after it).
+        RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
       END IF;
     ELSE
       UPDATE __SCHEMA__.buckets AS bk
@@ -835,7 +856,12 @@ BEGIN
                                 'now', b.now);
     END IF;
 
-    -- A grant. A bucket that may be idle with a longer retention, or figures this grant
+    -- A grant, stamped with the clock read after the rows it was decided on (see
+    -- _acquire_any: no earlier than a release or settle the decision saw).
+    IF at_ms IS NULL THEN
+      b.now := greatest(b.now, __SCHEMA__._clock_ms());
+    END IF;
+    -- A bucket that may be idle with a longer retention, or figures this grant
     -- does not set, may start afresh (rule 3): the general path decides that.
     IF b.retain_ms > coalesce(v_per, 0)
        OR (b.last_calls > 0 AND NOT coalesce(v_cost, 0) > 0)
@@ -893,8 +919,8 @@ BEGIN
                                                              'per', v_per, 'cost', v_cost)) END);
       RETURN jsonb_build_object('granted', true, 'at', b.now, 'permit', permit_id, 'now', b.now);
     END IF;
-    -- Changed since the read (the UPDATE then usually holds the row's lock): read again.
-    at_ms := greatest(b.now, coalesce(at_ms, __SCHEMA__._clock_ms()));
+    -- Changed since the read (the UPDATE then usually holds the row's lock): read again, at
+    -- an instant read again (the bucket's floor keeps it from running backwards).
   END LOOP;
   RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
 END
@@ -1031,8 +1057,7 @@ BEGIN
              FROM ROWS FROM (jsonb_to_recordset(costs) AS (key text)) WITH ORDINALITY AS x(key, ord)
             ORDER BY x.ord LOOP
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p.windows) w WHERE w->>'k' = e.key) THEN
-      RAISE EXCEPTION 'costs[%].key must name a window limit of the permit''s grant: % is not one',
-        e.ord - 1, e.key
+      RAISE EXCEPTION 'costs[%].key is not a window limit of the permit''s grant', e.ord - 1
         USING ERRCODE = 'RL400', DETAIL = e.key;
     END IF;
   END LOOP;
@@ -1158,96 +1183,88 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__.lift(text, bigint) IS 'lift a throttle in force (spec 9.4)';
 
 ---------------------------------------------------------------------------------------------
--- state: live buckets, permits and throttles whose keys start with prefix, in key order,
--- after `after` (exclusive), at most lim of each, read-only:
--- {"now", "truncated",
---  "buckets": [{"key", "windowUsed", "calls", "perMs", "concurrent", "oldestGrant"|null,
---               "placesHeld", "nextLapse"|null}],
---  "permits": [{"permit", "lapse", "places": [{"bucket", "lapse"}]}],
---  "throttles": [{"key", "until"}]}
-CREATE OR REPLACE FUNCTION __SCHEMA__.state(prefix text DEFAULT '', after text DEFAULT NULL,
-                                            lim integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
-RETURNS jsonb
+-- state_rows: live buckets, permits and throttles whose keys start with prefix, in key order,
+-- after `after` (exclusive), at most lim + 1 of each (one more than lim: more remain),
+-- read-only, as rows (no JSON: a page of 100,000 is read as it is sent):
+--   kind 'n': the instant (now_ms) the page was read at; always one row, first;
+--   kind 'b': a bucket: key, window_used, calls, per_ms, concurrent, oldest (its oldest grant
+--             with a cost, or NULL), held (places), next_lapse (or NULL);
+--   kind 'p': a permit: key (its id), lapse, place_keys and place_lapses (the places still
+--             held in buckets under prefix, in the grant's order);
+--   kind 't': a throttle: key, lapse (its until).
+-- Each kind is one statement walking its primary key in order from `after` (keyset
+-- pagination): what it reads grows with the page, never with the table beyond it, a few
+-- index probes per row.
+DROP FUNCTION IF EXISTS __SCHEMA__.state(text, text, integer, bigint);
+CREATE OR REPLACE FUNCTION __SCHEMA__.state_rows(prefix text DEFAULT '', after text DEFAULT NULL,
+                                                 lim integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
+RETURNS TABLE (kind text, key text, now_ms bigint, window_used bigint, calls bigint, per_ms bigint,
+               concurrent bigint, oldest bigint, held bigint, next_lapse bigint, lapse bigint,
+               place_keys text[], place_lapses bigint[])
 LANGUAGE plpgsql STABLE AS
 $$
 DECLARE
   v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
   v_prefix text := coalesce(prefix, '');
   v_after text := coalesce(after, '');
-  v_buckets jsonb := '[]';
-  v_permits jsonb := '[]';
-  v_throttles jsonb;
-  v_truncated boolean := false;
-  v_count integer := 0;
-  v_cut bigint;
-  v_used bigint;
-  v_oldest bigint;
-  v_held bigint;
-  v_next bigint;
-  v_places jsonb;
-  b record;
-  p record;
 BEGIN
-  FOR b IN SELECT * FROM __SCHEMA__.buckets bk
-            WHERE bk.key > v_after AND bk.key >= v_prefix AND starts_with(bk.key, v_prefix)
-            ORDER BY bk.key LOOP
-    v_used := 0;
-    v_oldest := NULL;
-    IF b.retain_ms > 0 THEN
-      v_cut := greatest(b.pruned_to, v_now - b.retain_ms);
-      v_used := __SCHEMA__._used(b.id, v_cut, b.total, b.dtotal, b.fen);
-      SELECT min(g.at) INTO v_oldest FROM __SCHEMA__.grants g
-       WHERE g.bucket = b.id AND g.at > v_cut AND g.cost > 0;
-    END IF;
-    SELECT count(*), min(pl.lapse) INTO v_held, v_next FROM __SCHEMA__.places pl
-     WHERE pl.bucket = b.id AND pl.lapse > v_now;
-    CONTINUE WHEN v_used = 0 AND v_held = 0;
-    IF v_count = lim THEN
-      v_truncated := true;
-      EXIT;
-    END IF;
-    v_count := v_count + 1;
-    v_buckets := v_buckets || jsonb_build_array(jsonb_build_object(
-      'key', b.key, 'windowUsed', v_used, 'calls', b.last_calls, 'perMs', b.retain_ms,
-      'concurrent', b.last_concurrent, 'oldestGrant', v_oldest, 'placesHeld', v_held,
-      'nextLapse', v_next));
-  END LOOP;
+  RETURN QUERY SELECT 'n'::text, NULL::text, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+                      NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[], NULL::bigint[];
 
-  v_count := 0;
-  FOR p IN SELECT * FROM __SCHEMA__.permits pm
-            WHERE pm.id > v_after AND pm.lapse > v_now ORDER BY pm.id LOOP
-    SELECT coalesce(jsonb_agg(jsonb_build_object('bucket', bk.key, 'lapse', x.l) ORDER BY x.o), '[]')
-      INTO v_places
-      FROM unnest(p.place_buckets, p.place_lapses) WITH ORDINALITY AS x(b, l, o)
-      JOIN __SCHEMA__.buckets bk ON bk.id = x.b
-     WHERE x.l > v_now AND starts_with(bk.key, v_prefix);
-    CONTINUE WHEN jsonb_array_length(v_places) = 0
-                  AND (v_prefix <> '' OR cardinality(p.place_buckets) > 0);
-    IF v_count = lim THEN
-      v_truncated := true;
-      EXIT;
-    END IF;
-    v_count := v_count + 1;
-    v_permits := v_permits || jsonb_build_array(jsonb_build_object(
-      'permit', p.id, 'lapse', p.lapse, 'places', v_places));
-  END LOOP;
+  RETURN QUERY
+  SELECT 'b'::text, s.key, v_now, s.used, s.last_calls, s.retain_ms, s.last_concurrent,
+         CASE WHEN s.first_cost > 0 THEN s.first_at
+              WHEN s.first_at IS NOT NULL THEN
+                (SELECT g.at FROM __SCHEMA__.grants g
+                  WHERE g.bucket = s.id AND g.at > s.first_at AND g.cost > 0
+                  ORDER BY g.at LIMIT 1) END,
+         s.held, s.next, NULL::bigint, NULL::text[], NULL::bigint[]
+    FROM (SELECT bk.key, bk.id, bk.last_calls, bk.retain_ms, bk.last_concurrent,
+                 w.at AS first_at, w.cost AS first_cost, pl.held, pl.next,
+                 CASE WHEN w.seq IS NULL THEN 0
+                      WHEN bk.fen THEN bk.total + bk.dtotal - w.before - __SCHEMA__._fen_sum(bk.id, w.seq - 1)
+                      ELSE bk.total - w.before END AS used
+            FROM __SCHEMA__.buckets bk
+            LEFT JOIN LATERAL (
+                 SELECT g.at, g.seq, g.cost, g.cum - g.cost AS before FROM __SCHEMA__.grants g
+                  WHERE bk.retain_ms > 0 AND g.bucket = bk.id
+                    AND g.at > greatest(bk.pruned_to, v_now - bk.retain_ms)
+                  ORDER BY g.at LIMIT 1) w ON true
+           CROSS JOIN LATERAL (
+                 SELECT count(*) AS held, min(p.lapse) AS next FROM __SCHEMA__.places p
+                  WHERE p.bucket = bk.id AND p.lapse > v_now) pl
+           WHERE bk.key > v_after AND bk.key >= v_prefix AND starts_with(bk.key, v_prefix)
+           ORDER BY bk.key) s
+   WHERE s.used > 0 OR s.held > 0
+   ORDER BY s.key
+   LIMIT lim + 1;
 
-  SELECT coalesce(jsonb_agg(jsonb_build_object('key', t.key, 'until', t.until) ORDER BY t.key), '[]')
-    INTO v_throttles
-    FROM (SELECT * FROM __SCHEMA__.throttles th
-           WHERE th.key > v_after AND th.until > v_now AND starts_with(th.key, v_prefix)
-           ORDER BY th.key LIMIT lim + 1) t;
-  IF jsonb_array_length(v_throttles) > lim THEN
-    v_truncated := true;
-    v_throttles := v_throttles - lim;
-  END IF;
+  RETURN QUERY
+  SELECT 'p'::text, pm.id, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+         NULL::bigint, NULL::bigint, pm.lapse, x.keys, x.lapses
+    FROM __SCHEMA__.permits pm
+   CROSS JOIN LATERAL (
+         SELECT coalesce(array_agg(bk.key ORDER BY y.o), '{}') AS keys,
+                coalesce(array_agg(y.l ORDER BY y.o), '{}') AS lapses
+           FROM unnest(pm.place_buckets, pm.place_lapses) WITH ORDINALITY AS y(b, l, o)
+           JOIN __SCHEMA__.buckets bk ON bk.id = y.b
+          WHERE y.l > v_now AND starts_with(bk.key, v_prefix)) x
+   WHERE pm.id > v_after AND pm.lapse > v_now
+     AND NOT (cardinality(x.keys) = 0 AND (v_prefix <> '' OR cardinality(pm.place_buckets) > 0))
+   ORDER BY pm.id
+   LIMIT lim + 1;
 
-  RETURN jsonb_build_object('now', v_now, 'truncated', v_truncated, 'buckets', v_buckets,
-                            'permits', v_permits, 'throttles', v_throttles);
+  RETURN QUERY
+  SELECT 't'::text, th.key, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+         NULL::bigint, NULL::bigint, th.until, NULL::text[], NULL::bigint[]
+    FROM __SCHEMA__.throttles th
+   WHERE th.key > v_after AND th.until > v_now AND starts_with(th.key, v_prefix)
+   ORDER BY th.key
+   LIMIT lim + 1;
 END
 $$;
-COMMENT ON FUNCTION __SCHEMA__.state(text, text, integer, bigint) IS
-  'snapshot of live buckets, permits and throttles (GET /state), paged by key, read-only';
+COMMENT ON FUNCTION __SCHEMA__.state_rows(text, text, integer, bigint) IS
+  'live buckets, permits and throttles (GET /state), paged by key, as rows, read-only';
 
 -- Counts for metrics: rows in each table (lapsed rows not yet swept included).
 CREATE OR REPLACE FUNCTION __SCHEMA__.totals() RETURNS jsonb

@@ -17,8 +17,11 @@
 //! one-request statement would for each request at the batch's instant, or answers "alone":
 //! then the request's own task sends it through the one-request statement after the batch
 //! committed (see the statement's file for when, and for why a batch never waits for a lock).
-//! A failed batch statement rolled back every one of its requests: each is answered
-//! `unavailable`.
+//! A failed batch statement rolled back every one of its requests. When the database answered
+//! with an error (one request's key, a constraint, a timeout: something of the statement, not
+//! the database being out), each request is decided again, alone, so the one that failed it
+//! answers its own error and the others what they would have been; when the database is out
+//! (or whether the statement committed is unknown), each is answered `unavailable`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,6 +31,8 @@ use deadpool_postgres::Pool;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
 use tokio::sync::oneshot;
 
+use crate::faults::Faults;
+use crate::keys::escape;
 use crate::unavailable;
 
 /// Batches in flight at once from one limiter, unless the options say otherwise.
@@ -82,12 +87,15 @@ pub(crate) struct Batcher {
     /// The batch statement, for the limiter's schema.
     sql: String,
     slots: usize,
+    faults: Arc<Faults>,
     state: std::sync::Mutex<State>,
     /// Batch statements sent (two or more requests each), the requests they decided and those
     /// they left alone (tests).
     batches: AtomicU64,
     decided: AtomicU64,
     alone: AtomicU64,
+    /// Batch statements that failed for a request's sake (their requests decided again).
+    failed: AtomicU64,
 }
 
 /// A turn held; dropping it passes the turn to a task sending what queued meanwhile, or frees
@@ -121,15 +129,17 @@ impl Drop for Slot {
 }
 
 impl Batcher {
-    pub(crate) fn new(pool: Pool, sql: String, slots: usize) -> Batcher {
+    pub(crate) fn new(pool: Pool, sql: String, slots: usize, faults: Arc<Faults>) -> Batcher {
         Batcher {
             pool,
             sql,
             slots,
+            faults,
             state: std::sync::Mutex::new(State::default()),
             batches: AtomicU64::new(0),
             decided: AtomicU64::new(0),
             alone: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         }
     }
 
@@ -146,6 +156,11 @@ impl Batcher {
     pub(crate) fn paths(&self) -> (u64, u64, u64) {
         let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
         (load(&self.batches), load(&self.decided), load(&self.alone))
+    }
+
+    /// Batch statements that failed for a request's sake, their requests decided again.
+    pub(crate) fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
     }
 
     /// Takes a free turn, or queues the request (`item` builds it only then) for the next
@@ -199,7 +214,13 @@ impl Batcher {
                                 let _ = waiting.reply.send(answer);
                             }
                         }
-                        Err(e) => {
+                        Err(Failed::Rolledback) => {
+                            self.failed.fetch_add(1, Ordering::Relaxed);
+                            for waiting in batch {
+                                let _ = waiting.reply.send(Answer::Alone);
+                            }
+                        }
+                        Err(Failed::Out(e)) => {
                             for waiting in batch {
                                 let _ = waiting.reply.send(Answer::Decided(Err(e.clone())));
                             }
@@ -210,27 +231,36 @@ impl Batcher {
         }
     }
 
-    /// One batch statement: each request's answer, in batch order; an error when the statement
-    /// failed (its transaction rolled back: nothing of it committed).
-    async fn decide(&self, batch: &[Waiting]) -> Result<Vec<Answer>, LimiterError> {
-        let keys: Vec<&str> = batch.iter().map(|w| w.item.key.as_str()).collect();
+    /// One batch statement: each request's answer, in batch order; else why it failed.
+    async fn decide(&self, batch: &[Waiting]) -> Result<Vec<Answer>, Failed> {
+        let keys: Vec<std::borrow::Cow<'_, str>> = batch.iter().map(|w| escape(&w.item.key)).collect();
+        let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
         let figure = |f: fn(&Item) -> i64| batch.iter().map(|w| f(&w.item)).collect::<Vec<i64>>();
         let (calls, per, costs) = (figure(|i| i.calls), figure(|i| i.per_ms), figure(|i| i.cost));
-        let callers: Vec<&str> = batch.iter().map(|w| w.item.caller.as_str()).collect();
+        let callers: Vec<std::borrow::Cow<'_, str>> = batch.iter().map(|w| escape(&w.item.caller)).collect();
+        let callers: Vec<&str> = callers.iter().map(AsRef::as_ref).collect();
         let ats: Vec<Option<i64>> = batch.iter().map(|w| w.item.at).collect();
-        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
-        let statement = client.prepare_cached(&self.sql).await.map_err(|e| unavailable(&e))?;
-        let rows = client
-            .query(&statement, &[&keys, &calls, &per, &costs, &callers, &ats])
-            .await
-            .map_err(|e| unavailable(&e))?;
+        let client = self.pool.get().await.map_err(|e| Failed::Out(self.faults.pool(&e)))?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&keys, &calls, &per, &costs, &callers, &ats];
+        let result = async { client.query(&client.prepare_cached(&self.sql).await?, &params).await }.await;
+        let rows = result.map_err(|e| {
+            let error = self.faults.database(&e);
+            if crate::faults::database_out(&e) {
+                // The session is closed rather than handed out again (see the limiter's).
+                drop(deadpool_postgres::Object::take(client));
+                Failed::Out(error)
+            } else {
+                Failed::Rolledback
+            }
+        })?;
+        self.faults.answered();
         self.batches.fetch_add(1, Ordering::Relaxed);
         if rows.len() != batch.len() {
-            return Err(LimiterError::Unavailable(format!(
+            return Err(Failed::Out(LimiterError::Unavailable(format!(
                 "PostgreSQL answered {} rows for a batch of {}",
                 rows.len(),
                 batch.len()
-            )));
+            ))));
         }
         let mut answers = Vec::with_capacity(batch.len());
         for (i, (row, waiting)) in rows.iter().zip(batch).enumerate() {
@@ -243,6 +273,16 @@ impl Batcher {
         }
         Ok(answers)
     }
+}
+
+/// Why a batch statement decided nothing.
+enum Failed {
+    /// The database answered an error: the statement rolled back, every request is to be
+    /// decided again.
+    Rolledback,
+    /// The database is out, or whether the statement committed is unknown: every request is
+    /// answered this.
+    Out(LimiterError),
 }
 
 /// A row of the batch statement: ord, verdict, until, rate_at, now.
@@ -289,7 +329,7 @@ mod tests {
             deadpool_postgres::ManagerConfig::default(),
         );
         let pool = Pool::builder(manager).max_size(1).build().expect("a pool that is never used");
-        Arc::new(Batcher::new(pool, String::new(), slots))
+        Arc::new(Batcher::new(pool, String::new(), slots, Arc::new(Faults::new(None))))
     }
 
     fn item() -> Item {

@@ -33,7 +33,14 @@
 //! Health: `/health` must not cost a round trip per request. Every database call records its
 //! outcome (with the sweeper's, about one a second even when idle); `/health` answers from the
 //! latest outcome while it is under [`HEALTH_FRESH_MS`] old, a failure included (unavailable
-//! until a later success), and otherwise runs one `SELECT 1`, one probe at a time.
+//! until a later success), and otherwise runs one `SELECT 1`, one probe at a time. Only a
+//! database that is out counts as a failure; a statement that failed for its request's sake
+//! (its key, a timeout) shows the database answering ([`faults`], which also paces the log of
+//! database errors: once, then at most once a second).
+//!
+//! Keys: every key and permit string crosses to the database escaped ([`keys`]), so that every
+//! UTF-8 string the file serves, U+0000 included, is stored, ordered and prefix-matched as
+//! itself.
 //!
 //! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
 //! statements cached per connection; the session used last is handed out first, and the
@@ -41,6 +48,8 @@
 //! with the Mozilla roots when the URL asks for it (`sslmode=require`), as managed databases do.
 
 pub mod batch;
+pub mod faults;
+pub mod keys;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -57,6 +66,8 @@ use redb_limiter::time::Clock;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
 use serde_json::{Value, json};
 
+use crate::keys::{escape, unescape};
+
 /// The schema script; `__SCHEMA__` stands for the quoted schema name.
 const SCHEMA_SQL: &str = include_str!("../sql/schema.sql");
 /// The one statement that decides an acquire of one window limit (see the file); `__SCHEMA__`
@@ -68,7 +79,12 @@ const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// [`batch`]); `__SCHEMA__` as above.
 const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
+/// The steps from each earlier format version to the next: `MIGRATIONS[i]` takes a schema of
+/// version `i + 1` to version `i + 2` (`sql/migrate/N-M.sql`; `__SCHEMA__` as above). Each
+/// runs in its own transaction under the schema's advisory lock and does nothing unless the
+/// schema still carries its starting version, so servers starting at once migrate once.
+const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [include_str!("../sql/migrate/1-2.sql")];
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
 /// Rows of each kind one `sweep` call deletes at most.
@@ -171,8 +187,8 @@ pub struct PgLimiter {
     metrics: Arc<redb_limiter::metrics::Metrics>,
     synchronous_commit: String,
     started: std::time::Instant,
-    /// The outcome of the latest database call, on [`PgLimiter::health_clock`].
-    last: std::sync::Mutex<Option<Outcome>>,
+    /// The outcome of the latest database call, and the pace of the error log.
+    faults: Arc<faults::Faults>,
     /// Held while `/health` probes, so a flood of requests costs one probe.
     probing: tokio::sync::Mutex<()>,
     probes: AtomicU64,
@@ -223,17 +239,10 @@ impl Statements {
             settle: call("SELECT S.settle($1, $2::jsonb, $3)"),
             throttle: call("SELECT S.throttle($1, $2, $3)"),
             lift: call("SELECT S.lift($1, $2)"),
-            state: call("SELECT S.state($1, $2, $3, $4)"),
+            state: call("SELECT * FROM S.state_rows($1, $2, $3, $4)"),
             sweep: call("SELECT S.sweep($1, $2)"),
         }
     }
-}
-
-/// What the latest database call said, and when.
-struct Outcome {
-    at: Millis,
-    /// `None`: it succeeded; otherwise why it failed (as `Unavailable` carries it).
-    failure: Option<String>,
 }
 
 impl std::fmt::Debug for PgLimiter {
@@ -270,6 +279,24 @@ fn tls() -> tokio_postgres_rustls::MakeRustlsConnect {
 /// A database error as the wire's `unavailable` (the message names no URL).
 fn unavailable(e: &impl std::fmt::Display) -> LimiterError {
     LimiterError::Unavailable(format!("PostgreSQL: {e}"))
+}
+
+/// Brings a schema of an earlier format version to [`SCHEMA_VERSION`], one step at a time
+/// ([`MIGRATIONS`]); a missing schema, or one of this version or a later one, is left to the
+/// schema script (which creates the first and refuses the last).
+async fn migrate(client: &tokio_postgres::Client, schema: &str) -> Result<(), tokio_postgres::Error> {
+    let quoted = format!("\"{schema}\"");
+    let meta = format!("{quoted}.meta");
+    let exists: bool = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&meta]).await?.get(0);
+    if !exists {
+        return Ok(());
+    }
+    let version: Option<i32> = client.query_one(&format!("SELECT max(version) FROM {meta}"), &[]).await?.get(0);
+    let Some(version) = version else { return Ok(()) };
+    for step in MIGRATIONS.iter().skip(usize::try_from(version - 1).unwrap_or(usize::MAX)) {
+        client.batch_execute(&step.replace("__SCHEMA__", &quoted)).await?;
+    }
+    Ok(())
 }
 
 impl PgLimiter {
@@ -315,14 +342,17 @@ impl PgLimiter {
                 "PostgreSQL runs with synchronous_commit=off: a grant acknowledged just before a database crash may be lost"
             );
         }
-        let script = SCHEMA_SQL.replace("__SCHEMA__", &format!("\"{}\"", options.schema));
-        client.batch_execute(&script).await.map_err(|e| PgError::Schema {
+        let schema_error = |e: tokio_postgres::Error| PgError::Schema {
             schema: options.schema.clone(),
             message: e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned()),
-        })?;
+        };
+        migrate(&client, &options.schema).await.map_err(schema_error)?;
+        let script = SCHEMA_SQL.replace("__SCHEMA__", &format!("\"{}\"", options.schema));
+        client.batch_execute(&script).await.map_err(schema_error)?;
         drop(client);
         let batch_sql = Statements::file(ACQUIRE_WINDOW_BATCH_SQL, &options.schema);
-        let batcher = Arc::new(batch::Batcher::new(pool.clone(), batch_sql, options.batchers));
+        let faults = Arc::new(faults::Faults::new(options.clock.clone()));
+        let batcher = Arc::new(batch::Batcher::new(pool.clone(), batch_sql, options.batchers, Arc::clone(&faults)));
         Ok(PgLimiter {
             batcher,
             pool,
@@ -333,7 +363,7 @@ impl PgLimiter {
             metrics: Arc::new(redb_limiter::metrics::Metrics::default()),
             synchronous_commit,
             started: std::time::Instant::now(),
-            last: std::sync::Mutex::new(None),
+            faults,
             probing: tokio::sync::Mutex::new(()),
             probes: AtomicU64::new(0),
             window_decided: AtomicU64::new(0),
@@ -369,34 +399,19 @@ impl PgLimiter {
         PermitId((u128::from(self.nonce) << 64) | u128::from(seq))
     }
 
-    /// The clock `/health`'s freshness is measured on: the injected clock, or monotonic time
-    /// since connect (never the wall clock, which may step).
-    fn health_clock(&self) -> Millis {
-        match &self.options.clock {
-            Some(clock) => clock.now(),
-            None => Millis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)),
-        }
-    }
-
-    /// Remembers what a database call said: an `Unavailable` is a failure; anything else
-    /// (an answer, a bad request the database refused) shows it reachable.
+    /// Remembers what a database call said, for `/health`: an answer (a bad request the
+    /// database refused included) shows it reachable. A database error was recorded where it
+    /// arose, as out or as the request's own ([`faults`]); an answer this crate could not read
+    /// says nothing about the database.
     fn record<T>(&self, result: &Result<T, LimiterError>) {
-        let failure = match result {
-            Err(LimiterError::Unavailable(why)) => Some(why.clone()),
-            _ => None,
-        };
-        let outcome = Outcome { at: self.health_clock(), failure };
-        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(outcome);
+        if !matches!(result, Err(LimiterError::Unavailable(_))) {
+            self.faults.answered();
+        }
     }
 
     /// The latest outcome as `/health`'s answer, while it is fresh.
     fn fresh_outcome(&self) -> Option<Result<(), LimiterError>> {
-        let last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let last = last.as_ref()?;
-        (self.health_clock().since(last.at) < HEALTH_FRESH_MS).then(|| match &last.failure {
-            None => Ok(()),
-            Some(why) => Err(LimiterError::Unavailable(why.clone())),
-        })
+        self.faults.fresh(HEALTH_FRESH_MS)
     }
 
     /// One call of a schema function returning one value; its outcome is recorded for
@@ -417,14 +432,24 @@ impl PgLimiter {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, LimiterError> {
-        let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
-        let statement = client.prepare_cached(sql).await.map_err(|e| unavailable(&e))?;
-        client.query_one(&statement, params).await.map_err(|e| match e.as_db_error() {
+        let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
+        let result = async { client.query_one(&client.prepare_cached(sql).await?, params).await }.await;
+        result.map_err(|e| match e.as_db_error() {
             Some(db) if db.code().code() == "RL400" => {
                 LimiterError::BadRequest(redb_limiter::BadRequest(db.message().to_owned()))
             }
-            _ => unavailable(&e),
+            _ => self.session_failed(client, &e),
         })
+    }
+
+    /// A database error on `client`'s session: recorded and logged ([`faults`]); a session whose
+    /// database is out (cut, closed, shut down) is closed rather than handed out again, so the
+    /// next request opens a fresh one instead of failing on it too.
+    fn session_failed(&self, client: deadpool_postgres::Client, e: &tokio_postgres::Error) -> LimiterError {
+        if faults::database_out(e) {
+            drop(deadpool_postgres::Object::take(client));
+        }
+        self.faults.database(e)
     }
 
     /// Decides an acquire (with the figures after it when the request asked for a report); a
@@ -446,7 +471,10 @@ impl PgLimiter {
         let permit = self.next_permit().to_string();
         let mode = if req.report { "report" } else { "acquire" };
         let reply: Value = self
-            .call(&self.sql.acquire, &[&req.to_json(), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()])
+            .call(
+                &self.sql.acquire,
+                &[&request_json(&req), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()],
+            )
             .await?;
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
         self.count(&decision);
@@ -485,15 +513,17 @@ impl PgLimiter {
         at: Option<i64>,
     ) -> Result<Decision, LimiterError> {
         let window = limit.window.as_ref().expect("windows_only picks window limits");
+        let (key, caller) = (escape(&limit.key), escape(&req.key));
+        let (key, caller): (&str, &str) = (&key, &caller);
         let row = self
             .query_row(
                 &self.sql.acquire_window,
                 &[
-                    &limit.key,
+                    &key,
                     &to_i64(window.calls),
                     &to_i64(window.per_ms),
                     &to_i64(limit.cost),
-                    &req.key,
+                    &caller,
                     &at,
                     &to_i64(self.options.recheck_ms),
                     &to_i64(req.hold_ms),
@@ -538,7 +568,10 @@ impl PgLimiter {
     /// `sql/acquire_windows.sql`: its row is the decision, or carries `acquire()`'s reply when
     /// it left the request to it.
     async fn acquire_windows(&self, req: &AcquireRequest) -> Result<Decision, LimiterError> {
-        let keys: Vec<&str> = req.limits.iter().map(|l| l.key.as_str()).collect();
+        let keys: Vec<std::borrow::Cow<'_, str>> = req.limits.iter().map(|l| escape(&l.key)).collect();
+        let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        let caller = escape(&req.key);
+        let caller: &str = &caller;
         let figure = |f: fn(&Limit) -> u64| req.limits.iter().map(|l| to_i64(f(l))).collect::<Vec<i64>>();
         let calls = figure(|l| l.window.map_or(0, |w| w.calls));
         let per = figure(|l| l.window.map_or(0, |w| w.per_ms));
@@ -552,7 +585,7 @@ impl PgLimiter {
                     &calls,
                     &per,
                     &costs,
-                    &req.key,
+                    &caller,
                     &self.at(),
                     &to_i64(self.options.recheck_ms),
                     &to_i64(req.hold_ms),
@@ -570,9 +603,11 @@ impl PgLimiter {
         let now: Option<i64> = row.try_get(4).map_err(|e| unavailable(&e))?;
         match (verdict, retry, reason.and_then(Reason::parse), limit, now) {
             ("g", _, _, _, Some(now)) => Ok(Decision::Granted { at: millis_from_sql(now), permit: None }),
-            ("x", Some(retry), Some(reason), Some(limit), _) => {
-                Ok(Decision::Refused { retry_at: millis_from_sql(retry), reason, limit: limit.to_owned() })
-            }
+            ("x", Some(retry), Some(reason), Some(limit), _) => Ok(Decision::Refused {
+                retry_at: millis_from_sql(retry),
+                reason,
+                limit: unescape(limit).ok_or_else(|| protocol(&json!(limit)))?.into_owned(),
+            }),
             _ => Err(LimiterError::Unavailable(format!("PostgreSQL answered an unexpected verdict {verdict:?}"))),
         }
     }
@@ -586,8 +621,9 @@ impl PgLimiter {
 
     /// Decides as an acquire would at the same instant and changes nothing.
     pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
-        let reply: Value =
-            self.call(&self.sql.peek, &[&req.to_json(), &to_i64(self.options.recheck_ms), &"", &self.at()]).await?;
+        let reply: Value = self
+            .call(&self.sql.peek, &[&request_json(&req), &to_i64(self.options.recheck_ms), &"", &self.at()])
+            .await?;
         let peeked = peeked_from(&reply).ok_or_else(|| protocol(&reply))?;
         match &peeked.refusal {
             None => self.metrics.decided("peek", "fits", ""),
@@ -600,15 +636,19 @@ impl PgLimiter {
     /// live.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         let costs = (!req.costs.is_empty()).then(|| costs_json(&req.costs));
-        let released: bool = self.call(&self.sql.release, &[&req.permit, &costs, &self.at()]).await?;
+        let permit = escape(&req.permit);
+        let permit: &str = &permit;
+        let released: bool = self.call(&self.sql.release, &[&permit, &costs, &self.at()]).await?;
         self.metrics.decided("release", if released { "released" } else { "unknown" }, "");
         Ok(released)
     }
 
     /// Settles a permit's grant to its real costs: `true` when the permit was live.
     pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        let permit = escape(&req.permit);
+        let permit: &str = &permit;
         let result: Result<Value, LimiterError> =
-            self.call(&self.sql.settle, &[&req.permit, &costs_json(&req.costs), &self.at()]).await;
+            self.call(&self.sql.settle, &[&permit, &costs_json(&req.costs), &self.at()]).await;
         let reply = match result {
             Err(e @ LimiterError::BadRequest(_)) => {
                 self.metrics.decided("settle", "bad_request", "");
@@ -623,8 +663,9 @@ impl PgLimiter {
 
     /// Throttles a caller (only ever extends); the throttle in force afterwards.
     pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
-        let until: Option<i64> =
-            self.call(&self.sql.throttle, &[&req.key, &millis_to_sql(req.until), &self.at()]).await?;
+        let key = escape(&req.key);
+        let key: &str = &key;
+        let until: Option<i64> = self.call(&self.sql.throttle, &[&key, &millis_to_sql(req.until), &self.at()]).await?;
         let until = until.map(millis_from_sql);
         self.metrics.decided("throttle", if until.is_some() { "in_force" } else { "none" }, "");
         Ok(until)
@@ -632,7 +673,9 @@ impl PgLimiter {
 
     /// Ends the throttle of a caller: `true` when one was in force.
     pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
-        let lifted: bool = self.call(&self.sql.lift, &[&req.key, &self.at()]).await?;
+        let key = escape(&req.key);
+        let key: &str = &key;
+        let lifted: bool = self.call(&self.sql.lift, &[&key, &self.at()]).await?;
         self.metrics.decided("lift", if lifted { "lifted" } else { "none" }, "");
         Ok(lifted)
     }
@@ -641,11 +684,18 @@ impl PgLimiter {
     /// each kind.
     pub async fn state_page(&self, prefix: &str, after: &str, limit: usize) -> Result<StatePage, LimiterError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        let after = (!after.is_empty()).then_some(after);
-        let reply: Value = self.call(&self.sql.state, &[&prefix, &after, &limit, &self.at()]).await?;
-        let snapshot = snapshot_from(&reply).ok_or_else(|| protocol(&reply))?;
-        let truncated = reply.get("truncated").and_then(Value::as_bool).unwrap_or(false);
-        Ok(StatePage { snapshot, truncated })
+        let (prefix, after) = (escape(prefix), escape(after));
+        let prefix: &str = &prefix;
+        let after = (!after.is_empty()).then_some(after.as_ref());
+        let rows = async {
+            let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&prefix, &after, &limit, &self.at()];
+            let result = async { client.query(&client.prepare_cached(&self.sql.state).await?, &params).await }.await;
+            result.map_err(|e| self.session_failed(client, &e))
+        }
+        .await;
+        self.record(&rows);
+        page_from(&rows?, usize::try_from(limit).unwrap_or(0))
     }
 
     /// The live state whose keys start with `prefix`, at most `limit` entries of each kind.
@@ -686,9 +736,9 @@ impl PgLimiter {
         }
         self.probes.fetch_add(1, Ordering::Relaxed);
         let result = async {
-            let client = self.pool.get().await.map_err(|e| unavailable(&e))?;
-            client.simple_query("SELECT 1").await.map_err(|e| unavailable(&e))?;
-            Ok(())
+            let client = self.pool.get().await.map_err(|e| self.faults.pool(&e))?;
+            let result = client.simple_query("SELECT 1").await;
+            result.map(drop).map_err(|e| self.session_failed(client, &e))
         }
         .await;
         self.record(&result);
@@ -717,6 +767,14 @@ impl PgLimiter {
     #[must_use]
     pub fn batch_paths(&self) -> (u64, u64, u64) {
         self.batcher.paths()
+    }
+
+    /// How many batch statements failed for a request's sake, their requests then decided
+    /// again one by one (tests).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn batches_failed(&self) -> u64 {
+        self.batcher.failed()
     }
 
     /// The batch statement as this limiter sends it (tests).
@@ -817,18 +875,36 @@ fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
 }
 
 fn costs_json(costs: &[Cost]) -> Value {
-    Value::Array(costs.iter().map(|c| json!({ "key": c.key, "cost": c.cost })).collect())
+    Value::Array(costs.iter().map(|c| json!({ "key": escape(&c.key), "cost": c.cost })).collect())
+}
+
+/// An acquire's JSON as `acquire()` takes it: the caller and limit keys escaped.
+fn request_json(req: &AcquireRequest) -> Value {
+    let mut body = req.to_json();
+    let escape_key = |v: &mut Value| {
+        if let Some(Value::String(s)) = v.get_mut("key")
+            && let std::borrow::Cow::Owned(escaped) = escape(s)
+        {
+            *s = escaped;
+        }
+    };
+    escape_key(&mut body);
+    if let Some(limits) = body.get_mut("limits").and_then(Value::as_array_mut) {
+        limits.iter_mut().for_each(escape_key);
+    }
+    body
+}
+
+/// A key (or permit string) field of a reply, unescaped.
+fn key_at(v: &Value, field: &str) -> Option<String> {
+    unescape(v.get(field)?.as_str()?).map(std::borrow::Cow::into_owned)
 }
 
 fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
     let mut out = Vec::new();
     for f in reply.get("limits")?.as_array()? {
         let pair = |a: &str, b: &str| Some((f.get(a)?.as_u64()?, f.get(b)?.as_u64()?));
-        out.push(Figures {
-            key: f.get("key")?.as_str()?.to_owned(),
-            window: pair("used", "remaining"),
-            places: pair("held", "free"),
-        });
+        out.push(Figures { key: key_at(f, "key")?, window: pair("used", "remaining"), places: pair("held", "free") });
     }
     Some(out)
 }
@@ -844,7 +920,7 @@ fn peeked_from(reply: &Value) -> Option<Peeked> {
         Some(Refusal {
             retry_at: millis_at(reply, "retryAt")?,
             reason: Reason::parse(reply.get("reason")?.as_str()?)?,
-            limit: reply.get("limit")?.as_str()?.to_owned(),
+            limit: key_at(reply, "limit")?,
         })
     };
     Some(Peeked { refusal, report: report_from(reply)? })
@@ -898,52 +974,67 @@ fn decision_from(reply: &Value) -> Option<Decision> {
         Some(Decision::Refused {
             retry_at: millis_at(reply, "retryAt")?,
             reason: Reason::parse(reply.get("reason")?.as_str()?)?,
-            limit: reply.get("limit")?.as_str()?.to_owned(),
+            limit: key_at(reply, "limit")?,
         })
     }
 }
 
-fn snapshot_from(reply: &Value) -> Option<Snapshot> {
-    let now = millis_at(reply, "now")?;
+/// A `/state` page from the rows of `state_rows()` (see the function): at most `limit` of each
+/// kind, truncated when one kind had more. A row this crate cannot read (a key that is no
+/// escaped form, an id it did not issue) fails the page: nothing is made up.
+fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, LimiterError> {
+    let bad = |why: &dyn std::fmt::Display| {
+        LimiterError::Unavailable(format!("PostgreSQL answered an unexpected state row: {why}"))
+    };
+    let mut now = None;
     let mut view = StateView::default();
-    for b in reply.get("buckets")?.as_array()? {
-        view.buckets.push(BucketView {
-            key: b.get("key")?.as_str()?.to_owned(),
-            meta: BucketMeta {
-                retain_ms: b.get("perMs")?.as_u64()?,
-                last_calls: b.get("calls")?.as_u64()?,
-                last_concurrent: b.get("concurrent")?.as_u64()?,
-            },
-            window_used: b.get("windowUsed")?.as_u64()?,
-            oldest_grant: millis_at(b, "oldestGrant"),
-            grant_entries: 0,
-            places_held: usize::try_from(b.get("placesHeld")?.as_u64()?).ok()?,
-            next_lapse: millis_at(b, "nextLapse"),
-        });
-    }
-    for p in reply.get("permits")?.as_array()? {
-        let mut places = Vec::new();
-        for place in p.get("places")?.as_array()? {
-            places.push((place.get("bucket")?.as_str()?.to_owned(), millis_at(place, "lapse")?));
+    let mut truncated = false;
+    for row in rows {
+        let number = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| bad(&e));
+        let count = |i: usize| number(i).map(|v| u64::try_from(v.unwrap_or(0)).unwrap_or(0));
+        let instant = |i: usize| number(i).map(|v| v.map(millis_from_sql));
+        let text = |k: &str| unescape(k).map(std::borrow::Cow::into_owned).ok_or_else(|| bad(&format!("key {k:?}")));
+        let key = || text(row.try_get::<_, &str>(1).map_err(|e| bad(&e))?);
+        let kind: &str = row.try_get(0).map_err(|e| bad(&e))?;
+        let taken = match kind {
+            "b" => view.buckets.len(),
+            "p" => view.permits.len(),
+            "t" => view.throttles.len(),
+            _ => 0,
+        };
+        if taken == limit && kind != "n" {
+            truncated = true; // one more than the page: more remain
+            continue;
         }
-        view.permits.push(PermitView {
-            id: PermitId::from_str(p.get("permit")?.as_str()?).ok()?,
-            expires: millis_at(p, "lapse")?,
-            places,
-        });
+        match kind {
+            "n" => now = instant(2)?,
+            "b" => view.buckets.push(BucketView {
+                key: key()?,
+                meta: BucketMeta { retain_ms: count(5)?, last_calls: count(4)?, last_concurrent: count(6)? },
+                window_used: count(3)?,
+                oldest_grant: instant(7)?,
+                grant_entries: 0,
+                places_held: usize::try_from(count(8)?).unwrap_or(usize::MAX),
+                next_lapse: instant(9)?,
+            }),
+            "p" => {
+                let keys: Vec<&str> = row.try_get(11).map_err(|e| bad(&e))?;
+                let lapses: Vec<i64> = row.try_get(12).map_err(|e| bad(&e))?;
+                let mut places = Vec::with_capacity(keys.len());
+                for (k, lapse) in keys.into_iter().zip(lapses) {
+                    places.push((text(k)?, millis_from_sql(lapse)));
+                }
+                let id = key()?;
+                let id = PermitId::from_str(&id).map_err(|_| bad(&format!("permit {id:?}")))?;
+                view.permits.push(PermitView { id, expires: instant(10)?.unwrap_or(Millis(0)), places });
+            }
+            "t" => view.throttles.push(ThrottleView { key: key()?, until: instant(10)?.unwrap_or(Millis(0)) }),
+            other => return Err(bad(&format!("kind {other:?}"))),
+        }
     }
-    for t in reply.get("throttles")?.as_array()? {
-        view.throttles.push(ThrottleView { key: t.get("key")?.as_str()?.to_owned(), until: millis_at(t, "until")? });
-    }
-    let totals = reply.get("totals").map_or(
-        Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() },
-        |t| Totals {
-            buckets: t.get("buckets").and_then(Value::as_u64).unwrap_or(0) as usize,
-            permits: t.get("permits").and_then(Value::as_u64).unwrap_or(0) as usize,
-            throttles: t.get("throttles").and_then(Value::as_u64).unwrap_or(0) as usize,
-        },
-    );
-    Some(Snapshot { now, view, totals })
+    let now = now.ok_or_else(|| bad(&"no instant"))?;
+    let totals = Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() };
+    Ok(StatePage { snapshot: Snapshot { now, view, totals }, truncated })
 }
 
 #[cfg(test)]

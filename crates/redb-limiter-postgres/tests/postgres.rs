@@ -295,11 +295,12 @@ fn a_batch_never_waits_for_a_lock_and_leaves_a_second_grant_of_a_bucket_alone() 
     });
 }
 
-/// A batch statement that fails rolled back every request in it: each is answered
-/// `unavailable` and none of its grants was committed. (Grants into one bucket fail here on a
-/// check constraint; the others of the same batch would have been granted.)
+/// A batch statement that fails for one request's sake (here a check constraint refuses grants
+/// into bucket `x`) rolled back every request in it; the others are then decided again, each
+/// alone: the one that failed it answers its own error, the others what they would have been
+/// alone, and `/health` still says the database answers.
 #[test]
-fn a_failed_batch_commits_nothing_and_answers_each_of_its_requests_unavailable() {
+fn a_batch_that_fails_for_one_request_answers_its_error_and_decides_the_others_again() {
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let clock = Arc::new(FakeClock::new(T0));
@@ -324,19 +325,86 @@ fn a_failed_batch_commits_nothing_and_answers_each_of_its_requests_unavailable()
             .unwrap();
         clock.advance(10);
         // The first takes the free turn and goes alone; the other three queue behind it and are
-        // one batch.
+        // one batch, which fails on x's grant.
         let answers = join_all(keys.iter().map(|k| pg.acquire(req(k))).collect()).await;
-        assert!(answers[0].as_ref().unwrap().decision.is_granted(), "{answers:?}");
-        for answer in &answers[1..] {
-            assert!(matches!(answer, Err(LimiterError::Unavailable(_))), "{answers:?}");
+        for (key, answer) in keys.iter().zip(&answers) {
+            if *key == "x" {
+                assert!(matches!(answer, Err(LimiterError::Unavailable(_))), "{answers:?}");
+            } else {
+                assert!(answer.as_ref().unwrap().decision.is_granted(), "{key}: {answers:?}");
+            }
         }
+        assert_eq!(pg.batches_failed(), 1, "the batch failed once and its requests went alone");
+        pg.health().await.expect("the database answered: /health is not the last request");
+        assert_eq!(pg.health_probes(), 0, "answered from the latest call");
         client.batch_execute(&format!("ALTER TABLE \"{schema}\".grants DROP CONSTRAINT no_x")).await.unwrap();
         let used = |key: &'static str| {
             let pg = &pg;
             async move { pg.peek(req(key)).await.unwrap().report.limits[0].window.unwrap().0 }
         };
-        assert_eq!((used("d").await, used("x").await, used("y").await, used("z").await), (2, 1, 1, 1));
-        assert_eq!(pg.batch_paths(), (0, 0, 0), "the failed batch counts nothing");
+        assert_eq!((used("d").await, used("x").await, used("y").await, used("z").await), (2, 1, 2, 2));
+    });
+}
+
+/// A poisoned batch: rounds of 40 one-window acquires sent at once, one of them for a bucket
+/// whose grants the database refuses, 39 good ones on 13 buckets of 2 calls. Every good one is
+/// answered as it would be alone (per bucket 2 granted and 1 refused for rate, at the round's
+/// instant), the poisoned one alone errs, and `/health` stays up.
+#[test]
+fn one_hostile_request_among_concurrent_good_ones_fails_only_itself() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh_with(&url, "poisoned", clock.clone(), 1).await;
+        let poison = AcquireRequest::new("bad", vec![window("poison", 10, 1000)]).unwrap();
+        assert!(pg.acquire(poison.clone()).await.unwrap().decision.is_granted());
+        let client = plain_client(&url).await;
+        let schema = pg.schema().to_owned();
+        let id: i64 = client
+            .query_one(&format!("SELECT id FROM \"{schema}\".buckets WHERE key = 'poison'"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE \"{schema}\".grants ADD CONSTRAINT no_poison CHECK (bucket <> {id}) NOT VALID"
+            ))
+            .await
+            .unwrap();
+        for round in 0..5u64 {
+            clock.set(T0.plus(10_000 * (round + 1)));
+            let mut reqs: Vec<AcquireRequest> = (0..39)
+                .map(|i| {
+                    AcquireRequest::new(format!("good{i}"), vec![window(&format!("g{}", i % 13), 2, 1000)]).unwrap()
+                })
+                .collect();
+            let at = usize::try_from(round * 7 % 40).unwrap();
+            reqs.insert(at, poison.clone());
+            let answers = join_all(reqs.iter().map(|r| pg.acquire(r.clone())).collect()).await;
+            let mut granted = std::collections::BTreeMap::<String, (u32, u32)>::new();
+            for (i, (req, answer)) in reqs.iter().zip(&answers).enumerate() {
+                if i == at {
+                    assert!(matches!(answer, Err(LimiterError::Unavailable(_))), "{answer:?}");
+                    continue;
+                }
+                let entry = granted.entry(req.limits[0].key.clone()).or_default();
+                match &answer.as_ref().expect("a good request never fails").decision {
+                    Decision::Granted { at, .. } => {
+                        assert_eq!(*at, clock.now());
+                        entry.0 += 1;
+                    }
+                    Decision::Refused { reason: Reason::Rate, retry_at, .. } => {
+                        assert_eq!(*retry_at, clock.now().plus(1000));
+                        entry.1 += 1;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(granted.len(), 13);
+            assert!(granted.values().all(|&(g, r)| (g, r) == (2, 1)), "round {round}: {granted:?}");
+            pg.health().await.expect("/health reflects the database, not the last request");
+        }
+        assert!(pg.batches_failed() > 0, "the poisoned request shared a batch");
     });
 }
 
@@ -771,9 +839,9 @@ fn health_answers_from_the_latest_call_and_probes_at_most_once_a_second() {
         let mut options = PgOptions::new(&url);
         options.schema = format!("t_{}_health", std::process::id());
         options.pool_size = 2;
-        options.statement_timeout = std::time::Duration::from_millis(300);
+        options.statement_timeout = std::time::Duration::from_millis(1000);
         options.clock = Some(clock.clone());
-        let pg = PgLimiter::connect(options).await.unwrap();
+        let pg = Arc::new(PgLimiter::connect(options).await.unwrap());
         let fresh_ms = redb_limiter_postgres::HEALTH_FRESH_MS;
 
         // Nothing called yet: one probe, then a flood answered from it.
@@ -795,17 +863,36 @@ fn health_answers_from_the_latest_call_and_probes_at_most_once_a_second() {
         pg.health().await.unwrap();
         assert_eq!(pg.health_probes(), 2);
 
-        // A request that fails (the bucket's row locked past the lock timeout) makes /health
-        // unavailable at once, with the reason, and without a probe.
+        // A request that fails for its own sake (the bucket's row locked past the lock timeout)
+        // leaves /health up: the database answered.
         let client = plain_client(&url).await;
         client.batch_execute("BEGIN").await.unwrap();
         let locked = format!("SELECT 1 FROM \"{}\".buckets WHERE key = 'w' FOR UPDATE", pg.schema());
         assert_eq!(client.query(&locked, &[]).await.unwrap().len(), 1);
         let err = pg.acquire(req.clone()).await.expect_err("the row is locked");
         assert!(matches!(err, LimiterError::Unavailable(_)), "{err:?}");
+        pg.health().await.expect("a request's own failure is not the database's");
+        assert_eq!(pg.health_probes(), 2);
+
+        // A request whose session the database cuts (as when it shuts down) makes /health
+        // unavailable at once, with the reason, and without a probe.
+        let waiting = tokio::spawn({
+            let (pg, req) = (Arc::clone(&pg), req.clone());
+            async move { pg.acquire(req).await }
+        });
+        let app = format!("redb-limiter/{}", pg.schema());
+        let cut = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                   WHERE application_name = $1 AND wait_event_type = 'Lock'";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while client.query(cut, &[&app]).await.unwrap().is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the acquire never waited for the lock");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let err = waiting.await.unwrap().expect_err("its session was cut");
+        assert!(matches!(err, LimiterError::Unavailable(_)), "{err:?}");
         match pg.health().await {
             Err(LimiterError::Unavailable(why)) => assert!(why.contains("PostgreSQL"), "{why}"),
-            other => panic!("a failed call makes health unavailable: {other:?}"),
+            other => panic!("a cut session makes health unavailable: {other:?}"),
         }
         client.batch_execute("COMMIT").await.unwrap();
         assert!(pg.health().await.is_err(), "the failure stands until a later success or a second");
@@ -814,14 +901,7 @@ fn health_answers_from_the_latest_call_and_probes_at_most_once_a_second() {
         clock.advance(fresh_ms);
         pg.health().await.unwrap();
         assert_eq!(pg.health_probes(), 3);
-
-        // And a success after a failure ends it too.
-        assert!(pg.acquire(req.clone()).await.unwrap().decision.is_granted());
-        client.batch_execute("BEGIN").await.unwrap();
-        client.query(&locked, &[]).await.unwrap();
-        assert!(pg.acquire(req.clone()).await.is_err());
-        client.batch_execute("COMMIT").await.unwrap();
-        assert!(pg.health().await.is_err());
+        // And a success ends it too.
         assert!(pg.acquire(req).await.unwrap().decision.is_granted());
         pg.health().await.unwrap();
         assert_eq!(pg.health_probes(), 3);
@@ -867,14 +947,63 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn request(caller: u8, limits: &[LimitSpec]) -> AcquireRequest {
+/// The keys a differential run names its buckets (by index) and callers with.
+struct Names {
+    buckets: Vec<String>,
+    callers: Vec<String>,
+}
+
+impl Names {
+    /// `b0`, `b1`, ... and `caller0`, `caller1`, ...
+    fn plain() -> Names {
+        Names {
+            buckets: (0..18).map(|b| format!("b{b}")).collect(),
+            callers: (0..3).map(|c| format!("caller{c}")).collect(),
+        }
+    }
+
+    /// Keys as hostile as the wire allows: U+0000 (alone, doubled, inside), U+0001 and U+0002
+    /// (the escaping's own characters), quotes, backslashes, SQL and LIKE syntax, a key of the
+    /// full 512 bytes, one character of every plane of Unicode, the last code point, a BOM, an
+    /// emoji, a composed and a decomposed é.
+    fn hostile() -> Names {
+        let planes: String = (0..=16u32).map(|plane| char::from_u32((plane << 16) | 0x100).unwrap()).collect();
+        let buckets = [
+            "\0".to_owned(),
+            "\0\0".to_owned(),
+            "a\0b".to_owned(),
+            "\u{1}".to_owned(),
+            "\u{1}\u{2}".to_owned(),
+            "'".to_owned(),
+            "\"; DROP TABLE buckets; --".to_owned(),
+            "\\".to_owned(),
+            "\\0".to_owned(),
+            "%_*".to_owned(),
+            format!("{}\0", "z".repeat(511)),
+            planes,
+            "\u{10FFFF}".to_owned(),
+            "\u{FEFF}x".to_owned(),
+            "\u{1F600}".to_owned(),
+            " ".to_owned(),
+            "\u{e9}".to_owned(),
+            "e\u{301}".to_owned(),
+        ];
+        assert_eq!(buckets[10].len(), 512);
+        Names {
+            buckets: buckets.to_vec(),
+            callers: vec!["\0".to_owned(), "caller\u{1}".to_owned(), "'\\\"".to_owned()],
+        }
+    }
+}
+
+fn request(names: &Names, caller: u8, limits: &[LimitSpec]) -> AcquireRequest {
     let limits = limits
         .iter()
         .map(|&(bucket, w, cost, conc)| {
-            let key = format!("b{bucket}");
+            let key = &names.buckets[usize::from(bucket)];
             let mut limit = match w {
-                Some((calls, per_ms)) => Limit::window(&key, calls, per_ms),
-                None => Limit::concurrent(&key, conc.unwrap_or(1)),
+                Some((calls, per_ms)) => Limit::window(key, calls, per_ms),
+                None => Limit::concurrent(key, conc.unwrap_or(1)),
             };
             if let (Some(_), Some(c)) = (w, conc) {
                 limit = limit.with_concurrent(c);
@@ -882,7 +1011,7 @@ fn request(caller: u8, limits: &[LimitSpec]) -> AcquireRequest {
             limit.with_cost(cost).with_hold_ms(700)
         })
         .collect();
-    AcquireRequest::new(format!("caller{caller}"), limits).unwrap()
+    AcquireRequest::new(names.callers[usize::from(caller)].clone(), limits).unwrap()
 }
 
 /// A round of acquires naming disjoint buckets: request `j` names buckets `2j` (and `2j + 1`
@@ -957,7 +1086,12 @@ fn compare(
 
 /// Runs `ops` on a fresh schema and on the engine at the same instants, comparing every answer
 /// (a permit's id aside: each side issues its own); adds what it saw to `seen`.
-async fn differential(url: &str, ops: &[Op], seen: &std::sync::Mutex<Seen>) -> Result<(), TestCaseError> {
+async fn differential(
+    url: &str,
+    names: &Names,
+    ops: &[Op],
+    seen: &std::sync::Mutex<Seen>,
+) -> Result<(), TestCaseError> {
     let clock = Arc::new(FakeClock::new(T0));
     let pg = fresh(url, "diff", clock.clone()).await;
     let mut engine = Engine::new(EngineConfig::default());
@@ -968,13 +1102,13 @@ async fn differential(url: &str, ops: &[Op], seen: &std::sync::Mutex<Seen>) -> R
         let now = clock.now();
         match op {
             Op::Acquire(caller, limits) => {
-                let req = request(*caller, limits);
+                let req = request(names, *caller, limits);
                 let want = engine.acquire(&req, now, &mut effects);
                 let got = pg.acquire(req.clone()).await.map_err(|e| TestCaseError::fail(e.to_string()))?.decision;
                 compare(i, &req, now, &want, &got, &mut permits)?;
             }
             Op::Round(reqs) => {
-                let reqs: Vec<AcquireRequest> = reqs.iter().map(|(c, limits)| request(*c, limits)).collect();
+                let reqs: Vec<AcquireRequest> = reqs.iter().map(|(c, limits)| request(names, *c, limits)).collect();
                 let got = join_all(reqs.iter().map(|r| pg.acquire(r.clone())).collect()).await;
                 for (req, got) in reqs.iter().zip(got) {
                     let want = engine.acquire(req, now, &mut effects);
@@ -993,7 +1127,7 @@ async fn differential(url: &str, ops: &[Op], seen: &std::sync::Mutex<Seen>) -> R
             }
             Op::Release(_) => {}
             Op::Throttle(caller, ahead) => {
-                let key = format!("caller{caller}");
+                let key = names.callers[usize::from(*caller)].clone();
                 let until = now.plus(*ahead);
                 let want = engine.throttle(&key, until, now, &mut effects);
                 let got = pg
@@ -1009,6 +1143,23 @@ async fn differential(url: &str, ops: &[Op], seen: &std::sync::Mutex<Seen>) -> R
         }
         effects.clear();
     }
+    // The state lists the same buckets (in key order), window use, places and throttles, for
+    // every prefix a key of the run starts with (and none).
+    let now = clock.now();
+    let mut prefixes = vec![String::new()];
+    prefixes.extend(names.buckets.iter().chain(&names.callers).map(|k| k.chars().take(1).collect::<String>()));
+    for prefix in &prefixes {
+        let want = engine.view(now, prefix);
+        let got = pg.state(prefix, 1000).await.map_err(|e| TestCaseError::fail(e.to_string()))?.view;
+        let buckets = |v: &redb_limiter::engine::StateView| {
+            v.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held)).collect::<Vec<_>>()
+        };
+        prop_assert_eq!(buckets(&want), buckets(&got), "state of prefix {:?}", prefix);
+        let throttles = |v: &redb_limiter::engine::StateView| {
+            v.throttles.iter().map(|t| (t.key.clone(), t.until)).collect::<Vec<_>>()
+        };
+        prop_assert_eq!(throttles(&want), throttles(&got), "throttles of prefix {:?}", prefix);
+    }
     let mut seen = seen.lock().unwrap();
     let (decided, left) = pg.window_paths();
     seen.window.0 += decided;
@@ -1022,12 +1173,12 @@ async fn differential(url: &str, ops: &[Op], seen: &std::sync::Mutex<Seen>) -> R
 
 /// Runs `cases` generated operation lists (`REDB_LIMITER_PG_CASES` overrides) through
 /// [`differential`]; what they saw.
-fn run_differential(url: &str, cases: u32, ops: impl Strategy<Value = Vec<Op>>) -> Seen {
+fn run_differential(url: &str, names: &Names, cases: u32, ops: impl Strategy<Value = Vec<Op>>) -> Seen {
     let rt = runtime();
     let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
     let seen = std::sync::Mutex::new(Seen::default());
-    runner.run(&ops, |ops| rt.block_on(differential(url, &ops, &seen))).unwrap();
+    runner.run(&ops, |ops| rt.block_on(differential(url, names, &ops, &seen))).unwrap();
     seen.into_inner().unwrap()
 }
 
@@ -1036,7 +1187,7 @@ fn run_differential(url: &str, cases: u32, ops: impl Strategy<Value = Vec<Op>>) 
 #[test]
 fn the_database_decides_as_the_engine_does() {
     let Some(url) = database_url() else { return };
-    let seen = run_differential(&url, 200, prop::collection::vec(op(), 1..60));
+    let seen = run_differential(&url, &Names::plain(), 200, prop::collection::vec(op(), 1..60));
     // One-window acquires decided by the one statement, and left by it to acquire(): both
     // halves are compared with the engine.
     let (decided, left) = seen.window;
@@ -1050,8 +1201,498 @@ fn the_database_decides_as_the_engine_does() {
 fn the_database_decides_as_the_engine_does_in_concurrent_batches() {
     let Some(url) = database_url() else { return };
     let ops = prop_oneof![3 => op(), 2 => round()];
-    let seen = run_differential(&url, 120, prop::collection::vec(ops, 1..40));
+    let seen = run_differential(&url, &Names::plain(), 120, prop::collection::vec(ops, 1..40));
     eprintln!("{seen:?}");
     let (batches, decided, alone) = seen.batches;
     assert!(batches > 0 && decided > 0 && alone > 0, "{seen:?}");
+}
+
+/// The same with hostile keys (see [`Names::hostile`]) for buckets and callers, alone and in
+/// batches: every key the file serves is served alike, and the state lists them as the engine
+/// does, in key order, under every prefix.
+#[test]
+fn hostile_keys_are_decided_as_the_engine_decides_them() {
+    let Some(url) = database_url() else { return };
+    let ops = prop_oneof![3 => op(), 2 => round()];
+    let seen = run_differential(&url, &Names::hostile(), 80, prop::collection::vec(ops, 1..40));
+    eprintln!("{seen:?}");
+    let (decided, left) = seen.window;
+    let (batches, in_batch, _) = seen.batches;
+    assert!(decided > 0 && left > 0 && batches > 0 && in_batch > 0, "{seen:?}");
+}
+
+/// Permit strings `release` and `settle` accept in the file are accepted here, U+0000 among
+/// them (an unknown permit: false, as the engine answers); a permit's window keys with U+0000
+/// and U+0001 settle and release as any others; a settle naming a key that was not a window of
+/// the grant is refused with the engine's message; throttle and lift take any caller key.
+#[test]
+fn hostile_permit_strings_and_keys_release_settle_throttle_and_lift_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        use redb_limiter::request::{Cost, LiftRequest, SettleRequest};
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "permits", clock.clone()).await;
+        let mut engine = Engine::new(EngineConfig::default());
+        let mut effects = Vec::new();
+        for permit in ["p-\0", "\0", "\u{1}", "p-\u{1}x", "'\\\"", &"\0".repeat(128)] {
+            let release = ReleaseRequest::new(permit).unwrap();
+            assert_eq!(pg.release(release).await.unwrap(), engine.release(permit, T0, &mut effects), "{permit:?}");
+            let settle = SettleRequest::new(permit, vec![Cost::new("\0", 1)]).unwrap();
+            assert!(!pg.settle(settle).await.unwrap(), "{permit:?}");
+        }
+
+        let (w, c) = ("w\0\u{1}", "c\0");
+        let req = AcquireRequest::new("\0caller", vec![window(w, 10, 60_000).with_cost(5), Limit::concurrent(c, 1)])
+            .unwrap()
+            .with_permit();
+        let Decision::Granted { permit: Some(permit), .. } = pg.acquire(req.clone()).await.unwrap().decision else {
+            panic!("granted with a permit")
+        };
+        let refused = pg.acquire(req.clone()).await.unwrap().decision;
+        assert!(
+            matches!(&refused, Decision::Refused { reason: Reason::Concurrency, limit, .. } if limit == c),
+            "{refused:?}"
+        );
+        let wrong = SettleRequest::new(permit.to_string(), vec![Cost::new(w, 1), Cost::new(c, 1)]).unwrap();
+        match pg.settle(wrong).await {
+            Err(LimiterError::BadRequest(e)) => {
+                assert_eq!(e.0, "costs[1].key is not a window limit of the permit's grant");
+            }
+            other => panic!("{other:?}"),
+        }
+        let settle = SettleRequest::new(permit.to_string(), vec![Cost::new(w, 2)]).unwrap();
+        assert!(pg.settle(settle).await.unwrap());
+        let figures = pg.peek(req.clone()).await.unwrap().report.limits;
+        assert_eq!((figures[0].key.as_str(), figures[0].window), (w, Some((2, 8))));
+        assert_eq!((figures[1].key.as_str(), figures[1].places), (c, Some((1, 0))));
+        let state = pg.state("c", 1000).await.unwrap();
+        assert_eq!(state.view.buckets.iter().map(|b| b.key.as_str()).collect::<Vec<_>>(), [c]);
+        assert_eq!(state.view.permits.len(), 1);
+        assert_eq!(state.view.permits[0].places, vec![(c.to_owned(), T0.plus(600_000))]);
+        assert!(pg.release(ReleaseRequest::new(permit.to_string()).unwrap()).await.unwrap());
+        assert!(pg.acquire(req).await.unwrap().decision.is_granted(), "the place was freed");
+
+        for caller in ["\0", "\u{1}", "a\0\u{1}\u{2}"] {
+            let until = T0.plus(1000);
+            assert_eq!(pg.throttle(ThrottleRequest::new(caller, until, T0).unwrap()).await.unwrap(), Some(until));
+            let req = AcquireRequest::new(caller, vec![window("free", 100, 1000)]).unwrap();
+            assert_eq!(
+                pg.acquire(req).await.unwrap().decision,
+                Decision::Refused { retry_at: until, reason: Reason::Throttle, limit: caller.into() }
+            );
+        }
+        let throttled: Vec<String> =
+            pg.state("", 1000).await.unwrap().view.throttles.into_iter().map(|t| t.key).collect();
+        assert_eq!(throttled, ["\0", "\u{1}", "a\0\u{1}\u{2}"], "in byte order");
+        assert!(pg.lift(LiftRequest::new("\0").unwrap()).await.unwrap());
+        assert!(!pg.lift(LiftRequest::new("\0").unwrap()).await.unwrap());
+        assert!(pg.lift(LiftRequest::new("\u{1}").unwrap()).await.unwrap());
+    });
+}
+
+/// The schema script of the previous release (format version 1), as it was released.
+const SCHEMA_V1: &str = include_str!("fixtures/schema-v1.sql");
+
+/// A schema the previous release wrote (format version 1, its own script and functions, keys
+/// with U+0001 in buckets, permits' windows and throttles) opens with this release: migrated
+/// to version 2 once (a second server finds it done), every grant, place, settle, throttle and
+/// key still served as before, and U+0000 keys served beside them.
+#[test]
+fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let schema = format!("t_{}_v1", std::process::id());
+        let client = plain_client(&url).await;
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).await.unwrap();
+        client.batch_execute(&SCHEMA_V1.replace("__SCHEMA__", &format!("\"{schema}\""))).await.unwrap();
+        let at = |ms: u64| i64::try_from(T0.plus(ms).0).unwrap();
+        let call = |sql: String| {
+            let client = &client;
+            async move { client.query_one(&sql, &[]).await.unwrap().get::<_, serde_json::Value>(0) }
+        };
+        // The previous release's functions write the data: windows (one merged row, one settled
+        // bucket), a place with its permit, a throttle.
+        let s = format!("\"{schema}\"");
+        let granted = |reply: &serde_json::Value| reply["granted"] == serde_json::json!(true);
+        for ms in [0, 1, 1] {
+            let reply = call(format!(
+                "SELECT {s}.acquire('{{\"key\": \"c\\u0001\", \"limits\": [{{\"key\": \"w\\u0001a\", \"calls\": 5, \"perMs\": 60000, \"cost\": 1}}]}}', 'acquire', 250, '', {})",
+                at(ms)
+            ))
+            .await;
+            assert!(granted(&reply), "{reply}");
+        }
+        let reply = call(format!(
+            "SELECT {s}.acquire('{{\"key\": \"c\", \"permit\": true, \"limits\": [{{\"key\": \"p\\u0001\", \"concurrent\": 1, \"holdMs\": 600000}}, {{\"key\": \"s\\u0001\", \"calls\": 10, \"perMs\": 60000, \"cost\": 9}}]}}', 'acquire', 250, 'p-00000000000000000000000000000001', {})",
+            at(2)
+        ))
+        .await;
+        assert!(granted(&reply) && reply["permit"] == "p-00000000000000000000000000000001", "{reply}");
+        let settled = call(format!(
+            "SELECT {s}.settle('p-00000000000000000000000000000001', '[{{\"key\": \"s\\u0001\", \"cost\": 4}}]', {})",
+            at(3)
+        ))
+        .await;
+        assert_eq!(settled, serde_json::json!({"settled": true}));
+        let until: i64 = client
+            .query_one(&format!("SELECT {s}.throttle(E'\\x01t', $1, $2)"), &[&at(100_000), &at(3)])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(until, at(100_000));
+        let version = || {
+            let client = &client;
+            let s = s.clone();
+            async move { client.query_one(&format!("SELECT version FROM {s}.meta"), &[]).await.unwrap().get::<_, i32>(0) }
+        };
+        assert_eq!(version().await, 1);
+
+        // This release opens it: migrated once, twice connected.
+        let clock = Arc::new(FakeClock::new(T0.plus(10)));
+        let open = || {
+            let mut options = PgOptions::new(&url);
+            options.schema = schema.clone();
+            options.pool_size = 2;
+            options.clock = Some(clock.clone());
+            PgLimiter::connect(options)
+        };
+        let pg = open().await.expect("the previous release's schema opens");
+        assert_eq!(version().await, redb_limiter_postgres::SCHEMA_VERSION);
+        drop(open().await.expect("and opens again, already migrated"));
+
+        // Everything it held is served as before.
+        let used = |key: &str, calls: u64| {
+            let pg = &pg;
+            let req = AcquireRequest::new("x", vec![window(key, calls, 60_000)]).unwrap();
+            async move { pg.peek(req).await.unwrap().report.limits[0].window.unwrap().0 }
+        };
+        assert_eq!(used("w\u{1}a", 5).await, 3, "three grants, two merged in one millisecond");
+        assert_eq!(used("s\u{1}", 10).await, 4, "the settle stands");
+        let req = AcquireRequest::new("c\u{1}", vec![window("w\u{1}a", 5, 60_000).with_cost(3)]).unwrap();
+        assert_eq!(
+            pg.acquire(req).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w\u{1}a".into() }
+        );
+        let conc = AcquireRequest::new("c", vec![Limit::concurrent("p\u{1}", 1)]).unwrap();
+        assert!(matches!(
+            pg.acquire(conc.clone()).await.unwrap().decision,
+            Decision::Refused { reason: Reason::Concurrency, .. }
+        ));
+        let throttled = AcquireRequest::new("\u{1}t", vec![window("free", 1, 1000)]).unwrap();
+        assert_eq!(
+            pg.acquire(throttled).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(100_000), reason: Reason::Throttle, limit: "\u{1}t".into() }
+        );
+        let state = pg.state("", 1000).await.unwrap();
+        let keys: Vec<&str> = state.view.buckets.iter().map(|b| b.key.as_str()).collect();
+        assert_eq!(keys, ["p\u{1}", "s\u{1}", "w\u{1}a"]);
+        assert_eq!(state.view.throttles.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(), ["\u{1}t"]);
+        // The permit settles again (its window's key was migrated) and releases.
+        let permit = "p-00000000000000000000000000000001";
+        let settle = redb_limiter::request::SettleRequest::new(permit, vec![redb_limiter::request::Cost::new("s\u{1}", 6)]);
+        assert!(pg.settle(settle.unwrap()).await.unwrap());
+        assert_eq!(used("s\u{1}", 10).await, 6);
+        assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
+        assert!(pg.acquire(conc).await.unwrap().decision.is_granted(), "the place was freed");
+        // And keys the previous release could not hold are served beside them.
+        let nul = AcquireRequest::new("\0", vec![window("w\0a", 1, 60_000)]).unwrap();
+        assert!(pg.acquire(nul.clone()).await.unwrap().decision.is_granted());
+        assert!(!pg.acquire(nul).await.unwrap().decision.is_granted());
+        assert_eq!(used("w\u{1}a", 5).await, 3, "a key with U+0000 is not one with U+0001");
+    });
+}
+
+/// Wall-clock milliseconds since the Unix epoch, floored: the database's clock, on this machine.
+fn wall_ms() -> u64 {
+    u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
+/// One grant seen by a host in the instants test.
+#[derive(Debug, Clone)]
+struct Seen1 {
+    at: u64,
+    sent: u64,
+    answered: u64,
+    /// (window bucket, estimated cost) and whether it holds a place in `c`.
+    window: Option<u64>,
+    place: bool,
+    /// When the host sent the release (`u64::MAX`: never), and the settle (with its cost).
+    released: u64,
+    settled: Option<(u64, u64)>,
+}
+
+const INSTANT_CALLS: u64 = 40;
+const INSTANT_PER_MS: u64 = 200;
+const INSTANT_CONCURRENT: u64 = 3;
+const INSTANT_HOLD_MS: u64 = 5_000;
+
+/// The violations of section 10's last rule in what hosts saw, replayed offline by the
+/// reported instants: a bucket over `concurrent` places (a place counts from its grant's
+/// instant until its release was sent, or it lapsed), a window over `calls` (a grant counts its
+/// settled cost from when its settle was sent, its estimate before), a grant whose instant is
+/// outside its request's span (before it was sent or after it was answered).
+fn instant_violations(grants: &[Seen1]) -> (Vec<String>, u64, u64) {
+    let mut out = Vec::new();
+    let (mut most_held, mut most_used) = (0, 0);
+    for g in grants {
+        if g.at < g.sent || g.at > g.answered {
+            out.push(format!("granted at {} outside its request's span {}..={}", g.at, g.sent, g.answered));
+        }
+    }
+    for g in grants.iter().filter(|g| g.place) {
+        let a = g.at;
+        let held: Vec<&Seen1> =
+            grants.iter().filter(|h| h.place && h.at <= a && a < h.released && a < h.at + INSTANT_HOLD_MS).collect();
+        most_held = most_held.max(held.len() as u64);
+        if held.len() as u64 > INSTANT_CONCURRENT {
+            let late = held.iter().filter(|h| h.released > a).map(|h| h.released - a).max().unwrap_or(0);
+            out.push(format!(
+                "{} places held at {a} (concurrent {INSTANT_CONCURRENT}); a release it needed was sent up to {late} ms later",
+                held.len()
+            ));
+        }
+    }
+    for g in grants.iter().filter(|g| g.window.is_some()) {
+        let a = g.at;
+        let cost_at = |h: &Seen1| match h.settled {
+            Some((sent, cost)) if sent <= a => cost,
+            _ => h.window.unwrap_or(0),
+        };
+        let inside: u64 =
+            grants.iter().filter(|h| h.window.is_some() && h.at <= a && h.at + INSTANT_PER_MS > a).map(cost_at).sum();
+        most_used = most_used.max(inside);
+        if inside > INSTANT_CALLS {
+            out.push(format!("{inside} in the window ending at {a} (calls {INSTANT_CALLS})"));
+        }
+    }
+    (out, most_held, most_used)
+}
+
+/// One run of the instants test: two limiters on one fresh schema (as two servers), hosts
+/// acquiring a window `w` and places of `c` in every request shape that reaches a different
+/// path (two limits with a permit, one place by acquire()'s own path, one place with a permit,
+/// one window with a permit, one window alone), holding a moment, then settling and releasing.
+async fn instants_run(url: &str, run: usize, for_ms: u64) -> (Vec<Seen1>, (Vec<String>, u64, u64)) {
+    use redb_limiter::request::{Cost, SettleRequest};
+    let schema = format!("t_{}_instants_{run}", std::process::id());
+    let client = plain_client(url).await;
+    client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).await.unwrap();
+    let connect = || {
+        let mut options = PgOptions::new(url);
+        options.schema = schema.clone();
+        options.pool_size = 8;
+        PgLimiter::connect(options)
+    };
+    let limiters = [Arc::new(connect().await.unwrap()), Arc::new(connect().await.unwrap())];
+    let end = wall_ms() + for_ms;
+    let mut tasks = Vec::new();
+    for task in 0..16u64 {
+        let pg = Arc::clone(&limiters[usize::try_from(task % 2).unwrap()]);
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut i = task;
+            while wall_ms() < end {
+                i += 1;
+                let w = || window("w", INSTANT_CALLS, INSTANT_PER_MS).with_cost(4).with_hold_ms(INSTANT_HOLD_MS);
+                let c = || Limit::concurrent("c", INSTANT_CONCURRENT).with_hold_ms(INSTANT_HOLD_MS);
+                let (req, window, place) = match i % 7 {
+                    0 => (AcquireRequest::new("h", vec![w(), c()]).unwrap().with_permit(), Some(4), true),
+                    1 => (AcquireRequest::new("h", vec![c()]).unwrap(), None, true),
+                    2 => (AcquireRequest::new("h", vec![c()]).unwrap().with_permit(), None, true),
+                    3 | 5 => (AcquireRequest::new("h", vec![w()]).unwrap().with_permit(), Some(4), false),
+                    _ => (
+                        AcquireRequest::new("h", vec![window("w", INSTANT_CALLS, INSTANT_PER_MS)]).unwrap(),
+                        Some(1),
+                        false,
+                    ),
+                };
+                let sent = wall_ms();
+                let decision = pg.acquire(req).await.expect("no call fails").decision;
+                let answered = wall_ms();
+                match decision {
+                    Decision::Granted { at, permit } => {
+                        let mut g =
+                            Seen1 { at: at.0, sent, answered, window, place, released: u64::MAX, settled: None };
+                        tokio::time::sleep(std::time::Duration::from_millis(i % 4)).await;
+                        if let Some(permit) = permit {
+                            let permit = permit.to_string();
+                            if window.is_some() && i % 3 != 0 {
+                                let cost = i % 3;
+                                let settle = SettleRequest::new(&permit, vec![Cost::new("w", cost)]).unwrap();
+                                let sent = wall_ms();
+                                assert!(pg.settle(settle).await.expect("no call fails"));
+                                g.settled = Some((sent, cost));
+                            }
+                            g.released = wall_ms();
+                            assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.expect("no call fails"));
+                        }
+                        seen.push(g);
+                    }
+                    Decision::Refused { retry_at, .. } => {
+                        let wait = retry_at.0.saturating_sub(wall_ms()).min(5);
+                        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                    }
+                }
+            }
+            seen
+        }));
+    }
+    let mut grants = Vec::new();
+    for task in tasks {
+        grants.extend(task.await.unwrap());
+    }
+    let violations = instant_violations(&grants);
+    client.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).await.unwrap();
+    (grants, violations)
+}
+
+/// Section 10: the instants reported are the instants judged. Two servers on one schema, hosts
+/// acquiring windows and places under concurrency with settles and releases; every grant's
+/// reported instant, replayed offline, keeps every window within `calls` and every bucket
+/// within `concurrent` (a grant that needed a release reports an instant no earlier than the
+/// release was sent), and lies within its request's span. `REDB_LIMITER_PG_INSTANT_RUNS` runs
+/// (default 3) of two seconds each.
+#[test]
+fn reported_instants_replay_within_every_window_and_place() {
+    let Some(url) = database_url() else { return };
+    let runs = std::env::var("REDB_LIMITER_PG_INSTANT_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    runtime().block_on(async {
+        let mut bad = Vec::new();
+        for run in 0..runs {
+            let (grants, (violations, most_held, most_used)) = instants_run(&url, run, 2_000).await;
+            let places = grants.iter().filter(|g| g.place).count();
+            let settled = grants.iter().filter(|g| g.settled.is_some()).count();
+            eprintln!(
+                "run {run}: {} grants ({places} places, {settled} settled), at most {most_held} places held and \
+                 {most_used} in a window, {} violations",
+                grants.len(),
+                violations.len()
+            );
+            for v in violations.iter().take(8) {
+                eprintln!("  {v}");
+            }
+            assert!(places > 50 && settled > 10, "the run exercised places and settles");
+            // The bounds were reached, so they were tested.
+            assert!(most_held >= INSTANT_CONCURRENT && most_used + 4 > INSTANT_CALLS, "{most_held} {most_used}");
+            bad.extend(violations.into_iter().take(5).map(|v| format!("run {run}: {v}")));
+        }
+        assert!(bad.is_empty(), "{bad:#?}");
+    });
+}
+
+/// Percentile `p` (0-100) of `samples`, in milliseconds.
+fn percentile_ms(samples: &mut [std::time::Duration], p: usize) -> f64 {
+    samples.sort();
+    let i = (samples.len() * p / 100).min(samples.len().saturating_sub(1));
+    samples.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// Acquires of one-window buckets `z0..z7` from four tasks until `stop`: each one's latency.
+async fn acquires_until(pg: &Arc<PgLimiter>, stop: &Arc<std::sync::atomic::AtomicBool>) -> Vec<std::time::Duration> {
+    let mut tasks = Vec::new();
+    for task in 0..4u64 {
+        let (pg, stop) = (Arc::clone(pg), Arc::clone(stop));
+        tasks.push(tokio::spawn(async move {
+            let mut took = Vec::new();
+            let mut i = task;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let req = AcquireRequest::new("c", vec![window(&format!("z{}", i % 8), 1_000_000, 60_000)]).unwrap();
+                let start = std::time::Instant::now();
+                assert!(pg.acquire(req).await.expect("no acquire fails").decision.is_granted());
+                took.push(start.elapsed());
+            }
+            took
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all
+}
+
+/// `/state` pages by key over an index, at a cost that grows with the page: pages of 100,000
+/// over 200,000 live buckets come back whole, within the statement timeout, in key order, one
+/// after another from the last key, while acquires run beside them (their p99 is reported
+/// against the same acquires alone), and `/health` stays up.
+#[test]
+fn state_pages_of_100000_over_200000_keys_within_the_timeout_beside_acquires() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = Arc::new(fresh(&url, "large_state", clock.clone()).await);
+        let schema = pg.schema().to_owned();
+        let client = plain_client(&url).await;
+        // 200,000 buckets holding one grant each, written as a grant writes them.
+        client
+            .batch_execute(&format!(
+                "INSERT INTO \"{schema}\".buckets (key, retain_ms, total, last_seq, last_at, floor_ms, last_calls)
+                 SELECT 'k' || lpad(i::text, 7, '0'), 60000, 1, 1, {t0}, {t0}, 10 FROM generate_series(1, 200000) i;
+                 INSERT INTO \"{schema}\".grants (bucket, at, seq, cost, cum)
+                 SELECT id, last_at, 1, 1, 1 FROM \"{schema}\".buckets;
+                 ANALYZE \"{schema}\".buckets; ANALYZE \"{schema}\".grants;",
+                t0 = T0.0
+            ))
+            .await
+            .unwrap();
+        clock.advance(10);
+        let one = AcquireRequest::new("c", vec![window("k0000001", 10, 60_000)]).unwrap();
+        assert_eq!(pg.peek(one).await.unwrap().report.limits[0].window, Some((1, 9)), "they count as grants");
+
+        // The acquires alone, for a baseline.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acquiring = tokio::spawn({
+            let (pg, stop) = (Arc::clone(&pg), Arc::clone(&stop));
+            async move { acquires_until(&pg, &stop).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut alone = acquiring.await.unwrap();
+
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acquiring = tokio::spawn({
+            let (pg, stop) = (Arc::clone(&pg), Arc::clone(&stop));
+            async move { acquires_until(&pg, &stop).await }
+        });
+        let timeout = PgOptions::new("").statement_timeout;
+        let small = std::time::Instant::now();
+        let first = pg.state_page("", "", 1000).await.unwrap();
+        let small = small.elapsed();
+        assert_eq!(first.snapshot.view.buckets.len(), 1000);
+        let mut after = String::new();
+        let mut seen = 0usize;
+        let mut took = Vec::new();
+        for page in 0..3 {
+            let start = std::time::Instant::now();
+            let got = pg.state_page("", &after, 100_000).await.expect("a page of 100,000 within the timeout");
+            took.push(start.elapsed());
+            assert!(took[page] < timeout, "{:?}", took[page]);
+            let keys: Vec<&str> = got.snapshot.view.buckets.iter().map(|b| b.key.as_str()).collect();
+            assert!(keys.windows(2).all(|w| w[0] < w[1]), "in key order");
+            if page < 2 {
+                assert_eq!(keys.len(), 100_000);
+                assert_eq!(keys[0], format!("k{:07}", page * 100_000 + 1));
+                assert!(got.truncated, "more remain");
+            } else {
+                assert!(keys.iter().all(|k| k.starts_with('z')) && !got.truncated, "{keys:?}");
+            }
+            seen += keys.len();
+            after = keys.last().unwrap().to_string();
+            pg.health().await.expect("a long read never flips /health");
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut beside = acquiring.await.unwrap();
+        assert!(seen > 200_000);
+        let (p99_alone, p99_beside) = (percentile_ms(&mut alone, 99), percentile_ms(&mut beside, 99));
+        eprintln!(
+            "state: a page of 1,000 in {:.1} ms, of 100,000 in {:.0} / {:.0} ms; acquires' p99 {p99_alone:.1} ms alone, \
+             {p99_beside:.1} ms beside the pages ({} and {} acquires)",
+            small.as_secs_f64() * 1000.0,
+            took[0].as_secs_f64() * 1000.0,
+            took[1].as_secs_f64() * 1000.0,
+            alone.len(),
+            beside.len()
+        );
+    });
 }

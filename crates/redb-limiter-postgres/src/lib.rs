@@ -438,7 +438,7 @@ impl PgLimiter {
         self.record(&result);
         let decision = result?;
         self.count(&decision);
-        Ok(Acquired { decision, report: None })
+        Ok(Acquired { decision, report: None, ticket: None })
     }
 
     /// Any acquire, by a call of the schema's `acquire()`.
@@ -451,7 +451,7 @@ impl PgLimiter {
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
         self.count(&decision);
         let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
-        Ok(Acquired { decision, report })
+        Ok(Acquired { decision, report, ticket: None })
     }
 
     /// An acquire of one window limit: in a batch with those of concurrent requests when others
@@ -828,6 +828,7 @@ fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
             key: f.get("key")?.as_str()?.to_owned(),
             window: pair("used", "remaining"),
             places: pair("held", "free"),
+            queued: None,
         });
     }
     Some(out)
@@ -919,6 +920,8 @@ fn snapshot_from(reply: &Value) -> Option<Snapshot> {
             grant_entries: 0,
             places_held: usize::try_from(b.get("placesHeld")?.as_u64()?).ok()?,
             next_lapse: millis_at(b, "nextLapse"),
+            queued: 0,
+            first_ticket_at: None,
         });
     }
     for p in reply.get("permits")?.as_array()? {

@@ -48,10 +48,10 @@ pub mod store;
 pub mod time;
 pub mod wire;
 
-pub use engine::{Decision, Figures, PermitId, Reason, Refusal};
+pub use engine::{Decision, Figures, PermitId, Reason, Refusal, TicketId, TicketNote};
 pub use limiter::{Acquired, Limiter, LimiterError, LimiterOptions, Peeked, Report};
 pub use request::{
-    AcquireRequest, BadRequest, Cost, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
+    AcquireRequest, BadRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
 };
 pub use time::Millis;
 

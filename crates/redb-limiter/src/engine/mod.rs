@@ -1,14 +1,18 @@
 //! The engine: a pure, deterministic state machine that decides `acquire`, `release`,
-//! `throttle`, `peek`, `settle` and `lift` exactly as the wire spec's sections 3 to 5 and 9 say.
+//! `throttle`, `peek`, `settle` and `lift` exactly as the wire spec's sections 3 to 5 and 9 say,
+//! and the line of section 12 (tickets, rule Q, `release {ticket}`).
 //!
-//! There is one copy of the rules: [`Engine::peek`] and [`Engine::acquire`] both ask the same
-//! read-only decision (`refusal`), which judges a window only by the grants its bucket still
-//! keeps, whether or not they were pruned from memory yet; `acquire` prunes first (to keep memory
-//! small) and then changes the state, `peek` changes nothing.
+//! There is one copy of the rules: [`Engine::peek`] and [`Engine::acquire`] (and their `_in_line`
+//! forms, which read the request's `queue` and `ticket`) all ask the same read-only decision
+//! (`refusal`), which judges a window only by the grants its bucket still keeps, whether or not
+//! they were pruned from memory yet, and a line only by its tickets not lapsed; `acquire` prunes
+//! first (to keep memory small) and then changes the state, `peek` changes nothing. Where no
+//! ticket lives, rule Q costs one test.
 //!
-//! It owns the in-memory state (buckets with their windows and places, permits, throttles) and
-//! the timers that forget what has lapsed. It never reads a clock (every call takes `now`),
-//! never does I/O and never draws randomness of its own: permit ids come from a seed.
+//! It owns the in-memory state (buckets with their windows, places and lines, permits,
+//! throttles, tickets) and the timers that forget what has lapsed. It never reads a clock (every
+//! call takes `now`), never does I/O and never draws randomness of its own: permit and ticket
+//! ids come from a seed.
 //!
 //! Every change is also reported as an [`Effect`] value, so the store can persist exactly those
 //! changes without the engine knowing about redb, and the engine can be rebuilt from what was

@@ -43,10 +43,20 @@ impl FromStr for TicketId {
     /// Reads an id this limiter wrote; any other string is not one of ours.
     fn from_str(s: &str) -> Result<Self, ()> {
         let hex = s.strip_prefix("t-").ok_or(())?;
-        if hex.len() != 32 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if hex.len() != 32 {
             return Err(());
         }
-        u128::from_str_radix(hex, 16).map(TicketId).map_err(|_| ())
+        // One pass, lowercase only: every ask with a ticket reads one.
+        let mut id = 0u128;
+        for b in hex.bytes() {
+            let digit = match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' => b - b'a' + 10,
+                _ => return Err(()),
+            };
+            id = id << 4 | u128::from(digit);
+        }
+        Ok(TicketId(id))
     }
 }
 
@@ -135,7 +145,18 @@ mod tests {
         assert_eq!(a.number(), 7);
         assert_eq!(a.to_string().len(), 34);
         assert_ne!(ticket_nonce(1), ticket_nonce(2));
-        for bad in ["", "t-", "p-00000000000000000000000000000000", "t-0000000000000000000000000000000G"] {
+        assert_eq!("t-0123456789abcdef0123456789ABCDEF".parse::<TicketId>(), Err(()), "lowercase only");
+        assert_eq!(
+            "t-0123456789abcdef00000000000000ff".parse::<TicketId>(),
+            Ok(TicketId(0x0123_4567_89ab_cdef_0000_0000_0000_00ff))
+        );
+        for bad in [
+            "",
+            "t-",
+            "p-00000000000000000000000000000000",
+            "t-0000000000000000000000000000000G",
+            "t-+000000000000000000000000000000",
+        ] {
             assert!(bad.parse::<TicketId>().is_err(), "{bad}");
         }
     }

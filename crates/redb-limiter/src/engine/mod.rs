@@ -413,6 +413,9 @@ pub struct Engine {
 struct Ticket {
     id: TicketId,
     state: TicketState,
+    /// The instant of its one live timer (never after its lapse): a renewal that moves the lapse
+    /// later arms no timer; the one armed re-arms itself when it fires early.
+    timer_at: Millis,
 }
 
 /// A read-only view of one bucket, for `/state` and `status`.
@@ -543,6 +546,10 @@ impl Engine {
         now: Millis,
         effects: &mut Vec<Effect>,
     ) -> Result<LineAnswer, BadRequest> {
+        if !req.in_line() {
+            // A host that never queues: the decision of before (rule Q included).
+            return Ok(LineAnswer { decision: self.acquire(req, now, effects), ticket: None });
+        }
         // The binding check first: a request that errs changes nothing.
         let mine = self.presented(req, now, effects)?;
         for limit in &req.limits {
@@ -641,7 +648,7 @@ impl Engine {
         }
         self.timers.push(lapse_at, Due::Ticket(number));
         effects.push(Effect::TicketFiled { id, ticket: state.clone() });
-        self.tickets.insert(number, Ticket { id, state });
+        self.tickets.insert(number, Ticket { id, state, timer_at: lapse_at });
         Some(TicketNote { id, lapse_at, ahead: self.ahead(number, now), now })
     }
 
@@ -666,7 +673,10 @@ impl Engine {
             }
         }
         let id = ticket.id;
-        self.timers.push(lapse_at, Due::Ticket(number));
+        if lapse_at < ticket.timer_at {
+            ticket.timer_at = lapse_at;
+            self.timers.push(lapse_at, Due::Ticket(number));
+        }
         effects.push(Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms });
         TicketNote { id, lapse_at, ahead: self.ahead(number, now), now }
     }
@@ -1115,8 +1125,14 @@ impl Engine {
                     }
                 }
                 Due::Ticket(number) => {
-                    if let Some(t) = self.tickets.get(&number).filter(|t| t.state.lapse_at <= now) {
-                        self.end_ticket(number, Effect::TicketLapsed { id: t.id }, now, effects);
+                    let Some(t) = self.tickets.get_mut(&number).filter(|t| t.timer_at == at) else { continue };
+                    if t.state.lapse_at <= now {
+                        let id = t.id;
+                        self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
+                    } else {
+                        // Renewed since it was armed: wake at its lapse instead.
+                        t.timer_at = t.state.lapse_at;
+                        self.timers.push(t.timer_at, Due::Ticket(number));
                     }
                 }
             }
@@ -1158,7 +1174,8 @@ impl Engine {
             bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key).line.insert(number, state.lapse_at);
         }
         self.next_ticket = self.next_ticket.max(number.saturating_add(1));
-        self.tickets.insert(number, Ticket { id, state });
+        let timer_at = state.lapse_at;
+        self.tickets.insert(number, Ticket { id, state, timer_at });
     }
 
     /// After the `restore_*` calls and before [`Engine::finish_restore`], when the engine starts
@@ -1235,8 +1252,9 @@ impl Engine {
         for (number, id) in lapsed {
             self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
         }
-        for (number, t) in &self.tickets {
-            self.timers.push(t.state.lapse_at, Due::Ticket(*number));
+        for (number, t) in &mut self.tickets {
+            t.timer_at = t.state.lapse_at;
+            self.timers.push(t.timer_at, Due::Ticket(*number));
         }
     }
 

@@ -605,6 +605,60 @@ fn figures_name_the_line_only_where_it_matters() {
     assert_eq!(e.figures(&r, T0.plus(1))[0].queued, Some(1));
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Progress (section 12.5) under random traffic: small calls from several hosts keep a
+    /// window full; one large call queues and its host asks again at every retryAt it is told.
+    /// Once it is the oldest ticket nothing is granted in its bucket before it, so it is granted
+    /// at the first retryAt it was given: the instant its request alone fits.
+    #[test]
+    fn the_oldest_ticket_is_granted_at_its_first_retry_at(
+        smalls in prop::collection::vec((0u64..20, 1u64..=10), 20..200),
+        large in 11u64..=100,
+        arrives in 0u64..500,
+    ) {
+        let window = |caller: &str, cost| {
+            AcquireRequest::new(caller, vec![Limit::window("tpm", 100, 1000).with_cost(cost)]).unwrap()
+        };
+        let mut e = engine();
+        let big = window("large", large).with_queue();
+        let mut ask = big.clone();
+        let mut first_retry: Option<Millis> = None;
+        let mut next_ask = T0.plus(arrives);
+        let mut granted = None;
+        let mut now = T0;
+        for (gap, cost) in smalls.iter().cycle().take(2000) {
+            now = now.plus(*gap);
+            while granted.is_none() && next_ask <= now {
+                let at = next_ask;
+                let answer = line(&mut e, &ask, at);
+                match answer.decision {
+                    Decision::Granted { .. } => granted = Some(at),
+                    Decision::Refused { retry_at, reason, .. } => {
+                        prop_assert_eq!(reason, Reason::Rate);
+                        let note = ticket_of(&answer);
+                        prop_assert_eq!(note.ahead, 0);
+                        first_retry.get_or_insert(retry_at);
+                        prop_assert_eq!(Some(retry_at), first_retry, "its retryAt moved");
+                        ask = asking_again(&big, note);
+                        next_ask = retry_at;
+                    }
+                }
+            }
+            let small = acquire(&mut e, &window(&format!("small-{}", cost % 8), *cost), now);
+            if let (Decision::Granted { .. }, Some(_), None) = (&small, first_retry, granted) {
+                prop_assert!(false, "a small call was granted over the waiting large one at {:?}", now);
+            }
+        }
+        if let Some(first) = first_retry {
+            prop_assert_eq!(granted, Some(first), "granted at its first retryAt");
+        } else {
+            prop_assert_eq!(granted, Some(T0.plus(arrives)), "granted at once when it fit");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The model-based property test.
 

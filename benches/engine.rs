@@ -3,6 +3,10 @@
 //! Every case keeps 10,000 live buckets and walks them round-robin, one millisecond per
 //! decision, so each bucket's window holds a steady few grants as in production; the sweep that
 //! forgets lapsed permits and idle buckets runs after every decision and is counted.
+//!
+//! The line (section 12): the same decisions through `acquire_in_line` (what the limiter calls)
+//! for a host that never queues, and a queued refusal: a host asking again with its ticket,
+//! refused and renewed, next to a plain refusal and a grant.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -20,6 +24,10 @@ fn requests(limits: impl Fn(usize) -> Vec<Limit>) -> Vec<AcquireRequest> {
 }
 
 fn run_engine(c: &mut Criterion, name: &str, reqs: &[AcquireRequest]) {
+    run(c, name, reqs, false);
+}
+
+fn run(c: &mut Criterion, name: &str, reqs: &[AcquireRequest], in_line: bool) {
     let mut engine = Engine::new(EngineConfig::default());
     let mut effects = Vec::with_capacity(16);
     let mut now = Millis(1_000_000);
@@ -33,7 +41,11 @@ fn run_engine(c: &mut Criterion, name: &str, reqs: &[AcquireRequest]) {
         b.iter(|| {
             now = now.plus(1);
             i = (i + 1) % reqs.len();
-            let d = engine.acquire(black_box(&reqs[i]), now, &mut effects);
+            let d = if in_line {
+                engine.acquire_in_line(black_box(&reqs[i]), now, &mut effects).expect("well formed").decision
+            } else {
+                engine.acquire(black_box(&reqs[i]), now, &mut effects)
+            };
             // The sweeper's share of the work: forgetting what lapsed.
             engine.sweep(now, &mut effects);
             effects.clear();
@@ -71,6 +83,38 @@ fn decisions(c: &mut Criterion) {
     // Each bucket takes one call a minute, so after the warm-up every decision is a refusal.
     let refused = requests(|i| vec![Limit::window(format!("bench/b:{i}"), 1, 60_000)]);
     run_engine(c, "engine refused, 1 limit, 10k buckets", &refused);
+
+    // The same, through the line's entry, for a host that never queues.
+    run(c, "engine granted in line (no queue), 1 limit, 10k buckets", &single, true);
+    run(c, "engine refused in line (no queue), 1 limit, 10k buckets", &refused, true);
+
+    // A queued refusal: every bucket's window is full for the whole run (31 days) and one host
+    // waits in its line; it asks again with its ticket and is refused and renewed. Next to it,
+    // the plain refusal of the same limits.
+    let full = requests(|i| vec![Limit::window(format!("bench/b:{i}"), 1, 2_678_400_000)]);
+    run(c, "engine refused in line (no queue, full window), 1 limit, 10k buckets", &full, true);
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut effects = Vec::with_capacity(16);
+    let mut now = Millis(1_000_000);
+    let mut asks = Vec::with_capacity(full.len());
+    for r in &full {
+        engine.acquire(r, now, &mut effects);
+        let answer = engine.acquire_in_line(&r.clone().with_queue(), now, &mut effects).expect("well formed");
+        let ticket = answer.ticket.expect("filed").id.to_string();
+        asks.push(r.clone().with_ticket(ticket).expect("a ticket of ours"));
+        effects.clear();
+    }
+    let mut i = 0;
+    c.bench_function("engine queued refusal (renewed), 1 limit, 10k buckets", |b| {
+        b.iter(|| {
+            now = now.plus(1);
+            i = (i + 1) % asks.len();
+            let answer = engine.acquire_in_line(black_box(&asks[i]), now, &mut effects).expect("bound");
+            engine.sweep(now, &mut effects);
+            effects.clear();
+            black_box(answer)
+        })
+    });
 }
 
 criterion_group!(benches, decisions);

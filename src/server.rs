@@ -331,11 +331,12 @@ async fn call<B: Backend>(app: &App<B>, request: Request) -> Result<Response, Fa
             let acquired = limiter.acquire(req).await?;
             app.recent.record(limiter.now(), &caller, &acquired.decision);
             match &acquired.report {
-                Some(report) => json(&acquire_reply_with_report(&acquired.decision, report)),
-                None => json(&AcquireReply::from(&acquired.decision)),
+                Some(report) => json(&acquire_reply_with_report(&AcquireReply::from(&acquired), report)),
+                None => json(&AcquireReply::from(&acquired)),
             }
         }
         Request::Release(req) => json(&ReleaseReply { released: limiter.release(req).await? }),
+        Request::Leave(req) => json(&ReleaseReply { released: limiter.leave(req).await? }),
         Request::Peek(req) => json(&PeekReply::from(&limiter.peek(req).await?)),
         Request::Settle(req) => json(&SettleReply { settled: limiter.settle(req).await? }),
         Request::Lift(req) => {

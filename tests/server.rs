@@ -383,6 +383,54 @@ fn tpm(cost: u64) -> Value {
     ]})
 }
 
+/// Section 12 over HTTP: a queued refusal names its ticket; asking again with it renews it; a
+/// request that differs from the one it binds is a 400 naming `ticket`; a peek and a report show
+/// the line; `release {ticket}` leaves it; a request without a ticket waits behind it.
+#[tokio::test]
+async fn the_line_over_http() {
+    let s = TestServer::start().await;
+    assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.1["granted"], true);
+    s.clock.advance(100);
+    let mut queued = window("w", 1, 1000);
+    queued["queue"] = json!(true);
+    let (status, filed) = s.post("/acquire", queued.clone()).await;
+    assert_eq!(status, 200);
+    let ticket = filed["ticket"].as_str().expect("a ticket").to_owned();
+    assert_eq!(
+        filed,
+        json!({"granted": false, "retryAt": at(1000), "reason": "rate", "limit": "w", "ticket": ticket,
+            "lapseAt": at(3000), "ahead": 0, "now": at(100)})
+    );
+    // Behind it, a request that would fit waits for its retryAt, and says so in the figures.
+    let mut free = json!({"key": "other", "limits": [{"key": "w", "calls": 5, "perMs": 1000}]});
+    assert_eq!(
+        s.post("/acquire", free.clone()).await.1,
+        json!({"granted": false, "retryAt": at(1000), "reason": "rate", "limit": "w"})
+    );
+    free["report"] = json!(true);
+    assert_eq!(s.post("/peek", free.clone()).await.1["limits"][0]["queued"], 1);
+    // The ticket with another request: a bad request naming it.
+    let mut other = window("w", 2, 1000);
+    other["ticket"] = json!(ticket);
+    let (status, err) = s.post("/acquire", other).await;
+    assert_eq!(status, 400);
+    assert!(err["error"]["message"].as_str().unwrap().starts_with("ticket "), "{err}");
+    // Asked again before its retryAt: renewed, the same ticket.
+    let mut again = window("w", 1, 1000);
+    again["ticket"] = json!(ticket);
+    again["graceMs"] = json!(500);
+    let (_, renewed) = s.post("/acquire", again.clone()).await;
+    assert_eq!((renewed["ticket"].as_str(), &renewed["lapseAt"]), (Some(ticket.as_str()), &json!(at(1500))));
+    // Leaving: once true, then false; both given is a 400.
+    let (status, _) = s.post("/release", json!({"ticket": ticket, "permit": "p-1"})).await;
+    assert_eq!(status, 400);
+    assert_eq!(s.post("/release", json!({"ticket": ticket})).await, (200, json!({"released": true})));
+    assert_eq!(s.post("/release", json!({"ticket": ticket})).await, (200, json!({"released": false})));
+    s.clock.set(T0.plus(1000));
+    free.as_object_mut().unwrap().remove("report");
+    assert_eq!(s.post("/acquire", free).await, (200, json!({"granted": true, "at": at(1000)})));
+}
+
 #[tokio::test]
 async fn peek_decides_as_acquire_and_changes_nothing() {
     let s = TestServer::start().await;

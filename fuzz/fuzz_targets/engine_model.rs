@@ -11,6 +11,12 @@
 //! settled up, down, again and after their grant left, released with costs, and throttles
 //! lifted. Each bucket is named with two windows, so rule 3's retention is exercised.
 //!
+//! The line (section 12) rides along too: acquires queue, ask again with their tickets (the
+//! request a ticket binds, or another: a bad request that changes nothing), and leave the line;
+//! every grant is checked against the reference's live tickets (none older waits in any of its
+//! buckets) and the oldest live ticket waits for nothing but its own request. The file keeps no
+//! tickets yet (format version 4): after a restart or a crash every ticket is unknown.
+//!
 //! Checked after every operation: identical decisions and `retryAt`s, no window over its
 //! `calls` (for buckets named with one window and never settled up), no committed change lost
 //! (`facts`), and nothing held past its instant.
@@ -24,7 +30,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::engine::model::Reference;
-use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, PermitId};
+use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, Facts, PermitId, TicketId};
 use redb_limiter::request::Cost as SettledCost;
 use redb_limiter::request::{AcquireRequest, Limit, ThrottleRequest, WindowLimit};
 use redb_limiter::store::faulty::{FaultPlan, faulty_journal_opener};
@@ -81,6 +87,19 @@ struct AcquireOp {
     permit: bool,
     report: bool,
     hold_ms: Between<1, 2000>,
+    line: LineChoice,
+    grace_ms: Between<100, 3000>,
+}
+
+/// How an acquire takes part in the line.
+#[derive(Arbitrary, Debug, Clone)]
+enum LineChoice {
+    None,
+    Queue,
+    /// One of the tickets issued so far, with this request (most often not the one it binds).
+    Issued(u8),
+    /// Any string: almost never one of ours.
+    Text(String),
 }
 
 /// What a settle names: window buckets (maybe not of the grant) and their real costs.
@@ -116,6 +135,10 @@ enum Change {
     /// A release with costs (an empty list: a plain release).
     ReleaseWith(SettleOp),
     Lift(Between<0, 1>),
+    /// The host of an issued ticket asks again with the request it binds.
+    AskAgain(u8, Between<100, 3000>),
+    /// `release {ticket}` of an issued ticket (or of any string).
+    Leave(LineChoice),
 }
 
 #[derive(Arbitrary, Debug, Clone)]
@@ -125,6 +148,8 @@ enum Step {
     Edge(u8),
     By(Between<0, 3000>),
     Jump(u32),
+    /// To the nth live ticket's retryAt.
+    Retry(u8),
 }
 
 #[derive(Arbitrary, Debug, Clone)]
@@ -136,6 +161,8 @@ enum FuzzOperation {
     Settle(SettleOp),
     ReleaseWith(SettleOp),
     Lift(Between<0, 1>),
+    AskAgain(u8, Between<100, 3000>),
+    Leave(LineChoice),
     /// Decides as an acquire, changing nothing.
     Peek(AcquireOp),
     Advance(Step),
@@ -164,6 +191,8 @@ impl FuzzOperation {
             FuzzOperation::Settle(op) => Some(Change::Settle(op.clone())),
             FuzzOperation::ReleaseWith(op) => Some(Change::ReleaseWith(op.clone())),
             FuzzOperation::Lift(caller) => Some(Change::Lift(*caller)),
+            FuzzOperation::AskAgain(nth, grace) => Some(Change::AskAgain(*nth, *grace)),
+            FuzzOperation::Leave(choice) => Some(Change::Leave(choice.clone())),
             FuzzOperation::Peek(_)
             | FuzzOperation::Advance(_)
             | FuzzOperation::Burst { .. }
@@ -196,7 +225,15 @@ fn to_request(op: &AcquireOp) -> AcquireRequest {
         .expect("within the wire's bounds");
     req.permit = op.permit;
     req.report = op.report;
+    req.grace_ms = op.grace_ms.0;
     req
+}
+
+/// Facts without the line: what the file keeps.
+fn kept(mut facts: Facts) -> Facts {
+    facts.tickets.clear();
+    facts.lines.clear();
+    facts
 }
 
 fn cost_of(cost: Cost) -> u64 {
@@ -242,6 +279,8 @@ struct Harness {
     /// The clock floor the file holds: the `now` of its latest commit.
     durable_floor: Millis,
     issued: Vec<PermitId>,
+    /// Every ticket issued, with the request it binds.
+    tickets: Vec<(TicketId, AcquireRequest)>,
 }
 
 impl Harness {
@@ -262,6 +301,7 @@ impl Harness {
             now: T0,
             durable_floor: Millis::ZERO,
             issued: Vec::new(),
+            tickets: Vec::new(),
         }
     }
 
@@ -309,13 +349,19 @@ impl Harness {
                     }
                     Step::By(ms) => self.now.plus(ms.0),
                     Step::Jump(ms) => self.now.plus(u64::from(*ms)),
+                    Step::Retry(n) => {
+                        let now = self.now;
+                        let retries: Vec<Millis> =
+                            self.reference.tickets.values().map(|t| t.state.retry_at).filter(|t| *t > now).collect();
+                        if retries.is_empty() { now } else { retries[usize::from(*n) % retries.len()] }
+                    }
                 };
             }
             FuzzOperation::Restart => {
                 self.store = None;
                 let store = Store::open(&self.path, &file_opener()).expect("reopen after a clean close");
                 self.faulty = false;
-                let before = self.engine.facts(self.now);
+                let before = kept(self.engine.facts(self.now));
                 let latest = self.durable_floor;
                 let floor = self.rebuild(store);
                 assert_eq!(floor, latest, "the floor is the now of the latest commit");
@@ -355,6 +401,8 @@ impl Harness {
         engine.finish_restore(self.now, &mut effects);
         self.engine = engine;
         self.store = Some(store);
+        // The file keeps no tickets: every one is unknown now.
+        self.reference.tickets.clear();
         self.commit_and_tidy(&effects);
         // The restore pruned the file too: it keeps exactly the grants that still count.
         let live: usize = self.engine.facts(self.now).buckets.values().map(|(grants, _)| grants.len()).sum();
@@ -397,11 +445,12 @@ impl Harness {
         // A fault in the final sync may leave the whole batch in the file; a fault before it
         // leaves none of it. Nothing in between.
         let facts = self.engine.facts(now);
-        let landed = facts == self.reference.facts(now);
-        let lost = facts == before.facts(now);
+        let landed = facts == kept(self.reference.facts(now));
+        let lost = facts == kept(before.facts(now));
         assert!(landed || lost, "after a failed commit the file holds neither the state before nor after it");
         if !landed {
             self.reference = before;
+            self.reference.tickets.clear();
             assert_eq!(floor, floor_before, "a lost commit left its floor");
         } else if !lost {
             assert_eq!(floor, now, "a landed commit lost its floor");
@@ -415,38 +464,29 @@ impl Harness {
         self.reference.advance(now);
         match change {
             Change::Acquire(op) => {
-                let r = to_request(op);
-                let expected = self.reference.decide(&r, now, RECHECK_MS);
-                let before = format!("{:?}", self.engine);
-                let peeked = self.engine.peek(&r, now);
-                assert_eq!(format!("{:?}", self.engine), before, "a peek changed the engine");
-                let got = self.engine.acquire(&r, now, effects);
-                assert_eq!(peeked.map(Decision::from), (!got.is_granted()).then(|| got.clone()), "peek then acquire");
-                match (&got, expected) {
-                    (Decision::Granted { at, permit }, None) => {
-                        assert_eq!(*at, now);
-                        assert_eq!(permit.is_some(), r.wants_permit());
-                        if let Some(p) = permit {
-                            assert!(!self.issued.contains(p), "permit id {p} reused");
-                            self.issued.push(*p);
-                        }
-                        self.reference.grant(&r, now, *permit);
-                    }
-                    (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
-                        assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()), "{r:?}");
-                        assert!(
-                            effects
-                                .iter()
-                                .all(|f| matches!(f, Effect::BucketMeta { .. } | Effect::WindowPruned { .. })),
-                            "a refusal changed more than retention: {effects:?}"
-                        );
-                        assert!(*retry_at > now);
-                        self.reference.refuse(&r, now);
-                    }
-                    (got, expected) => panic!("engine {got:?}, reference {expected:?} for {r:?}"),
+                let mut r = to_request(op);
+                match &op.line {
+                    LineChoice::None => {}
+                    LineChoice::Queue => r.queue = true,
+                    choice => r.ticket = Some(self.ticket_text(choice)).filter(|t| (1..=128).contains(&t.len())),
                 }
-                if r.report {
-                    assert_eq!(self.engine.figures(&r, now), self.reference.figures(&r, now), "report");
+                self.acquire(&r, effects);
+            }
+            Change::AskAgain(nth, grace) => {
+                if self.tickets.is_empty() {
+                    return;
+                }
+                let mut r = self.tickets[usize::from(*nth) % self.tickets.len()].1.clone();
+                r.grace_ms = grace.0;
+                self.acquire(&r, effects);
+            }
+            Change::Leave(choice) => {
+                let ticket = self.ticket_text(choice);
+                let id = ticket.parse::<TicketId>().ok();
+                let live = id.is_some_and(|id| self.reference.tickets.get(&id.number()).is_some_and(|t| t.id == id));
+                assert_eq!(self.engine.leave(&ticket, now, effects), live, "leave {ticket:?}");
+                if let Some(id) = id.filter(|_| live) {
+                    self.reference.tickets.remove(&id.number());
                 }
             }
             Change::Settle(op) | Change::ReleaseWith(op) => {
@@ -498,6 +538,95 @@ impl Harness {
         }
     }
 
+    /// One acquire through the line, against the reference.
+    fn acquire(&mut self, r: &AcquireRequest, effects: &mut Vec<Effect>) {
+        let now = self.now;
+        let before = format!("{:?}", self.engine);
+        let peeked = self.engine.peek_in_line(r, now);
+        assert_eq!(format!("{:?}", self.engine), before, "a peek changed the engine");
+        let Ok(mine) = self.reference.presented(r) else {
+            assert!(peeked.is_err(), "a ticket bound to another request was peeked: {peeked:?}");
+            assert!(self.engine.acquire_in_line(r, now, effects).is_err(), "a ticket bound to another request");
+            assert_eq!(format!("{:?}", self.engine), before, "a bad ticket changed the engine");
+            assert!(effects.is_empty());
+            return;
+        };
+        let expected = self.reference.decide_as(r, now, RECHECK_MS, Some(mine));
+        if let Some(number) = mine
+            && self.reference.is_oldest(number)
+        {
+            assert_eq!(expected, self.reference.decide_as(r, now, RECHECK_MS, None), "the oldest ticket waited");
+        }
+        let got = self.engine.acquire_in_line(r, now, effects).expect("bound");
+        let peeked = peeked.expect("bound");
+        assert_eq!(
+            peeked.map(Decision::from),
+            (!got.decision.is_granted()).then(|| got.decision.clone()),
+            "peek then acquire"
+        );
+        match (&got.decision, expected) {
+            (Decision::Granted { at, permit }, None) => {
+                assert_eq!(*at, now);
+                assert_eq!(permit.is_some(), r.wants_permit());
+                for l in &r.limits {
+                    let older = self.reference.line(&l.key).find(|(n, _)| mine.is_none_or(|m| *n < m));
+                    assert!(older.is_none(), "granted over ticket {:?} in {}", older.map(|o| o.0), l.key);
+                }
+                if let Some(p) = permit {
+                    assert!(!self.issued.contains(p), "permit id {p} reused");
+                    self.issued.push(*p);
+                }
+                self.reference.grant(r, now, *permit);
+                if let Some(number) = mine {
+                    self.reference.tickets.remove(&number);
+                }
+            }
+            (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
+                assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()), "{r:?}");
+                assert!(
+                    effects.iter().all(|f| f.is_line()
+                        || matches!(f, Effect::BucketMeta { .. } | Effect::WindowPruned { .. } | Effect::BucketForgotten { .. })),
+                    "a refusal changed more than retention and the line: {effects:?}"
+                );
+                assert!(*retry_at > now);
+                self.reference.refuse(r, now);
+                match (mine, got.ticket) {
+                    (Some(number), Some(note)) => {
+                        assert_eq!(note.id.number(), number);
+                        self.reference.renew(number, *retry_at, r.grace_ms);
+                        assert_eq!(note.ahead, self.reference.ahead(number));
+                    }
+                    (None, Some(note)) => {
+                        assert!(r.in_line() && *reason != redb_limiter::Reason::Throttle);
+                        assert!(self.tickets.iter().all(|(t, _)| *t != note.id), "ticket id reused");
+                        assert!(self.reference.tickets.keys().all(|n| *n < note.id.number()), "filed ahead");
+                        self.reference.file(note.id, r, *retry_at, now);
+                        assert_eq!(note.ahead, self.reference.ahead(note.id.number()));
+                        let mut bound = r.clone();
+                        bound.ticket = Some(note.id.to_string());
+                        self.tickets.push((note.id, bound));
+                    }
+                    (None, None) => assert!(!r.in_line() || *reason == redb_limiter::Reason::Throttle),
+                    (Some(_), None) => panic!("a live ticket refused was not renewed"),
+                }
+            }
+            (got, expected) => panic!("engine {got:?}, reference {expected:?} for {r:?}"),
+        }
+        if r.report || r.in_line() {
+            assert_eq!(self.engine.figures(r, now), self.reference.figures(r, now), "report");
+        }
+    }
+
+    fn ticket_text(&self, choice: &LineChoice) -> String {
+        match choice {
+            LineChoice::Issued(n) if !self.tickets.is_empty() => {
+                self.tickets[usize::from(*n) % self.tickets.len()].0.to_string()
+            }
+            LineChoice::Text(s) => s.clone(),
+            _ => "t-ffffffffffffffffffffffffffffffff".to_owned(),
+        }
+    }
+
     fn permit_text(&self, choice: &PermitChoice) -> String {
         match choice {
             PermitChoice::Issued(n) if !self.issued.is_empty() => {
@@ -514,7 +643,8 @@ impl Harness {
         let totals = self.engine.totals();
         let permits = self.reference.permits.values().filter(|p| p.expires > now).count();
         let throttles = self.reference.throttles.values().filter(|u| **u > now).count();
-        let buckets = self.reference.facts(now).buckets.len();
+        let facts = self.reference.facts(now);
+        let buckets = facts.buckets.keys().chain(facts.lines.keys()).collect::<std::collections::BTreeSet<_>>().len();
         assert_eq!(
             (totals.buckets, totals.permits, totals.throttles),
             (buckets, permits, throttles),

@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::request::{
-    AcquireRequest, BadRequest, Cost, EnvelopeError, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method, Request,
+    AcquireRequest, BadRequest, Cost, EnvelopeError, LeaveRequest, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method, Request,
     SettleRequest,
 };
 
@@ -72,8 +72,15 @@ fn check_request(req: &Request, now: Millis) {
                 .expect("valid");
             rebuilt.report = r.report;
             rebuilt.permit = r.permit;
+            rebuilt.queue = r.queue;
+            rebuilt.ticket = r.ticket.clone();
+            rebuilt.grace_ms = r.grace_ms;
             assert_eq!(&rebuilt, r);
             assert_eq!(AcquireRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
+        }
+        Request::Leave(r) => {
+            assert!((1..=128).contains(&r.ticket.len()));
+            assert_eq!(LeaveRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
         }
         Request::Release(r) => {
             assert!((1..=MAX_PERMIT_BYTES).contains(&r.permit.len()));

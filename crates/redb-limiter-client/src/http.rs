@@ -13,7 +13,7 @@ use redb_limiter::wire::{
 
 /// One limit's figures as the wire gave them.
 fn figures(f: LimitFigures) -> Figures {
-    Figures { key: f.key, window: f.used.zip(f.remaining), places: f.held.zip(f.free) }
+    Figures { key: f.key, window: f.used.zip(f.remaining), places: f.held.zip(f.free), queued: f.queued }
 }
 
 /// A remote limiter at `url` (for example `http://127.0.0.1:7411`), with an optional token.

@@ -463,7 +463,7 @@ impl PgLimiter {
         self.record(&result);
         let decision = result?;
         self.count(&decision);
-        Ok(Acquired { decision, report: None })
+        Ok(Acquired { decision, report: None, ticket: None })
     }
 
     /// Any acquire, by a call of the schema's `acquire()`.
@@ -479,7 +479,7 @@ impl PgLimiter {
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
         self.count(&decision);
         let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
-        Ok(Acquired { decision, report })
+        Ok(Acquired { decision, report, ticket: None })
     }
 
     /// An acquire of one window limit: in a batch with those of concurrent requests when others
@@ -904,7 +904,12 @@ fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
     let mut out = Vec::new();
     for f in reply.get("limits")?.as_array()? {
         let pair = |a: &str, b: &str| Some((f.get(a)?.as_u64()?, f.get(b)?.as_u64()?));
-        out.push(Figures { key: key_at(f, "key")?, window: pair("used", "remaining"), places: pair("held", "free") });
+        out.push(Figures {
+            key: key_at(f, "key")?,
+            window: pair("used", "remaining"),
+            places: pair("held", "free"),
+            queued: None,
+        });
     }
     Some(out)
 }
@@ -1016,6 +1021,8 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 grant_entries: 0,
                 places_held: usize::try_from(count(8)?).unwrap_or(usize::MAX),
                 next_lapse: instant(9)?,
+                queued: 0,
+                first_ticket_at: None,
             }),
             "p" => {
                 let keys: Vec<&str> = row.try_get(11).map_err(|e| bad(&e))?;

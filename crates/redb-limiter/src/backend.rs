@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::limiter::{Acquired, Limiter, LimiterError, Peeked, StatePage};
 use crate::metrics::Metrics;
-use crate::request::{AcquireRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
+use crate::request::{AcquireRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
 use crate::time::Millis;
 
 /// Every method of the wire, whoever decides it.
@@ -29,6 +29,12 @@ pub trait Backend: Send + Sync + 'static {
     fn acquire(&self, req: AcquireRequest) -> impl Future<Output = Result<Acquired, LimiterError>> + Send;
     fn peek(&self, req: AcquireRequest) -> impl Future<Output = Result<Peeked, LimiterError>> + Send;
     fn release(&self, req: ReleaseRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
+    /// `release {ticket}` (section 12.4): `true` when a live ticket left its lines. A backend
+    /// that keeps no line knows no ticket: every one is unknown.
+    fn leave(&self, req: LeaveRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send {
+        let _ = req;
+        async { Ok(false) }
+    }
     fn settle(&self, req: SettleRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
     fn throttle(&self, req: ThrottleRequest) -> impl Future<Output = Result<Option<Millis>, LimiterError>> + Send;
     fn lift(&self, req: LiftRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
@@ -68,6 +74,9 @@ impl Backend for std::sync::Arc<Limiter> {
     }
     async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         Limiter::release(self, req).await
+    }
+    async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
+        Limiter::leave(self, req).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
         Limiter::settle(self, req).await
@@ -115,6 +124,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         B::release(self, req).await
+    }
+    async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
+        B::leave(self, req).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
         B::settle(self, req).await

@@ -30,8 +30,9 @@
 //! - [`backend`]: the seam the server talks to: the embedded limiter, or PostgreSQL mode.
 //! - [`time`]: `Millis`, the wire form of instants, the clock seam.
 //! - [`request`]: the requests, validated against every bound of the wire spec.
-//! - [`engine`]: the pure state machine (rolling windows, concurrency places, throttles); time
-//!   comes in as `now`, changes go out as effects.
+//! - [`engine`]: the pure state machine (rolling windows, concurrency places, throttles, and
+//!   the line of section 12: tickets and rule Q); time comes in as `now`, changes go out as
+//!   effects.
 //! - [`store`]: the effects in one redb file, and the engine rebuilt from it.
 //! - [`limiter`]: engine + store + clock behind one writer thread with group commit; the
 //!   in-process API.
@@ -48,10 +49,10 @@ pub mod store;
 pub mod time;
 pub mod wire;
 
-pub use engine::{Decision, Figures, PermitId, Reason, Refusal};
+pub use engine::{Decision, Figures, PermitId, Reason, Refusal, TicketId, TicketNote};
 pub use limiter::{Acquired, Limiter, LimiterError, LimiterOptions, Peeked, Report};
 pub use request::{
-    AcquireRequest, BadRequest, Cost, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
+    AcquireRequest, BadRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
 };
 pub use time::Millis;
 

@@ -24,6 +24,12 @@ pub const DEFAULT_COST: u64 = 1;
 pub const MAX_PERMIT_BYTES: usize = 128;
 /// A throttle may close a caller for at most this long ahead of `now`.
 pub const MAX_THROTTLE_AHEAD_MS: u64 = 86_400_000;
+/// A ticket (section 12) is any string of 1 to this many bytes on input.
+pub const MAX_TICKET_BYTES: usize = 128;
+/// A ticket lapses this long after its latest `retryAt` unless asked again (section 12.4).
+pub const DEFAULT_GRACE_MS: u64 = 2_000;
+pub const MIN_GRACE_MS: u64 = 100;
+pub const MAX_GRACE_MS: u64 = 60_000;
 
 /// A malformed request. The message names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +73,12 @@ pub struct AcquireRequest {
     pub report: bool,
     /// Give a grant a permit even when it holds no concurrency place (section 9.3).
     pub permit: bool,
+    /// File a ticket when refused for `rate` or `concurrency` (section 12.1).
+    pub queue: bool,
+    /// The ticket a refusal named, asking again with it (section 12.3; `queue` is then implied).
+    pub ticket: Option<String>,
+    /// A ticket lapses this long after its latest `retryAt` (section 12.4); not bound by it.
+    pub grace_ms: u64,
 }
 
 /// One entry of a settle's `costs`: the grant's cost in the window bucket `key` becomes `cost`.
@@ -74,6 +86,13 @@ pub struct AcquireRequest {
 pub struct Cost {
     pub key: String,
     pub cost: u64,
+}
+
+/// A `release` of a ticket (section 12.4): the ticket leaves every line it waits in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaveRequest {
+    /// Any string of 1 to 128 bytes.
+    pub ticket: String,
 }
 
 /// A `release` of a permit (any string of 1 to 128 bytes), settling `costs` first when given.
@@ -202,9 +221,45 @@ impl AcquireRequest {
     /// Builds a request and checks every bound (`holdMs` the default, no report, no permit
     /// unless a limit has `concurrent`).
     pub fn new(key: impl Into<String>, limits: Vec<Limit>) -> Result<Self, BadRequest> {
-        let req = AcquireRequest { key: key.into(), limits, hold_ms: DEFAULT_HOLD_MS, report: false, permit: false };
+        let req = AcquireRequest {
+            key: key.into(),
+            limits,
+            hold_ms: DEFAULT_HOLD_MS,
+            report: false,
+            permit: false,
+            queue: false,
+            ticket: None,
+            grace_ms: DEFAULT_GRACE_MS,
+        };
         req.validate()?;
         Ok(req)
+    }
+
+    /// Files a ticket when refused for `rate` or `concurrency` (section 12.1).
+    #[must_use]
+    pub fn with_queue(mut self) -> Self {
+        self.queue = true;
+        self
+    }
+
+    /// Asks again with the ticket a refusal named (section 12.3).
+    pub fn with_ticket(mut self, ticket: impl Into<String>) -> Result<Self, BadRequest> {
+        self.ticket = Some(ticket.into());
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Sets how long a ticket waits past its `retryAt` before it lapses (section 12.4).
+    pub fn with_grace_ms(mut self, grace_ms: u64) -> Result<Self, BadRequest> {
+        self.grace_ms = grace_ms;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Whether the request takes part in the line: it queues, or asks with a ticket.
+    #[must_use]
+    pub fn in_line(&self) -> bool {
+        self.queue || self.ticket.is_some()
     }
 
     /// Asks for a permit even without concurrency places (section 9.3).
@@ -238,6 +293,10 @@ impl AcquireRequest {
     pub fn validate(&self) -> Result<(), BadRequest> {
         check_key("key", &self.key)?;
         check_range("holdMs", self.hold_ms, 1, MAX_HOLD_MS)?;
+        check_range("graceMs", self.grace_ms, MIN_GRACE_MS, MAX_GRACE_MS)?;
+        if let Some(ticket) = &self.ticket {
+            check_ticket(ticket)?;
+        }
         if self.limits.len() > MAX_LIMITS {
             return Err(BadRequest::field("limits", format_args!("must have at most {MAX_LIMITS} entries")));
         }
@@ -287,9 +346,58 @@ impl AcquireRequest {
         }
         let report = optional_bool(obj, "report")?;
         let permit = optional_bool(obj, "permit")?;
-        let req = AcquireRequest { key: key.to_owned(), limits, hold_ms, report, permit };
+        let queue = optional_bool(obj, "queue")?;
+        let ticket = match obj.get("ticket") {
+            None => None,
+            Some(Value::String(t)) => Some(t.clone()),
+            Some(_) => return Err(ticket_error()),
+        };
+        let grace_ms = optional_int(obj, "graceMs", "graceMs", MIN_GRACE_MS, MAX_GRACE_MS)?.unwrap_or(DEFAULT_GRACE_MS);
+        let req = AcquireRequest { key: key.to_owned(), limits, hold_ms, report, permit, queue, ticket, grace_ms };
         req.validate()?;
         Ok(req)
+    }
+}
+
+fn ticket_error() -> BadRequest {
+    BadRequest::field("ticket", format_args!("must be a string of 1 to {MAX_TICKET_BYTES} bytes"))
+}
+
+fn check_ticket(ticket: &str) -> Result<(), BadRequest> {
+    if ticket.is_empty() || ticket.len() > MAX_TICKET_BYTES {
+        return Err(ticket_error());
+    }
+    Ok(())
+}
+
+impl LeaveRequest {
+    pub fn new(ticket: impl Into<String>) -> Result<Self, BadRequest> {
+        let ticket = ticket.into();
+        check_ticket(&ticket)?;
+        Ok(LeaveRequest { ticket })
+    }
+
+    /// Parses a `release` naming a `ticket`: exactly one of `permit` and `ticket`, and `costs`
+    /// only with a permit.
+    pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
+        let obj = object(params, "params")?;
+        if obj.contains_key("permit") {
+            return Err(BadRequest::field("ticket", "must not be given with permit: release one or the other"));
+        }
+        if obj.contains_key("costs") {
+            return Err(BadRequest::field("costs", "goes with a permit only, not a ticket"));
+        }
+        match obj.get("ticket") {
+            Some(Value::String(t)) => LeaveRequest::new(t.clone()),
+            Some(_) => Err(ticket_error()),
+            None => Err(BadRequest::field("ticket", "is required")),
+        }
+    }
+
+    /// The request in the wire's JSON form.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({ "ticket": self.ticket })
     }
 }
 
@@ -614,6 +722,8 @@ impl Method {
 pub enum Request {
     Acquire(AcquireRequest),
     Release(ReleaseRequest),
+    /// A `release` naming a `ticket` rather than a permit (section 12.4).
+    Leave(LeaveRequest),
     Throttle(ThrottleRequest),
     /// A `peek` takes exactly an acquire's params.
     Peek(AcquireRequest),
@@ -640,6 +750,7 @@ impl Request {
     pub fn from_params(method: Method, params: &Value, now: Millis) -> Result<Request, BadRequest> {
         Ok(match method {
             Method::Acquire => Request::Acquire(AcquireRequest::from_json(params)?),
+            Method::Release if params.get("ticket").is_some() => Request::Leave(LeaveRequest::from_json(params)?),
             Method::Release => Request::Release(ReleaseRequest::from_json(params)?),
             Method::Throttle => Request::Throttle(ThrottleRequest::from_json(params, now)?),
             Method::Peek => Request::Peek(AcquireRequest::from_json(params)?),
@@ -737,6 +848,15 @@ impl AcquireRequest {
         if self.permit {
             body["permit"] = Value::Bool(true);
         }
+        if self.queue {
+            body["queue"] = Value::Bool(true);
+        }
+        if let Some(ticket) = &self.ticket {
+            body["ticket"] = Value::from(ticket.clone());
+        }
+        if self.grace_ms != DEFAULT_GRACE_MS {
+            body["graceMs"] = Value::from(self.grace_ms);
+        }
         body
     }
 }
@@ -791,6 +911,79 @@ mod to_json_tests {
         assert_eq!(ReleaseRequest::from_json(&release.to_json()), Ok(release));
         let plain = ReleaseRequest::new("p-1").unwrap();
         assert_eq!(ReleaseRequest::from_json(&plain.to_json()), Ok(plain));
+    }
+
+    /// Section 12.8: `queue`, `ticket` and `graceMs` are checked and named, on acquire and
+    /// peek alike; a `release` names exactly one of `permit` and `ticket`.
+    #[test]
+    fn line_fields_name_their_bad_fields() {
+        let now = Millis(1_800_000_000_000);
+        let base = || serde_json::json!({"key": "k", "limits": [{"key": "b", "calls": 1, "perMs": 1000}]});
+        let with = |field: &str, v: Value| {
+            let mut body = base();
+            body[field] = v;
+            body
+        };
+        for method in [Method::Acquire, Method::Peek] {
+            let err = |v: Value| Request::from_params(method, &v, now).unwrap_err().0;
+            assert_eq!(err(with("queue", serde_json::json!(1))), "queue must be true or false");
+            assert_eq!(err(with("queue", serde_json::json!("true"))), "queue must be true or false");
+            assert_eq!(err(with("ticket", serde_json::json!(""))), "ticket must be a string of 1 to 128 bytes");
+            assert_eq!(
+                err(with("ticket", serde_json::json!("t".repeat(129)))),
+                "ticket must be a string of 1 to 128 bytes"
+            );
+            assert_eq!(err(with("ticket", serde_json::json!(7))), "ticket must be a string of 1 to 128 bytes");
+            assert_eq!(err(with("ticket", Value::Null)), "ticket must be a string of 1 to 128 bytes");
+            assert_eq!(err(with("graceMs", serde_json::json!(99))), "graceMs must be an integer from 100 to 60000");
+            assert_eq!(err(with("graceMs", serde_json::json!(60_001))), "graceMs must be an integer from 100 to 60000");
+            assert_eq!(err(with("graceMs", serde_json::json!(500.0))), "graceMs must be an integer from 100 to 60000");
+        }
+        let req = AcquireRequest::from_json(&base()).unwrap();
+        assert_eq!((req.queue, req.ticket.as_deref(), req.grace_ms), (false, None, DEFAULT_GRACE_MS));
+        assert!(!req.in_line());
+        let mut body = with("queue", Value::Bool(true));
+        body["ticket"] = Value::from("t-1".to_owned() + &"x".repeat(125));
+        body["graceMs"] = Value::from(60_000);
+        let req = AcquireRequest::from_json(&body).unwrap();
+        assert_eq!((req.queue, req.ticket.as_deref().map(str::len), req.grace_ms), (true, Some(128), 60_000));
+        assert_eq!(AcquireRequest::from_json(&req.to_json()), Ok(req.clone()), "round trip");
+        // A request that never queues writes none of the new fields.
+        let plain = AcquireRequest::from_json(&base()).unwrap().to_json();
+        assert!(plain.get("queue").is_none() && plain.get("ticket").is_none() && plain.get("graceMs").is_none());
+        let release = |v: Value| Request::from_params(Method::Release, &v, now);
+        assert_eq!(
+            release(serde_json::json!({"ticket": "t-1"})),
+            Ok(Request::Leave(LeaveRequest { ticket: "t-1".into() }))
+        );
+        assert_eq!(
+            release(serde_json::json!({"ticket": "t-1", "permit": "p-1"})).unwrap_err().0,
+            "ticket must not be given with permit: release one or the other"
+        );
+        assert_eq!(
+            release(serde_json::json!({"ticket": "t-1", "costs": [{"key": "a", "cost": 1}]})).unwrap_err().0,
+            "costs goes with a permit only, not a ticket"
+        );
+        assert_eq!(
+            release(serde_json::json!({"ticket": ""})).unwrap_err().0,
+            "ticket must be a string of 1 to 128 bytes"
+        );
+        assert_eq!(
+            release(serde_json::json!({"ticket": null})).unwrap_err().0,
+            "ticket must be a string of 1 to 128 bytes"
+        );
+        assert_eq!(release(serde_json::json!({})).unwrap_err().0, "permit is required");
+        let leave = LeaveRequest::new("t-9").unwrap();
+        assert_eq!(LeaveRequest::from_json(&leave.to_json()), Ok(leave));
+        assert!(LeaveRequest::new("").is_err());
+        assert_eq!(
+            AcquireRequest::new("k", vec![]).unwrap().with_grace_ms(50).unwrap_err().0,
+            "graceMs must be an integer from 100 to 60000"
+        );
+        assert_eq!(
+            AcquireRequest::new("k", vec![]).unwrap().with_ticket("").unwrap_err().0,
+            "ticket must be a string of 1 to 128 bytes"
+        );
     }
 
     /// Section 9.5: every bad field of the new bodies is named; booleans are strict.

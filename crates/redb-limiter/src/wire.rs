@@ -1,12 +1,14 @@
 //! The wire's reply bodies, shared by the server (which writes them) and the HTTP client
 //! (which reads them). Field names and forms are the spec's: camelCase, instants in
 //! `toISOString` form, `permit` only when the grant holds places or was asked for; the figures
-//! of section 9 (`now`, `limits`) only on a peek and an acquire that asked for a report.
+//! of section 9 (`now`, `limits`) only on a peek and an acquire that asked for a report; the
+//! line's fields of section 12 (`ticket`, `lapseAt`, `ahead`, `queued`) only where a ticket is
+//! named or a line waits, so a host on a limiter where nobody queues reads the bodies of before.
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Decision, Figures, Reason, Refusal, StateView, Totals};
-use crate::limiter::{Peeked, Report};
+use crate::engine::{Decision, Figures, Reason, Refusal, StateView, TicketNote, Totals};
+use crate::limiter::{Acquired, Peeked, Report};
 use crate::time::{Millis, format_instant, parse_instant};
 
 /// An instant as the wire writes it.
@@ -42,6 +44,17 @@ pub enum AcquireReply {
         retry_at: Instant,
         reason: String,
         limit: String,
+        /// The ticket this refusal filed or renewed (section 12.1).
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        ticket: Option<String>,
+        #[serde(rename = "lapseAt", skip_serializing_if = "Option::is_none", default)]
+        lapse_at: Option<Instant>,
+        /// The most live tickets ahead of it in any one of its lines.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        ahead: Option<u64>,
+        /// The limiter's clock at the decision (with a ticket, or a report).
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        now: Option<Instant>,
     },
 }
 
@@ -84,8 +97,42 @@ impl From<&Decision> for AcquireReply {
                 retry_at: Instant(*retry_at),
                 reason: reason.as_str().to_owned(),
                 limit: limit.clone(),
+                ticket: None,
+                lapse_at: None,
+                ahead: None,
+                now: None,
             },
         }
+    }
+}
+
+impl AcquireReply {
+    /// The reply to a decision, naming the ticket a refusal filed or renewed.
+    #[must_use]
+    pub fn with_ticket(decision: &Decision, note: Option<&TicketNote>) -> Self {
+        let mut reply = AcquireReply::from(decision);
+        if let (AcquireReply::Refused { ticket, lapse_at, ahead, now, .. }, Some(note)) = (&mut reply, note) {
+            *ticket = Some(note.id.to_string());
+            *lapse_at = Some(Instant(note.lapse_at));
+            *ahead = Some(note.ahead);
+            *now = Some(Instant(note.now));
+        }
+        reply
+    }
+
+    /// The ticket a refusal names, if any.
+    #[must_use]
+    pub fn ticket(&self) -> Option<&str> {
+        match self {
+            AcquireReply::Refused { ticket, .. } => ticket.as_deref(),
+            AcquireReply::Granted { .. } => None,
+        }
+    }
+}
+
+impl From<&Acquired> for AcquireReply {
+    fn from(a: &Acquired) -> Self {
+        AcquireReply::with_ticket(&a.decision, a.ticket.as_ref())
     }
 }
 
@@ -113,6 +160,9 @@ pub struct LimitFigures {
     pub held: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub free: Option<u64>,
+    /// The live tickets in the bucket's line (section 12.7).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub queued: Option<u64>,
 }
 
 impl From<&Figures> for LimitFigures {
@@ -123,6 +173,7 @@ impl From<&Figures> for LimitFigures {
             remaining: f.window.map(|w| w.1),
             held: f.places.map(|p| p.0),
             free: f.places.map(|p| p.1),
+            queued: f.queued,
         }
     }
 }
@@ -140,10 +191,11 @@ impl From<&Report> for ReportFields {
     }
 }
 
-/// An acquire's reply with its report: section 3's body plus `now` and `limits`.
+/// An acquire's reply with its report: section 3's body (with its ticket, if any) plus `now`
+/// and `limits`.
 #[must_use]
-pub fn acquire_reply_with_report(decision: &Decision, report: &Report) -> serde_json::Value {
-    let mut body = serde_json::to_value(AcquireReply::from(decision)).expect("replies always serialize");
+pub fn acquire_reply_with_report(reply: &AcquireReply, report: &Report) -> serde_json::Value {
+    let mut body = serde_json::to_value(reply).expect("replies always serialize");
     let fields = serde_json::to_value(ReportFields::from(report)).expect("replies always serialize");
     if let (Some(body), serde_json::Value::Object(fields)) = (body.as_object_mut(), fields) {
         body.extend(fields);
@@ -381,8 +433,8 @@ mod tests {
         let report = Report {
             now: at,
             limits: vec![
-                Figures { key: "a/rpm".into(), window: Some((50, 0)), places: None },
-                Figures { key: "a/conc".into(), window: None, places: Some((1, 3)) },
+                Figures { key: "a/rpm".into(), window: Some((50, 0)), places: None, queued: None },
+                Figures { key: "a/conc".into(), window: None, places: Some((1, 3)), queued: None },
             ],
         };
         let refusal = Refusal { retry_at: at.plus(500), reason: Reason::Rate, limit: "a/rpm".into() };
@@ -396,7 +448,7 @@ mod tests {
         assert_eq!(back.refusal(), Some(refusal));
         let fits = PeekReply::from(&Peeked { refusal: None, report: report.clone() });
         assert!(!serde_json::to_string(&fits).unwrap().contains("retryAt"));
-        let granted = acquire_reply_with_report(&Decision::Granted { at, permit: None }, &report);
+        let granted = acquire_reply_with_report(&AcquireReply::from(&Decision::Granted { at, permit: None }), &report);
         assert_eq!(granted["granted"], true);
         assert_eq!(granted["now"], "2026-11-29T03:11:09.123Z");
         assert_eq!(granted["limits"][1]["free"], 3);
@@ -405,5 +457,42 @@ mod tests {
             r#"{"key":"k","lifted":true}"#
         );
         assert_eq!(serde_json::to_string(&SettleReply { settled: false }).unwrap(), r#"{"settled":false}"#);
+    }
+
+    /// Section 12: a refusal naming a ticket carries `ticket`, `lapseAt`, `ahead` and `now`; a
+    /// limit's figures carry `queued` when given; without them the bodies are section 3's and
+    /// 9's byte for byte.
+    #[test]
+    fn line_replies_have_the_spec_form() {
+        use crate::engine::TicketId;
+        let at = Millis(1_795_921_869_123);
+        let decision = Decision::Refused { retry_at: at.plus(877), reason: Reason::Rate, limit: "b".into() };
+        let note = TicketNote { id: TicketId(5 << 64 | 3), lapse_at: at.plus(2877), ahead: 2, now: at };
+        let text = serde_json::to_string(&AcquireReply::with_ticket(&decision, Some(&note))).unwrap();
+        assert_eq!(
+            text,
+            r#"{"granted":false,"retryAt":"2026-11-29T03:11:10.000Z","reason":"rate","limit":"b","ticket":"t-00000000000000050000000000000003","lapseAt":"2026-11-29T03:11:12.000Z","ahead":2,"now":"2026-11-29T03:11:09.123Z"}"#
+        );
+        let back: AcquireReply = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.ticket(), Some("t-00000000000000050000000000000003"));
+        // No ticket: exactly section 3's body.
+        assert_eq!(
+            serde_json::to_string(&AcquireReply::with_ticket(&decision, None)).unwrap(),
+            r#"{"granted":false,"retryAt":"2026-11-29T03:11:10.000Z","reason":"rate","limit":"b"}"#
+        );
+        let granted = Decision::Granted { at, permit: None };
+        assert_eq!(
+            serde_json::to_string(&AcquireReply::with_ticket(&granted, Some(&note))).unwrap(),
+            r#"{"granted":true,"at":"2026-11-29T03:11:09.123Z"}"#
+        );
+        let figures = |queued| Figures { key: "b".into(), window: Some((3, 2)), places: None, queued };
+        assert_eq!(
+            serde_json::to_string(&LimitFigures::from(&figures(Some(4)))).unwrap(),
+            r#"{"key":"b","used":3,"remaining":2,"queued":4}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&LimitFigures::from(&figures(None))).unwrap(),
+            r#"{"key":"b","used":3,"remaining":2}"#
+        );
     }
 }

@@ -1,14 +1,18 @@
 //! The engine: a pure, deterministic state machine that decides `acquire`, `release`,
-//! `throttle`, `peek`, `settle` and `lift` exactly as the wire spec's sections 3 to 5 and 9 say.
+//! `throttle`, `peek`, `settle` and `lift` exactly as the wire spec's sections 3 to 5 and 9 say,
+//! and the line of section 12 (tickets, rule Q, `release {ticket}`).
 //!
-//! There is one copy of the rules: [`Engine::peek`] and [`Engine::acquire`] both ask the same
-//! read-only decision (`refusal`), which judges a window only by the grants its bucket still
-//! keeps, whether or not they were pruned from memory yet; `acquire` prunes first (to keep memory
-//! small) and then changes the state, `peek` changes nothing.
+//! There is one copy of the rules: [`Engine::peek`] and [`Engine::acquire`] (and their `_in_line`
+//! forms, which read the request's `queue` and `ticket`) all ask the same read-only decision
+//! (`refusal`), which judges a window only by the grants its bucket still keeps, whether or not
+//! they were pruned from memory yet, and a line only by its tickets not lapsed; `acquire` prunes
+//! first (to keep memory small) and then changes the state, `peek` changes nothing. Where no
+//! ticket lives, rule Q costs one test.
 //!
-//! It owns the in-memory state (buckets with their windows and places, permits, throttles) and
-//! the timers that forget what has lapsed. It never reads a clock (every call takes `now`),
-//! never does I/O and never draws randomness of its own: permit ids come from a seed.
+//! It owns the in-memory state (buckets with their windows, places and lines, permits,
+//! throttles, tickets) and the timers that forget what has lapsed. It never reads a clock (every
+//! call takes `now`), never does I/O and never draws randomness of its own: permit and ticket
+//! ids come from a seed.
 //!
 //! Every change is also reported as an [`Effect`] value, so the store can persist exactly those
 //! changes without the engine knowing about redb, and the engine can be rebuilt from what was
@@ -30,15 +34,18 @@
 //! assert!(engine.acquire(&req, Millis(6_000), &mut effects).is_granted());
 //! ```
 
+mod line;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod permit;
 mod timers;
 mod window;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+pub use line::{LineAnswer, MAX_LINE, TicketEnd, TicketId, TicketNote, TicketState};
+use line::{bound_limits, ticket_nonce};
 pub use permit::PermitId;
 use permit::PermitIds;
 use timers::{Due, Timers};
@@ -134,6 +141,9 @@ pub struct Figures {
     pub window: Option<(u64, u64)>,
     /// `(held, free)` when the limit has `concurrent`.
     pub places: Option<(u64, u64)>,
+    /// The live tickets in the bucket's line (section 12.7): given when the request takes part
+    /// in the line or the line is not empty, so a limiter where nobody queues answers as before.
+    pub queued: Option<u64>,
 }
 
 /// What a settle did.
@@ -217,6 +227,36 @@ pub enum Effect {
     ThrottleSet { key: Arc<str>, until: Millis },
     /// The caller's throttle has passed.
     ThrottleEnded { key: Arc<str> },
+    /// A ticket was filed (section 12.1); committed before the refusal that names it.
+    TicketFiled { id: TicketId, ticket: TicketState },
+    /// A ticket was asked again and refused (section 12.3), or its lapse moved after a restart:
+    /// its new `retryAt`, lapse and grace. May be lost in a crash.
+    TicketRenewed { id: TicketId, retry_at: Millis, lapse_at: Millis, grace_ms: u64 },
+    /// A ticket ended: its request was granted, or its host left the line.
+    TicketEnded { id: TicketId, end: TicketEnd },
+    /// A ticket lapsed (section 12.4). May be lost in a crash.
+    TicketLapsed { id: TicketId },
+}
+
+impl Effect {
+    /// Whether the answer that made this effect waits for its commit. A renewal or a lapse may
+    /// be lost in a crash (section 12.6): it rides with the next commit instead.
+    #[must_use]
+    pub fn needs_commit(&self) -> bool {
+        !matches!(self, Effect::TicketRenewed { .. } | Effect::TicketLapsed { .. })
+    }
+
+    /// Whether this is a change of the line (a ticket's).
+    #[must_use]
+    pub fn is_line(&self) -> bool {
+        matches!(
+            self,
+            Effect::TicketFiled { .. }
+                | Effect::TicketRenewed { .. }
+                | Effect::TicketEnded { .. }
+                | Effect::TicketLapsed { .. }
+        )
+    }
 }
 
 /// What a bucket keeps besides its grants and places.
@@ -242,11 +282,14 @@ struct Bucket {
     timer_at: Millis,
     /// Grants pruned from memory but not yet reported to the file, oldest first.
     unpersisted_prune: Vec<Millis>,
+    /// The line (section 12): the numbers of the tickets waiting here, oldest first, each with
+    /// its lapse instant. Lapsed tickets leave it at their timers; until then they are skipped.
+    line: BTreeMap<u64, Millis>,
 }
 
 impl Bucket {
     /// How the bucket stands at `now`, for `/state`; `None` when nothing in it counts.
-    fn view(&self, key: &str, now: Millis) -> Option<BucketView> {
+    fn view(&self, key: &str, now: Millis, tickets: &Map<u64, Ticket>) -> Option<BucketView> {
         let live = self.places.range((now.plus(1), PermitId(0))..);
         let view = BucketView {
             key: key.to_string(),
@@ -256,8 +299,24 @@ impl Bucket {
             grant_entries: self.window.len(),
             places_held: live.clone().count(),
             next_lapse: live.map(|(lapse, _)| *lapse).next(),
+            queued: self.queued(now) as usize,
+            first_ticket_at: self.head(now, u64::MAX).and_then(|(n, _)| tickets.get(&n)).map(|t| t.state.filed_at),
         };
-        (view.window_used > 0 || view.places_held > 0).then_some(view)
+        (view.window_used > 0 || view.places_held > 0 || view.queued > 0).then_some(view)
+    }
+
+    /// The live tickets in the line at `now`.
+    fn queued(&self, now: Millis) -> u64 {
+        if self.line.is_empty() {
+            return 0;
+        }
+        self.line.values().filter(|&&lapse| lapse > now).count() as u64
+    }
+
+    /// The first live ticket of the line at `now` (its number and lapse), when it is older than
+    /// the ticket numbered `before`.
+    fn head(&self, now: Millis, before: u64) -> Option<(u64, Millis)> {
+        self.line.range(..before).find(|(_, lapse)| **lapse > now).map(|(n, l)| (*n, *l))
     }
 
     fn new(key: Arc<str>) -> Self {
@@ -268,6 +327,7 @@ impl Bucket {
             meta: BucketMeta::default(),
             timer_at: Millis(u64::MAX),
             unpersisted_prune: Vec::new(),
+            line: BTreeMap::new(),
         }
     }
 
@@ -282,8 +342,14 @@ impl Bucket {
         }
     }
 
+    /// Nothing counts in it: an empty window and no places (rule 3's idle; a line may wait).
     fn is_idle(&self) -> bool {
         self.window.is_empty() && self.places.is_empty()
+    }
+
+    /// Idle with no line either: it can be forgotten.
+    fn is_forgettable(&self) -> bool {
+        self.is_idle() && self.line.is_empty()
     }
 
     /// The effect that deletes the grants pruned so far from the file, if there are any.
@@ -334,6 +400,22 @@ pub struct Engine {
     timers: Timers,
     ids: PermitIds,
     held_places: usize,
+    /// Every ticket not yet ended or swept, by number (lapsed ones until their timer).
+    tickets: Map<u64, Ticket>,
+    /// The high half of this start's ticket ids.
+    ticket_nonce: u64,
+    /// The next ticket's number: above every ticket restored or filed.
+    next_ticket: u64,
+}
+
+/// A ticket in the engine: its id and state.
+#[derive(Debug, Clone)]
+struct Ticket {
+    id: TicketId,
+    state: TicketState,
+    /// The instant of its one live timer (never after its lapse): a renewal that moves the lapse
+    /// later arms no timer; the one armed re-arms itself when it fires early.
+    timer_at: Millis,
 }
 
 /// A read-only view of one bucket, for `/state` and `status`.
@@ -347,6 +429,10 @@ pub struct BucketView {
     pub grant_entries: usize,
     pub places_held: usize,
     pub next_lapse: Option<Millis>,
+    /// The live tickets in its line.
+    pub queued: usize,
+    /// When its first live ticket was filed.
+    pub first_ticket_at: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -417,6 +503,9 @@ impl Engine {
             timers: Timers::default(),
             ids: PermitIds::new(config.id_seed),
             held_places: 0,
+            tickets: Map::default(),
+            ticket_nonce: ticket_nonce(config.id_seed),
+            next_ticket: 1,
         }
     }
 
@@ -428,18 +517,217 @@ impl Engine {
     /// Decides an `acquire` at `now`: all or nothing over every limit and the caller's throttle.
     /// A grant pushes its effects; a refusal changes nothing but the retention of the buckets
     /// it names with a longer `perMs` (rule 3), which it pushes as effects too.
+    ///
+    /// The request takes no part in the line: its `queue` and `ticket` are not read, and rule Q
+    /// holds for it as for any request without a ticket (it is granted only where every line
+    /// of its buckets is empty). [`Engine::acquire_in_line`] decides with them.
     pub fn acquire(&mut self, req: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) -> Decision {
         for limit in &req.limits {
             self.prune_bucket(&limit.key, now);
         }
-        if let Some(refusal) = self.refusal(req, now) {
-            for limit in &req.limits {
-                if let Some(w) = limit.window {
-                    self.lengthen(&limit.key, w.per_ms, effects);
-                }
+        match self.refusal(req, now, None) {
+            Some(refusal) => {
+                self.refused(req, effects);
+                refusal.into()
             }
-            return refusal.into();
+            None => self.grant(req, now, effects),
         }
+    }
+
+    /// Decides an `acquire` at `now` with the line (section 12): a live ticket the request
+    /// presents must be bound to it (else a `BadRequest` naming `ticket`, and nothing changes);
+    /// it is granted only when first in each of its lines (rule Q), which ends it, and refused it
+    /// is renewed. A request with `queue`, or with a ticket unknown, ended or lapsed, refused
+    /// for `rate` or `concurrency` files a new ticket at the back of every line it names (unless
+    /// one is full).
+    pub fn acquire_in_line(
+        &mut self,
+        req: &AcquireRequest,
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Result<LineAnswer, BadRequest> {
+        if !req.in_line() {
+            // A host that never queues: the decision of before (rule Q included).
+            return Ok(LineAnswer { decision: self.acquire(req, now, effects), ticket: None });
+        }
+        // The binding check first: a request that errs changes nothing.
+        let mine = self.presented(req, now, effects)?;
+        for limit in &req.limits {
+            self.prune_bucket(&limit.key, now);
+        }
+        match self.refusal(req, now, mine) {
+            None => {
+                let decision = self.grant(req, now, effects);
+                if let Some(number) = mine {
+                    self.end_ticket(
+                        number,
+                        Effect::TicketEnded { id: self.tickets[&number].id, end: TicketEnd::Granted },
+                        now,
+                        effects,
+                    );
+                }
+                Ok(LineAnswer { decision, ticket: None })
+            }
+            Some(refusal) => {
+                self.refused(req, effects);
+                let ticket = match mine {
+                    Some(number) => Some(self.renew(number, refusal.retry_at, req.grace_ms, now, effects)),
+                    None if req.in_line() && refusal.reason != Reason::Throttle => {
+                        self.file(req, refusal.retry_at, now, effects)
+                    }
+                    None => None,
+                };
+                Ok(LineAnswer { decision: refusal.into(), ticket })
+            }
+        }
+    }
+
+    /// A refusal of `req`: rule 3 lengthens the retention of the buckets it names.
+    fn refused(&mut self, req: &AcquireRequest, effects: &mut Vec<Effect>) {
+        for limit in &req.limits {
+            if let Some(w) = limit.window {
+                self.lengthen(&limit.key, w.per_ms, effects);
+            }
+        }
+    }
+
+    /// The id `req.ticket` names, when it is a ticket this engine holds (live or lapsed).
+    fn known_ticket(&self, req: &AcquireRequest) -> Option<u64> {
+        let id: TicketId = req.ticket.as_deref()?.parse().ok()?;
+        self.tickets.get(&id.number()).is_some_and(|t| t.id == id).then_some(id.number())
+    }
+
+    /// The number of the live ticket `req` presents, checked against what it binds (section
+    /// 12.3). A lapsed ticket still held leaves its lines now: it is then unknown, like an
+    /// ended one.
+    fn presented(
+        &mut self,
+        req: &AcquireRequest,
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Option<u64>, BadRequest> {
+        let Some(number) = self.known_ticket(req) else { return Ok(None) };
+        let ticket = &self.tickets[&number];
+        if ticket.state.lapse_at <= now {
+            self.end_ticket(number, Effect::TicketLapsed { id: ticket.id }, now, effects);
+            return Ok(None);
+        }
+        if !ticket.state.binds(&req.key, &req.limits) {
+            return Err(unbound_ticket());
+        }
+        Ok(Some(number))
+    }
+
+    /// Files a ticket for `req`, refused until `retry_at`, at the back of every line it names;
+    /// `None` when one of them holds [`MAX_LINE`] live tickets already (section 12.1).
+    fn file(
+        &mut self,
+        req: &AcquireRequest,
+        retry_at: Millis,
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Option<TicketNote> {
+        let full = |b: &Bucket| b.line.len() >= MAX_LINE && b.queued(now) >= MAX_LINE as u64;
+        if req.limits.iter().any(|l| self.buckets.get(l.key.as_str()).is_some_and(full)) {
+            return None;
+        }
+        let number = self.next_ticket;
+        self.next_ticket += 1;
+        let id = TicketId(u128::from(self.ticket_nonce) << 64 | u128::from(number));
+        let lapse_at = retry_at.plus(req.grace_ms);
+        let state = TicketState {
+            filed_at: now,
+            retry_at,
+            lapse_at,
+            grace_ms: req.grace_ms,
+            key: Arc::from(req.key.as_str()),
+            limits: bound_limits(&req.limits),
+        };
+        for limit in &req.limits {
+            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key).line.insert(number, lapse_at);
+        }
+        self.timers.push(lapse_at, Due::Ticket(number));
+        effects.push(Effect::TicketFiled { id, ticket: state.clone() });
+        self.tickets.insert(number, Ticket { id, state, timer_at: lapse_at });
+        Some(TicketNote { id, lapse_at, ahead: self.ahead(number, now), now })
+    }
+
+    /// A live ticket asked again and refused until `retry_at`: it keeps its place and lapses
+    /// `grace_ms` after that.
+    fn renew(
+        &mut self,
+        number: u64,
+        retry_at: Millis,
+        grace_ms: u64,
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> TicketNote {
+        let ticket = self.tickets.get_mut(&number).expect("a live ticket");
+        let lapse_at = retry_at.plus(grace_ms);
+        ticket.state.retry_at = retry_at;
+        ticket.state.lapse_at = lapse_at;
+        ticket.state.grace_ms = grace_ms;
+        for limit in &ticket.state.limits {
+            if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
+                bucket.line.insert(number, lapse_at);
+            }
+        }
+        let id = ticket.id;
+        if lapse_at < ticket.timer_at {
+            ticket.timer_at = lapse_at;
+            self.timers.push(lapse_at, Due::Ticket(number));
+        }
+        effects.push(Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms });
+        TicketNote { id, lapse_at, ahead: self.ahead(number, now), now }
+    }
+
+    /// The most live tickets ahead of ticket `number` in any one of its lines.
+    fn ahead(&self, number: u64, now: Millis) -> u64 {
+        let ticket = &self.tickets[&number];
+        ticket
+            .state
+            .limits
+            .iter()
+            .filter_map(|l| self.buckets.get(l.key.as_str()))
+            .map(|b| b.line.range(..number).filter(|(_, lapse)| **lapse > now).count() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Removes ticket `number` from the table and its lines, pushing `why` (its end or lapse);
+    /// a bucket left with nothing is forgotten.
+    fn end_ticket(&mut self, number: u64, why: Effect, now: Millis, effects: &mut Vec<Effect>) {
+        let Some(ticket) = self.tickets.remove(&number) else { return };
+        effects.push(why);
+        for limit in &ticket.state.limits {
+            if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
+                bucket.line.remove(&number);
+            }
+            self.settle_bucket(&limit.key, now, effects);
+        }
+    }
+
+    /// Leaves the line (`release {ticket}`, section 12.4): true when a live ticket left its
+    /// lines; false for a string that is not one of our tickets, or one ended or lapsed.
+    pub fn leave(&mut self, ticket: &str, now: Millis, effects: &mut Vec<Effect>) -> bool {
+        let Ok(id) = ticket.parse::<TicketId>() else { return false };
+        let number = id.number();
+        match self.tickets.get(&number) {
+            Some(t) if t.id == id && t.state.lapse_at > now => {
+                self.end_ticket(number, Effect::TicketEnded { id, end: TicketEnd::Left }, now, effects);
+                true
+            }
+            Some(t) if t.id == id => {
+                self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Grants `req` at `now` (every rule was checked): counts it in every window, holds its
+    /// places, and issues its permit.
+    fn grant(&mut self, req: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) -> Decision {
         let permit = req.wants_permit().then(|| {
             let mut id = self.ids.next_id();
             while self.permits.contains_key(&id) {
@@ -515,7 +803,22 @@ impl Engine {
     /// would be granted.
     #[must_use]
     pub fn peek(&self, req: &AcquireRequest, now: Millis) -> Option<Refusal> {
-        self.refusal(req, now)
+        self.refusal(req, now, None)
+    }
+
+    /// Decides `req` at `now` as [`Engine::acquire_in_line`] would, changing nothing: with the
+    /// live ticket it presents, if any, checked against what it binds (section 12.7).
+    pub fn peek_in_line(&self, req: &AcquireRequest, now: Millis) -> Result<Option<Refusal>, BadRequest> {
+        let mine = match self.known_ticket(req) {
+            Some(number) if self.tickets[&number].state.lapse_at > now => {
+                if !self.tickets[&number].state.binds(&req.key, &req.limits) {
+                    return Err(unbound_ticket());
+                }
+                Some(number)
+            }
+            _ => None,
+        };
+        Ok(self.refusal(req, now, mine))
     }
 
     /// The figures of each limit of `req` at `now` (section 9.1), in the request's order.
@@ -533,7 +836,9 @@ impl Engine {
                     let held = bucket.map_or(0, |b| b.held(now));
                     (held, c.saturating_sub(held))
                 });
-                Figures { key: limit.key.clone(), window, places }
+                let queued = bucket.map_or(0, |b| b.queued(now));
+                let queued = (req.in_line() || queued > 0).then_some(queued);
+                Figures { key: limit.key.clone(), window, places, queued }
             })
             .collect()
     }
@@ -561,9 +866,13 @@ impl Engine {
     }
 
     /// The refusal that stands for `req` at `now`, if any (rule 6): the latest `retryAt`; on a
-    /// tie the throttle, else the first tied limit in request order. Read-only, and the same
-    /// whether or not the named buckets were pruned at `now`.
-    fn refusal(&self, req: &AcquireRequest, now: Millis) -> Option<Refusal> {
+    /// tie the throttle, else the first tied limit in request order, and within one limit its
+    /// window, then its line, then its concurrency. `mine` is the number of the live ticket the
+    /// request presents (`None`: it has none, so every live ticket is older). Read-only, and
+    /// the same whether or not the named buckets were pruned at `now`.
+    fn refusal(&self, req: &AcquireRequest, now: Millis, mine: Option<u64>) -> Option<Refusal> {
+        // Where nobody queues, rule Q costs this one test.
+        let lines = !self.tickets.is_empty();
         let mut worst: Option<(Millis, Reason, Option<usize>)> = None;
         let mut consider = |retry_at: Millis, reason: Reason, limit: Option<usize>| {
             if worst.is_none_or(|(at, _, _)| retry_at > at) {
@@ -590,6 +899,9 @@ impl Engine {
             {
                 consider(at, Reason::Rate, Some(i));
             }
+            if lines && let Some(at) = self.line_refusal(bucket, now, mine) {
+                consider(at, if limit.window.is_some() { Reason::Rate } else { Reason::Concurrency }, Some(i));
+            }
             if let Some(c) = limit.concurrent {
                 let held = bucket.held(now);
                 if held >= c {
@@ -606,6 +918,25 @@ impl Engine {
                 Some(i) => req.limits[i].key.clone(),
                 None => req.key.clone(),
             },
+        })
+    }
+
+    /// Rule Q in one bucket (section 12.2): when a live ticket older than `mine` waits in its
+    /// line, the instant its first ticket leaves the way: that ticket's `retryAt`; once it is
+    /// late (its `retryAt` is not after now), its lapse for a request without a ticket, and the
+    /// sooner of its lapse and the next recheck for a ticket behind it.
+    fn line_refusal(&self, bucket: &Bucket, now: Millis, mine: Option<u64>) -> Option<Millis> {
+        if bucket.line.is_empty() {
+            return None;
+        }
+        let (head, lapse_at) = bucket.head(now, mine.unwrap_or(u64::MAX))?;
+        let retry_at = self.tickets.get(&head).map_or(lapse_at, |t| t.state.retry_at);
+        Some(if retry_at > now {
+            retry_at
+        } else if mine.is_none() {
+            lapse_at
+        } else {
+            lapse_at.min(now.plus(self.config.recheck_ms))
         })
     }
 
@@ -704,21 +1035,27 @@ impl Engine {
         live
     }
 
-    /// After a bucket lost places early: forget it if idle, or bring its timer forward.
-    fn settle_bucket(&mut self, key: &Arc<str>, now: Millis, effects: &mut Vec<Effect>) {
+    /// After a bucket lost places or tickets early: forget it if idle with no line, or bring
+    /// its timer forward. A bucket that is idle but for its line is forgotten when its last
+    /// ticket leaves (each ticket's end or lapse settles its buckets).
+    fn settle_bucket(&mut self, key: &str, now: Millis, effects: &mut Vec<Effect>) {
         let Some(bucket) = self.buckets.get_mut(key) else { return };
         let before = bucket.places.len();
         bucket.prune(now);
         self.held_places -= before - bucket.places.len();
         if bucket.is_idle() {
-            self.bucket_keys.remove(key);
-            effects.extend(self.buckets.remove(key).map(Bucket::into_forgotten));
+            if bucket.line.is_empty() {
+                self.bucket_keys.remove(key);
+                effects.extend(self.buckets.remove(key).map(Bucket::into_forgotten));
+            } else {
+                effects.extend(bucket.take_pruned());
+            }
             return;
         }
         let idle_at = bucket.idle_at();
         if idle_at < bucket.timer_at {
             bucket.timer_at = idle_at;
-            self.timers.push(idle_at, Due::Bucket(key.clone()));
+            self.timers.push(idle_at, Due::Bucket(bucket.key.clone()));
         }
     }
 
@@ -768,6 +1105,7 @@ impl Engine {
                     self.settle_bucket(&key, now, effects);
                     if let Some(bucket) = self.buckets.get_mut(&key)
                         && bucket.timer_at == Millis(u64::MAX)
+                        && !bucket.is_idle()
                     {
                         // Not idle yet and no earlier timer: wake when it will be.
                         bucket.timer_at = bucket.idle_at();
@@ -784,6 +1122,17 @@ impl Engine {
                     if self.throttles.get(&key).is_some_and(|&u| u <= now) {
                         self.throttles.remove(&key);
                         effects.push(Effect::ThrottleEnded { key });
+                    }
+                }
+                Due::Ticket(number) => {
+                    let Some(t) = self.tickets.get_mut(&number).filter(|t| t.timer_at == at) else { continue };
+                    if t.state.lapse_at <= now {
+                        let id = t.id;
+                        self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
+                    } else {
+                        // Renewed since it was armed: wake at its lapse instead.
+                        t.timer_at = t.state.lapse_at;
+                        self.timers.push(t.timer_at, Due::Ticket(number));
                     }
                 }
             }
@@ -817,6 +1166,48 @@ impl Engine {
         self.throttles.insert(Arc::from(key), until);
     }
 
+    /// Restores a persisted ticket into the table and the lines of the buckets it names. New
+    /// tickets are numbered above it.
+    pub fn restore_ticket(&mut self, id: TicketId, state: TicketState) {
+        let number = id.number();
+        for limit in &state.limits {
+            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key).line.insert(number, state.lapse_at);
+        }
+        self.next_ticket = self.next_ticket.max(number.saturating_add(1));
+        let timer_at = state.lapse_at;
+        self.tickets.insert(number, Ticket { id, state, timer_at });
+    }
+
+    /// After the `restore_*` calls and before [`Engine::finish_restore`], when the engine starts
+    /// again from a file whose latest instant is `floor` (section 12.6): a ticket that had
+    /// lapsed by `floor` lapses; every other keeps its place and lapses no sooner than `now`
+    /// plus its grace, so its host can reach the limiter again before it does. (Renewals after
+    /// the file's latest commit may have been lost; a ticket live then was live at `floor`.)
+    pub fn resume_line(&mut self, floor: Millis, now: Millis, effects: &mut Vec<Effect>) {
+        let mut numbers: Vec<u64> = self.tickets.keys().copied().collect();
+        numbers.sort_unstable();
+        for number in numbers {
+            let ticket = &self.tickets[&number];
+            let (id, state) = (ticket.id, &ticket.state);
+            if state.lapse_at <= floor {
+                self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
+                continue;
+            }
+            let earliest = now.plus(state.grace_ms);
+            if state.lapse_at < earliest {
+                let (retry_at, grace_ms) = (state.retry_at, state.grace_ms);
+                let ticket = self.tickets.get_mut(&number).expect("listed");
+                ticket.state.lapse_at = earliest;
+                for limit in &ticket.state.limits {
+                    if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
+                        bucket.line.insert(number, earliest);
+                    }
+                }
+                effects.push(Effect::TicketRenewed { id, retry_at, lapse_at: earliest, grace_ms });
+            }
+        }
+    }
+
     /// After the `restore_*` calls: prunes what lapsed while the file was closed (pushing the
     /// effects that delete it from the file) and arms every timer.
     pub fn finish_restore(&mut self, now: Millis, effects: &mut Vec<Effect>) {
@@ -826,9 +1217,12 @@ impl Engine {
             let bucket = self.buckets.get_mut(&key).expect("listed");
             bucket.timer_at = Millis(u64::MAX);
             bucket.prune(now);
-            if bucket.is_idle() {
+            if bucket.is_forgettable() {
                 self.bucket_keys.remove(&key);
                 effects.extend(self.buckets.remove(&key).map(Bucket::into_forgotten));
+            } else if bucket.is_idle() {
+                // Only a line keeps it: forgotten when its last ticket leaves.
+                effects.extend(bucket.take_pruned());
             } else {
                 effects.extend(bucket.take_pruned());
                 bucket.timer_at = bucket.idle_at();
@@ -852,6 +1246,16 @@ impl Engine {
         for (key, until) in &self.throttles {
             self.timers.push(*until, Due::Throttle(key.clone()));
         }
+        let mut lapsed: Vec<(u64, TicketId)> =
+            self.tickets.iter().filter(|(_, t)| t.state.lapse_at <= now).map(|(n, t)| (*n, t.id)).collect();
+        lapsed.sort_unstable();
+        for (number, id) in lapsed {
+            self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
+        }
+        for (number, t) in &mut self.tickets {
+            t.timer_at = t.state.lapse_at;
+            self.timers.push(t.timer_at, Due::Ticket(*number));
+        }
     }
 
     /// Counts of live buckets, permits and throttles.
@@ -859,6 +1263,12 @@ impl Engine {
     pub fn totals(&self) -> Totals {
         debug_assert_eq!(self.bucket_keys.len(), self.buckets.len(), "the key index follows the buckets");
         Totals { buckets: self.buckets.len(), permits: self.permits.len(), throttles: self.throttles.len() }
+    }
+
+    /// Tickets not yet ended or swept (lapsed ones leave at their timers).
+    #[must_use]
+    pub fn tickets(&self) -> usize {
+        self.tickets.len()
     }
 
     /// Places held at the last time each bucket was looked at (lapsed places leave lazily).
@@ -874,7 +1284,7 @@ impl Engine {
             .buckets
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))
-            .filter_map(|(key, b)| b.view(key, now))
+            .filter_map(|(key, b)| b.view(key, now, &self.tickets))
             .collect();
         buckets.sort_by(|a, b| a.key.cmp(&b.key));
         let mut permits: Vec<PermitView> = self
@@ -948,7 +1358,7 @@ impl Engine {
                 truncated |= i < keys.buckets.len();
                 break;
             }
-            if let Some(view) = self.buckets.get(key).and_then(|b| b.view(key, now)) {
+            if let Some(view) = self.buckets.get(key).and_then(|b| b.view(key, now, &self.tickets)) {
                 buckets.push(view);
             }
         }
@@ -1009,6 +1419,15 @@ impl Engine {
                 facts.permits.insert(*id, (p.at, p.expires, shares));
             }
         }
+        for t in self.tickets.values().filter(|t| t.state.lapse_at > now) {
+            facts.tickets.insert(t.id, t.state.clone());
+        }
+        for (key, b) in &self.buckets {
+            let line: Vec<(u64, Millis)> = b.line.iter().filter(|(_, l)| **l > now).map(|(n, l)| (*n, *l)).collect();
+            if !line.is_empty() {
+                facts.lines.insert(key.to_string(), line);
+            }
+        }
         facts
     }
 }
@@ -1037,6 +1456,14 @@ pub struct Facts {
     /// Live permits: grant instant, expiry, and what the grant counts per window bucket.
     #[allow(clippy::type_complexity)]
     pub permits: std::collections::BTreeMap<PermitId, (Millis, Millis, Vec<(String, u64)>)>,
+    /// Live tickets.
+    pub tickets: std::collections::BTreeMap<TicketId, TicketState>,
+    /// Each bucket's line: the live tickets' numbers, oldest first, with their lapses.
+    pub lines: std::collections::BTreeMap<String, Vec<(u64, Millis)>>,
+}
+
+fn unbound_ticket() -> BadRequest {
+    BadRequest("ticket was filed for another request: the caller key and the limits (key, calls, perMs, cost, concurrent, holdMs) must be the ones it was filed with".into())
 }
 
 #[cfg(test)]

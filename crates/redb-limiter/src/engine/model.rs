@@ -6,6 +6,9 @@
 //! - [`EffectLog`]: what the store would hold, as plain maps the effects are applied to (as
 //!   redb's fuzzer keeps a `BTreeMap` beside the real table), and an engine rebuilt from it.
 //!
+//! The line in the reference (section 12): every live ticket with the request it binds; a
+//! bucket's line is recomputed from them at each decision, oldest number first.
+//!
 //! Rule 3 in the reference: a bucket keeps its grants for the longest `perMs` any acquire
 //! (granted or refused, whatever its cost; never a peek) named for it while it was not idle; a
 //! bucket with no kept grant and no unlapsed place is idle and keeps nothing, not even that
@@ -13,9 +16,18 @@
 
 use std::collections::BTreeMap;
 
-use super::{BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, PermitId, PermitState, Reason};
+use super::{
+    BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, PermitId, PermitState, Reason, TicketId, TicketState,
+};
 use crate::request::{AcquireRequest, Cost};
 use crate::time::Millis;
+
+/// A live ticket in the reference: what it binds, and its instants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefTicket {
+    pub id: TicketId,
+    pub state: TicketState,
+}
 
 /// A permit in the reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,12 +58,15 @@ pub struct Reference {
     pub unbounded: std::collections::BTreeSet<String>,
     /// The `perMs` each bucket was first named with.
     pub first_per_ms: BTreeMap<String, u64>,
+    /// Live tickets by number (lapsed ones leave at [`Reference::advance`]).
+    pub tickets: BTreeMap<u64, RefTicket>,
 }
 
 impl Reference {
     /// Moves time to `now`: buckets forget the grants they no longer keep, and idle buckets
     /// forget their retention.
     pub fn advance(&mut self, now: Millis) {
+        self.tickets.retain(|_, t| t.state.lapse_at > now);
         let keys: Vec<String> = self.grants.keys().chain(self.retain.keys()).cloned().collect();
         for key in keys {
             let retain = self.retain.get(&key).copied().unwrap_or(0);
@@ -83,9 +98,34 @@ impl Reference {
             .unwrap_or_default()
     }
 
-    /// The refusal that stands for `r` at `now` as (retryAt, reason, key), or `None` to grant.
+    /// The refusal that stands for `r` at `now` as (retryAt, reason, key), or `None` to grant,
+    /// for a request without a live ticket.
     #[must_use]
     pub fn decide(&self, r: &AcquireRequest, now: Millis, recheck_ms: u64) -> Option<(Millis, Reason, String)> {
+        self.decide_as(r, now, recheck_ms, Some(None))
+    }
+
+    /// The live tickets waiting in `bucket`, oldest first (number, ticket).
+    pub fn line<'a>(&'a self, bucket: &'a str) -> impl Iterator<Item = (u64, &'a RefTicket)> + 'a {
+        self.tickets.iter().filter(move |(_, t)| t.state.limits.iter().any(|l| l.key == bucket)).map(|(n, t)| (*n, t))
+    }
+
+    /// The live ticket numbered `number` is the oldest live ticket.
+    #[must_use]
+    pub fn is_oldest(&self, number: u64) -> bool {
+        self.tickets.keys().next() == Some(&number)
+    }
+
+    /// [`Reference::decide`] for a request presenting the live ticket `mine` (`Some(None)`:
+    /// none), or with rule Q left out (`None`: the request alone, rules 1 to 6).
+    #[must_use]
+    pub fn decide_as(
+        &self,
+        r: &AcquireRequest,
+        now: Millis,
+        recheck_ms: u64,
+        mine: Option<Option<u64>>,
+    ) -> Option<(Millis, Reason, String)> {
         let mut worst: Option<(Millis, Reason, String)> = None;
         let mut consider = |at: Millis, reason: Reason, key: &str| {
             if worst.as_ref().is_none_or(|(w, _, _)| at > *w) {
@@ -115,6 +155,19 @@ impl Reference {
                     consider(at, Reason::Rate, &l.key);
                 }
             }
+            // Rule Q: the first live ticket of the line, when older than the request's own.
+            if let Some(mine) = mine
+                && let Some((_, head)) = self.line(&l.key).find(|(n, _)| mine.is_none_or(|m| *n < m))
+            {
+                let at = if head.state.retry_at > now {
+                    head.state.retry_at
+                } else if mine.is_none() {
+                    head.state.lapse_at
+                } else {
+                    head.state.lapse_at.min(now.plus(recheck_ms))
+                };
+                consider(at, if l.window.is_some() { Reason::Rate } else { Reason::Concurrency }, &l.key);
+            }
             if let Some(c) = l.concurrent {
                 let mut lapses: Vec<Millis> = self.live_places(&l.key, now).collect();
                 lapses.sort();
@@ -142,8 +195,66 @@ impl Reference {
                     let held = self.live_places(&l.key, now).count() as u64;
                     (held, c.saturating_sub(held))
                 }),
+                queued: {
+                    let queued = self.line(&l.key).count() as u64;
+                    (r.in_line() || queued > 0).then_some(queued)
+                },
             })
             .collect()
+    }
+
+    /// The live ticket `r` presents, by number: `Ok(None)` when it presents none or one not
+    /// live (unknown, ended, lapsed), `Err(())` when it is bound to another request.
+    #[allow(clippy::result_unit_err)]
+    pub fn presented(&self, r: &AcquireRequest) -> Result<Option<u64>, ()> {
+        let Some(id) = r.ticket.as_deref().and_then(|t| t.parse::<TicketId>().ok()) else { return Ok(None) };
+        match self.tickets.get(&id.number()) {
+            Some(t) if t.id == id => {
+                let mut limits = r.limits.clone();
+                limits.sort_by(|a, b| a.key.cmp(&b.key));
+                if *t.state.key == *r.key && t.state.limits == limits { Ok(Some(id.number())) } else { Err(()) }
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Files ticket `id` for `r`, refused at `now` until `retry_at`.
+    pub fn file(&mut self, id: TicketId, r: &AcquireRequest, retry_at: Millis, now: Millis) {
+        let mut limits = r.limits.clone();
+        limits.sort_by(|a, b| a.key.cmp(&b.key));
+        let state = TicketState {
+            filed_at: now,
+            retry_at,
+            lapse_at: retry_at.plus(r.grace_ms),
+            grace_ms: r.grace_ms,
+            key: r.key.as_str().into(),
+            limits,
+        };
+        self.tickets.insert(id.number(), RefTicket { id, state });
+    }
+
+    /// Ticket `number` asked again and refused until `retry_at`.
+    pub fn renew(&mut self, number: u64, retry_at: Millis, grace_ms: u64) {
+        let t = &mut self.tickets.get_mut(&number).expect("live").state;
+        t.retry_at = retry_at;
+        t.lapse_at = retry_at.plus(grace_ms);
+        t.grace_ms = grace_ms;
+    }
+
+    /// The most live tickets ahead of ticket `number` in any one of its lines.
+    #[must_use]
+    pub fn ahead(&self, number: u64) -> u64 {
+        let t = &self.tickets[&number];
+        t.state.limits.iter().map(|l| self.line(&l.key).filter(|(n, _)| *n < number).count() as u64).max().unwrap_or(0)
+    }
+
+    /// A restart at `now` of a file whose latest instant is `floor` (section 12.6): every
+    /// ticket live at `floor` lapses no sooner than `now` plus its grace.
+    pub fn restart(&mut self, floor: Millis, now: Millis) {
+        self.tickets.retain(|_, t| t.state.lapse_at > floor);
+        for t in self.tickets.values_mut() {
+            t.state.lapse_at = t.state.lapse_at.max(now.plus(t.state.grace_ms));
+        }
     }
 
     fn note_per_ms(&mut self, key: &str, per_ms: u64) {
@@ -283,6 +394,14 @@ impl Reference {
                 facts.permits.insert(*id, (p.at, p.expires, shares));
             }
         }
+        for (number, t) in &self.tickets {
+            if t.state.lapse_at > now {
+                facts.tickets.insert(t.id, t.state.clone());
+                for l in &t.state.limits {
+                    facts.lines.entry(l.key.clone()).or_default().push((*number, t.state.lapse_at));
+                }
+            }
+        }
         facts
     }
 
@@ -304,6 +423,7 @@ impl Reference {
             )
             .chain(self.permits.values().flat_map(|p| p.places.iter().map(|(_, l)| *l).chain([p.expires])))
             .chain(self.throttles.values().copied())
+            .chain(self.tickets.values().flat_map(|t| [t.state.retry_at, t.state.lapse_at]))
             .filter(|&t| t > now)
             .collect();
         edges.sort();
@@ -333,6 +453,7 @@ pub struct EffectLog {
     pub grants: BTreeMap<(String, Millis), u64>,
     pub permits: BTreeMap<PermitId, PermitState>,
     pub throttles: BTreeMap<String, Millis>,
+    pub tickets: BTreeMap<TicketId, TicketState>,
 }
 
 impl EffectLog {
@@ -373,12 +494,28 @@ impl EffectLog {
                 Effect::ThrottleEnded { key } => {
                     self.throttles.remove(&**key);
                 }
+                Effect::TicketFiled { id, ticket } => {
+                    self.tickets.insert(*id, ticket.clone());
+                }
+                Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
+                    let t = self.tickets.get_mut(id).expect("a renewed ticket was filed");
+                    (t.retry_at, t.lapse_at, t.grace_ms) = (*retry_at, *lapse_at, *grace_ms);
+                }
+                Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
+                    assert!(self.tickets.remove(id).is_some(), "an ended ticket was filed");
+                }
             }
         }
     }
 
     /// An engine rebuilt from the log at `now`; the restore's own effects are applied too.
     pub fn rebuild(&mut self, config: EngineConfig, now: Millis) -> Engine {
+        self.restart(config, now, now)
+    }
+
+    /// An engine rebuilt from the log at `now`, after a restart of a file whose latest instant
+    /// is `floor` (tickets resumed, see [`Engine::resume_line`]).
+    pub fn restart(&mut self, config: EngineConfig, floor: Millis, now: Millis) -> Engine {
         let mut e = Engine::new(config);
         for (k, m) in &self.meta {
             e.restore_bucket(k, *m);
@@ -392,7 +529,11 @@ impl EffectLog {
         for (k, u) in &self.throttles {
             e.restore_throttle(k, *u);
         }
+        for (id, t) in &self.tickets {
+            e.restore_ticket(*id, t.clone());
+        }
         let mut effects = Vec::new();
+        e.resume_line(floor, now, &mut effects);
         e.finish_restore(now, &mut effects);
         self.apply(&effects);
         e

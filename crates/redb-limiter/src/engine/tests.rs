@@ -351,11 +351,322 @@ fn release_with_costs_settles_then_releases_and_lift_ends_a_throttle() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Section 12, the line, named.
+
+fn line(e: &mut Engine, r: &AcquireRequest, now: Millis) -> LineAnswer {
+    e.acquire_in_line(r, now, &mut Vec::new()).expect("well formed")
+}
+
+fn ticket_of(a: &LineAnswer) -> TicketNote {
+    a.ticket.unwrap_or_else(|| panic!("no ticket: {a:?}"))
+}
+
+fn asking_again(r: &AcquireRequest, note: TicketNote) -> AcquireRequest {
+    r.clone().with_ticket(note.id.to_string()).unwrap()
+}
+
+/// The starvation of issue 25: a window of 100 filled by small calls from many hosts; a call of
+/// 30 asking at every retryAt without the line never finds room, with it it is granted at the
+/// first instant its request alone fits, and the small calls wait behind it.
+#[test]
+fn a_large_call_in_line_is_not_starved_by_small_ones() {
+    let window = |cost| req(vec![Limit::window("tpm", 100, 1000).with_cost(cost)]);
+    for queue in [false, true] {
+        let mut e = engine();
+        let large = if queue { window(30).with_queue() } else { window(30) };
+        let mut granted_at = None;
+        let mut ask = large.clone();
+        // Small calls of 10 from many hosts arrive every 10 ms and fill the window by 90; the
+        // large call asks first at 100, then at its retryAt each time.
+        let mut retry = T0.plus(100);
+        for ms in (0..5000).step_by(10) {
+            let now = T0.plus(ms);
+            if granted_at.is_none() && now >= retry {
+                let answer = line(&mut e, &ask, now);
+                match answer.decision {
+                    Decision::Granted { .. } => granted_at = Some(now),
+                    Decision::Refused { retry_at, .. } => {
+                        retry = retry_at;
+                        if let Some(note) = answer.ticket {
+                            ask = asking_again(&large, note);
+                        }
+                    }
+                }
+            }
+            acquire(&mut e, &window(10), now);
+        }
+        if queue {
+            // Filed at T0 + 100 (the window was full at 100); the first grant leaves at 1000, and
+            // by 1020 three have left: 30 fits.
+            assert_eq!(granted_at, Some(T0.plus(1020)), "granted at the instant it fits alone");
+        } else {
+            assert_eq!(granted_at, None, "starved without the line");
+        }
+    }
+}
+
+#[test]
+fn rule_q_refuses_behind_a_waiting_ticket_with_its_retry_at() {
+    let mut e = engine();
+    let full = req(vec![Limit::window("w", 2, 1000), Limit::concurrent("c", 1).with_hold_ms(5000)]);
+    assert!(acquire(&mut e, &full, T0).is_granted());
+    // A queued request refused for rate files a ticket, first in both its lines.
+    let big = req(vec![Limit::window("w", 2, 1000).with_cost(2)]).with_queue();
+    let first = line(&mut e, &big, T0.plus(10));
+    assert_eq!(first.decision, refused(T0.plus(1000), Reason::Rate, "w"));
+    let note = ticket_of(&first);
+    assert_eq!((note.ahead, note.lapse_at, note.now), (0, T0.plus(3000), T0.plus(10)));
+    // A request that would fit (cost 0 included) is refused by rule Q, told the first ticket's
+    // retryAt, in the bucket's window terms.
+    let free = req(vec![Limit::window("w", 2, 1000).with_cost(0)]);
+    assert_eq!(acquire(&mut e, &free, T0.plus(20)), refused(T0.plus(1000), Reason::Rate, "w"));
+    assert_eq!(
+        e.peek(&free, T0.plus(20)),
+        Some(Refusal { retry_at: T0.plus(1000), reason: Reason::Rate, limit: "w".into() })
+    );
+    // A second ticket waits behind the first: ahead 1.
+    let second = line(&mut e, &free.clone().with_queue(), T0.plus(30));
+    assert_eq!(second.decision, refused(T0.plus(1000), Reason::Rate, "w"));
+    assert_eq!(ticket_of(&second).ahead, 1);
+    // Other buckets are not held up.
+    assert!(acquire(&mut e, &req(vec![Limit::window("other", 1, 1000)]), T0.plus(40)).is_granted());
+    // At its retryAt the first is granted; the second is first now.
+    assert!(line(&mut e, &asking_again(&big, note), T0.plus(1000)).decision.is_granted());
+    let again = line(&mut e, &asking_again(&free.clone().with_queue(), ticket_of(&second)), T0.plus(1000));
+    assert!(again.decision.is_granted(), "{again:?}");
+    assert_eq!(e.tickets(), 0);
+}
+
+#[test]
+fn a_late_first_ticket_holds_the_line_until_its_lapse_and_then_leaves_it() {
+    let mut e = engine();
+    let one = req(vec![Limit::concurrent("c", 1).with_hold_ms(400)]);
+    assert!(acquire(&mut e, &one, T0).is_granted());
+    let queued = one.clone().with_queue().with_grace_ms(1000).unwrap();
+    let first = ticket_of(&line(&mut e, &queued, T0.plus(10)));
+    assert_eq!(first.lapse_at, T0.plus(260 + 1000), "retryAt is the recheck, lapse a grace later");
+    let behind = ticket_of(&line(&mut e, &queued, T0.plus(20)));
+    // The first ticket is late at 300 (its retryAt was 260): a request without a ticket is told
+    // its lapse; the ticket behind it the sooner of that lapse and the next recheck.
+    assert_eq!(acquire(&mut e, &one, T0.plus(500)), refused(T0.plus(1260), Reason::Concurrency, "c"));
+    let told = line(&mut e, &asking_again(&queued, behind), T0.plus(500));
+    assert_eq!(told.decision, refused(T0.plus(750), Reason::Concurrency, "c"));
+    // At its lapse instant itself it has lapsed: the line moves on, and asking with it again
+    // files a new ticket at the back.
+    assert!(line(&mut e, &asking_again(&queued, behind), T0.plus(1260)).decision.is_granted());
+    let late = line(&mut e, &asking_again(&queued, first), T0.plus(1261));
+    let renewed = ticket_of(&late);
+    assert_ne!(renewed.id, first.id, "a lapsed ticket joins the back with a new one");
+    assert!(renewed.id.number() > behind.id.number());
+}
+
+#[test]
+fn a_ticket_binds_its_request_and_a_mismatch_changes_nothing() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("w", 1, 1000), Limit::concurrent("c", 2)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    let note = ticket_of(&line(&mut e, &r.clone().with_queue(), T0.plus(1)));
+    // The same limits in another order, another grace: bound.
+    let flipped = AcquireRequest::new("caller", vec![r.limits[1].clone(), r.limits[0].clone()])
+        .unwrap()
+        .with_ticket(note.id.to_string())
+        .unwrap()
+        .with_grace_ms(100)
+        .unwrap();
+    assert_eq!(ticket_of(&line(&mut e, &flipped, T0.plus(2))).id, note.id);
+    // Another cost, another caller, a limit more or less: a bad request naming the ticket.
+    for other in [
+        req(vec![Limit::window("w", 1, 1000).with_cost(0), Limit::concurrent("c", 2)]),
+        AcquireRequest::new("someone", r.limits.clone()).unwrap(),
+        req(vec![Limit::window("w", 1, 1000)]),
+        req(vec![Limit::window("w", 1, 1000), Limit::concurrent("c", 2).with_hold_ms(5)]),
+    ] {
+        let other = other.with_ticket(note.id.to_string()).unwrap();
+        let before = format!("{e:?}");
+        let mut effects = Vec::new();
+        let err = e.acquire_in_line(&other, T0.plus(3), &mut effects).unwrap_err();
+        assert!(err.0.starts_with("ticket was filed for another request"), "{err}");
+        assert!(e.peek_in_line(&other, T0.plus(3)).is_err());
+        assert_eq!(format!("{e:?}"), before, "a bad ticket changes nothing");
+        assert!(effects.is_empty());
+    }
+    // A ticket that is not ours is unknown: it files one.
+    let bogus = r.clone().with_ticket("t-nonsense").unwrap();
+    assert_ne!(ticket_of(&line(&mut e, &bogus, T0.plus(4))).id, note.id);
+}
+
+#[test]
+fn leaving_the_line_ends_a_ticket_once_and_forgets_a_bucket_with_only_a_line() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("w", 1, 1000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    let lined = req(vec![Limit::window("w", 1, 1000), Limit::concurrent("only-a-line", 1)]).with_queue();
+    let note = ticket_of(&line(&mut e, &lined, T0.plus(1)));
+    let mut effects = Vec::new();
+    // The bucket with only a line is listed and not forgotten while the ticket lives.
+    e.sweep(T0.plus(1500), &mut effects);
+    assert!(
+        e.view(T0.plus(1500), "only").buckets.iter().any(|b| b.queued == 1 && b.first_ticket_at == Some(T0.plus(1)))
+    );
+    assert!(e.leave(&note.id.to_string(), T0.plus(1600), &mut effects));
+    assert!(effects.contains(&Effect::TicketEnded { id: note.id, end: TicketEnd::Left }), "{effects:?}");
+    assert!(effects.contains(&Effect::BucketForgotten { bucket: Arc::from("only-a-line"), grants: vec![] }));
+    assert!(!e.leave(&note.id.to_string(), T0.plus(1601), &mut Vec::new()));
+    assert!(!e.leave("t-nonsense", T0.plus(1601), &mut Vec::new()));
+    assert_eq!(e.totals(), Totals::default());
+}
+
+#[test]
+fn a_lapse_is_a_deadline_the_sweeper_wakes_for() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("w", 1, 1000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    let note = ticket_of(&line(&mut e, &r.clone().with_queue().with_grace_ms(100).unwrap(), T0.plus(1)));
+    assert_eq!(note.lapse_at, T0.plus(1100));
+    let mut effects = Vec::new();
+    assert_eq!(e.sweep(T0.plus(1000), &mut effects), Some(T0.plus(1100)));
+    effects.clear();
+    e.sweep(T0.plus(1100), &mut effects);
+    assert_eq!(
+        effects,
+        vec![Effect::TicketLapsed { id: note.id }, Effect::BucketForgotten { bucket: Arc::from("w"), grants: vec![] }]
+    );
+    assert!(!effects[0].needs_commit(), "a lapse may be lost in a crash");
+    assert_eq!(e.next_deadline(), None);
+    assert_eq!(e.tickets(), 0);
+}
+
+#[test]
+fn a_throttle_files_no_ticket_but_a_throttled_ticket_keeps_its_place() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("w", 1, 1000)]).with_queue();
+    e.throttle("caller", T0.plus(5000), T0, &mut Vec::new());
+    let answer = line(&mut e, &r, T0);
+    assert_eq!((answer.decision, answer.ticket), (refused(T0.plus(5000), Reason::Throttle, "caller"), None));
+    e.lift("caller", T0, &mut Vec::new());
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    let note = ticket_of(&line(&mut e, &r, T0.plus(1)));
+    e.throttle("caller", T0.plus(8000), T0.plus(2), &mut Vec::new());
+    let throttled = line(&mut e, &asking_again(&r, note), T0.plus(3));
+    assert_eq!(throttled.decision, refused(T0.plus(8000), Reason::Throttle, "caller"));
+    assert_eq!(ticket_of(&throttled).lapse_at, T0.plus(10_000), "its lapse counts from the throttle's until");
+}
+
+#[test]
+fn a_full_line_files_no_more_tickets() {
+    let mut e = engine();
+    let r = req(vec![Limit::concurrent("c", 1).with_hold_ms(60_000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    let queued = r.clone().with_queue().with_grace_ms(60_000).unwrap();
+    for i in 0..MAX_LINE {
+        assert!(line(&mut e, &queued, T0.plus(1)).ticket.is_some(), "ticket {i}");
+    }
+    let answer = line(&mut e, &queued, T0.plus(2));
+    assert_eq!(answer.ticket, None, "the 10,001st files none");
+    assert_eq!(answer.decision, refused(T0.plus(252), Reason::Concurrency, "c"));
+    assert_eq!(e.figures(&queued, T0.plus(2))[0].queued, Some(MAX_LINE as u64));
+}
+
+#[test]
+fn after_a_restart_a_ticket_lapses_no_sooner_than_the_restart_plus_its_grace() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("w", 1, 1000)]);
+    let mut log = EffectLog::default();
+    let mut effects = Vec::new();
+    e.acquire(&r, T0, &mut effects);
+    let short =
+        e.acquire_in_line(&r.clone().with_queue().with_grace_ms(100).unwrap(), T0.plus(1), &mut effects).unwrap();
+    let long =
+        e.acquire_in_line(&r.clone().with_queue().with_grace_ms(5000).unwrap(), T0.plus(2), &mut effects).unwrap();
+    log.apply(&effects);
+    // The file's latest instant is 1050; the limiter starts again at 9000. The short ticket
+    // lapsed at 1100, after the floor: it keeps its place, as does the long one.
+    let mut e = log.clone().restart(EngineConfig { recheck_ms: 250, id_seed: 2 }, T0.plus(1050), T0.plus(9000));
+    let facts = e.facts(T0.plus(9000));
+    assert_eq!(facts.tickets[&ticket_of(&short).id].lapse_at, T0.plus(9100));
+    assert_eq!(facts.tickets[&ticket_of(&long).id].lapse_at, T0.plus(14_000));
+    // New tickets come after them, with ids never issued before.
+    let third = ticket_of(&line(&mut e, &r.clone().with_queue(), T0.plus(9000)));
+    assert!(third.id.number() > ticket_of(&long).id.number());
+    assert_eq!(third.ahead, 2);
+    // A ticket that had lapsed by the file's latest instant lapses.
+    let e = log.restart(EngineConfig { recheck_ms: 250, id_seed: 3 }, T0.plus(1100), T0.plus(9000));
+    assert_eq!(e.facts(T0.plus(9000)).tickets.len(), 1);
+}
+
+#[test]
+fn figures_name_the_line_only_where_it_matters() {
+    let mut e = engine();
+    let r = req(vec![Limit::window("w", 1, 1000)]);
+    assert!(acquire(&mut e, &r, T0).is_granted());
+    assert_eq!(e.figures(&r, T0)[0].queued, None, "nobody queues: the figures of before");
+    assert_eq!(e.figures(&r.clone().with_queue(), T0)[0].queued, Some(0));
+    line(&mut e, &r.clone().with_queue(), T0.plus(1));
+    assert_eq!(e.figures(&r, T0.plus(1))[0].queued, Some(1));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Progress (section 12.5) under random traffic: small calls from several hosts keep a
+    /// window full; one large call queues and its host asks again at every retryAt it is told.
+    /// Once it is the oldest ticket nothing is granted in its bucket before it, so it is granted
+    /// at the first retryAt it was given: the instant its request alone fits.
+    #[test]
+    fn the_oldest_ticket_is_granted_at_its_first_retry_at(
+        smalls in prop::collection::vec((0u64..20, 1u64..=10), 20..200),
+        large in 11u64..=100,
+        arrives in 0u64..500,
+    ) {
+        let window = |caller: &str, cost| {
+            AcquireRequest::new(caller, vec![Limit::window("tpm", 100, 1000).with_cost(cost)]).unwrap()
+        };
+        let mut e = engine();
+        let big = window("large", large).with_queue();
+        let mut ask = big.clone();
+        let mut first_retry: Option<Millis> = None;
+        let mut next_ask = T0.plus(arrives);
+        let mut granted = None;
+        let mut now = T0;
+        for (gap, cost) in smalls.iter().cycle().take(2000) {
+            now = now.plus(*gap);
+            while granted.is_none() && next_ask <= now {
+                let at = next_ask;
+                let answer = line(&mut e, &ask, at);
+                match answer.decision {
+                    Decision::Granted { .. } => granted = Some(at),
+                    Decision::Refused { retry_at, reason, .. } => {
+                        prop_assert_eq!(reason, Reason::Rate);
+                        let note = ticket_of(&answer);
+                        prop_assert_eq!(note.ahead, 0);
+                        first_retry.get_or_insert(retry_at);
+                        prop_assert_eq!(Some(retry_at), first_retry, "its retryAt moved");
+                        ask = asking_again(&big, note);
+                        next_ask = retry_at;
+                    }
+                }
+            }
+            let small = acquire(&mut e, &window(&format!("small-{}", cost % 8), *cost), now);
+            if let (Decision::Granted { .. }, Some(_), None) = (&small, first_retry, granted) {
+                prop_assert!(false, "a small call was granted over the waiting large one at {:?}", now);
+            }
+        }
+        if let Some(first) = first_retry {
+            prop_assert_eq!(granted, Some(first), "granted at its first retryAt");
+        } else {
+            prop_assert_eq!(granted, Some(T0.plus(arrives)), "granted at once when it fit");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The model-based property test.
 
 /// Each bucket key has a `calls` and two windows it is named with (mixed across keys), so rule 3
 /// (retention of the longest window named) is exercised; requests vary cost, concurrency, hold,
 /// `permit` and `report`; permits are settled up, down, again and after their grant left.
+/// Requests queue, ask again with their tickets (the bound request, or another one), leave the
+/// line, and the limiter restarts with time passing meanwhile.
 const SHAPES: [(u64, [u64; 2]); 4] = [(3, [100, 100]), (5, [250, 900]), (2, [40, 400]), (8, [1000, 1000])];
 const CALLERS: [&str; 2] = ["c0", "c1"];
 
@@ -369,24 +680,77 @@ struct LimitSpec {
     hold_ms: u64,
 }
 
+/// How an acquire takes part in the line.
+#[derive(Debug, Clone)]
+enum LineOp {
+    None,
+    Queue,
+    /// The nth ticket issued, with this request (most often not the one it binds).
+    Ticket(usize),
+    /// A string that is no ticket of ours.
+    Bogus,
+}
+
 #[derive(Debug, Clone)]
 enum Op {
-    Acquire { caller: usize, limits: Vec<LimitSpec>, permit: bool, report: bool, hold_ms: u64 },
-    Peek { caller: usize, limits: Vec<LimitSpec> },
-    Release { nth: usize, bogus: bool, costs: Vec<(usize, u64)> },
-    Settle { nth: usize, bogus: bool, costs: Vec<(usize, u64)> },
-    Throttle { caller: usize, offset: i64 },
-    Lift { caller: usize },
+    Acquire {
+        caller: usize,
+        limits: Vec<LimitSpec>,
+        permit: bool,
+        report: bool,
+        hold_ms: u64,
+        line: LineOp,
+        grace: u64,
+    },
+    /// The nth ticket's host asks again with the request it binds.
+    AskAgain {
+        nth: usize,
+        grace: u64,
+    },
+    /// A peek with the nth ticket and the request it binds.
+    PeekAgain {
+        nth: usize,
+    },
+    Peek {
+        caller: usize,
+        limits: Vec<LimitSpec>,
+    },
+    Release {
+        nth: usize,
+        bogus: bool,
+        costs: Vec<(usize, u64)>,
+    },
+    Leave {
+        nth: usize,
+        bogus: bool,
+    },
+    Settle {
+        nth: usize,
+        bogus: bool,
+        costs: Vec<(usize, u64)>,
+    },
+    Throttle {
+        caller: usize,
+        offset: i64,
+    },
+    Lift {
+        caller: usize,
+    },
     Advance(Step),
     Sweep,
     Rebuild,
+    /// A restart after `gap` ms with the limiter down.
+    Restart(u64),
 }
 
 #[derive(Debug, Clone)]
 enum Step {
     Zero,
-    /// To the instant the nth live grant or place leaves (an exact edge).
+    /// To the instant the nth live grant or place leaves, or a ticket's retryAt or lapse (an
+    /// exact edge).
     Edge(usize),
+    /// To the nth live ticket's retryAt (its host asks then).
+    Retry(usize),
     By(u64),
 }
 
@@ -423,21 +787,38 @@ fn costs() -> impl Strategy<Value = Vec<(usize, u64)>> {
     )
 }
 
+fn line_op() -> impl Strategy<Value = LineOp> {
+    prop_oneof![
+        4 => Just(LineOp::None),
+        4 => Just(LineOp::Queue),
+        1 => any::<usize>().prop_map(LineOp::Ticket),
+        1 => Just(LineOp::Bogus),
+    ]
+}
+
+fn grace() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(100u64), 100u64..=3000]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..CALLERS.len(), limits(), any::<bool>(), any::<bool>(), 1u64..=900).prop_map(
-            |(caller, limits, permit, report, hold_ms)| Op::Acquire { caller, limits, permit, report, hold_ms }
+        6 => (0..CALLERS.len(), limits(), any::<bool>(), any::<bool>(), 1u64..=900, line_op(), grace()).prop_map(
+            |(caller, limits, permit, report, hold_ms, line, grace)| Op::Acquire { caller, limits, permit, report, hold_ms, line, grace }
         ),
+        4 => (any::<usize>(), grace()).prop_map(|(nth, grace)| Op::AskAgain { nth, grace }),
+        1 => any::<usize>().prop_map(|nth| Op::PeekAgain { nth }),
         2 => (0..CALLERS.len(), limits()).prop_map(|(caller, limits)| Op::Peek { caller, limits }),
         2 => (any::<usize>(), prop::bool::weighted(0.2), costs())
             .prop_map(|(nth, bogus, costs)| Op::Release { nth, bogus, costs }),
+        1 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(nth, bogus)| Op::Leave { nth, bogus }),
         3 => (any::<usize>(), prop::bool::weighted(0.1), costs())
             .prop_map(|(nth, bogus, costs)| Op::Settle { nth, bogus, costs }),
         1 => (0..CALLERS.len(), -100i64..400).prop_map(|(caller, offset)| Op::Throttle { caller, offset }),
         1 => (0..CALLERS.len()).prop_map(|caller| Op::Lift { caller }),
-        4 => any::<Step>().prop_map(Op::Advance),
+        5 => any::<Step>().prop_map(Op::Advance),
         1 => Just(Op::Sweep),
         1 => Just(Op::Rebuild),
+        1 => prop_oneof![Just(0u64), 1u64..=5000].prop_map(Op::Restart),
     ]
 }
 
@@ -445,7 +826,13 @@ impl Arbitrary for Step {
     type Parameters = ();
     type Strategy = BoxedStrategy<Step>;
     fn arbitrary_with((): ()) -> Self::Strategy {
-        prop_oneof![Just(Step::Zero), any::<usize>().prop_map(Step::Edge), (0u64..=3000).prop_map(Step::By)].boxed()
+        prop_oneof![
+            Just(Step::Zero),
+            any::<usize>().prop_map(Step::Edge),
+            any::<usize>().prop_map(Step::Retry),
+            (0u64..=3000).prop_map(Step::By)
+        ]
+        .boxed()
     }
 }
 
@@ -470,15 +857,144 @@ fn to_costs(costs: &[(usize, u64)]) -> Vec<Cost> {
     costs.iter().map(|&(b, cost)| Cost::new(format!("b{b}"), cost)).collect()
 }
 
+const BOGUS_TICKET: &str = "t-ffffffffffffffffffffffffffffffff";
+
+/// The engine, the reference and the effect log side by side, with what was issued.
+struct Model {
+    recheck_ms: u64,
+    seed: u64,
+    e: Engine,
+    reference: Reference,
+    log: EffectLog,
+    now: Millis,
+    issued: Vec<PermitId>,
+    /// Every ticket issued, with the request it binds.
+    tickets: Vec<(TicketId, AcquireRequest)>,
+    effects: Vec<Effect>,
+}
+
+impl Model {
+    fn new() -> Self {
+        let recheck_ms = 250;
+        Model {
+            recheck_ms,
+            seed: 1,
+            e: Engine::new(EngineConfig { recheck_ms, id_seed: 1 }),
+            reference: Reference::default(),
+            log: EffectLog::default(),
+            now: T0,
+            issued: Vec::new(),
+            tickets: Vec::new(),
+            effects: Vec::new(),
+        }
+    }
+
+    /// One acquire through the line, checked against the reference and the properties.
+    fn acquire(&mut self, r: &AcquireRequest) -> Result<(), TestCaseError> {
+        let (now, recheck_ms) = (self.now, self.recheck_ms);
+        let presented = self.reference.presented(r);
+        // A peek first: it equals the acquire that follows at the same instant, and leaves the
+        // engine exactly as it was.
+        let before = format!("{:?}", self.e);
+        let peeked = self.e.peek_in_line(r, now);
+        prop_assert_eq!(format!("{:?}", self.e), before.clone(), "a peek changed the engine");
+        let Ok(mine) = presented else {
+            // Bound to another request: an error naming `ticket`, and nothing changes.
+            prop_assert!(peeked.as_ref().is_err_and(|e| e.0.starts_with("ticket ")), "{:?}", peeked);
+            let got = self.e.acquire_in_line(r, now, &mut self.effects);
+            prop_assert!(got.is_err_and(|e| e.0.starts_with("ticket ")));
+            prop_assert_eq!(format!("{:?}", self.e), before, "a bad ticket changed the engine");
+            prop_assert!(self.effects.is_empty());
+            return Ok(());
+        };
+        let peeked = peeked.expect("bound");
+        prop_assert_eq!(self.e.figures(r, now), self.reference.figures(r, now));
+        let expected = self.reference.decide_as(r, now, recheck_ms, Some(mine));
+        // Progress: the oldest live ticket waits for nothing but its request alone (rules 1
+        // to 6): its retryAt is rule 6's, and it is granted once its request fits.
+        if let Some(number) = mine
+            && self.reference.is_oldest(number)
+        {
+            prop_assert_eq!(&expected, &self.reference.decide_as(r, now, recheck_ms, None), "the oldest ticket waited");
+        }
+        let got = self.e.acquire_in_line(r, now, &mut self.effects).expect("bound");
+        prop_assert_eq!(peeked.map(Decision::from), (!got.decision.is_granted()).then(|| got.decision.clone()));
+        match (&got.decision, expected) {
+            (Decision::Granted { at, permit }, None) => {
+                prop_assert_eq!(*at, now);
+                prop_assert_eq!(permit.is_some(), r.wants_permit());
+                prop_assert_eq!(got.ticket, None);
+                // No overtaking: no older live ticket waits in any of its buckets.
+                for l in &r.limits {
+                    let older = self.reference.line(&l.key).find(|(n, _)| mine.is_none_or(|m| *n < m));
+                    prop_assert!(older.is_none(), "granted over ticket {:?} in {}", older.map(|o| o.0), l.key);
+                }
+                if let Some(p) = permit {
+                    prop_assert!(!self.issued.contains(p), "permit id reused");
+                    self.issued.push(*p);
+                }
+                self.reference.grant(r, now, *permit);
+                if let Some(number) = mine {
+                    self.reference.tickets.remove(&number);
+                }
+                // Safety: no bucket holds more than `concurrent` places.
+                for l in &r.limits {
+                    if let Some(c) = l.concurrent {
+                        let held =
+                            self.reference.figures(r, now).iter().find(|f| f.key == l.key).unwrap().places.unwrap().0;
+                        prop_assert!(held <= c, "{} holds {} > {}", l.key, held, c);
+                    }
+                }
+            }
+            (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
+                prop_assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()));
+                prop_assert!(
+                    self.effects.iter().all(|f| f.is_line()
+                        || matches!(
+                            f,
+                            Effect::BucketMeta { .. } | Effect::WindowPruned { .. } | Effect::BucketForgotten { .. }
+                        )),
+                    "a refusal changes nothing but retention and the line: {:?}",
+                    self.effects
+                );
+                prop_assert!(*retry_at > now);
+                self.reference.refuse(r, now);
+                match (mine, got.ticket) {
+                    (Some(number), Some(note)) => {
+                        prop_assert_eq!(note.id.number(), number);
+                        self.reference.renew(number, *retry_at, r.grace_ms);
+                        prop_assert_eq!(note.lapse_at, retry_at.plus(r.grace_ms));
+                        prop_assert_eq!(note.ahead, self.reference.ahead(number));
+                    }
+                    (None, Some(note)) => {
+                        prop_assert!(r.in_line() && *reason != Reason::Throttle);
+                        prop_assert!(self.tickets.iter().all(|(t, _)| *t != note.id), "ticket id reused");
+                        prop_assert!(
+                            self.reference.tickets.keys().all(|n| *n < note.id.number()),
+                            "filed ahead of a live ticket"
+                        );
+                        self.reference.file(note.id, r, *retry_at, now);
+                        prop_assert_eq!(note.lapse_at, retry_at.plus(r.grace_ms));
+                        prop_assert_eq!(note.ahead, self.reference.ahead(note.id.number()));
+                        let mut bound = r.clone();
+                        bound.ticket = Some(note.id.to_string());
+                        self.tickets.push((note.id, bound));
+                    }
+                    (None, None) => prop_assert!(!r.in_line() || *reason == Reason::Throttle),
+                    (Some(_), None) => prop_assert!(false, "a live ticket refused must be renewed"),
+                }
+            }
+            (got, expected) => prop_assert!(false, "engine {got:?}, reference {expected:?}"),
+        }
+        // The report: the figures as they stand after the decision.
+        prop_assert_eq!(self.e.figures(r, now), self.reference.figures(r, now));
+        Ok(())
+    }
+}
+
 fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
-    let recheck_ms = 250;
-    let mut seed = 1;
-    let mut e = Engine::new(EngineConfig { recheck_ms, id_seed: seed });
-    let mut reference = Reference::default();
-    let mut log = EffectLog::default();
-    let mut now = T0;
-    let mut issued: Vec<PermitId> = Vec::new();
-    let mut effects = Vec::new();
+    let mut m = Model::new();
+    let recheck_ms = m.recheck_ms;
     let pick = |issued: &[PermitId], nth: usize, bogus: bool| {
         if bogus || issued.is_empty() {
             ("p-ffffffffffffffffffffffffffffffff".to_owned(), None)
@@ -488,132 +1004,167 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
         }
     };
     for op in ops {
-        effects.clear();
-        reference.advance(now);
+        m.effects.clear();
+        m.reference.advance(m.now);
+        let now = m.now;
         match op {
-            Op::Acquire { caller, limits, permit, report, hold_ms } => {
-                let mut r = to_request(*caller, limits).with_hold_ms(*hold_ms).unwrap();
+            Op::Acquire { caller, limits, permit, report, hold_ms, line, grace } => {
+                let mut r = to_request(*caller, limits).with_hold_ms(*hold_ms).unwrap().with_grace_ms(*grace).unwrap();
                 r.permit = *permit;
                 r.report = *report;
-                let expected = reference.decide(&r, now, recheck_ms);
-                // A peek first: it equals the acquire that follows at the same instant, and
-                // leaves the engine exactly as it was.
-                let before = format!("{e:?}");
-                let peeked = e.peek(&r, now);
-                prop_assert_eq!(format!("{e:?}"), before, "a peek changed the engine");
-                prop_assert_eq!(e.figures(&r, now), reference.figures(&r, now));
-                let got = e.acquire(&r, now, &mut effects);
-                prop_assert_eq!(peeked.map(Decision::from), (!got.is_granted()).then(|| got.clone()));
-                match (&got, expected) {
-                    (Decision::Granted { at, permit }, None) => {
-                        prop_assert_eq!(*at, now);
-                        prop_assert_eq!(permit.is_some(), r.wants_permit());
-                        if let Some(p) = permit {
-                            prop_assert!(!issued.contains(p), "permit id reused");
-                            issued.push(*p);
-                        }
-                        reference.grant(&r, now, *permit);
+                match line {
+                    LineOp::None => {}
+                    LineOp::Queue => r.queue = true,
+                    LineOp::Ticket(nth) if !m.tickets.is_empty() => {
+                        r.ticket = Some(m.tickets[nth % m.tickets.len()].0.to_string());
                     }
-                    (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
-                        prop_assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()));
-                        prop_assert!(
-                            effects
-                                .iter()
-                                .all(|f| matches!(f, Effect::BucketMeta { .. } | Effect::WindowPruned { .. })),
-                            "a refusal changes nothing but retention: {:?}",
-                            effects
-                        );
-                        prop_assert!(*retry_at > now);
-                        reference.refuse(&r, now);
-                    }
-                    (got, expected) => prop_assert!(false, "engine {got:?}, reference {expected:?}"),
+                    LineOp::Ticket(_) | LineOp::Bogus => r.ticket = Some(BOGUS_TICKET.into()),
                 }
-                // The report: the figures as they stand after the decision.
-                prop_assert_eq!(e.figures(&r, now), reference.figures(&r, now));
+                m.acquire(&r)?;
+            }
+            Op::AskAgain { nth, grace } => {
+                if m.tickets.is_empty() {
+                    continue;
+                }
+                let r = m.tickets[nth % m.tickets.len()].1.clone().with_grace_ms(*grace).unwrap();
+                m.acquire(&r)?;
+            }
+            Op::PeekAgain { nth } => {
+                if m.tickets.is_empty() {
+                    continue;
+                }
+                let r = &m.tickets[nth % m.tickets.len()].1;
+                let before = format!("{:?}", m.e);
+                let mine = m.reference.presented(r).expect("the bound request");
+                let peeked = m.e.peek_in_line(r, now).expect("bound").map(|p| (p.retry_at, p.reason, p.limit));
+                prop_assert_eq!(format!("{:?}", m.e), before, "a peek changed the engine");
+                prop_assert_eq!(peeked, m.reference.decide_as(r, now, recheck_ms, Some(mine)));
+                prop_assert_eq!(m.e.figures(r, now), m.reference.figures(r, now));
             }
             Op::Peek { caller, limits } => {
                 let r = to_request(*caller, limits);
-                let before = format!("{e:?}");
-                let peeked = e.peek(&r, now).map(|p| (p.retry_at, p.reason, p.limit));
-                prop_assert_eq!(format!("{e:?}"), before, "a peek changed the engine");
-                prop_assert_eq!(peeked, reference.decide(&r, now, recheck_ms));
-                prop_assert_eq!(e.figures(&r, now), reference.figures(&r, now));
+                let before = format!("{:?}", m.e);
+                let peeked = m.e.peek(&r, now).map(|p| (p.retry_at, p.reason, p.limit));
+                prop_assert_eq!(format!("{:?}", m.e), before, "a peek changed the engine");
+                prop_assert_eq!(peeked, m.reference.decide(&r, now, recheck_ms));
+                prop_assert_eq!(m.e.figures(&r, now), m.reference.figures(&r, now));
             }
             Op::Release { nth, bogus, costs } => {
-                let (permit, id) = pick(&issued, *nth, *bogus);
+                let (permit, id) = pick(&m.issued, *nth, *bogus);
                 let costs = to_costs(costs);
                 let expected = if costs.is_empty() {
-                    Ok(reference.release(id, now))
+                    Ok(m.reference.release(id, now))
                 } else {
-                    match reference.settle(id, &costs, now) {
+                    match m.reference.settle(id, &costs, now) {
                         Err(()) => Err(()),
-                        Ok(_) => Ok(reference.release(id, now)),
+                        Ok(_) => Ok(m.reference.release(id, now)),
                     }
                 };
-                let before = format!("{e:?}");
-                let got = e.release_with(&permit, &costs, now, &mut effects);
+                let before = format!("{:?}", m.e);
+                let got = m.e.release_with(&permit, &costs, now, &mut m.effects);
                 let failed = got.is_err();
                 prop_assert_eq!(got.map_err(|_| ()), expected);
                 if failed {
-                    prop_assert_eq!(format!("{e:?}"), before, "a bad release changed the engine");
+                    prop_assert_eq!(format!("{:?}", m.e), before, "a bad release changed the engine");
+                }
+            }
+            Op::Leave { nth, bogus } => {
+                let (ticket, id) = match m.tickets.get(nth % m.tickets.len().max(1)) {
+                    Some((id, _)) if !bogus => (id.to_string(), Some(*id)),
+                    _ => (BOGUS_TICKET.to_owned(), None),
+                };
+                let live = id.is_some_and(|id| m.reference.tickets.get(&id.number()).is_some_and(|t| t.id == id));
+                prop_assert_eq!(m.e.leave(&ticket, now, &mut m.effects), live);
+                if let Some(id) = id.filter(|_| live) {
+                    m.reference.tickets.remove(&id.number());
                 }
             }
             Op::Settle { nth, bogus, costs } => {
-                let (permit, id) = pick(&issued, *nth, *bogus);
+                let (permit, id) = pick(&m.issued, *nth, *bogus);
                 let costs = to_costs(costs);
                 if costs.is_empty() {
                     continue;
                 }
-                let expected = reference.settle(id, &costs, now);
-                let before = format!("{e:?}");
-                let got = e.settle(&permit, &costs, now, &mut effects);
+                let expected = m.reference.settle(id, &costs, now);
+                let before = format!("{:?}", m.e);
+                let got = m.e.settle(&permit, &costs, now, &mut m.effects);
                 prop_assert_eq!(got.as_ref().map(|s| s.is_settled()).map_err(|_| ()), expected);
                 if got.is_err() || got == Ok(Settled::Unknown) {
-                    prop_assert_eq!(format!("{e:?}"), before, "a settle that changed nothing changed the engine");
-                    prop_assert!(effects.is_empty());
+                    prop_assert_eq!(format!("{:?}", m.e), before, "a settle that changed nothing changed the engine");
+                    prop_assert!(m.effects.is_empty());
                 }
             }
             Op::Throttle { caller, offset } => {
                 let until = Millis(now.0.saturating_add_signed(*offset));
                 let key = CALLERS[*caller];
-                let expected = reference.throttle(key, until, now);
-                prop_assert_eq!(e.throttle(key, until, now, &mut effects), expected);
+                let expected = m.reference.throttle(key, until, now);
+                prop_assert_eq!(m.e.throttle(key, until, now, &mut m.effects), expected);
             }
             Op::Lift { caller } => {
                 let key = CALLERS[*caller];
-                prop_assert_eq!(e.lift(key, now, &mut effects), reference.lift(key, now));
+                prop_assert_eq!(m.e.lift(key, now, &mut m.effects), m.reference.lift(key, now));
             }
             Op::Advance(step) => {
-                now = match step {
+                m.now = match step {
                     Step::Zero => now,
                     Step::By(ms) => now.plus(*ms),
                     Step::Edge(n) => {
-                        let edges = reference.edges(now);
+                        let edges = m.reference.edges(now);
                         if edges.is_empty() { now } else { edges[n % edges.len()] }
                     }
+                    Step::Retry(n) => {
+                        let retries: Vec<Millis> =
+                            m.reference.tickets.values().map(|t| t.state.retry_at).filter(|t| *t > now).collect();
+                        if retries.is_empty() { now } else { retries[n % retries.len()] }
+                    }
                 };
-                reference.advance(now);
+                m.reference.advance(m.now);
             }
             Op::Sweep => {
-                let next = e.sweep(now, &mut effects);
+                let next = m.e.sweep(now, &mut m.effects);
                 prop_assert!(next.is_none_or(|t| t > now));
             }
             Op::Rebuild => {
-                seed += 1;
-                let before = e.facts(now);
-                e = log.rebuild(EngineConfig { recheck_ms, id_seed: seed }, now);
-                prop_assert_eq!(e.facts(now), before, "rebuilt from the effects");
+                m.seed += 1;
+                let before = m.e.facts(now);
+                m.reference.restart(now, now);
+                m.e = m.log.rebuild(EngineConfig { recheck_ms, id_seed: m.seed }, now);
+                let after = m.e.facts(now);
+                prop_assert_eq!(
+                    (&after.buckets, &after.permits, &after.throttles),
+                    (&before.buckets, &before.permits, &before.throttles),
+                    "rebuilt from the effects"
+                );
+                prop_assert_eq!(after.tickets.keys().collect::<Vec<_>>(), before.tickets.keys().collect::<Vec<_>>());
+            }
+            Op::Restart(gap) => {
+                // What the log holds is what the file held at `now`; the limiter starts again
+                // `gap` later. Every ticket live then keeps its place and lapses no sooner than
+                // the restart plus its grace.
+                m.seed += 1;
+                let floor = now;
+                m.now = now.plus(*gap);
+                m.reference.restart(floor, m.now);
+                m.reference.advance(m.now);
+                m.e = m.log.restart(EngineConfig { recheck_ms, id_seed: m.seed }, floor, m.now);
+                for t in m.e.facts(m.now).tickets.values() {
+                    prop_assert!(
+                        t.lapse_at >= m.now.plus(t.grace_ms),
+                        "a ticket lapses before the restart plus its grace"
+                    );
+                }
             }
         }
-        log.apply(&effects);
-        prop_assert_eq!(e.facts(now), reference.facts(now));
+        m.log.apply(&m.effects);
+        let now = m.now;
+        prop_assert_eq!(m.e.facts(now), m.reference.facts(now));
         // No window of a bucket named with one perMs and never settled up holds more than calls.
         for (i, (calls, _)) in SHAPES.iter().enumerate() {
             let key = format!("b{i}");
-            if let Some(per_ms) = reference.first_per_ms.get(&key)
-                && !reference.unbounded.contains(&key)
+            if let Some(per_ms) = m.reference.first_per_ms.get(&key)
+                && !m.reference.unbounded.contains(&key)
             {
-                let most = reference.max_window_use(&key, *per_ms);
+                let most = m.reference.max_window_use(&key, *per_ms);
                 prop_assert!(most <= *calls, "b{} held {} > {}", i, most, calls);
             }
         }

@@ -15,6 +15,8 @@ pub(crate) enum Due {
     Bucket(Arc<str>),
     Permit(PermitId),
     Throttle(Arc<str>),
+    /// A ticket's lapse, by its number.
+    Ticket(u64),
 }
 
 #[derive(Debug)]

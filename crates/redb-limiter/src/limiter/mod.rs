@@ -11,6 +11,13 @@
 //! for a commit); a change (a grant, a settle, a lift, a refusal that lengthens a bucket's
 //! retention) is answered only once a commit holds it durably. Fail closed: when a commit fails, nothing that was not committed is granted, and
 //! the file is reopened and the engine rebuilt from it.
+//!
+//! The line (section 12) is decided by the engine and its changes travel the same pipeline: a
+//! refusal that files a ticket, a grant that ends one and a `leave` wait for their commit; a
+//! renewal or a lapse rides with the next one (it may be lost in a crash). The file keeps no
+//! tickets yet (format version 4): after a restart, or a reopen after a failed commit, every
+//! ticket is unknown, so its host joins the line again at the back. Windows, places and
+//! throttles, and so every rule but the order of the line, hold across restarts as before.
 
 mod pipeline;
 
@@ -21,9 +28,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::engine::{DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, Figures, Refusal, StateView, Totals};
+use crate::engine::{
+    DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, Figures, Refusal, StateView, TicketNote, Totals,
+};
 use crate::metrics::Metrics;
-use crate::request::{AcquireRequest, BadRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
+use crate::request::{
+    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest,
+};
 use crate::store::{Opener, Store, StoreError, file_opener};
 use crate::time::{Clock, Millis, SystemClock};
 use pipeline::{Command, Core, File, LogGate, Reply, Shared, Writer, finish_restore, spawn_replier};
@@ -95,12 +106,13 @@ pub struct Report {
     pub limits: Vec<Figures>,
 }
 
-/// An acquire's answer: the decision, and the figures after it when the request asked with
-/// `report`.
+/// An acquire's answer: the decision, the figures after it when the request asked with
+/// `report`, and on a refusal the ticket it filed or renewed (section 12), if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acquired {
     pub decision: Decision,
     pub report: Option<Report>,
+    pub ticket: Option<TicketNote>,
 }
 
 /// A peek's answer: `refusal` is `None` exactly when an acquire at `report.now` would be granted.
@@ -274,8 +286,9 @@ impl Limiter {
         self.send(true, self.shared.caller_commits, make).blocking_recv().unwrap_or_else(|_| Err(closed()))
     }
 
-    /// Decides an acquire; a grant (or a refusal that lengthens a bucket's retention) is
-    /// answered only once it is durable.
+    /// Decides an acquire; a grant (or a refusal that lengthens a bucket's retention or files a
+    /// ticket) is answered only once it is durable. A request with `queue` or a `ticket` takes
+    /// part in the line; the ticket a refusal names is in [`Limiter::acquire_reported`]'s answer.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Decision, LimiterError> {
         self.ask(|r| Command::Acquire(req, r)).await.map(|a| a.decision)
     }
@@ -289,6 +302,17 @@ impl Limiter {
     /// live. A cost naming a bucket that was not a window of its grant is a `BadRequest`.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         self.ask(|r| Command::Release(req, r)).await
+    }
+
+    /// Leaves the line (`release {ticket}`, section 12.4): `true` when a live ticket left its
+    /// lines; answered once durable.
+    pub async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
+        self.ask(|r| Command::Leave(req, r)).await
+    }
+
+    /// [`Limiter::leave`] for threads outside an async runtime.
+    pub fn leave_blocking(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
+        self.ask_blocking(|r| Command::Leave(req, r))
     }
 
     /// Decides `req` as an acquire would now, changing nothing; answered at once.
@@ -484,5 +508,48 @@ mod tests {
         assert_eq!(settled.recv().unwrap(), "Ok(true)");
         assert_eq!(lifted.recv().unwrap(), "Ok(true)");
         assert!(lengthened.recv().unwrap().starts_with("Ok(Refused"));
+    }
+
+    /// Section 12.6 through the pipeline: a refusal that files a ticket is answered once its
+    /// commit holds it; a renewal of that ticket may be lost in a crash, so it does not wait
+    /// for one; a ticket bound to another request is a bad request; `leave` ends it.
+    #[test]
+    fn a_filing_waits_for_its_commit_and_a_renewal_does_not() {
+        use crate::request::{LeaveRequest, Limit};
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(T0));
+        let options = LimiterOptions { clock: Some(clock), id_seed: Some(1), ..LimiterOptions::default() };
+        let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
+        let r = AcquireRequest::new("caller", vec![Limit::window("b", 1, 60_000)]).unwrap();
+        assert!(limiter.acquire_blocking(r.clone()).unwrap().is_granted());
+        let held = limiter.shared.lock_file();
+        let queued = r.clone().with_queue();
+        let filing = {
+            let (tx, rx) = mpsc::channel();
+            let limiter = limiter.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(limiter.acquire_reported_blocking(queued));
+            });
+            rx
+        };
+        assert!(filing.recv_timeout(Duration::from_millis(200)).is_err(), "a filing answered before its commit");
+        drop(held);
+        let filed = filing.recv().unwrap().unwrap();
+        assert!(!filed.decision.is_granted());
+        let note = filed.ticket.expect("a ticket filed");
+        assert_eq!(note.now, T0);
+        // With the file held again, a renewal is answered at once.
+        let held = limiter.shared.lock_file();
+        let again = r.clone().with_ticket(note.id.to_string()).unwrap();
+        let renewed = limiter.acquire_reported_blocking(again.clone()).unwrap();
+        assert_eq!(renewed.ticket.map(|t| t.id), Some(note.id));
+        drop(held);
+        let other = AcquireRequest::new("caller", vec![Limit::window("b", 2, 60_000)]).unwrap();
+        let bad = limiter.acquire_reported_blocking(other.with_ticket(note.id.to_string()).unwrap());
+        assert!(matches!(bad, Err(LimiterError::BadRequest(ref e)) if e.0.starts_with("ticket ")), "{bad:?}");
+        assert!(limiter.leave_blocking(LeaveRequest::new(note.id.to_string()).unwrap()).unwrap());
+        assert!(!limiter.leave_blocking(LeaveRequest::new(note.id.to_string()).unwrap()).unwrap());
+        // Without the line the answers are those of before: no ticket.
+        assert_eq!(limiter.acquire_reported_blocking(r).unwrap().ticket, None);
     }
 }

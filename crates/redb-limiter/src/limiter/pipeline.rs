@@ -42,7 +42,9 @@ use super::{Acquired, LimiterError, Peeked, Report, Snapshot, random_seed};
 use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, Totals};
 use crate::metrics::Metrics;
 use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
-use crate::request::{AcquireRequest, BadRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
+use crate::request::{
+    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest,
+};
 use crate::store::{Opener, Store, StoreError};
 use crate::time::{Clock, Millis};
 
@@ -59,6 +61,7 @@ pub(super) type Reply<T> = oneshot::Sender<Result<T, LimiterError>>;
 pub(super) enum Command {
     Acquire(AcquireRequest, Reply<Acquired>),
     Release(ReleaseRequest, Reply<bool>),
+    Leave(LeaveRequest, Reply<bool>),
     Peek(AcquireRequest, Reply<Peeked>),
     Settle(SettleRequest, Reply<bool>),
     Lift(LiftRequest, Reply<bool>),
@@ -263,7 +266,13 @@ impl Shared {
         // it waits for that commit like a change of its own.
         let reports_pending = matches!(cmd, Command::Throttle { .. }) && (core.committing || !core.waiting.is_empty());
         let answer = decide(&mut core, cmd, now);
-        if core.effects.len() == before && !reports_pending {
+        // A ticket's renewal or lapse may be lost in a crash (section 12.6): it rides with the
+        // next commit, like a sweep's effects, and its answer does not wait.
+        let needs_commit = core.effects[before..].iter().any(Effect::needs_commit);
+        if !needs_commit && !reports_pending {
+            if core.effects.len() > before && core.waiting.is_empty() {
+                core.deferred_since.get_or_insert(now);
+            }
             let wake_writer = core.writer_should_wake();
             drop(core);
             if wake_writer {
@@ -436,10 +445,11 @@ pub(super) fn decided_nothing(cmd: Command) -> Answer {
     match cmd {
         Command::Acquire(_, reply) => Answer::Acquire(
             reply,
-            Acquired { decision: Decision::Granted { at: Millis::ZERO, permit: None }, report: None },
+            Ok(Acquired { decision: Decision::Granted { at: Millis::ZERO, permit: None }, report: None, ticket: None }),
         ),
         Command::Release(_, reply) => Answer::Release(reply, Ok(false)),
-        Command::Peek(_, reply) => Answer::Peek(reply, Peeked::default()),
+        Command::Leave(_, reply) => Answer::Leave(reply, false),
+        Command::Peek(_, reply) => Answer::Peek(reply, Ok(Peeked::default())),
         Command::Settle(_, reply) => Answer::Settle(reply, Ok(Settled::Unknown)),
         Command::Lift(_, reply) => Answer::Lift(reply, false),
         Command::Throttle { reply, .. } => Answer::Throttle(reply, Ok(None)),
@@ -453,16 +463,22 @@ pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
     let Core { engine, effects, .. } = core;
     match cmd {
         Command::Acquire(req, reply) => {
-            let decision = engine.acquire(&req, now, effects);
-            let report = req.report.then(|| Report { now, limits: engine.figures(&req, now) });
-            Answer::Acquire(reply, Acquired { decision, report })
+            let acquired = engine.acquire_in_line(&req, now, effects).map(|answer| Acquired {
+                decision: answer.decision,
+                report: req.report.then(|| Report { now, limits: engine.figures(&req, now) }),
+                ticket: answer.ticket,
+            });
+            Answer::Acquire(reply, acquired)
         }
         Command::Release(req, reply) => {
             Answer::Release(reply, engine.release_with(&req.permit, &req.costs, now, effects))
         }
+        Command::Leave(req, reply) => Answer::Leave(reply, engine.leave(&req.ticket, now, effects)),
         Command::Peek(req, reply) => {
-            let refusal = engine.peek(&req, now);
-            Answer::Peek(reply, Peeked { refusal, report: Report { now, limits: engine.figures(&req, now) } })
+            let peeked = engine
+                .peek_in_line(&req, now)
+                .map(|refusal| Peeked { refusal, report: Report { now, limits: engine.figures(&req, now) } });
+            Answer::Peek(reply, peeked)
         }
         Command::Settle(req, reply) => Answer::Settle(reply, engine.settle(&req.permit, &req.costs, now, effects)),
         Command::Lift(req, reply) => Answer::Lift(reply, engine.lift(&req.key, now, effects)),
@@ -495,9 +511,10 @@ pub(super) fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis
 
 /// A decided request, answered at once or after the commit that holds its effects.
 pub(super) enum Answer {
-    Acquire(Reply<Acquired>, Acquired),
+    Acquire(Reply<Acquired>, Result<Acquired, BadRequest>),
     Release(Reply<bool>, Result<bool, BadRequest>),
-    Peek(Reply<Peeked>, Peeked),
+    Leave(Reply<bool>, bool),
+    Peek(Reply<Peeked>, Result<Peeked, BadRequest>),
     Settle(Reply<bool>, Result<Settled, BadRequest>),
     Lift(Reply<bool>, bool),
     Throttle(Reply<Option<Millis>>, Result<Option<Millis>, BadRequest>),
@@ -508,11 +525,16 @@ impl Answer {
     fn send(self, metrics: &Metrics) {
         match self {
             Answer::Acquire(reply, acquired) => {
-                match &acquired.decision {
-                    Decision::Granted { .. } => metrics.decided("acquire", "granted", ""),
-                    Decision::Refused { reason, .. } => metrics.decided("acquire", "refused", reason.as_str()),
+                match acquired.as_ref().map(|a| &a.decision) {
+                    Ok(Decision::Granted { .. }) => metrics.decided("acquire", "granted", ""),
+                    Ok(Decision::Refused { reason, .. }) => metrics.decided("acquire", "refused", reason.as_str()),
+                    Err(_) => metrics.decided("acquire", "bad_request", ""),
                 }
-                let _ = reply.send(Ok(acquired));
+                let _ = reply.send(acquired.map_err(LimiterError::from));
+            }
+            Answer::Leave(reply, left) => {
+                metrics.decided("release", if left { "left" } else { "unknown" }, "");
+                let _ = reply.send(Ok(left));
             }
             Answer::Release(reply, released) => {
                 let outcome = match released {
@@ -524,11 +546,12 @@ impl Answer {
                 let _ = reply.send(released.map_err(LimiterError::from));
             }
             Answer::Peek(reply, peeked) => {
-                match &peeked.refusal {
-                    None => metrics.decided("peek", "fits", ""),
-                    Some(r) => metrics.decided("peek", "refused", r.reason.as_str()),
+                match peeked.as_ref().map(|p| &p.refusal) {
+                    Ok(None) => metrics.decided("peek", "fits", ""),
+                    Ok(Some(r)) => metrics.decided("peek", "refused", r.reason.as_str()),
+                    Err(_) => metrics.decided("peek", "bad_request", ""),
                 }
-                let _ = reply.send(Ok(peeked));
+                let _ = reply.send(peeked.map_err(LimiterError::from));
             }
             Answer::Settle(reply, settled) => {
                 metrics.decided("settle", settled.as_ref().map_or("bad_request", |s| s.as_str()), "");
@@ -560,7 +583,7 @@ impl Answer {
                 metrics.decided("acquire", "unavailable", "");
                 let _ = reply.send(Err(err()));
             }
-            Answer::Release(reply, _) => {
+            Answer::Release(reply, _) | Answer::Leave(reply, _) => {
                 metrics.decided("release", "unavailable", "");
                 let _ = reply.send(Err(err()));
             }

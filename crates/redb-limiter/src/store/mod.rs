@@ -390,6 +390,7 @@ fn millis(ats: &[Millis]) -> Vec<u64> {
 fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
     let effects = effects
         .iter()
+        .filter(|effect| !effect.is_line())
         .map(|effect| match effect {
             Effect::BucketMeta { bucket, meta } => {
                 NoteEffect::BucketMeta { bucket: Cow::Borrowed(bucket), meta: *meta }
@@ -409,6 +410,10 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
             Effect::PermitEnded { id } => NoteEffect::PermitEnded { id: id.0 },
             Effect::ThrottleSet { key, until } => NoteEffect::ThrottleSet { key: Cow::Borrowed(key), until: until.0 },
             Effect::ThrottleEnded { key } => NoteEffect::ThrottleEnded { key: Cow::Borrowed(key) },
+            Effect::TicketFiled { .. }
+            | Effect::TicketRenewed { .. }
+            | Effect::TicketEnded { .. }
+            | Effect::TicketLapsed { .. } => unreachable!("the line's effects are filtered out above"),
         })
         .collect();
     encode_schema(NOTE_SCHEMA, &Note { floor: floor.0, effects })
@@ -1047,6 +1052,12 @@ impl Store {
                     Effect::ThrottleEnded { key } => {
                         opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
                     }
+                    // The file keeps no tickets (format version 4): after a restart every ticket
+                    // is unknown, and its host joins the line again at the back.
+                    Effect::TicketFiled { .. }
+                    | Effect::TicketRenewed { .. }
+                    | Effect::TicketEnded { .. }
+                    | Effect::TicketLapsed { .. } => {}
                 }
             }
         }

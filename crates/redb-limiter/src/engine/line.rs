@@ -1,0 +1,182 @@
+//! The line (section 12): tickets, their ids, and what each bucket's line holds.
+//!
+//! Every ticket takes a number from one counter shared by all buckets; a bucket's line is its
+//! live tickets in that order. The engine keeps one table of tickets keyed by number (what the
+//! store persists) and, per bucket, the numbers waiting there with their lapse instants (derived
+//! from the table, so a restore rebuilds it). This module only holds the types; the rules (rule
+//! Q, filing, renewal, lapse) are the engine's, in `mod.rs`, next to the rules they join.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::request::Limit;
+use crate::time::Millis;
+
+/// At most this many live tickets wait in one bucket's line (section 12.1).
+pub const MAX_LINE: usize = 10_000;
+
+/// A ticket's id: its number in the one counter (the low 64 bits: its place in every line) and
+/// a nonce drawn when the engine starts (the high 64 bits), so that a restart, whose counter
+/// starts again above the live tickets only, never issues a string it issued before. Written
+/// `t-` and 32 lowercase hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct TicketId(pub u128);
+
+impl TicketId {
+    /// The ticket's place in the one counter: an older ticket has a smaller number.
+    #[must_use]
+    pub fn number(self) -> u64 {
+        self.0 as u64
+    }
+}
+
+impl fmt::Display for TicketId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t-{:032x}", self.0)
+    }
+}
+
+impl FromStr for TicketId {
+    type Err = ();
+
+    /// Reads an id this limiter wrote; any other string is not one of ours.
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let hex = s.strip_prefix("t-").ok_or(())?;
+        if hex.len() != 32 {
+            return Err(());
+        }
+        // One pass, lowercase only: every ask with a ticket reads one.
+        let mut id = 0u128;
+        for b in hex.bytes() {
+            let digit = match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' => b - b'a' + 10,
+                _ => return Err(()),
+            };
+            id = id << 4 | u128::from(digit);
+        }
+        Ok(TicketId(id))
+    }
+}
+
+/// The nonce of a start's ticket ids, from the engine's seed (splitmix64 of a value apart from
+/// the permits' own, so the two never share a high half by design).
+pub(crate) fn ticket_nonce(seed: u64) -> u64 {
+    let mut z = (seed ^ 0x7469_636b_6574_7321).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A live ticket: what the store keeps of it (one record per ticket, keyed by its id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TicketState {
+    /// When it was filed (the wait a grant ends is counted from here).
+    pub filed_at: Millis,
+    /// The `retryAt` last given to it.
+    pub retry_at: Millis,
+    /// It lapses at this instant unless asked again before: `retry_at + grace_ms`, or later
+    /// after a restart (section 12.6).
+    pub lapse_at: Millis,
+    /// The `graceMs` it was last given.
+    pub grace_ms: u64,
+    /// What it binds (section 12.3): the caller key...
+    pub key: Arc<str>,
+    /// ...and the limits with their defaults resolved, sorted by bucket key. Its lines are the
+    /// buckets these name.
+    pub limits: Vec<Limit>,
+}
+
+impl TicketState {
+    /// Whether `key` and `limits` (in any order) are the ones this ticket binds.
+    pub(crate) fn binds(&self, key: &str, limits: &[Limit]) -> bool {
+        if *self.key != *key || self.limits.len() != limits.len() {
+            return false;
+        }
+        limits.iter().all(|l| {
+            self.limits.binary_search_by(|bound| bound.key.as_str().cmp(&l.key)).is_ok_and(|i| self.limits[i] == *l)
+        })
+    }
+}
+
+/// The limits of a request as a ticket binds them: sorted by bucket key.
+pub(crate) fn bound_limits(limits: &[Limit]) -> Vec<Limit> {
+    let mut limits = limits.to_vec();
+    limits.sort_by(|a, b| a.key.cmp(&b.key));
+    limits
+}
+
+/// What a refusal names of the line (section 12.1): the ticket filed or renewed, when it lapses,
+/// and the most live tickets ahead of it in any one of its lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TicketNote {
+    pub id: TicketId,
+    pub lapse_at: Millis,
+    pub ahead: u64,
+    /// The limiter's clock at the decision, so a host sizes its sleep on it.
+    pub now: Millis,
+}
+
+/// An acquire's answer in the line: the decision, and on a refusal the ticket it names, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineAnswer {
+    pub decision: super::Decision,
+    pub ticket: Option<TicketNote>,
+}
+
+/// How a ticket ended, for the store (its record goes) and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TicketEnd {
+    /// Its request was granted.
+    Granted,
+    /// Its host left the line (`release {ticket}`).
+    Left,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_order_by_number_and_foreign_strings_are_not_ids() {
+        let a = TicketId(u128::from(ticket_nonce(1)) << 64 | 7);
+        assert_eq!(a.to_string().parse::<TicketId>(), Ok(a));
+        assert_eq!(a.number(), 7);
+        assert_eq!(a.to_string().len(), 34);
+        assert_ne!(ticket_nonce(1), ticket_nonce(2));
+        assert_eq!("t-0123456789abcdef0123456789ABCDEF".parse::<TicketId>(), Err(()), "lowercase only");
+        assert_eq!(
+            "t-0123456789abcdef00000000000000ff".parse::<TicketId>(),
+            Ok(TicketId(0x0123_4567_89ab_cdef_0000_0000_0000_00ff))
+        );
+        for bad in [
+            "",
+            "t-",
+            "p-00000000000000000000000000000000",
+            "t-0000000000000000000000000000000G",
+            "t-+000000000000000000000000000000",
+        ] {
+            assert!(bad.parse::<TicketId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_ticket_binds_its_limits_in_any_order_with_defaults_resolved() {
+        let limits = vec![Limit::window("b", 5, 1000), Limit::concurrent("a", 2)];
+        let state = TicketState {
+            filed_at: Millis(0),
+            retry_at: Millis(1),
+            lapse_at: Millis(2),
+            grace_ms: 1,
+            key: Arc::from("caller"),
+            limits: bound_limits(&limits),
+        };
+        assert!(state.binds("caller", &limits));
+        assert!(state.binds("caller", &[limits[1].clone(), limits[0].clone()]));
+        assert!(!state.binds("other", &limits));
+        assert!(!state.binds("caller", &limits[..1]));
+        assert!(!state.binds("caller", &[limits[0].clone().with_cost(2), limits[1].clone()]));
+        assert!(!state.binds("caller", &[limits[0].clone(), limits[1].clone().with_hold_ms(5)]));
+    }
+}

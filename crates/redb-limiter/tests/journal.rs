@@ -43,7 +43,11 @@ fn file_alone(path: &Path) -> (u64, u64) {
     if std::fs::metadata(path).unwrap().len() == 0 {
         return (0, 0);
     }
-    let db = redb::Database::builder().open_read_only(path).unwrap();
+    // A file left by a crash needs redb's repair first: done on a copy, the file stays as it is.
+    let scratch = tempfile::tempdir().unwrap();
+    let copy = scratch.path().join("look.redb");
+    std::fs::copy(path, &copy).unwrap();
+    let db = redb::Database::create(&copy).unwrap();
     let txn = db.begin_read().unwrap();
     let version = match txn.open_table(META) {
         Ok(meta) => meta.get("format_version").unwrap().map_or(0, |v| v.value()),

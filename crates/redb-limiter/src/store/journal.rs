@@ -261,6 +261,22 @@ impl JournalOptions {
     }
 }
 
+/// What a data file says of its journal (the store keeps it in the file's own tables): the
+/// journal it was last open behind, how far that journal reached when the file's newest commit
+/// began, and whether it was closed cleanly since. [`JournalBackend::open_claimed`] refuses a
+/// journal that contradicts it, before anything is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileClaim {
+    /// The journal's id as [`JournalMonitor::journal_id`] gives it.
+    pub journal_id: u64,
+    /// [`JournalMonitor::next_seq`] when the file's newest commit began: that commit's records
+    /// carry this sequence number or a later one, so the file's journal reaches past it.
+    pub next_seq: u64,
+    /// Open behind the journal and not closed cleanly since: its journal holds commits the file
+    /// alone lacks, and must be there.
+    pub open: bool,
+}
+
 /// Deliberate bugs, so that tests can show the power-cut simulation catches them.
 #[cfg(test)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -358,6 +374,46 @@ impl JournalMonitor {
         self.counters.len.load(Ordering::Relaxed)
     }
 
+    /// The journal's id as a data file names it (its first 8 bytes, little-endian).
+    #[must_use]
+    pub fn journal_id(&self) -> u64 {
+        self.shared
+            .upgrade()
+            .and_then(|shared| shared.state.read().ok().map(|st| short_id(&st.journal_id)))
+            .unwrap_or(0)
+    }
+
+    /// The sequence number the next record will carry.
+    #[must_use]
+    pub fn next_seq(&self) -> u64 {
+        self.shared.upgrade().and_then(|shared| shared.state.read().ok().map(|st| st.next_seq)).unwrap_or(0)
+    }
+
+    /// Checks the journal file as it is on disk against the one open: as long as its header
+    /// says, and its current header slot whole and of this journal. Catches a journal truncated
+    /// or overwritten in place while open (a delete or a replace changes its inode instead).
+    pub fn verify_on_disk(&self) -> Result<(), &'static str> {
+        let Some(shared) = self.shared.upgrade() else { return Ok(()) };
+        let Ok(st) = shared.state.read() else { return Ok(()) };
+        if st.closed || st.failed.is_some() {
+            return Ok(());
+        }
+        let expected = REGION_START + st.region_len;
+        match shared.log.len() {
+            Ok(len) if len < expected => return Err("its journal was truncated while open"),
+            Ok(_) => {}
+            Err(_) => return Err("its journal cannot be read while open"),
+        }
+        let mut slot = vec![0u8; SLOT_LEN];
+        if shared.log.read((st.active_slot * SLOT_LEN) as u64, &mut slot).is_err() {
+            return Err("its journal cannot be read while open");
+        }
+        match Header::decode(&slot) {
+            Slot::Valid(h) if h.journal_id == st.journal_id && h.generation == st.generation => Ok(()),
+            _ => Err("its journal was overwritten while open"),
+        }
+    }
+
     /// Asks for a checkpoint right after the next barrier (redb's next durable commit), so that
     /// the data file on disk holds everything up to it: after a compaction, to give its space
     /// back now rather than when the region fills.
@@ -424,6 +480,21 @@ pub enum JournalError {
     Corrupt(String),
     /// Another instance holds the journal or the data file.
     Held,
+    /// The data file names another journal than this one ([`FileClaim::journal_id`]).
+    NotThisFilesJournal { file_names: u64, journal_is: u64 },
+    /// The journal ends before commits the data file already holds: an earlier copy of itself.
+    Older { file_reaches: u64, journal_ends: u64 },
+    /// The data file was not closed cleanly and its journal is empty or gone: the commits only
+    /// the journal held are missing.
+    Missing,
+    /// The journal file is shorter than its header says: it was truncated.
+    Truncated { len: u64, expected: u64 },
+    /// Damage other than a torn newest record: refused, never replayed up to it.
+    Damaged(String),
+    /// The data file is empty but the journal is bound to a file of this many bytes.
+    FileEmptied { bound_len: u64 },
+    /// Too little room on the disk to create the journal.
+    NoRoom { needs: u64, cause: io::Error },
 }
 
 impl fmt::Display for JournalError {
@@ -438,6 +509,32 @@ impl fmt::Display for JournalError {
             JournalError::UnsupportedVersion(v) => write!(f, "journal format version {v} is not supported"),
             JournalError::Corrupt(why) => write!(f, "the journal is corrupt: {why}"),
             JournalError::Held => f.write_str("the journal or its database file is in use elsewhere"),
+            JournalError::NotThisFilesJournal { file_names, journal_is } => write!(
+                f,
+                "the journal belongs to another database file: the file names journal {file_names:016x}, this \
+                 journal is {journal_is:016x}; refusing to open the pair"
+            ),
+            JournalError::Older { file_reaches, journal_ends } => write!(
+                f,
+                "the journal is older than the file (an earlier copy of it): the file holds commits up to journal \
+                 record {file_reaches}, the journal ends before record {journal_ends}"
+            ),
+            JournalError::Missing => f.write_str(
+                "the file was not closed cleanly and its journal is missing or empty: the newest commits were only \
+                 in the journal; restore the journal beside the file",
+            ),
+            JournalError::Truncated { len, expected } => write!(
+                f,
+                "the journal was truncated: it is {len} bytes, its header says {expected}; refusing to open it"
+            ),
+            JournalError::Damaged(why) => write!(f, "the journal is damaged: {why}; refusing to open it"),
+            JournalError::FileEmptied { bound_len } => write!(
+                f,
+                "the journal belongs to a file of {bound_len} bytes but the file is empty (truncated or replaced)"
+            ),
+            JournalError::NoRoom { needs, cause } => {
+                write!(f, "too little room for the journal: it needs {needs} bytes ({cause})")
+            }
         }
     }
 }
@@ -445,7 +542,7 @@ impl fmt::Display for JournalError {
 impl std::error::Error for JournalError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            JournalError::Io(e) => Some(e),
+            JournalError::Io(e) | JournalError::NoRoom { cause: e, .. } => Some(e),
             _ => None,
         }
     }
@@ -490,6 +587,59 @@ impl fmt::Debug for JournalBackend {
             .field("log", &self.shared.log)
             .field("recovery", &self.recovery)
             .finish_non_exhaustive()
+    }
+}
+
+/// A file read through redb without changing it: reads see the file, writes stay in memory.
+/// How a file that a crash left for redb to repair is looked at before its journal is touched
+/// (redb's read-only open refuses such a file).
+#[derive(Debug)]
+pub struct ScratchBackend {
+    file: Box<dyn StorageBackend>,
+    writes: Mutex<(Extents, u64)>,
+}
+
+impl ScratchBackend {
+    /// Over `file`, whose length is the starting length.
+    pub fn new(file: Box<dyn StorageBackend>) -> io::Result<Self> {
+        let len = file.len()?;
+        Ok(ScratchBackend { file, writes: Mutex::new((Extents::default(), len)) })
+    }
+}
+
+impl StorageBackend for ScratchBackend {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.writes.lock().map_err(|_| poisoned())?.1)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let guard = self.writes.lock().map_err(|_| poisoned())?;
+        let (extents, len) = (&guard.0, guard.1);
+        if offset.checked_add(out.len() as u64).is_none_or(|end| end > len) {
+            return Err(unexpected_eof());
+        }
+        let file_len = self.file.len()?;
+        layered(extents, offset, out, |pos, out| read_cut(&*self.file, file_len, pos, out))
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut guard = self.writes.lock().map_err(|_| poisoned())?;
+        if len < guard.1 {
+            guard.0.truncate(len);
+        }
+        guard.1 = len;
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut guard = self.writes.lock().map_err(|_| poisoned())?;
+        guard.0.insert(offset, data);
+        guard.1 = guard.1.max(offset + data.len() as u64);
+        Ok(())
     }
 }
 
@@ -1072,6 +1222,11 @@ fn zero_fill(log: &dyn StorageBackend, start: u64, end: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether `e` says the disk (or the quota) has no room left.
+fn is_no_room(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge)
+}
+
 fn is_unsupported(e: &BackendError) -> bool {
     match e {
         BackendError::Unsupported => true,
@@ -1417,8 +1572,19 @@ impl JournalBackend {
         log: Box<dyn StorageBackend>,
         options: &JournalOptions,
     ) -> Result<Self, JournalError> {
+        Self::open_claimed(data, log, options, None)
+    }
+
+    /// [`Self::open_with`], refusing a journal that contradicts what the data file says of it
+    /// (`claim`, see [`FileClaim`]) before anything is written to either.
+    pub fn open_claimed(
+        data: Box<dyn StorageBackend>,
+        log: Box<dyn StorageBackend>,
+        options: &JournalOptions,
+        claim: Option<&FileClaim>,
+    ) -> Result<Self, JournalError> {
         let counters = Arc::new(Counters::default());
-        match recover(&*data, &*log, options, &counters) {
+        match recover(&*data, &*log, options, &counters, claim) {
             Ok((state, recovery, notes)) => {
                 counters.len.store(state.committed_len, Ordering::Relaxed);
                 let shared =
@@ -1435,32 +1601,62 @@ impl JournalBackend {
 
     /// Opens (creating when missing) the data file at `data_path` and its journal at
     /// [`journal_path`], both as redb's `FileBackend`s. When it creates either file it syncs the
-    /// directory, so that a new journal cannot vanish in a power cut.
+    /// directory, so that a new journal cannot vanish in a power cut. A creation that fails (too
+    /// little room: [`JournalError::NoRoom`]) removes what it created.
     pub fn open_path(data_path: &Path, options: &JournalOptions) -> Result<Self, JournalError> {
+        Self::open_path_claimed(data_path, options, None)
+    }
+
+    /// [`Self::open_path`] with the data file's [`FileClaim`].
+    pub fn open_path_claimed(
+        data_path: &Path,
+        options: &JournalOptions,
+        claim: Option<&FileClaim>,
+    ) -> Result<Self, JournalError> {
         let log_path = journal_path(data_path);
-        let created = !data_path.exists() || !log_path.exists();
+        let (data_new, log_new) = (!data_path.exists(), !log_path.exists());
         let open = |p: &Path| -> io::Result<Box<dyn StorageBackend>> {
             let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p)?;
             let backend = FileBackend::new(file).map_err(|e| io::Error::other(e.to_string()))?;
             Ok(Box::new(backend))
         };
-        let data = open(data_path)?;
-        let log = open(&log_path)?;
-        if created {
-            let dir = match data_path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            File::open(dir)?.sync_all()?;
-        }
-        Self::open_with(data, log, options)
+        // Removes what this call created, when its open fails: nothing half-made stays.
+        let undo = |e: JournalError| {
+            if log_new {
+                let _ = std::fs::remove_file(&log_path);
+            }
+            if data_new && std::fs::metadata(data_path).is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(data_path);
+            }
+            match e {
+                JournalError::Io(cause) if log_new && is_no_room(&cause) => {
+                    JournalError::NoRoom { needs: REGION_START + options.region_len(), cause }
+                }
+                other => other,
+            }
+        };
+        let opened = (|| {
+            let data = open(data_path)?;
+            let log = open(&log_path)?;
+            if data_new || log_new {
+                let dir = match data_path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                File::open(dir)?.sync_all()?;
+            }
+            Ok::<_, JournalError>((data, log))
+        })();
+        let (data, log) = opened.map_err(undo)?;
+        Self::open_claimed(data, log, options, claim).map_err(undo)
     }
 
     /// Replays the journal beside `data_path` onto the data file and closes both, so that the
     /// file on its own holds every acknowledged commit: how [`super::Store::open`] looks at a
-    /// file (read-only, through redb) without missing the commits still in its journal.
-    pub fn recover_path(data_path: &Path) -> Result<Recovery, JournalError> {
-        let journal = Self::open_path(data_path, &JournalOptions::default())?;
+    /// file (read-only, through redb) without missing the commits still in its journal. A
+    /// journal that contradicts `claim` is refused unchanged.
+    pub fn recover_path(data_path: &Path, claim: Option<&FileClaim>) -> Result<Recovery, JournalError> {
+        let journal = Self::open_path_claimed(data_path, &JournalOptions::default(), claim)?;
         let recovery = journal.recovery.clone();
         journal.close()?;
         Ok(recovery)
@@ -1526,6 +1722,7 @@ fn recover(
     log: &dyn StorageBackend,
     options: &JournalOptions,
     counters: &Counters,
+    claim: Option<&FileClaim>,
 ) -> Result<(State, Recovery, Vec<Vec<u8>>), JournalError> {
     lock_pair(data, log)?;
     let region_len = options.region_len();
@@ -1548,21 +1745,48 @@ fn recover(
             _ => None,
         })
         .max_by_key(|(_, h)| h.generation);
+    let log_len = log.len()?;
     let Some((active_slot, header)) = current else {
         // No valid header: a new journal, or one whose creation was cut off before its header
-        // was durable (no record is ever written before that). Anything else is not ours.
-        let half_made = matches!(slots, [Slot::Blank | Slot::Torn, Slot::Blank]);
+        // was durable (no record is ever written before that). A file that was open behind a
+        // journal needs that journal's records: an empty one is its journal missing.
+        if claim.is_some_and(|c| c.open) {
+            return Err(JournalError::Missing);
+        }
+        let half_made = match slots {
+            [Slot::Blank, Slot::Blank | Slot::Torn] => true,
+            // A creation by a release that wrote slot 0 alone, torn: only when no record
+            // follows (damage to the header of a journal with records is not a new journal).
+            [Slot::Torn, Slot::Blank] => !region_has_records(log, log_len)?,
+            _ => false,
+        };
         if !half_made {
+            if slots.iter().any(|s| matches!(s, Slot::Torn)) {
+                return Err(JournalError::Damaged("no header slot is whole".to_owned()));
+            }
             return Err(JournalError::NotAJournal);
         }
         let (state, recovery) = create(data, log, options, region_len)?;
         return Ok((state, recovery, Vec::new()));
     };
     let header = header.clone();
+    if let Some(claim) = claim
+        && claim.journal_id != short_id(&header.journal_id)
+    {
+        return Err(JournalError::NotThisFilesJournal {
+            file_names: claim.journal_id,
+            journal_is: short_id(&header.journal_id),
+        });
+    }
+    // The journal is preallocated and never shorter than its header's region: shorter, it was
+    // truncated, and what was cut off may have been acknowledged.
+    let expected = REGION_START + header.region_len;
+    if log_len < expected {
+        return Err(JournalError::Truncated { len: log_len, expected });
+    }
 
     // The records of the current generation, in order, up to the first that is not whole.
-    let log_len = log.len()?;
-    let region_end = (REGION_START + header.region_len).min(log_len);
+    let region_end = expected;
     let mut records = Vec::new();
     let mut pos = REGION_START;
     let mut seq = header.next_seq;
@@ -1577,6 +1801,19 @@ fn recover(
             None => break,
         }
     }
+    // What ends the log is the torn tail only if nothing valid and newer lies beyond it: a
+    // record is written only once the one before it is durable, and a header only once the
+    // records it retires are in the file.
+    if let Some(newer) = newer_record_beyond(log, pos, region_end, &header, seq)? {
+        return Err(JournalError::Damaged(format!(
+            "record {seq} at byte {pos} fails its checks but a later one ({newer}) is whole"
+        )));
+    }
+    if let Some(claim) = claim
+        && claim.next_seq >= seq
+    {
+        return Err(JournalError::Older { file_reaches: claim.next_seq, journal_ends: seq });
+    }
 
     let current_head = read_head(data)?;
     let data_len = data.len()?;
@@ -1584,6 +1821,10 @@ fn recover(
     let mut notes = Vec::new();
     let mut state;
     if records.is_empty() {
+        if data_len == 0 && (header.data_len > 0 || header.image.iter().any(|&b| b != 0)) {
+            // The journal was bound to a file with content: this empty one is not it.
+            return Err(JournalError::FileEmptied { bound_len: header.data_len });
+        }
         // Nothing to apply: the file as it is. If it changed since the checkpoint, bind it anew.
         state = State::new(data_len, data_len, header.journal_id, options);
         if current_head != header.image || data_len != header.data_len {
@@ -1633,19 +1874,86 @@ fn recover(
     }
     if notes.is_empty() {
         state.checkpoint(data, log, counters)?;
-        let short = log_len < REGION_START + header.region_len;
-        if short || header.region_len != region_len {
+        if header.region_len != region_len {
             state.resize(data, log, region_len)?;
             recovery.resized = true;
         }
     } else {
         // The records stay, in this generation, until the commit that holds the notes: appends
         // go on after them, in the region as it is.
-        state.region_len = header.region_len.min(log_len.saturating_sub(REGION_START) / ALIGN * ALIGN);
+        state.region_len = header.region_len;
     }
     recovery.generation = state.generation;
     recovery.pending_notes = notes.len() as u64;
     Ok((state, recovery, notes))
+}
+
+/// The first 8 bytes of a journal id, little-endian: how a data file names its journal.
+fn short_id(id: &[u8; 16]) -> u64 {
+    u64_at(id, 0)
+}
+
+/// Whether any 4096-aligned block of the region starts with a record's magic.
+fn region_has_records(log: &dyn StorageBackend, log_len: u64) -> io::Result<bool> {
+    let mut found = false;
+    scan_region(log, REGION_START, log_len, |_, _| {
+        found = true;
+        Ok(false)
+    })?;
+    Ok(found)
+}
+
+/// Calls `visit(offset, block)` for every 4096-aligned block in `[start, end)` of the log that
+/// starts with a record's magic, while it returns `Ok(true)`.
+fn scan_region(
+    log: &dyn StorageBackend,
+    start: u64,
+    end: u64,
+    mut visit: impl FnMut(u64, &[u8]) -> Result<bool, JournalError>,
+) -> Result<(), JournalError> {
+    let mut buf = vec![0u8; ZERO_CHUNK];
+    let mut pos = start;
+    while pos < end {
+        let n = (end - pos).min(ZERO_CHUNK as u64) as usize;
+        log.read(pos, &mut buf[..n])?;
+        for at in (0..n).step_by(ALIGN as usize) {
+            let block = &buf[at..n.min(at + RECORD_HEADER_LEN)];
+            if block.len() == RECORD_HEADER_LEN && block[0..4] == RECORD_MAGIC && !visit(pos + at as u64, block)? {
+                return Ok(());
+            }
+        }
+        pos += n as u64;
+    }
+    Ok(())
+}
+
+/// A whole record of this journal in `[start, end)` newer than the log read so far (a later
+/// generation than `header`'s, or its generation from `next_seq` on), described, if any.
+fn newer_record_beyond(
+    log: &dyn StorageBackend,
+    start: u64,
+    end: u64,
+    header: &Header,
+    next_seq: u64,
+) -> Result<Option<String>, JournalError> {
+    let mut found = None;
+    scan_region(log, start, end, |at, block| {
+        let (generation, seq) = (u64_at(block, 24), u64_at(block, 32));
+        let newer = generation > header.generation || (generation == header.generation && seq >= next_seq);
+        if block[8..24] != header.journal_id[..] || !newer {
+            return Ok(true);
+        }
+        let key = RecordKey { journal_id: &header.journal_id, generation, seq };
+        match read_record(log, at, end, &key) {
+            Ok(Some(_)) | Err(JournalError::Corrupt(_)) => {
+                found = Some(format!("record {seq} of generation {generation} at byte {at}"));
+                Ok(false)
+            }
+            Ok(None) => Ok(true),
+            Err(e) => Err(e),
+        }
+    })?;
+    Ok(found)
 }
 
 /// Formats a new journal bound to the data file as it is.
@@ -1661,15 +1969,20 @@ fn create(
     log.set_len(end)?;
     zero_fill(log, 0, end)?;
     log.sync_data()?;
-    let header = Header {
+    let mut header = Header {
         version: FORMAT_VERSION,
         journal_id: random_id(),
-        generation: 1,
+        generation: 0,
         next_seq: 1,
         region_len,
         data_len,
         image: read_head(data)?,
     };
+    // Both slots, so that one damaged slot is never taken for a journal still being created:
+    // slot 1 at generation 0 first, then slot 0 at generation 1, the current one.
+    log.write(SLOT_LEN as u64, &header.encode())?;
+    log.sync_data()?;
+    header.generation = 1;
     log.write(0, &header.encode())?;
     log.sync_data()?;
     let state = State::new(data_len, data_len, header.journal_id, options);

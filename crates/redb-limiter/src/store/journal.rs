@@ -182,7 +182,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -845,70 +844,16 @@ fn is_version_or_torn_mix(cur: &[u8], a: &[u8], b: &[u8]) -> bool {
     cur == a || cur == b || lcp(a) + lcs(b) >= n || lcp(b) + lcs(a) >= n
 }
 
-fn random_id() -> [u8; 16] {
+/// A new journal's id: 16 random bytes from the OS.
+fn random_id() -> io::Result<[u8; 16]> {
     let mut out = [0u8; 16];
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    for (i, chunk) in out.chunks_mut(8).enumerate() {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(nanos);
-        h.write_u32(std::process::id());
-        h.write_usize(i);
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
-    }
-    out
+    getrandom::fill(&mut out).map_err(|e| io::Error::other(format!("journal: no random id from the OS: {e}")))?;
+    Ok(out)
 }
 
 /// xxHash64 (seed 0), the checksum of header slots and records.
 fn xxh64(data: &[u8]) -> u64 {
-    const P1: u64 = 0x9E37_79B1_85EB_CA87;
-    const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
-    const P3: u64 = 0x1656_67B1_9E37_79F9;
-    const P4: u64 = 0x85EB_CA77_C2B2_AE63;
-    const P5: u64 = 0x27D4_EB2F_1656_67C5;
-    fn round(acc: u64, lane: u64) -> u64 {
-        acc.wrapping_add(lane.wrapping_mul(P2)).rotate_left(31).wrapping_mul(P1)
-    }
-    fn merge(acc: u64, v: u64) -> u64 {
-        (acc ^ round(0, v)).wrapping_mul(P1).wrapping_add(P4)
-    }
-    let mut rest = data;
-    let mut h = if data.len() >= 32 {
-        let mut v = [P1.wrapping_add(P2), P2, 0, 0u64.wrapping_sub(P1)];
-        while rest.len() >= 32 {
-            for (i, lane) in v.iter_mut().enumerate() {
-                *lane = round(*lane, u64_at(rest, i * 8));
-            }
-            rest = &rest[32..];
-        }
-        let mut h = v[0]
-            .rotate_left(1)
-            .wrapping_add(v[1].rotate_left(7))
-            .wrapping_add(v[2].rotate_left(12))
-            .wrapping_add(v[3].rotate_left(18));
-        for lane in v {
-            h = merge(h, lane);
-        }
-        h
-    } else {
-        P5
-    };
-    h = h.wrapping_add(data.len() as u64);
-    while rest.len() >= 8 {
-        h = (h ^ round(0, u64_at(rest, 0))).rotate_left(27).wrapping_mul(P1).wrapping_add(P4);
-        rest = &rest[8..];
-    }
-    if rest.len() >= 4 {
-        h = (h ^ u64::from(u32_at(rest, 0)).wrapping_mul(P1)).rotate_left(23).wrapping_mul(P2).wrapping_add(P3);
-        rest = &rest[4..];
-    }
-    for &b in rest {
-        h = (h ^ u64::from(b).wrapping_mul(P5)).rotate_left(11).wrapping_mul(P1);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(P2);
-    h ^= h >> 29;
-    h = h.wrapping_mul(P3);
-    h ^ (h >> 32)
+    xxhash_rust::xxh64::xxh64(data, 0)
 }
 
 /// The fields of a header slot.
@@ -1971,7 +1916,7 @@ fn create(
     log.sync_data()?;
     let mut header = Header {
         version: FORMAT_VERSION,
-        journal_id: random_id(),
+        journal_id: random_id()?,
         generation: 0,
         next_seq: 1,
         region_len,

@@ -1007,6 +1007,37 @@ fn xxh64_matches_reference_vectors() {
     assert_eq!(xxh64(b"0123456789abcdef0123456789abcdef0123456789abcdef"), 0xe352_1644_4a3c_253b);
 }
 
+/// A header slot and a record as the previous release wrote them, byte for byte: their
+/// checksums (and so every byte they cover) are pinned to what its own xxHash64 gave.
+#[test]
+fn header_and_record_bytes_are_those_of_the_previous_release() {
+    let header = Header {
+        version: FORMAT_VERSION,
+        journal_id: [7; 16],
+        generation: 3,
+        next_seq: 9,
+        region_len: 65_536,
+        data_len: 12_288,
+        image: pattern(4, HEAD_LEN),
+    };
+    let slot = header.encode();
+    let whole = xxh64(&slot);
+    assert_eq!(
+        u64_at(&slot, SLOT_CHECKSUM_AT),
+        PINNED_SLOT_SUM,
+        "slot checksum {:#x}",
+        u64_at(&slot, SLOT_CHECKSUM_AT)
+    );
+    assert_eq!(whole, PINNED_SLOT_BYTES, "slot bytes {whole:#x}");
+    let mut buf = Vec::new();
+    sample_record(&mut buf, &[9; 16], 2, 5);
+    assert_eq!(xxh64(&buf), PINNED_RECORD_BYTES, "record bytes {:#x}", xxh64(&buf));
+}
+
+const PINNED_SLOT_SUM: u64 = 0xdef0_fef7_af16_3389;
+const PINNED_SLOT_BYTES: u64 = 0xad55_e759_c485_1dc3;
+const PINNED_RECORD_BYTES: u64 = 0x0de2_ba46_15c9_57dc;
+
 fn sample_record(buf: &mut Vec<u8>, id: &[u8; 16], generation: u64, seq: u64) -> Vec<(u64, Vec<u8>)> {
     // Trailing zeros are left out of the record and restored.
     let mut mostly_zeros = pattern(2, 4096);

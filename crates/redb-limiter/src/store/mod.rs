@@ -34,7 +34,7 @@
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
-//! | `meta` | `"format_version"`, `"clock_floor"` | `u64` |
+//! | `meta` | `"format_version"`, `"clock_floor"`; behind a journal `"journal_id"`, `"journal_seq"`, `"journal_open"` ([`FileClaim`]) | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
 //! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
@@ -47,6 +47,14 @@
 //! journal beside it holding its newest commits. Files of versions 2 and 3 open unchanged and
 //! are marked version 4 on the file itself before the journal takes any commit, so an older
 //! build, which would read neither a newer record nor a journal, refuses the file instead.
+//!
+//! Behind a journal, the file names it from its first open on: every open writes the journal's
+//! id, how far its records reach, and `journal_open` = 1 into `meta` and checkpoints that into
+//! the file itself; a clean close ([`Store::finish`]) sets `journal_open` to 0; each redb commit
+//! updates `journal_seq`. So a file that was not closed cleanly knows it needs its journal, and
+//! [`Store::open`] refuses a journal that is missing then, another file's, or an earlier copy of
+//! its own, before either file is touched (a file a crash left for redb to repair is read for
+//! this in memory, unchanged). These keys are new but change no record: format version 4 stays.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one

@@ -1001,7 +1001,7 @@ impl Store {
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let permit = decode_permit(v.value()).map_err(|e| bad("permits", e))?;
-            // Ids are `nonce << 64 | sequence`, the sequence counting one run's permits from 0.
+            // Ids are `random << 64 | sequence`, the sequence counting one run's permits from 0.
             if k.value() as u64 > MAX_PERMIT_SEQUENCE
                 || permit.places.len() > MAX_LIMITS
                 || permit.windows.len() > MAX_LIMITS

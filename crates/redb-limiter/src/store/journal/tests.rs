@@ -577,10 +577,28 @@ struct Outcome {
 
 /// Opens the rebooted machine through the journal and redb and checks the table is the state
 /// after the last acknowledged commit, or (when allowed) after the commit in flight.
-fn verify(m: &Machine, outcome: &Outcome, rng: &mut fastrand::Rng, cov: &Coverage) -> Result<(), String> {
+/// `damaged`: a byte of the journal before its newest record was flipped after the cut; then a
+/// refusal is right too, and anything served must still be the acknowledged state.
+fn verify(
+    m: &Machine,
+    outcome: &Outcome,
+    rng: &mut fastrand::Rng,
+    cov: &Coverage,
+    damaged: bool,
+) -> Result<(), String> {
     let options = JournalOptions { region_bytes: [64 << 10, 256 << 10][rng.usize(..2)], ..Default::default() };
     let (data, log) = m.backends();
-    let journal = JournalBackend::open_with(data, log, &options).map_err(|e| format!("journal open: {e}"))?;
+    let journal = match JournalBackend::open_with(data, log, &options) {
+        Ok(journal) => journal,
+        Err(_) if damaged => {
+            count(&cov.refused_damage, 1);
+            return Ok(());
+        }
+        Err(e) => return Err(format!("journal open: {e}")),
+    };
+    if damaged {
+        count(&cov.served_despite_damage, 1);
+    }
     let recovery = journal.recovery().clone();
     let monitor = journal.monitor();
     let notes = monitor.take_recovered_notes();
@@ -677,6 +695,8 @@ struct Coverage {
     direct_batches: AtomicU64,
     notes: AtomicU64,
     notes_redone: AtomicU64,
+    refused_damage: AtomicU64,
+    served_despite_damage: AtomicU64,
 }
 
 fn count(counter: &AtomicU64, n: u64) {
@@ -755,7 +775,34 @@ fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String>
         count(&cov.direct_batches, stats.direct_batches);
         count(&cov.notes, stats.notes);
     }
-    verify(&machine.reboot(), &outcome, &mut rng, cov).map_err(|e| format!("seed {seed} (cut at op {cut_at}): {e}"))
+    // A third of the runs also flip a byte of the journal at rest, anywhere before its newest
+    // record (a header slot, an older record): refused, or exactly the acknowledged state.
+    let rebooted = machine.reboot();
+    let damaged = rng.u8(..3) == 0 && damage_before_newest(&rebooted, &mut rng);
+    verify(&rebooted, &outcome, &mut rng, cov, damaged)
+        .map_err(|e| format!("seed {seed} (cut at op {cut_at}, damaged {damaged}): {e}"))
+}
+
+/// Flips one byte of the journal's header slots or of a record before its newest one; `false`
+/// when the journal has no valid header to find its records by.
+fn damage_before_newest(m: &Machine, rng: &mut fastrand::Rng) -> bool {
+    let mut disk = m.log.lock().unwrap();
+    let log = &mut disk.volatile;
+    let has_header = log.len() >= REGION_START as usize
+        && (0..2).any(|i| matches!(Header::decode(&log[i * SLOT_LEN..(i + 1) * SLOT_LEN]), Slot::Valid(_)));
+    if !has_header {
+        return false;
+    }
+    let spans = record_spans(log);
+    let at = if spans.len() >= 2 && rng.bool() {
+        let (pos, size) = spans[rng.usize(..spans.len() - 1)];
+        (pos + rng.u64(..size)) as usize
+    } else {
+        rng.usize(..REGION_START as usize)
+    };
+    log[at] ^= 1 << rng.u8(..8);
+    disk.durable = log.clone();
+    true
 }
 
 /// One fault run: the Nth write, set_len or sync of the journal or of the data file fails.
@@ -820,8 +867,9 @@ fn simulate_fault(seed: u64, cov: &Coverage) -> Result<(), String> {
         if on_log { "log" } else { "data" },
         plan.fired.load(Ordering::SeqCst)
     );
-    verify(&machine.restart_process(), &outcome, &mut rng, cov).map_err(|e| format!("{what}, process restart: {e}"))?;
-    verify(&machine.reboot(), &outcome, &mut rng, cov).map_err(|e| format!("{what}, power cut: {e}"))
+    verify(&machine.restart_process(), &outcome, &mut rng, cov, false)
+        .map_err(|e| format!("{what}, process restart: {e}"))?;
+    verify(&machine.reboot(), &outcome, &mut rng, cov, false).map_err(|e| format!("{what}, power cut: {e}"))
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -886,7 +934,8 @@ impl Coverage {
         format!(
             "{what}, {seeds} seeds: {} reboots checked, {} acknowledged commits, {} recoveries replayed \
              {} records, {} in-flight commits found whole, {} rebinds, {} unfinished creations refused \
-             by redb, {} checkpoints ({} asked for), {} direct batches, {} notes ({} redone at an open)",
+             by redb, {} checkpoints ({} asked for), {} direct batches, {} notes ({} redone at an open), \
+             journals damaged at rest: {} refused, {} served whole",
             get(&self.runs),
             get(&self.acked_commits),
             get(&self.runs_with_replay),
@@ -899,6 +948,8 @@ impl Coverage {
             get(&self.direct_batches),
             get(&self.notes),
             get(&self.notes_redone),
+            get(&self.refused_damage),
+            get(&self.served_despite_damage),
         )
     }
 }
@@ -908,6 +959,11 @@ fn power_cut_runs(start: u64, count: u64) {
     let failures = run_seeds(start..start + count, |seed| simulate(seed, Sabotage::None, &cov));
     assert_no_failures("power cut", count, &failures);
     println!("{}", cov.report("power cut", count));
+    if count >= 200 {
+        let (refused, served) =
+            (cov.refused_damage.load(Ordering::Relaxed), cov.served_despite_damage.load(Ordering::Relaxed));
+        assert!(refused > 0 && served > 0, "journal damage exercised: {refused} refused, {served} served");
+    }
 }
 
 fn fault_runs(start: u64, count: u64) {

@@ -386,3 +386,41 @@ fn status_into_a_pipe_closed_early_exits_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(head.starts_with(b"{"), "{}", String::from_utf8_lossy(&head));
 }
+
+/// `check` refuses a journal damaged before its newest commit (here a flipped byte in its first
+/// record, a crash having left every commit in it), naming the journal.
+#[test]
+fn check_refuses_a_damaged_journal_naming_it() {
+    use redb_limiter::limiter::Limiter;
+    use redb_limiter::request::{AcquireRequest, Limit};
+    use redb_limiter::store::journal::journal_path;
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = dir.path().join("crashed");
+    std::fs::create_dir(&crashed).unwrap();
+    let path = dir.path().join("limiter.redb");
+    let copy = crashed.join("limiter.redb");
+    {
+        let limiter = Limiter::open(&path).unwrap();
+        for _ in 0..5 {
+            let limits = vec![Limit::window("w", 10, 3_600_000)];
+            assert!(limiter.acquire_blocking(AcquireRequest::new("caller", limits).unwrap()).unwrap().is_granted());
+        }
+        // What a kill -9 leaves: every write made so far, the commits in the journal only.
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+    }
+    let check =
+        || Command::new(env!("CARGO_BIN_EXE_redb-limiter")).args(["check", "--path"]).arg(&copy).output().unwrap();
+    let mut journal = std::fs::read(journal_path(&copy)).unwrap();
+    let first = (16384..journal.len()).step_by(4096).find(|&p| &journal[p..p + 4] == b"JREC").unwrap();
+    journal[first + 100] ^= 0x20;
+    std::fs::write(journal_path(&copy), &journal).unwrap();
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a damaged journal passed check");
+    assert!(stderr.contains("limiter.redb-journal") && stderr.contains("damaged"), "{stderr}");
+    journal[first + 100] ^= 0x20;
+    std::fs::write(journal_path(&copy), &journal).unwrap();
+    let out = check();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -146,16 +146,17 @@ class Line {
   last: Refusal | undefined;
 
   /** Resolves when this caller is at the head; `cancel` withdraws before that. */
-  take(): { turn: Promise<void>; cancel: () => boolean } {
+  take(): { turn: Promise<void>; cancel: () => boolean; queued: boolean } {
     if (!this.held) {
       this.held = true;
-      return { turn: Promise.resolve(), cancel: () => false };
+      return { turn: Promise.resolve(), cancel: () => false, queued: false };
     }
     let wake!: () => void;
     const turn = new Promise<void>((resolve) => (wake = resolve));
     this.queue.push(wake);
     return {
       turn,
+      queued: true,
       cancel: () => {
         const i = this.queue.indexOf(wake);
         if (i < 0) return false; // already woken: the caller holds the turn
@@ -295,14 +296,14 @@ export class LimiterClient {
     if (maxWaiters !== undefined && line.waiting >= maxWaiters) throw new QueueFullError(line.waiting);
     line.waiting++;
     try {
-      const { turn, cancel } = line.take();
+      const { turn, cancel, queued } = line.take();
       const gotTurn = await this.#until(turn, signal, deadline);
       if (gotTurn !== 'done') {
         if (!cancel()) line.give(); // woken at the same moment: pass the turn on
         throw new LimitedError(gotTurn, line.last, waited(), signal?.reason);
       }
       try {
-        return await this.#waitForGrant(line, request, queue, signal, deadline, waited);
+        return await this.#waitForGrant(line, request, queue, signal, deadline, waited, queued);
       } finally {
         line.give();
       }
@@ -319,6 +320,7 @@ export class LimiterClient {
     signal: AbortSignal | undefined,
     deadline: number | undefined,
     waited: () => number,
+    queued: boolean,
   ): Promise<Permit> {
     let ticket: string | undefined;
     let last: Refusal | undefined;
@@ -344,7 +346,9 @@ export class LimiterClient {
         throw e;
       }
       if (reply.granted) {
-        return new Permit(this, reply.at, reply.permit, reply.limits, waited(), last);
+        // Granted at the first ask, with nobody ahead here: it did not wait.
+        const waitedMs = queued || last ? waited() : 0;
+        return new Permit(this, reply.at, reply.permit, reply.limits, waitedMs, last);
       }
       last = { reason: reply.reason, limit: reply.limit, retryAt: reply.retryAt };
       line.last = last;

@@ -354,6 +354,7 @@ function retryInfoMs(body: string | Uint8Array | null | undefined): bigint | und
       return undefined;
     }
   }
+  if (tooDeep(text)) return undefined;
   let value: unknown;
   try {
     value = JSON.parse(text);
@@ -377,4 +378,21 @@ function retryInfoMs(body: string | Uint8Array | null | undefined): bigint | und
 
 function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** Nesting beyond 127 levels, which the Rust client's JSON parser refuses (its recursion limit). */
+function tooDeep(text: string): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 92) i++; // a backslash escapes the next character
+      else if (c === 34) inString = false;
+    } else if (c === 34) inString = true;
+    else if (c === 91 || c === 123) {
+      if (++depth > 127) return true;
+    } else if (c === 93 || c === 125) depth--;
+  }
+  return false;
 }

@@ -4,7 +4,9 @@ import assert from 'node:assert/strict';
 import { unlinkSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
 import {
+  ApiError,
   BadRequestError,
+  NotFoundError,
   ConnectionError,
   InvalidArgumentError,
   LimitedError,
@@ -340,6 +342,15 @@ describe('errors', () => {
     } finally {
       await locked.stop();
     }
+  });
+
+  test('an unknown path is a NotFoundError; a body over 64 KiB an ApiError 413', async () => {
+    const wrongPath = new LimiterClient({ url: `${server.url}/not-the-wire` });
+    const notFound = await wrongPath.tryAcquire(windowOf('nf', 1, 1000)).catch((e) => e);
+    assert.ok(notFound instanceof NotFoundError && notFound.status === 404 && notFound.code === 'not_found', String(notFound));
+    const huge = { key: fresh('huge'), limits: [{ key: 'x'.repeat(70 * 1024), calls: 1, perMs: 1000 }] };
+    const tooLarge = await client.tryAcquire(huge).catch((e) => e);
+    assert.ok(tooLarge instanceof ApiError && tooLarge.status === 413 && tooLarge.code === 'payload_too_large', String(tooLarge));
   });
 
   test('unreachable: ConnectionError; a reply the wire does not allow: ProtocolError', async () => {

@@ -50,6 +50,10 @@ test('wait: clamped to 1-120 s at both ends, and the default when nothing names 
   assert.equal(wait({ 'retry-after-ms': '99999999999999999999', 'retry-after': '3' }, ''), 3_000, 'an overflow is no signal');
 });
 
+test('wait: a body nested as deep as the Rust client reads is read', () => {
+  assert.equal(wait({}, `[${RETRY_INFO_38S}, ${'['.repeat(126)}"[{]}"${']'.repeat(126)}]`), 38_000);
+});
+
 test('wait: what is not a signal is ignored', () => {
   for (const body of [
     'not json', '{', '[]', '{}', '{"error":"quota"}', '{"error":{"details":"x"}}', '{"error":{"details":[1,"x",null]}}',
@@ -58,6 +62,7 @@ test('wait: what is not a signal is ignored', () => {
     retryInfo('-38s'), retryInfo('.5s'), retryInfo('1m'),
     '{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"38s"}]}',
     RETRY_INFO_38S + ' '.repeat(64 * 1024), '['.repeat(10_000),
+    `[${RETRY_INFO_38S}, ${'['.repeat(127)}${']'.repeat(127)}]`,
   ]) {
     assert.equal(wait({}, body), 5_000, body.slice(0, 80));
   }

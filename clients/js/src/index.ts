@@ -39,6 +39,7 @@ export {
   type VernAcquireResult,
   type VernLogger,
   type VernRateLimit,
+  type VernRateLimitCode,
   type VernRateLimitHint,
   type VernRateLimitOptions,
   type VernRateLimitState,

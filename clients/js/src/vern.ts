@@ -65,7 +65,16 @@ export interface VernRateLimitOptions {
   holdMs?: number;
   /** How long a 429 closes the caller, in ms (VernLLM names no wait; default 5000). */
   throttleAfterMs?: number;
+  /**
+   * vern-llm's `LLMError`: pass it and a full line, a timeout in it, or a call that could never
+   * fit throw VernLLM's own error with its code, which VernLLM does not retry (this package
+   * imports nothing at run time, so it cannot construct one by itself).
+   */
+  LLMError?: new (message: string, type: 'rate_limited', options: { code: VernRateLimitCode; cause?: unknown }) => Error;
 }
+
+/** VernLLM's codes for a call its rate limiter gave up on. */
+export type VernRateLimitCode = 'rate_limit_queue_full' | 'rate_limit_queue_timeout' | 'rate_limit_capacity_exceeded';
 
 /** The adapter, plus `flush()` to wait for the releases and throttles it sent in the background. */
 export interface VernRateLimit {
@@ -79,11 +88,11 @@ export interface VernRateLimit {
   flush(): Promise<void>;
 }
 
-/** An error VernLLM reads as its own rate-limit error codes (`type`, `code`). */
+/** A call the adapter gave up on, with VernLLM's `type` and `code` (when no `LLMError` is given). */
 export class VernRateLimitError extends Error {
   readonly type = 'rate_limited';
-  readonly code: 'rate_limit_queue_full' | 'rate_limit_queue_timeout' | 'rate_limit_capacity_exceeded';
-  constructor(code: VernRateLimitError['code'], message: string, cause?: unknown) {
+  readonly code: VernRateLimitCode;
+  constructor(code: VernRateLimitCode, message: string, cause?: unknown) {
     super(message, cause === undefined ? undefined : { cause });
     this.name = 'VernRateLimitError';
     this.code = code;
@@ -113,6 +122,10 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
   if (!Number.isFinite(fraction) || fraction <= 0) throw new InvalidArgumentError('estimateFraction', 'must be a finite number above 0');
   const throttleAfterMs = options.throttleAfterMs ?? 5_000;
   const keys = { rpm: `${key}/rpm`, tpm: `${key}/tpm`, conc: `${key}/conc` };
+  const gaveUp = (code: VernRateLimitCode, message: string, cause?: unknown): Error =>
+    options.LLMError
+      ? new options.LLMError(message, 'rate_limited', cause === undefined ? { code } : { code, cause })
+      : new VernRateLimitError(code, message, cause);
   let logger: VernLogger | undefined;
   const pending = new Set<Promise<unknown>>();
 
@@ -154,7 +167,7 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
       }
       const tokens = Math.ceil(estimatedTokens);
       if (tpm !== undefined && tokens > tpm) {
-        throw new VernRateLimitError(
+        throw gaveUp(
           'rate_limit_capacity_exceeded',
           `estimatedTokens (${tokens}) exceeds tokensPerMinute (${tpm}); this call could never acquire capacity`,
         );
@@ -171,10 +184,10 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
         );
       } catch (e) {
         if (e instanceof Error && e.name === 'QueueFullError') {
-          throw new VernRateLimitError('rate_limit_queue_full', 'Rate limit queue is full', e);
+          throw gaveUp('rate_limit_queue_full', 'Rate limit queue is full', e);
         }
         if (e instanceof Error && e.name === 'LimitedError' && (e as { trigger?: string }).trigger === 'maxWait') {
-          throw new VernRateLimitError('rate_limit_queue_timeout', e.message, e);
+          throw gaveUp('rate_limit_queue_timeout', e.message, e);
         }
         throw e;
       }

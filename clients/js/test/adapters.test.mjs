@@ -2,7 +2,7 @@
 // against the real server (the two-process VernLLM run is vern.test.mjs).
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { defaultEstimateTokens } from 'vern-llm';
+import { LLMError, VernLLM, defaultEstimateTokens, fromFetch } from 'vern-llm';
 import {
   InvalidArgumentError,
   LimiterClient,
@@ -147,5 +147,29 @@ describe('vernRateLimit', () => {
     p = await client.peek(peekReq);
     assert.equal(p.reason, 'throttle');
     assert.ok(Math.abs(p.retryAt - p.now - 7_000) < 200, `throttled for ${p.retryAt - p.now} ms`);
+  });
+
+  test('with vern-llm\'s LLMError, a timeout in the line is VernLLM\'s own error, which it does not retry', async () => {
+    const key = fresh('vern-llmerror');
+    const a = vernRateLimit({ client, key, maxConcurrent: 1, maxQueueMs: 300, LLMError });
+    let providerCalls = 0;
+    const llm = new VernLLM({
+      client: fromFetch({ url: 'http://127.0.0.1:9/never', request: async () => { providerCalls += 1; throw new Error('unreachable'); }, mapRequest: (r) => r, mapResponse: () => ({ content: '' }) }),
+      model: 'm',
+      maxRetries: 2,
+      rateLimit: a,
+    });
+    const holder = await a.acquire(1);
+    const started = Date.now();
+    const err = await llm.call({ userContent: 'hi', jsonMode: false, maxTokens: 5 }).catch((e) => e);
+    const took = Date.now() - started;
+    assert.ok(err instanceof LLMError, String(err));
+    assert.equal(err.code, 'rate_limit_queue_timeout');
+    assert.equal(err.retryable, false);
+    assert.equal(providerCalls, 0);
+    assert.ok(took >= 200 && took < 900, `one wait of at most maxQueueMs, not one per retry: ${took} ms`);
+    await assert.rejects(a.acquire(1), (e) => e instanceof LLMError && e.code === 'rate_limit_queue_timeout');
+    holder.release();
+    await a.flush();
   });
 });

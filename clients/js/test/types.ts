@@ -2,7 +2,7 @@
 // `RateLimiterAdapter`, method by method in both directions of each parameter, and the package's
 // types resolve through both of its `exports` conditions.
 import type { RateLimiterAdapter } from 'vern-llm';
-import { VernLLM, fromFetch } from 'vern-llm';
+import { LLMError, VernLLM, fromFetch } from 'vern-llm';
 import { LimiterClient, vernRateLimit, type Permit, type VernRateLimit } from 'redb-limiter';
 
 type Vern = RateLimiterAdapter;
@@ -12,6 +12,8 @@ type Extends<A, B> = [A] extends [B] ? true : false;
 
 const client = new LimiterClient({ url: 'http://127.0.0.1:7411' });
 const adapter = vernRateLimit({ client, key: 'openai', requestsPerMinute: 60, tokensPerMinute: 90_000, maxConcurrent: 4 });
+// vern-llm's own error class is what the adapter builds its errors with.
+vernRateLimit({ client, key: 'openai', requestsPerMinute: 60, LLMError });
 // The value satisfies the adapter type as VernLLM declares it, and VernLLM takes it.
 adapter satisfies Vern;
 new VernLLM({ client: fromFetch({ url: 'http://127.0.0.1:1/v1', mapRequest: (r) => r, mapResponse: () => ({ content: '' }) }), model: 'm', rateLimit: adapter });

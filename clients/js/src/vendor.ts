@@ -304,10 +304,10 @@ export function parseHttpDate(s: string): bigint | undefined {
   }
   if (wday < 0 || mon < 0 || day === undefined || year === undefined) return undefined;
   const [hh, mm, ss] = time.split(':').map(Number) as [number, number, number];
-  if (year < 1970 || year > 9999 || day < 1 || hh > 23 || mm > 59 || ss > 60) return undefined;
+  if (year < 1970 || year > 9999 || day < 1 || hh > 23 || mm > 59 || ss > 59) return undefined;
   const daysInMonth = new Date(Date.UTC(year, mon + 1, 0)).getUTCDate();
   if (day > daysInMonth) return undefined;
-  const ms = Date.UTC(year, mon, day, hh, mm, Math.min(ss, 59));
+  const ms = Date.UTC(year, mon, day, hh, mm, ss);
   // Weekday: Date's Sunday is 0; ours is Monday = 0.
   if ((new Date(ms).getUTCDay() + 6) % 7 !== wday) return undefined;
   return BigInt(ms);
@@ -349,7 +349,7 @@ function retryInfoMs(body: string | Uint8Array | null | undefined): bigint | und
   } else {
     if (body.length > MAX_BODY_BYTES) return undefined;
     try {
-      text = new TextDecoder('utf-8', { fatal: true }).decode(body);
+      text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true }).decode(body);
     } catch {
       return undefined;
     }

@@ -66,9 +66,14 @@ test('wait: what is not a signal is ignored', () => {
   ]) {
     assert.equal(wait({}, body), 5_000, body.slice(0, 80));
   }
-  for (const value of ['', ' ', '1.5', '120s', 'junk', 'Wed, 21 Oct 2015 07:28:00 UTC', 'Thu, 21 Oct 2015 07:28:00 GMT', 'Wed, 21 Oct 1969 07:28:00 GMT', '18446744073709552']) {
+  for (const value of ['', ' ', '1.5', '120s', 'junk', 'Wed, 21 Oct 2015 07:28:00 UTC', 'Thu, 21 Oct 2015 07:28:00 GMT', 'Wed, 21 Oct 1969 07:28:00 GMT', '18446744073709552', 'Wed, 21 Oct 2015 07:28:60 GMT', 'Wed, 31 Sep 2015 07:28:00 GMT', 'wed, 21 Oct 2015 07:28:00 GMT']) {
     assert.equal(wait({ 'retry-after': value }, ''), 5_000, value);
   }
+});
+
+test('wait: a body with a byte order mark is not JSON', () => {
+  assert.equal(wait({}, new Uint8Array([0xef, 0xbb, 0xbf, ...new TextEncoder().encode(RETRY_INFO_38S)])), 5_000);
+  assert.equal(wait({}, new Uint8Array([0xff, 0xfe])), 5_000, 'nor are bytes that are not UTF-8');
 });
 
 test('budget: Anthropic instants, the latest exhausted reset binds, capped at 120 s', () => {

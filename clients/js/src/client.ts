@@ -110,6 +110,8 @@ export interface WaitReport {
   reason: Reason;
   /** The limit key (for a throttle, the caller key) whose `retryAt` was slept on. */
   limit: string;
+  /** With a ticket in the limiter's line: the most tickets ahead of it in any of its lines. */
+  ahead?: number;
 }
 
 export interface LimiterClientOptions {
@@ -366,7 +368,9 @@ export class LimiterClient {
         if (ticket !== undefined) this.leave(ticket).catch(() => {});
         throw new LimitedError(slept, last, waited(), signal?.reason);
       }
-      this.#onWait?.({ waitedMs: waitMs, reason: last.reason, limit: last.limit });
+      const report: WaitReport = { waitedMs: waitMs, reason: last.reason, limit: last.limit };
+      if (ticket !== undefined && reply.ahead !== undefined) report.ahead = reply.ahead;
+      this.#onWait?.(report);
     }
   }
 

@@ -1,6 +1,6 @@
 // Providers' signals: the Rust client's cases, and the shared vectors every client reads.
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -139,7 +139,15 @@ test('budget: nothing unless a count is exactly 0 with a reset after now', () =>
 const vectorsPath = process.env.REDB_LIMITER_VECTORS ??
   join(resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..'), 'tests', 'vectors', 'vendor-signals.json');
 
-test('the shared provider-signal vectors', () => {
+test('the shared provider-signal vectors', (t) => {
+  if (!existsSync(vectorsPath)) {
+    // The file lives at the repository root, shared with the Rust and Python tests.
+    const why = `the shared vectors are missing (${vectorsPath})`;
+    if (process.env.CI) assert.fail(why);
+    console.log(`\n!!! provider-signal vectors DID NOT RUN: ${why}\n`);
+    t.skip(why);
+    return;
+  }
   const vectors = JSON.parse(readFileSync(vectorsPath, 'utf8'));
   assert.ok(vectors.wait.length > 0 && vectors.budget.length > 0);
   const instant = (v) => (typeof v === 'number' ? v : Date.parse(v));

@@ -136,6 +136,26 @@ describe('acquire', () => {
     assert.equal(second.waitedFor.reason, 'rate');
   });
 
+  test('a waiting acquire asks to join the line (queue: true) and reports; tryAcquire and queue: false never join', async () => {
+    const bodies = [];
+    const spy = async (url, init) => {
+      if (String(url).endsWith('/acquire')) bodies.push(JSON.parse(init.body));
+      return fetch(url, init);
+    };
+    const c = new LimiterClient({ url: server.url, fetch: spy });
+    const req = windowOf('spy', 1, 300);
+    await c.tryAcquire({ ...req, queue: true, ticket: 't-x' });
+    assert.equal(bodies.length, 1);
+    assert.equal(bodies[0].queue, undefined);
+    assert.equal(bodies[0].ticket, undefined);
+    await c.acquire(req);
+    const waiting = bodies.splice(0).slice(1);
+    assert.ok(waiting.length >= 2, 'the acquire was refused first');
+    assert.ok(waiting.every((b) => b.queue === true && b.report === true), JSON.stringify(waiting));
+    await c.acquire(req, { queue: false });
+    assert.ok(bodies.length >= 2 && bodies.every((b) => b.queue === undefined), JSON.stringify(bodies));
+  });
+
   test('maxWaitMs: rejects with LimitedError naming reason, limit and retryAt, at once when the retryAt lies beyond it', async () => {
     const req = windowOf('max', 1, 60_000);
     await client.acquire(req);

@@ -56,6 +56,36 @@ test('a large call in one process is not starved by another process\'s stream of
   assert.ok(waited < 2.5 * windowMs, `the large call waited ${waited} ms`);
 });
 
+test('a waiting acquire holds its ticket: it presents the one the limiter named, and is served before traffic that came after it', async (t) => {
+  if (!needsLine(t)) return;
+  const bodies = [];
+  const spy = async (url, init) => {
+    const res = await fetch(url, init);
+    if (String(url).endsWith('/acquire')) bodies.push({ sent: JSON.parse(init.body), got: await res.clone().json() });
+    return res;
+  };
+  const bucket = fresh('ticket');
+  const window = { key: bucket, calls: 10, perMs: 600 };
+  const a = new LimiterClient({ url: server.url, fetch: spy });
+  const b = new LimiterClient({ url: server.url });
+  await b.acquire({ key: fresh('b'), limits: [{ ...window, cost: 9 }] });
+  const waits = [];
+  const large = new LimiterClient({ url: server.url, fetch: spy, onWait: (w) => waits.push(w) })
+    .acquire({ key: fresh('a'), limits: [{ ...window, cost: 10 }] });
+  await new Promise((r) => setTimeout(r, 50));
+  // Small calls that came after the ticket are refused by rule Q, though they would fit.
+  assert.equal((await b.tryAcquire({ key: fresh('b'), limits: [{ ...window, cost: 1 }] })).granted, false);
+  await large;
+  const asks = bodies.filter((x) => x.sent.limits[0].cost === 10);
+  assert.ok(asks.length >= 2);
+  const ticket = asks[0].got.ticket;
+  assert.equal(typeof ticket, 'string');
+  for (const ask of asks.slice(1)) assert.equal(ask.sent.ticket, ticket, 'asked again with its ticket');
+  assert.equal(asks.at(-1).got.granted, true);
+  assert.equal(waits[0].ahead, 0);
+  void a;
+});
+
 test('a caller that gives up leaves the line at once: the calls behind it are not held back', async (t) => {
   if (!needsLine(t)) return;
   const bucket = fresh('leave');

@@ -302,7 +302,7 @@ export class LimiterClient {
       const gotTurn = await this.#until(turn, signal, deadline);
       if (gotTurn !== 'done') {
         if (!cancel()) line.give(); // woken at the same moment: pass the turn on
-        throw new LimitedError(gotTurn, line.last, waited(), signal?.reason);
+        throw new LimitedError(gotTurn, line.last, waited(), gotTurn === 'aborted' ? signal?.reason : undefined);
       }
       try {
         return await this.#waitForGrant(line, request, queue, signal, deadline, waited, queued);
@@ -338,7 +338,7 @@ export class LimiterClient {
           (reply) => this.#giveBack(reply),
           () => {},
         );
-        throw new LimitedError(outcome, last ?? line.last, waited(), signal?.reason);
+        throw new LimitedError(outcome, last ?? line.last, waited(), outcome === 'aborted' ? signal?.reason : undefined);
       }
       let reply: AcquireReply;
       try {

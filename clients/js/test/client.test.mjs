@@ -30,6 +30,13 @@ after(() => server?.stop());
 const windowOf = (key, calls, perMs, extra = {}) => ({ key: fresh(key), limits: [{ key: fresh(`${key}/w`), calls, perMs, ...extra }] });
 const held = async (req) => (await client.peek(req)).limits[0].held;
 
+test('health names what the server serves; serverNow follows its clock', async () => {
+  const health = await client.health();
+  assert.equal(health.ok, true);
+  await client.peek({ key: fresh('h'), limits: [] });
+  assert.ok(Math.abs(client.serverNow() - Date.now()) < 1_000);
+});
+
 describe('tryAcquire', () => {
   test('resolves to the wire reply: a grant, then a refusal it does not throw', async () => {
     const req = windowOf('try', 1, 60_000);

@@ -66,7 +66,6 @@ test('a waiting acquire holds its ticket: it presents the one the limiter named,
   };
   const bucket = fresh('ticket');
   const window = { key: bucket, calls: 10, perMs: 600 };
-  const a = new LimiterClient({ url: server.url, fetch: spy });
   const b = new LimiterClient({ url: server.url });
   await b.acquire({ key: fresh('b'), limits: [{ ...window, cost: 9 }] });
   const waits = [];
@@ -83,7 +82,6 @@ test('a waiting acquire holds its ticket: it presents the one the limiter named,
   for (const ask of asks.slice(1)) assert.equal(ask.sent.ticket, ticket, 'asked again with its ticket');
   assert.equal(asks.at(-1).got.granted, true);
   assert.equal(waits[0].ahead, 0);
-  void a;
 });
 
 test('a caller that gives up leaves the line at once: the calls behind it are not held back', async (t) => {

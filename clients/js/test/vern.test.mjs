@@ -38,7 +38,7 @@ test('two processes together never exceed the shared requests or tokens per wind
   assert.ok(most.tokens <= tpm, `${most.tokens} tokens arrived within one window (limit ${tpm})`);
   const span = Math.max(...seen.map((r) => r.at)) - Math.min(...seen.map((r) => r.at));
   assert.ok(span >= 3 * windowMs - 150, `16 calls at most ${rpm} a window took only ${span} ms`);
-  console.log(`# limits: 16 calls over ${span} ms (${Date.now() - started} ms in all); busiest window: ${most.calls}/${rpm} requests, ${most.tokens}/${tpm} tokens`);
+  console.log(`limits: 16 calls over ${span} ms (${Date.now() - started} ms in all); busiest window: ${most.calls}/${rpm} requests, ${most.tokens}/${tpm} tokens`);
 });
 
 test('the window holds the real usage the provider reported, not the estimates', async () => {

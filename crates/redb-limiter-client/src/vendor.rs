@@ -10,6 +10,11 @@
 //! wait: every input (header values, bodies) is hostile until parsed, the parsers are strict and
 //! use checked arithmetic, and every wait is clamped to [`MIN_WAIT_MS`]`..=`[`MAX_WAIT_MS`].
 //! A value that does not parse is not a signal; it is ignored, never guessed at.
+//!
+//! The rules are pinned by shared test vectors, `tests/vectors/vendor-signals.json` at the
+//! repository root: each case gives headers, a body, `now` and the answer, and the Rust,
+//! JavaScript and Python clients' tests all check every case, so the clients cannot disagree.
+//! A change of rule here changes that file, and the other clients with it.
 
 use http::HeaderMap;
 

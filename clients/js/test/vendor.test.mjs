@@ -157,6 +157,7 @@ test('the shared provider-signal vectors', (t) => {
     const got = vendorWaitMs(headersOf(c.headers), c.body, { now: instant(c.now), defaultMs: c.defaultMs });
     assert.equal(got, c.expectMs, `wait vector ${c.name}`);
   }
+  console.log(`vectors: ${vectors.wait.length} wait and ${vectors.budget.length} budget cases`);
   for (const c of vectors.budget) {
     const got = vendorBudget(headersOf(c.headers), { now: instant(c.now) });
     assert.equal(got?.toISOString() ?? null, c.expect === null ? null : new Date(Date.parse(c.expect)).toISOString(), `budget vector ${c.name}`);

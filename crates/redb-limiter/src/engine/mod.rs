@@ -559,12 +559,9 @@ impl Engine {
             None => {
                 let decision = self.grant(req, now, effects);
                 if let Some(number) = mine {
-                    self.end_ticket(
-                        number,
-                        Effect::TicketEnded { id: self.tickets[&number].id, end: TicketEnd::Granted },
-                        now,
-                        effects,
-                    );
+                    let ticket = &self.tickets[&number];
+                    let end = TicketEnd::Granted { waited_ms: now.since(ticket.state.filed_at) };
+                    self.end_ticket(number, Effect::TicketEnded { id: ticket.id, end }, now, effects);
                 }
                 Ok(LineAnswer { decision, ticket: None })
             }

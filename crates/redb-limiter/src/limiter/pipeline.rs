@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::{Acquired, LimiterError, Peeked, Report, Snapshot, random_seed};
-use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, Totals};
+use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, TicketEnd, Totals};
 use crate::metrics::Metrics;
 use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
 use crate::request::{
@@ -324,6 +324,7 @@ impl Shared {
         match result {
             Ok(()) => {
                 metrics.file_bytes.set(i64::try_from(store.file_len()).unwrap_or(i64::MAX));
+                count_line(metrics, &batch.effects);
                 drop(file);
                 std::mem::forget(unwinding); // the commit ends here, not on a later unwind
                 self.end_commit(true);
@@ -518,6 +519,19 @@ pub(super) fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis
     let mut effects = Vec::new();
     engine.finish_restore(now, &mut effects);
     if effects.is_empty() { Ok(()) } else { store.commit_and_tidy(&effects, now) }
+}
+
+/// Counts the line's committed changes: tickets filed, granted (with their wait), lapsed, left.
+fn count_line(metrics: &Metrics, effects: &[Effect]) {
+    for effect in effects {
+        match effect {
+            Effect::TicketFiled { .. } => metrics.ticket("filed"),
+            Effect::TicketEnded { end: TicketEnd::Granted { waited_ms }, .. } => metrics.ticket_granted(*waited_ms),
+            Effect::TicketEnded { end: TicketEnd::Left, .. } => metrics.ticket("left"),
+            Effect::TicketLapsed { .. } => metrics.ticket("lapsed"),
+            _ => {}
+        }
+    }
 }
 
 /// A decided request, answered at once or after the commit that holds its effects.

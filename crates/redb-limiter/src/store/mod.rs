@@ -30,7 +30,7 @@
 //! else, so doing them again leaves the same records. Without a journal (the file alone) every
 //! commit is a redb commit.
 //!
-//! # Layout (format version 4)
+//! # Layout (format version 5)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
@@ -39,6 +39,7 @@
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
 //! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
 //! | `throttles` | caller key | `until` ms |
+//! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, and the limits it binds (defaults resolved, sorted by bucket key) |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -47,6 +48,20 @@
 //! journal beside it holding its newest commits. Files of versions 2 and 3 open unchanged and
 //! are marked version 4 on the file itself before the journal takes any commit, so an older
 //! build, which would read neither a newer record nor a journal, refuses the file instead.
+//!
+//! Version 5 (the line, section 12) added the `tickets` table, and journal notes of schema 2,
+//! which may carry a ticket's effects: filed inserts its record, renewed rewrites its `retryAt`,
+//! lapse and grace, ended or lapsed deletes it. Files of versions 2, 3 and 4 open unchanged
+//! (an older file has no `tickets` table: the marking creates it empty) and are marked version
+//! 5 before the journal takes any commit of this build; a journal of a version-4 file may still
+//! hold notes of schema 1 (a crash of the previous release), which are redone as they were,
+//! then the file is marked. An older build refuses a version-5 file, and a note of schema 2,
+//! rather than misread a ticket. On load each ticket is restored into its lines, then
+//! [`Engine::resume_line`] lapses those lapsed at the file's floor and gives every other one a
+//! lapse no sooner than the restart plus its grace (section 12.6). A filing, a grant that ends
+//! a ticket and a leave are committed (as a note or a redb commit) before their replies; a
+//! renewal or a lapse rides with the next commit, and may be lost in a crash: the ticket then
+//! keeps its older lapse, which the restart moves anyway.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -98,7 +113,8 @@
 //! file is caught and reported as corruption, and every record loaded is checked against what
 //! the engine can have written (keys of 1 to 512 bytes, a bucket's `perMs`, `calls` and
 //! `concurrent` within the request bounds, a grant row's cost, a permit id's sequence, a lapse or
-//! a throttle's end at most 24 hours after the file's floor). One case cannot be told from a
+//! a throttle's end at most 24 hours after the file's floor, a ticket's limits sorted and its
+//! grace, `retryAt` and lapse within the request bounds). One case cannot be told from a
 //! crash, as in every database: damage to the newest commit's own header is indistinguishable
 //! from that commit torn by a crash, and the file is rolled back to the commit before it. Damage
 //! to free space changes nothing. A 503 after a commit failed at its final sync may still count
@@ -349,7 +365,7 @@ struct LimitRecord {
     hold_ms: u64,
 }
 
-/// A live ticket (schema byte 1, format version 5), keyed by its id.
+/// A live ticket (schema byte 1, format version 5), keyed by its id (see the module docs).
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 struct TicketRecord {
     filed_at: u64,

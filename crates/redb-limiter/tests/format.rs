@@ -226,7 +226,7 @@ fn notes_left_by_a_kill_of_the_previous_release_are_redone_and_the_file_is_marke
         let copy = dir.path().join("copy.redb");
         std::fs::copy(&path, &copy).unwrap();
         std::fs::copy(&journal, redb_limiter::store::journal::journal_path(&copy)).unwrap();
-        let recovery = redb_limiter::store::journal::JournalBackend::recover_path(&copy).unwrap();
+        let recovery = redb_limiter::store::journal::JournalBackend::recover_path(&copy, None).unwrap();
         assert_eq!(recovery.pending_notes, 4, "every request is a note");
     }
     let clock = Arc::new(FakeClock::new(at("2026-12-01T15:00:00.000Z")));

@@ -1,5 +1,5 @@
-//! The real binary: restart after `kill -9` keeps every window, place and throttle with its
-//! original instants; a second server on the same file is refused; SIGTERM drains and exits 0;
+//! The real binary: restart after `kill -9` keeps every window, place, throttle and ticket with
+//! its original instants; a second server on the same file is refused; SIGTERM drains and exits 0;
 //! `check` validates a file.
 
 use std::io::{BufRead, BufReader};
@@ -105,6 +105,51 @@ async fn kill_9_after_a_settle_keeps_the_settled_cost() {
     );
     server.child.kill().unwrap();
     server.child.wait().unwrap();
+}
+
+/// Tickets are in the file: after a `kill -9` (straight after a renewal, which may be lost) and
+/// after a clean stop, each ticket keeps its place and order in the line.
+#[tokio::test]
+async fn tickets_keep_their_place_and_order_across_kill_9_and_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let limits = json!([{"key": "rph", "calls": 1, "perMs": 3_600_000}]);
+    assert_eq!(post(&server.url, "/acquire", json!({"key": "caller", "limits": limits})).await["granted"], true);
+    let ask = |ticket: Option<&str>| match ticket {
+        Some(t) => json!({"key": "caller", "limits": limits, "ticket": t, "graceMs": 1000}),
+        None => json!({"key": "caller", "limits": limits, "queue": true, "graceMs": 1000}),
+    };
+    let first = post(&server.url, "/acquire", ask(None)).await;
+    let second = post(&server.url, "/acquire", ask(None)).await;
+    assert_eq!((first["reason"].as_str(), &first["ahead"], &second["ahead"]), (Some("rate"), &json!(0), &json!(1)));
+    let (first, second) = (first["ticket"].as_str().unwrap().to_owned(), second["ticket"].as_str().unwrap().to_owned());
+    // A renewal answers before any commit holds it: killed right after, it may be lost.
+    assert_eq!(post(&server.url, "/acquire", ask(Some(&first))).await["ticket"], json!(first));
+    server.child.kill().unwrap(); // SIGKILL
+    server.child.wait().unwrap();
+
+    for stop in ["kill -9", "SIGTERM"] {
+        let mut server = start(&path);
+        for (ticket, ahead) in [(&second, 1), (&first, 0)] {
+            let answer = post(&server.url, "/acquire", ask(Some(ticket))).await;
+            assert_eq!(
+                (&answer["ticket"], &answer["ahead"]),
+                (&json!(ticket), &json!(ahead)),
+                "after {stop}: {answer}"
+            );
+            let instant = |field: &str| redb_limiter::time::parse_instant(answer[field].as_str().unwrap()).unwrap();
+            assert!(instant("lapseAt") >= instant("now").plus(1000), "after {stop}: {answer}");
+        }
+        if stop == "kill -9" {
+            let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+            assert!(status.success());
+            assert!(server.child.wait().unwrap().success());
+        } else {
+            server.child.kill().unwrap();
+            server.child.wait().unwrap();
+        }
+    }
 }
 
 #[tokio::test]

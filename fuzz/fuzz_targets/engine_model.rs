@@ -18,7 +18,9 @@
 //! request a ticket binds, or another: a bad request that changes nothing), and leave the line;
 //! every grant is checked against the reference's live tickets (none older waits in any of its
 //! buckets) and the oldest live ticket waits for nothing but its own request. The file keeps no
-//! tickets yet (format version 4): after a restart or a crash every ticket is unknown.
+//! tickets (format version 5): after a restart or a crash every ticket live at the file's latest
+//! instant keeps its place and lapses no sooner than the restart plus its grace
+//! (`Reference::restart`).
 //!
 //! Checked after every operation: identical decisions and `retryAt`s, no window over its
 //! `calls` (for buckets named with one window and never settled up), no committed change lost
@@ -239,7 +241,7 @@ fn to_request(op: &AcquireOp) -> AcquireRequest {
     req
 }
 
-/// Facts without the line: what the file keeps.
+/// Facts without the line, which a restart resumes (its lapses move).
 fn kept(mut facts: Facts) -> Facts {
     facts.tickets.clear();
     facts.lines.clear();
@@ -375,7 +377,7 @@ impl Harness {
                 let latest = self.durable_floor;
                 let floor = self.rebuild(store);
                 assert_eq!(floor, latest, "the floor is the now of the latest commit");
-                assert_eq!(self.engine.facts(self.now), before, "rebuilt from the file");
+                assert_eq!(kept(self.engine.facts(self.now)), before, "rebuilt from the file");
                 self.check_forgotten();
             }
             FuzzOperation::Burst { acquire, times, step } => {
@@ -409,11 +411,12 @@ impl Harness {
         assert!(floor <= self.now, "the floor {floor:?} is ahead of now {:?}", self.now);
         self.durable_floor = floor;
         let mut effects = Vec::new();
+        engine.resume_line(floor, self.now, &mut effects);
         engine.finish_restore(self.now, &mut effects);
         self.engine = engine;
         self.store = Some(store);
-        // The file keeps no tickets: every one is unknown now.
-        self.reference.tickets.clear();
+        // The file keeps the tickets: each one live at `floor` resumes its place.
+        self.reference.restart(floor, self.now);
         self.commit_and_tidy(&effects);
         // The restore pruned the file too: it keeps exactly the grants that still count.
         let live: usize = self.engine.facts(self.now).buckets.values().map(|(grants, _)| grants.len()).sum();
@@ -456,13 +459,15 @@ impl Harness {
         let floor = self.rebuild(store);
         // A fault in the final sync may leave the whole batch in the file; a fault before it
         // leaves none of it. Nothing in between.
+        // (The reference was restarted at `floor` by the rebuild; the state before, likewise.)
+        let mut before = before;
+        before.restart(floor, now);
         let facts = self.engine.facts(now);
-        let landed = facts == kept(self.reference.facts(now));
-        let lost = facts == kept(before.facts(now));
+        let landed = facts == self.reference.facts(now);
+        let lost = facts == before.facts(now);
         assert!(landed || lost, "after a failed commit the file holds neither the state before nor after it");
         if !landed {
             self.reference = before;
-            self.reference.tickets.clear();
             assert_eq!(floor, floor_before, "a lost commit left its floor");
         } else if !lost {
             assert_eq!(floor, now, "a landed commit lost its floor");

@@ -146,7 +146,7 @@ fn an_older_file_is_marked_current_on_the_file_itself_before_any_journaled_commi
     assert!(limiter.acquire_blocking(window("new", 10)).unwrap().is_granted());
     let copy = crash_copy(&path, crashed.path());
     drop(limiter);
-    // An older build reading the crashed file alone would find version 4 and refuse it, never
+    // An older build reading the crashed file alone would find a newer version and refuse it, never
     // serve it without the grant in the journal.
     assert_eq!(file_alone(&copy).0, FORMAT_VERSION);
     let store = Store::open(&copy, &file_opener()).unwrap();
@@ -185,7 +185,7 @@ fn every_commit_is_one_journal_record_and_the_file_waits_for_a_checkpoint() {
 
 /// `tests/fixtures/v3-killed-limiter.redb`: written by the release before this one (format 3),
 /// three grants in `fixture/rpd` (10 per day) at 20:18:06.255, .270 and .286 UTC, then SIGKILL,
-/// so redb must repair it before it can be read. It is repaired, marked version 4 on the file
+/// so redb must repair it before it can be read. It is repaired, marked current on the file
 /// itself before any journaled commit, and serves its three grants.
 #[test]
 fn an_older_file_left_by_a_crash_is_repaired_then_marked_on_the_file_itself() {

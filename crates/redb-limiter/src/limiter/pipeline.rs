@@ -510,13 +510,21 @@ pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
 pub(super) fn rebuild(store: &mut Store, config: EngineConfig, now: Millis) -> Result<Engine, StoreError> {
     let mut engine = Engine::new(config);
     let floor = store.load(&mut engine)?;
-    finish_restore(store, &mut engine, now.max(floor))?;
+    finish_restore(store, &mut engine, floor, now.max(floor))?;
     Ok(engine)
 }
 
-/// Prunes what lapsed before `now` from a freshly loaded engine and from the file.
-pub(super) fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis) -> Result<(), StoreError> {
+/// Resumes the line of a freshly loaded engine whose file's latest instant is `floor` (every
+/// ticket live then keeps its place and lapses no sooner than `now` plus its grace), then
+/// prunes what lapsed before `now`, from the engine and from the file.
+pub(super) fn finish_restore(
+    store: &mut Store,
+    engine: &mut Engine,
+    floor: Millis,
+    now: Millis,
+) -> Result<(), StoreError> {
     let mut effects = Vec::new();
+    engine.resume_line(floor, now, &mut effects);
     engine.finish_restore(now, &mut effects);
     if effects.is_empty() { Ok(()) } else { store.commit_and_tidy(&effects, now) }
 }

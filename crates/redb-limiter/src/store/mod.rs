@@ -30,7 +30,7 @@
 //! else, so doing them again leaves the same records. Without a journal (the file alone) every
 //! commit is a redb commit.
 //!
-//! # Layout (format version 4)
+//! # Layout (format version 5)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
@@ -39,6 +39,7 @@
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
 //! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
 //! | `throttles` | caller key | `until` ms |
+//! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, and the limits it binds (defaults resolved, sorted by bucket key) |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -54,7 +55,22 @@
 //! updates `journal_seq`. So a file that was not closed cleanly knows it needs its journal, and
 //! [`Store::open`] refuses a journal that is missing then, another file's, or an earlier copy of
 //! its own, before either file is touched (a file a crash left for redb to repair is read for
-//! this in memory, unchanged). These keys are new but change no record: format version 4 stays.
+//! this in memory, unchanged). These keys came
+//! in format version 4's time and change no record.
+//!
+//! Version 5 (the line, section 12) added the `tickets` table, and journal notes of schema 2,
+//! which may carry a ticket's effects: filed inserts its record, renewed rewrites its `retryAt`,
+//! lapse and grace, ended or lapsed deletes it. Files of versions 2, 3 and 4 open unchanged
+//! (an older file has no `tickets` table: the marking creates it empty) and are marked version
+//! 5 before the journal takes any commit of this build; a journal of a version-4 file may still
+//! hold notes of schema 1 (a crash of the previous release), which are redone as they were,
+//! then the file is marked. An older build refuses a version-5 file, and a note of schema 2,
+//! rather than misread a ticket. On load each ticket is restored into its lines, then
+//! [`Engine::resume_line`] lapses those lapsed at the file's floor and gives every other one a
+//! lapse no sooner than the restart plus its grace (section 12.6). A filing, a grant that ends
+//! a ticket and a leave are committed (as a note or a redb commit) before their replies; a
+//! renewal or a lapse rides with the next commit, and may be lost in a crash: the ticket then
+//! keeps its older lapse, which the restart moves anyway.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -106,7 +122,8 @@
 //! file is caught and reported as corruption, and every record loaded is checked against what
 //! the engine can have written (keys of 1 to 512 bytes, a bucket's `perMs`, `calls` and
 //! `concurrent` within the request bounds, a grant row's cost, a permit id's sequence, a lapse or
-//! a throttle's end at most 24 hours after the file's floor). One case cannot be told from a
+//! a throttle's end at most 24 hours after the file's floor, a ticket's limits sorted and its
+//! grace, `retryAt` and lapse within the request bounds). One case cannot be told from a
 //! crash, as in every database: damage to the newest commit's own header is indistinguishable
 //! from that commit torn by a crash, and the file is rolled back to the commit before it. Damage
 //! to free space changes nothing. A 503 after a commit failed at its final sync may still count
@@ -135,9 +152,10 @@ use redb::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{BucketMeta, Effect, Engine, PermitId, PermitState, WindowShare};
+use crate::engine::{BucketMeta, Effect, Engine, PermitId, PermitState, TicketId, TicketState, WindowShare};
 use crate::request::{
-    MAX_CALLS, MAX_CONCURRENT, MAX_HOLD_MS, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS, MAX_THROTTLE_AHEAD_MS,
+    Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS,
+    MAX_THROTTLE_AHEAD_MS, MIN_GRACE_MS, WindowLimit,
 };
 use crate::time::Millis;
 
@@ -164,7 +182,7 @@ pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
 /// The file's layout version; a file of a version outside [`OLDEST_FORMAT_VERSION`] to this one
 /// is refused.
-pub const FORMAT_VERSION: u64 = 4;
+pub const FORMAT_VERSION: u64 = 5;
 /// The oldest version read: files of the versions before [`FORMAT_VERSION`] open unchanged and
 /// are marked current (see the module docs).
 pub const OLDEST_FORMAT_VERSION: u64 = 2;
@@ -172,14 +190,19 @@ pub const OLDEST_FORMAT_VERSION: u64 = 2;
 const RECORD_SCHEMA: u8 = 1;
 /// The first byte of a permit record of format version 3.
 const PERMIT_SCHEMA: u8 = 2;
-/// Schema byte of a journal note ([`Note`]).
-const NOTE_SCHEMA: u8 = 1;
+/// Schema byte of a journal note ([`Note`]) as format version 4 wrote it: no ticket effects.
+/// Still read (a crash of the previous release can leave such notes).
+const NOTE_SCHEMA_V4: u8 = 1;
+/// Schema byte of a journal note since format version 5: its effects may be a ticket's, which
+/// an older build, reading schema 1 only, refuses rather than misreads.
+const NOTE_SCHEMA: u8 = 2;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
 const GRANTS: TableDefinition<(u64, &str), u64> = TableDefinition::new("grants_by_time");
 const PERMITS: TableDefinition<u128, &[u8]> = TableDefinition::new("permits");
 const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
+const TICKETS: TableDefinition<u128, &[u8]> = TableDefinition::new("tickets");
 
 const KEY_FORMAT: &str = "format_version";
 const KEY_FLOOR: &str = "clock_floor";
@@ -352,6 +375,72 @@ impl PermitRecord {
     }
 }
 
+/// One limit a ticket binds, its defaults resolved: (calls, perMs) of its window, its
+/// `concurrent`, cost and `holdMs`.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct LimitRecord {
+    key: String,
+    window: Option<(u64, u64)>,
+    concurrent: Option<u64>,
+    cost: u64,
+    hold_ms: u64,
+}
+
+/// A live ticket (schema byte 1, format version 5), keyed by its id (see the module docs).
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct TicketRecord {
+    filed_at: u64,
+    retry_at: u64,
+    lapse_at: u64,
+    grace_ms: u64,
+    key: String,
+    limits: Vec<LimitRecord>,
+}
+
+impl TicketRecord {
+    fn from_state(t: &TicketState) -> Self {
+        TicketRecord {
+            filed_at: t.filed_at.0,
+            retry_at: t.retry_at.0,
+            lapse_at: t.lapse_at.0,
+            grace_ms: t.grace_ms,
+            key: t.key.to_string(),
+            limits: t
+                .limits
+                .iter()
+                .map(|l| LimitRecord {
+                    key: l.key.clone(),
+                    window: l.window.map(|w| (w.calls, w.per_ms)),
+                    concurrent: l.concurrent,
+                    cost: l.cost,
+                    hold_ms: l.hold_ms,
+                })
+                .collect(),
+        }
+    }
+
+    fn into_state(self) -> TicketState {
+        TicketState {
+            filed_at: Millis(self.filed_at),
+            retry_at: Millis(self.retry_at),
+            lapse_at: Millis(self.lapse_at),
+            grace_ms: self.grace_ms,
+            key: Arc::from(self.key),
+            limits: self
+                .limits
+                .into_iter()
+                .map(|l| Limit {
+                    key: l.key,
+                    window: l.window.map(|(calls, per_ms)| WindowLimit { calls, per_ms }),
+                    concurrent: l.concurrent,
+                    cost: l.cost,
+                    hold_ms: l.hold_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A commit kept as a note in the journal (schema byte [`NOTE_SCHEMA`]): its floor and its
 /// effects, in the engine's order.
 #[derive(Serialize, Deserialize)]
@@ -401,6 +490,21 @@ enum NoteEffect<'a> {
         #[serde(borrow)]
         key: Cow<'a, str>,
     },
+    // The line's effects (schema 2 only; appended, so a schema-1 note reads as it was written).
+    TicketFiled {
+        id: u128,
+        ticket: TicketRecord,
+    },
+    TicketRenewed {
+        id: u128,
+        retry_at: u64,
+        lapse_at: u64,
+        grace_ms: u64,
+    },
+    /// Ended (granted or left) or lapsed: its record goes either way.
+    TicketGone {
+        id: u128,
+    },
 }
 
 fn millis(ats: &[Millis]) -> Vec<u64> {
@@ -410,7 +514,6 @@ fn millis(ats: &[Millis]) -> Vec<u64> {
 fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
     let effects = effects
         .iter()
-        .filter(|effect| !effect.is_line())
         .map(|effect| match effect {
             Effect::BucketMeta { bucket, meta } => {
                 NoteEffect::BucketMeta { bucket: Cow::Borrowed(bucket), meta: *meta }
@@ -430,17 +533,35 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
             Effect::PermitEnded { id } => NoteEffect::PermitEnded { id: id.0 },
             Effect::ThrottleSet { key, until } => NoteEffect::ThrottleSet { key: Cow::Borrowed(key), until: until.0 },
             Effect::ThrottleEnded { key } => NoteEffect::ThrottleEnded { key: Cow::Borrowed(key) },
-            Effect::TicketFiled { .. }
-            | Effect::TicketRenewed { .. }
-            | Effect::TicketEnded { .. }
-            | Effect::TicketLapsed { .. } => unreachable!("the line's effects are filtered out above"),
+            Effect::TicketFiled { id, ticket } => {
+                NoteEffect::TicketFiled { id: id.0, ticket: TicketRecord::from_state(ticket) }
+            }
+            Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
+                NoteEffect::TicketRenewed { id: id.0, retry_at: retry_at.0, lapse_at: lapse_at.0, grace_ms: *grace_ms }
+            }
+            Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => NoteEffect::TicketGone { id: id.0 },
         })
         .collect();
     encode_schema(NOTE_SCHEMA, &Note { floor: floor.0, effects })
 }
 
 fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
-    let note: Note<'_> = decode_schema(NOTE_SCHEMA, bytes)?;
+    let note: Note<'_> = match bytes.first() {
+        Some(&NOTE_SCHEMA_V4) => {
+            let note: Note<'_> = decode_schema(NOTE_SCHEMA_V4, bytes)?;
+            let is_line = |e: &NoteEffect<'_>| {
+                matches!(
+                    e,
+                    NoteEffect::TicketFiled { .. } | NoteEffect::TicketRenewed { .. } | NoteEffect::TicketGone { .. }
+                )
+            };
+            if note.effects.iter().any(is_line) {
+                return Err("a note of schema 1 names a ticket".to_owned());
+            }
+            note
+        }
+        _ => decode_schema(NOTE_SCHEMA, bytes)?,
+    };
     let arc = |s: Cow<'_, str>| Arc::<str>::from(s.as_ref());
     let ats = |v: Vec<u64>| v.into_iter().map(Millis).collect();
     let effects = note
@@ -461,6 +582,16 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
             NoteEffect::PermitEnded { id } => Effect::PermitEnded { id: PermitId(id) },
             NoteEffect::ThrottleSet { key, until } => Effect::ThrottleSet { key: arc(key), until: Millis(until) },
             NoteEffect::ThrottleEnded { key } => Effect::ThrottleEnded { key: arc(key) },
+            NoteEffect::TicketFiled { id, ticket } => {
+                Effect::TicketFiled { id: TicketId(id), ticket: ticket.into_state() }
+            }
+            NoteEffect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => Effect::TicketRenewed {
+                id: TicketId(id),
+                retry_at: Millis(retry_at),
+                lapse_at: Millis(lapse_at),
+                grace_ms,
+            },
+            NoteEffect::TicketGone { id } => Effect::TicketLapsed { id: TicketId(id) },
         })
         .collect();
     Ok((Millis(note.floor), effects))
@@ -799,8 +930,10 @@ impl Store {
             // Commits acknowledged as notes after the file's last commit: redone, in order, in
             // one commit, before anything reads the file.
             let bad = |cause: String| StoreError::BadRecord { path: store.path.clone(), table: "journal notes", cause };
-            if format != Format::Current {
-                return Err(bad(format!("{} notes wait for a file of another format version", notes.len())));
+            // A file of the previous version (4, the first with a journal) may hold notes of its
+            // release after a crash: they are redone as they were, then the file is marked.
+            if format == Format::Empty {
+                return Err(bad(format!("{} notes wait for a file without tables", notes.len())));
             }
             store.notes = notes.iter().map(|note| decode_note(note)).collect::<Result<_, _>>().map_err(bad)?;
             store.apply_notes()?;
@@ -936,6 +1069,7 @@ impl Store {
             txn.open_table(GRANTS).map_err(|e| self.commit_error(e))?;
             txn.open_table(PERMITS).map_err(|e| self.commit_error(e))?;
             txn.open_table(THROTTLES).map_err(|e| self.commit_error(e))?;
+            txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
         }
         txn.commit().map_err(|e| self.commit_error(e))
     }
@@ -966,6 +1100,8 @@ impl Store {
         txn.open_table(META)
             .and_then(|mut meta| meta.insert(KEY_FORMAT, FORMAT_VERSION).map(drop).map_err(Into::into))
             .map_err(|e| self.commit_error(e))?;
+        // Version 5's table, empty: every ticket of an older release was forgotten at its stop.
+        txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
@@ -1024,6 +1160,38 @@ impl Store {
                 return Err(bad("throttles", format!("a throttle out of bounds: {:?} until {}", k.value(), v.value())));
             }
             engine.restore_throttle(k.value(), Millis(v.value()));
+        }
+        // A file marked current by this build has the table; one only read (`check`) may not.
+        let tickets = match txn.open_table(TICKETS) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(self.corrupt(e)),
+        };
+        // A ticket's retryAt is at most a window's length ahead, its lapse a grace after that
+        // (or after a restart's `now`, which a floor recorded since holds).
+        let line_ok = |at: u64| at <= floor.0.saturating_add(MAX_PER_MS.max(MAX_THROTTLE_AHEAD_MS) + MAX_GRACE_MS);
+        let rows = match &tickets {
+            Some(table) => Some(table.iter().map_err(|e| self.corrupt(e))?),
+            None => None,
+        };
+        for row in rows.into_iter().flatten() {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let id = TicketId(k.value());
+            let ticket = decode::<TicketRecord>(v.value()).map_err(|e| bad("tickets", e))?.into_state();
+            if id.number() > MAX_PERMIT_SEQUENCE
+                || !key_ok(&ticket.key)
+                || ticket.limits.is_empty()
+                || ticket.limits.len() > MAX_LIMITS
+                || ticket.limits.iter().any(|l| !key_ok(&l.key))
+                || !ticket.limits.windows(2).all(|w| w[0].key < w[1].key)
+                || !(MIN_GRACE_MS..=MAX_GRACE_MS).contains(&ticket.grace_ms)
+                || ticket.filed_at > floor
+                || !line_ok(ticket.retry_at.0)
+                || !line_ok(ticket.lapse_at.0)
+            {
+                return Err(bad("tickets", format!("a ticket out of bounds: {id}")));
+            }
+            engine.restore_ticket(id, ticket);
         }
         Ok(floor)
     }
@@ -1119,7 +1287,7 @@ impl Store {
         tidy: bool,
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
-        let (mut buckets, mut grants, mut permits, mut throttles) = (None, None, None, None);
+        let (mut buckets, mut grants, mut permits, mut throttles, mut tickets) = (None, None, None, None, None);
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
@@ -1175,12 +1343,23 @@ impl Store {
                     Effect::ThrottleEnded { key } => {
                         opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
                     }
-                    // The file keeps no tickets (format version 4): after a restart every ticket
-                    // is unknown, and its host joins the line again at the back.
-                    Effect::TicketFiled { .. }
-                    | Effect::TicketRenewed { .. }
-                    | Effect::TicketEnded { .. }
-                    | Effect::TicketLapsed { .. } => {}
+                    Effect::TicketFiled { id, ticket } => {
+                        let record = encode(&TicketRecord::from_state(ticket));
+                        opened(&mut tickets, txn, TICKETS)?.insert(id.0, record.as_slice())?;
+                    }
+                    Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
+                        // A renewal of a ticket already gone (ended in the same batch, or a note
+                        // redone after its end reached the file) writes nothing.
+                        let table = opened(&mut tickets, txn, TICKETS)?;
+                        let kept = table.get(id.0)?.map(|v| decode::<TicketRecord>(v.value()));
+                        if let Some(Ok(mut record)) = kept {
+                            (record.retry_at, record.lapse_at, record.grace_ms) = (retry_at.0, lapse_at.0, *grace_ms);
+                            table.insert(id.0, encode(&record).as_slice())?;
+                        }
+                    }
+                    Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
+                        opened(&mut tickets, txn, TICKETS)?.remove(id.0)?;
+                    }
                 }
             }
         }
@@ -1342,6 +1521,89 @@ mod tests {
         let store = Store::open(&path, &file_opener()).unwrap();
         assert_eq!(rows(&store).len(), 2);
         assert_eq!(store.journal_stats().unwrap().notes, 0);
+    }
+
+    fn ticket_state(lapse_at: u64) -> TicketState {
+        TicketState {
+            filed_at: Millis(1_000),
+            retry_at: Millis(lapse_at - 500),
+            lapse_at: Millis(lapse_at),
+            grace_ms: 500,
+            key: Arc::from("caller"),
+            limits: vec![Limit::concurrent("a", 2).with_hold_ms(9_000), Limit::window("b", 5, 60_000)],
+        }
+    }
+
+    /// The tickets in the file, by id.
+    fn tickets(store: &Store) -> Vec<(u128, TicketState)> {
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(TICKETS).unwrap();
+        table
+            .iter()
+            .unwrap()
+            .map(|row| {
+                let (k, v) = row.unwrap();
+                (k.value(), decode::<TicketRecord>(v.value()).unwrap().into_state())
+            })
+            .collect()
+    }
+
+    /// A ticket is filed, renewed and ended in the file, as notes behind the journal (redone at
+    /// the next open after a crash) and as redb commits; a note that names a ticket has a schema
+    /// an older build refuses, and the older schema still reads.
+    #[test]
+    fn tickets_are_kept_as_records_and_as_notes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let (one, two) = (TicketId(7 << 64 | 1), TicketId(7 << 64 | 2));
+        let filed = |id, lapse| Effect::TicketFiled { id, ticket: ticket_state(lapse) };
+        let renewed = |id, retry_at: u64, lapse_at: u64| Effect::TicketRenewed {
+            id,
+            retry_at: Millis(retry_at),
+            lapse_at: Millis(lapse_at),
+            grace_ms: 800,
+        };
+        {
+            let mut store = Store::open(&path, &file_opener()).unwrap();
+            store.commit(&[filed(one, 3_000), filed(two, 3_100)], Millis(1_000)).unwrap();
+            store.commit(&[renewed(one, 4_000, 4_800)], Millis(1_500)).unwrap();
+            store
+                .commit(&[Effect::TicketEnded { id: two, end: crate::engine::TicketEnd::Left }], Millis(1_600))
+                .unwrap();
+            // A renewal of a ticket already gone writes nothing.
+            store.commit(&[renewed(two, 4_000, 4_800)], Millis(1_700)).unwrap();
+            assert_eq!(store.journal_stats().unwrap().notes, 4);
+            assert!(tickets(&store).is_empty(), "not in redb yet");
+            // Dropped without `finish`, as a crash leaves it.
+        }
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let mut renewed_one = ticket_state(3_000);
+        (renewed_one.retry_at, renewed_one.lapse_at, renewed_one.grace_ms) = (Millis(4_000), Millis(4_800), 800);
+        assert_eq!(tickets(&store), vec![(one.0, renewed_one.clone())]);
+        let mut engine = Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 });
+        assert_eq!(store.load(&mut engine).unwrap(), Millis(1_700));
+        assert_eq!(engine.facts(Millis(1_700)).tickets.into_iter().collect::<Vec<_>>(), vec![(one, renewed_one)]);
+        // As redb commits (a tidying one is never a note): lapsed deletes.
+        store.commit_and_tidy(&[Effect::TicketLapsed { id: one }, filed(two, 5_000)], Millis(4_800)).unwrap();
+        assert_eq!(tickets(&store), vec![(two.0, ticket_state(5_000))]);
+
+        let note = encode_note(Millis(9), &[filed(one, 3_000), Effect::TicketLapsed { id: two }]);
+        assert_eq!(note[0], NOTE_SCHEMA);
+        // What the previous release reads a note with: the schema byte refuses it.
+        assert!(decode_schema::<Note<'_>>(NOTE_SCHEMA_V4, &note).err().unwrap().contains("schema 2"));
+        let (floor, effects) = decode_note(&note).unwrap();
+        assert_eq!(floor, Millis(9));
+        assert!(
+            matches!(&effects[..], [Effect::TicketFiled { id, .. }, Effect::TicketLapsed { id: gone }] if *id == one && *gone == two)
+        );
+        // A note of the previous release reads as it was written; one that names a ticket under
+        // that schema is no note it wrote.
+        let mut old = encode_note(Millis(9), &[grant("a", 9, 1)]);
+        old[0] = NOTE_SCHEMA_V4;
+        assert!(matches!(&decode_note(&old).unwrap().1[..], [Effect::WindowGrant { cost: 1, .. }]));
+        let mut forged = note.clone();
+        forged[0] = NOTE_SCHEMA_V4;
+        assert!(decode_note(&forged).unwrap_err().contains("names a ticket"));
     }
 
     /// The bucket records in the file, in key order.

@@ -1514,6 +1514,32 @@ fn a_batch_larger_than_the_region_goes_to_the_data_file() {
     assert_eq!(contents(&j2), expected);
 }
 
+/// A file stamps each commit with the journal's next sequence number (its claim); a commit
+/// too big for the region goes straight to the file, and a crash before the next record must
+/// not leave a journal that seems older than that stamp.
+#[test]
+fn a_crash_after_a_batch_larger_than_the_region_reopens_under_the_files_claim() {
+    let m = Machine::new(1, 0.0);
+    let opts = options(64 << 10);
+    let j = open_on(&m, &opts);
+    let monitor = j.monitor();
+    j.write(0, &pattern(1, 5000)).unwrap();
+    j.sync_data().unwrap();
+    let stamped = monitor.next_seq();
+    j.write(3000, &pattern(2, 200_000)).unwrap();
+    j.sync_data().unwrap();
+    assert_eq!(monitor.stats().direct_batches, 1);
+    let expected = contents(&j);
+    let claim = FileClaim { journal_id: monitor.journal_id(), next_seq: stamped, open: true };
+    drop(j);
+    let m2 = m.reboot();
+    let (data, log) = m2.backends();
+    let j2 = JournalBackend::open_claimed(data, log, &opts, Some(&claim)).unwrap();
+    assert_eq!(contents(&j2), expected);
+    // And the next record goes on past the stamp.
+    assert!(j2.monitor().next_seq() > stamped);
+}
+
 #[test]
 fn the_journal_is_resized_when_asked() {
     let m = Machine::new(1, 0.0);

@@ -1646,6 +1646,47 @@ fn files_on_disk_round_trip_and_refuse_a_second_open() {
     assert!(JournalBackend::open_path(&path, &opts).is_ok());
 }
 
+/// An open refused because another holds the journal removes nothing: the files are the
+/// holder's, even when they did not exist a moment before this open began.
+#[test]
+fn an_open_refused_as_held_leaves_the_holders_files_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(64 << 10);
+    let path = dir.path().join("held.redb");
+    let holder = JournalBackend::open_path(&path, &opts).unwrap();
+    let journal = std::fs::read(journal_path(&path)).unwrap();
+    let second = JournalBackend::open_path(&path, &opts);
+    assert!(matches!(second, Err(JournalError::Held)), "{second:?}");
+    assert!(path.exists());
+    assert_eq!(std::fs::read(journal_path(&path)).unwrap(), journal);
+    drop(holder);
+    // Two opens starting together on a new path: one holds, the other is refused, and the
+    // holder's files stay (the refused one must not take them for its own half-made ones).
+    for round in 0..40 {
+        let path = dir.path().join(format!("race-{round}.redb"));
+        let start = std::sync::Barrier::new(2);
+        let results: Vec<Result<JournalBackend, JournalError>> = std::thread::scope(|s| {
+            let open = || {
+                start.wait();
+                JournalBackend::open_path(&path, &opts)
+            };
+            let a = s.spawn(open);
+            let b = s.spawn(open);
+            vec![a.join().unwrap(), b.join().unwrap()]
+        });
+        let held = results.iter().filter(|r| r.is_ok()).count();
+        let errors: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().map(ToString::to_string)).collect();
+        assert!(held >= 1, "round {round}: {errors:?}");
+        assert!(results.iter().all(|r| matches!(r, Ok(_) | Err(JournalError::Held))), "round {round}: {errors:?}");
+        assert!(path.exists(), "round {round}: the data file was removed");
+        let log = std::fs::metadata(journal_path(&path));
+        assert!(
+            log.is_ok_and(|m| m.len() == REGION_START + (64 << 10)),
+            "round {round}: the holder's journal was removed"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Benchmark: durable commits per second, plain file against journal, on real files.
 // ---------------------------------------------------------------------------------------------

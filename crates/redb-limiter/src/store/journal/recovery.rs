@@ -230,7 +230,9 @@ pub(super) fn recover(
             return Err(JournalError::Missing);
         }
         let half_made = match slots {
-            [Slot::Blank, Slot::Blank | Slot::Torn] => true,
+            // Both blank (or blank and torn): the same, but only when no record follows either
+            // (zeroed headers over records are damage, not a journal still being made).
+            [Slot::Blank, Slot::Blank | Slot::Torn] => !region_has_records(log, log_len)?,
             // A creation by a release that wrote slot 0 alone, torn: only when no record
             // follows (damage to the header of a journal with records is not a new journal).
             [Slot::Torn, Slot::Blank] => !region_has_records(log, log_len)?,

@@ -2176,6 +2176,32 @@ fn a_claim_refuses_another_journal_an_older_copy_and_a_missing_one_unchanged() {
     assert_eq!(open_bytes(&data, Vec::new(), Some(&clean)).unwrap(), data.volatile);
 }
 
+/// Both header slots zeroed (or one zeroed, one torn) over a journal that holds records is
+/// damage, not a journal still being created: refused, and the records are not wiped.
+#[test]
+fn zeroed_header_slots_over_records_are_refused_not_wiped() {
+    let (m, _, _) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let log = m.log.lock().unwrap().durable.clone();
+    assert!(!record_spans(&log).is_empty());
+    for torn_second in [false, true] {
+        let mut damaged = log.clone();
+        damaged[..SLOT_LEN].fill(0);
+        if torn_second {
+            damaged[SLOT_LEN + 100] ^= 1;
+        } else {
+            damaged[SLOT_LEN..2 * SLOT_LEN].fill(0);
+        }
+        let m2 = Machine::with_disks(5, 0.0, data.clone(), Disk::with_bytes(damaged.clone()));
+        let (d, l) = m2.backends();
+        let opts = JournalOptions { checkpoint_records: 6, ..options(256 << 10) };
+        let err = JournalBackend::open_claimed(d, l, &opts, None).err();
+        assert!(matches!(err, Some(JournalError::Damaged(_) | JournalError::NotAJournal)), "{err:?}");
+        assert_eq!(disk_bytes(&m2.log), damaged, "the journal is left as it was");
+        assert_eq!(disk_bytes(&m2.data), data.volatile, "the file is left as it was");
+    }
+}
+
 #[test]
 fn an_emptied_file_is_not_bound_to_a_journal_of_a_file_with_content() {
     let (m, _, _) = nine_barriers();

@@ -258,7 +258,9 @@ pub(super) fn recover(
     }
     // The journal is preallocated and never shorter than its header's region: shorter, it was
     // truncated, and what was cut off may have been acknowledged.
-    let expected = REGION_START + header.region_len;
+    let Some(expected) = REGION_START.checked_add(header.region_len) else {
+        return Err(JournalError::Damaged(format!("the header's region length {} is past 2^64", header.region_len)));
+    };
     if log_len < expected {
         return Err(JournalError::Truncated { len: log_len, expected });
     }

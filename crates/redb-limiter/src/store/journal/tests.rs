@@ -2202,6 +2202,21 @@ fn zeroed_header_slots_over_records_are_refused_not_wiped() {
     }
 }
 
+/// A header whose region length would take the region's end past 2^64 is refused as damage.
+#[test]
+fn a_header_region_past_the_end_of_the_address_space_is_refused() {
+    let (m, _, _) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let mut log = m.log.lock().unwrap().durable.clone();
+    for slot in 0..2 {
+        let Slot::Valid(mut h) = Header::decode(&log[slot * SLOT_LEN..(slot + 1) * SLOT_LEN]) else { panic!() };
+        h.region_len = u64::MAX - (ALIGN - 1);
+        log[slot * SLOT_LEN..(slot + 1) * SLOT_LEN].copy_from_slice(&h.encode());
+    }
+    let err = open_bytes(&data, log, None).err();
+    assert!(matches!(err, Some(JournalError::Damaged(_))), "{err:?}");
+}
+
 #[test]
 fn an_emptied_file_is_not_bound_to_a_journal_of_a_file_with_content() {
     let (m, _, _) = nine_barriers();

@@ -509,6 +509,13 @@ impl Engine {
         }
     }
 
+    /// Draws the permit ids' key from the operating system's random source (128 bits) instead
+    /// of the 64-bit `id_seed`: what a production open does; tests keep the seed to get the same
+    /// ids each run.
+    pub fn draw_permit_key(&mut self) -> std::io::Result<()> {
+        self.ids.rekey_from_os()
+    }
+
     #[must_use]
     pub fn config(&self) -> EngineConfig {
         self.config

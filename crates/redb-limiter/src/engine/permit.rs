@@ -2,7 +2,8 @@
 //!
 //! An id is a 64-bit random part of its own plus a 64-bit sequence number, written `p-` and 32
 //! lowercase hex digits. The random part is SipHash-2-4 of the sequence number under a key
-//! drawn from the engine's seed (the limiter draws the seed at open; tests pass a fixed one), so
+//! of 128 bits from the operating system's random source (tests pass a fixed 64-bit seed, from
+//! which the key is derived, to get the same ids each run), so
 //! the ids already seen tell nothing of the next one's random part: a permit cannot be guessed
 //! and released by someone who did not get it. A restart draws a new key, so it never issues an
 //! id it issued before (but with the chance of a 64-bit collision).
@@ -50,6 +51,20 @@ fn mix(seed: u64) -> u64 {
 impl PermitIds {
     pub(crate) fn new(seed: u64) -> Self {
         PermitIds { key: (mix(seed), mix(seed ^ 0x5851_f42d_4c95_7f2d)), next: 0 }
+    }
+
+    /// Replaces the key with 128 bits from the operating system's random source, so that the
+    /// random parts cannot be found from a 64-bit seed. The sequence goes on as it was.
+    pub(crate) fn rekey_from_os(&mut self) -> std::io::Result<()> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| std::io::Error::other(format!("permit ids: no random key from the OS: {e}")))?;
+        let (a, b) = bytes.split_at(8);
+        self.key = (
+            u64::from_le_bytes(a.try_into().unwrap_or_default()),
+            u64::from_le_bytes(b.try_into().unwrap_or_default()),
+        );
+        Ok(())
     }
 
     pub(crate) fn next_id(&mut self) -> PermitId {
@@ -104,5 +119,21 @@ mod tests {
         assert!(run.iter().all(|id| *id == again.next_id()), "a seed gives the same ids");
         let mut other = PermitIds::new(8);
         assert_ne!(high(other.next_id()), high(run[0]));
+    }
+
+    /// Unseeded, the key is 128 bits of the OS's: two draws differ in both halves, and the ids
+    /// under it are not those of the seed the engine was made with.
+    #[test]
+    fn an_unseeded_key_is_drawn_from_the_os_in_full() {
+        let mut a = PermitIds::new(7);
+        let mut b = PermitIds::new(7);
+        a.rekey_from_os().unwrap();
+        b.rekey_from_os().unwrap();
+        assert_ne!(a.key.0, b.key.0);
+        assert_ne!(a.key.1, b.key.1);
+        let seeded = PermitIds::new(7).next_id();
+        let drawn = a.next_id();
+        assert_ne!(drawn, seeded);
+        assert_eq!(drawn.0 as u64, seeded.0 as u64, "the sequence goes on as it was");
     }
 }

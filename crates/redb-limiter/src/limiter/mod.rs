@@ -182,6 +182,9 @@ impl Limiter {
         let config =
             EngineConfig { recheck_ms: options.recheck_ms, id_seed: options.id_seed.unwrap_or_else(random_seed) };
         let mut engine = Engine::new(config);
+        if options.id_seed.is_none() {
+            engine.draw_permit_key().map_err(|cause| StoreError::Io { path: path.clone(), cause })?;
+        }
         let floor = store.load(&mut engine)?;
         let clock: Arc<dyn Clock> = match options.clock {
             Some(clock) => clock,

@@ -397,7 +397,8 @@ impl Shared {
         let config = EngineConfig { id_seed: random_seed(), ..file.config };
         // One durable commit proves the store commits again (the open alone may write nothing).
         let attempt = Store::open(&file.path, &file.opener).and_then(|mut store| {
-            let engine = rebuild(&mut store, config, now)?;
+            let mut engine = rebuild(&mut store, config, now)?;
+            engine.draw_permit_key().map_err(|cause| StoreError::Io { path: file.path.clone(), cause })?;
             store.commit_and_tidy(&[], now)?;
             Ok((store, engine))
         });

@@ -158,7 +158,10 @@
 //!    means damage (a flipped byte in an older record, or in the current header slot), refused
 //!    with [`JournalError::Damaged`], never replayed up to. The records must also reach past the
 //!    commits the data file holds ([`FileClaim::next_seq`]), or the journal is an earlier copy
-//!    of itself ([`JournalError::Older`]).
+//!    of itself ([`JournalError::Older`]). The data file is written only at checkpoints, so this
+//!    catches a copy older than the last checkpoint only: a copy taken since then ends at a
+//!    commit the file does not yet hold, cannot be told from the journal itself, and opens
+//!    without the commits made after it was taken.
 //! 4. If there are records, the data file's first page must be the one bound at the checkpoint,
 //!    or the one the records lead to, or a torn mix of these two (a prefix of one and the rest of
 //!    the other: a checkpoint cut off while writing it). Anything else means the journal belongs to
@@ -193,9 +196,12 @@
 //!   and the journal takes an exclusive lock of its own. Between checkpoints the data file alone
 //!   is an older state of the database (what a crash at the last checkpoint would have left):
 //!   open it only through this backend, or the commits since are lost. A journal lost, cut,
-//!   replaced by another's or by an earlier copy of itself after a crash is refused at the next
-//!   open (the file's [`FileClaim`] and the checks above), never opened as if nothing happened;
-//!   while open, the store checks the journal's length and header with the file's identity.
+//!   replaced by another's, or replaced by a copy of itself older than the last checkpoint
+//!   after a crash is refused at the next open (the file's [`FileClaim`] and the checks above),
+//!   never opened as if nothing happened. A copy taken since the last checkpoint cannot be told
+//!   apart (the file does not yet name the commits after it): it opens, and those commits are
+//!   lost. While open, the store checks the journal's length and header with the file's
+//!   identity.
 //! * Damage to the newest record's own bytes cannot be told from that record torn by a crash,
 //!   as in every database: it rolls back to the commit before it.
 //! * Memory: the writes since the last barrier, and the distinct bytes written since the last

@@ -82,14 +82,40 @@ impl JournalBackend {
         claim: Option<&FileClaim>,
     ) -> Result<Self, JournalError> {
         let log_path = journal_path(data_path);
-        let (data_new, log_new) = (!data_path.exists(), !log_path.exists());
-        let open = |p: &Path| -> io::Result<Box<dyn StorageBackend>> {
-            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p)?;
+        // Whether THIS call made each file (`create_new`): a test of existence before the
+        // journal's lock could see a file that another open starting at the same moment made.
+        let open = |p: &Path| -> io::Result<(Box<dyn StorageBackend>, bool)> {
+            let (file, created) = match OpenOptions::new().read(true).write(true).create_new(true).open(p) {
+                Ok(file) => (file, true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    (OpenOptions::new().read(true).write(true).open(p)?, false)
+                }
+                Err(e) => return Err(e),
+            };
             let backend = FileBackend::new(file).map_err(|e| io::Error::other(e.to_string()))?;
-            Ok(Box::new(backend))
+            Ok((Box::new(backend), created))
         };
-        // Removes what this call created, when its open fails: nothing half-made stays.
+        let (mut data_new, mut log_new) = (false, false);
+        let opened = (|| {
+            let (data, created) = open(data_path)?;
+            data_new = created;
+            let (log, created) = open(&log_path)?;
+            log_new = created;
+            if data_new || log_new {
+                let dir = match data_path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                File::open(dir)?.sync_all()?;
+            }
+            Ok::<_, JournalError>((data, log))
+        })();
+        // Removes what this call created, when its open fails: nothing half-made stays. Never
+        // after `Held`: the files are another open's, which may have just made them.
         let undo = |e: JournalError| {
+            if matches!(e, JournalError::Held) {
+                return e;
+            }
             if log_new {
                 let _ = std::fs::remove_file(&log_path);
             }
@@ -103,18 +129,6 @@ impl JournalBackend {
                 other => other,
             }
         };
-        let opened = (|| {
-            let data = open(data_path)?;
-            let log = open(&log_path)?;
-            if data_new || log_new {
-                let dir = match data_path.parent() {
-                    Some(p) if !p.as_os_str().is_empty() => p,
-                    _ => Path::new("."),
-                };
-                File::open(dir)?.sync_all()?;
-            }
-            Ok::<_, JournalError>((data, log))
-        })();
         let (data, log) = opened.map_err(undo)?;
         Self::open_claimed(data, log, options, claim).map_err(undo)
     }
@@ -216,7 +230,9 @@ pub(super) fn recover(
             return Err(JournalError::Missing);
         }
         let half_made = match slots {
-            [Slot::Blank, Slot::Blank | Slot::Torn] => true,
+            // Both blank (or blank and torn): the same, but only when no record follows either
+            // (zeroed headers over records are damage, not a journal still being made).
+            [Slot::Blank, Slot::Blank | Slot::Torn] => !region_has_records(log, log_len)?,
             // A creation by a release that wrote slot 0 alone, torn: only when no record
             // follows (damage to the header of a journal with records is not a new journal).
             [Slot::Torn, Slot::Blank] => !region_has_records(log, log_len)?,
@@ -242,7 +258,9 @@ pub(super) fn recover(
     }
     // The journal is preallocated and never shorter than its header's region: shorter, it was
     // truncated, and what was cut off may have been acknowledged.
-    let expected = REGION_START + header.region_len;
+    let Some(expected) = REGION_START.checked_add(header.region_len) else {
+        return Err(JournalError::Damaged(format!("the header's region length {} is past 2^64", header.region_len)));
+    };
     if log_len < expected {
         return Err(JournalError::Truncated { len: log_len, expected });
     }

@@ -1514,6 +1514,32 @@ fn a_batch_larger_than_the_region_goes_to_the_data_file() {
     assert_eq!(contents(&j2), expected);
 }
 
+/// A file stamps each commit with the journal's next sequence number (its claim); a commit
+/// too big for the region goes straight to the file, and a crash before the next record must
+/// not leave a journal that seems older than that stamp.
+#[test]
+fn a_crash_after_a_batch_larger_than_the_region_reopens_under_the_files_claim() {
+    let m = Machine::new(1, 0.0);
+    let opts = options(64 << 10);
+    let j = open_on(&m, &opts);
+    let monitor = j.monitor();
+    j.write(0, &pattern(1, 5000)).unwrap();
+    j.sync_data().unwrap();
+    let stamped = monitor.next_seq();
+    j.write(3000, &pattern(2, 200_000)).unwrap();
+    j.sync_data().unwrap();
+    assert_eq!(monitor.stats().direct_batches, 1);
+    let expected = contents(&j);
+    let claim = FileClaim { journal_id: monitor.journal_id(), next_seq: stamped, open: true };
+    drop(j);
+    let m2 = m.reboot();
+    let (data, log) = m2.backends();
+    let j2 = JournalBackend::open_claimed(data, log, &opts, Some(&claim)).unwrap();
+    assert_eq!(contents(&j2), expected);
+    // And the next record goes on past the stamp.
+    assert!(j2.monitor().next_seq() > stamped);
+}
+
 #[test]
 fn the_journal_is_resized_when_asked() {
     let m = Machine::new(1, 0.0);
@@ -1618,6 +1644,47 @@ fn files_on_disk_round_trip_and_refuse_a_second_open() {
     assert!(matches!(held, Err(JournalError::Held)), "{held:?}");
     drop(plain);
     assert!(JournalBackend::open_path(&path, &opts).is_ok());
+}
+
+/// An open refused because another holds the journal removes nothing: the files are the
+/// holder's, even when they did not exist a moment before this open began.
+#[test]
+fn an_open_refused_as_held_leaves_the_holders_files_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(64 << 10);
+    let path = dir.path().join("held.redb");
+    let holder = JournalBackend::open_path(&path, &opts).unwrap();
+    let journal = std::fs::read(journal_path(&path)).unwrap();
+    let second = JournalBackend::open_path(&path, &opts);
+    assert!(matches!(second, Err(JournalError::Held)), "{second:?}");
+    assert!(path.exists());
+    assert_eq!(std::fs::read(journal_path(&path)).unwrap(), journal);
+    drop(holder);
+    // Two opens starting together on a new path: one holds, the other is refused, and the
+    // holder's files stay (the refused one must not take them for its own half-made ones).
+    for round in 0..40 {
+        let path = dir.path().join(format!("race-{round}.redb"));
+        let start = std::sync::Barrier::new(2);
+        let results: Vec<Result<JournalBackend, JournalError>> = std::thread::scope(|s| {
+            let open = || {
+                start.wait();
+                JournalBackend::open_path(&path, &opts)
+            };
+            let a = s.spawn(open);
+            let b = s.spawn(open);
+            vec![a.join().unwrap(), b.join().unwrap()]
+        });
+        let held = results.iter().filter(|r| r.is_ok()).count();
+        let errors: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().map(ToString::to_string)).collect();
+        assert!(held >= 1, "round {round}: {errors:?}");
+        assert!(results.iter().all(|r| matches!(r, Ok(_) | Err(JournalError::Held))), "round {round}: {errors:?}");
+        assert!(path.exists(), "round {round}: the data file was removed");
+        let log = std::fs::metadata(journal_path(&path));
+        assert!(
+            log.is_ok_and(|m| m.len() == REGION_START + (64 << 10)),
+            "round {round}: the holder's journal was removed"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2107,6 +2174,47 @@ fn a_claim_refuses_another_journal_an_older_copy_and_a_missing_one_unchanged() {
     // Closed cleanly: a new journal is made.
     let clean = FileClaim { open: false, ..claim };
     assert_eq!(open_bytes(&data, Vec::new(), Some(&clean)).unwrap(), data.volatile);
+}
+
+/// Both header slots zeroed (or one zeroed, one torn) over a journal that holds records is
+/// damage, not a journal still being created: refused, and the records are not wiped.
+#[test]
+fn zeroed_header_slots_over_records_are_refused_not_wiped() {
+    let (m, _, _) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let log = m.log.lock().unwrap().durable.clone();
+    assert!(!record_spans(&log).is_empty());
+    for torn_second in [false, true] {
+        let mut damaged = log.clone();
+        damaged[..SLOT_LEN].fill(0);
+        if torn_second {
+            damaged[SLOT_LEN + 100] ^= 1;
+        } else {
+            damaged[SLOT_LEN..2 * SLOT_LEN].fill(0);
+        }
+        let m2 = Machine::with_disks(5, 0.0, data.clone(), Disk::with_bytes(damaged.clone()));
+        let (d, l) = m2.backends();
+        let opts = JournalOptions { checkpoint_records: 6, ..options(256 << 10) };
+        let err = JournalBackend::open_claimed(d, l, &opts, None).err();
+        assert!(matches!(err, Some(JournalError::Damaged(_) | JournalError::NotAJournal)), "{err:?}");
+        assert_eq!(disk_bytes(&m2.log), damaged, "the journal is left as it was");
+        assert_eq!(disk_bytes(&m2.data), data.volatile, "the file is left as it was");
+    }
+}
+
+/// A header whose region length would take the region's end past 2^64 is refused as damage.
+#[test]
+fn a_header_region_past_the_end_of_the_address_space_is_refused() {
+    let (m, _, _) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let mut log = m.log.lock().unwrap().durable.clone();
+    for slot in 0..2 {
+        let Slot::Valid(mut h) = Header::decode(&log[slot * SLOT_LEN..(slot + 1) * SLOT_LEN]) else { panic!() };
+        h.region_len = u64::MAX - (ALIGN - 1);
+        log[slot * SLOT_LEN..(slot + 1) * SLOT_LEN].copy_from_slice(&h.encode());
+    }
+    let err = open_bytes(&data, log, None).err();
+    assert!(matches!(err, Some(JournalError::Damaged(_))), "{err:?}");
 }
 
 #[test]

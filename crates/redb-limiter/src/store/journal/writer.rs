@@ -265,13 +265,17 @@ impl State {
         Ok(true)
     }
 
-    /// A batch larger than the region: straight to the data file between two checkpoints.
+    /// A batch larger than the region: straight to the data file between two checkpoints. It
+    /// uses up a sequence number as a record would: the file it writes may name the number it
+    /// was committed at (a claim), and the journal must then end past it, or a crash before the
+    /// next record would leave a file its journal seems older than.
     pub(super) fn direct_barrier(
         &mut self,
         data: &dyn StorageBackend,
         log: &dyn StorageBackend,
         counters: &Counters,
     ) -> io::Result<()> {
+        self.next_seq += 1;
         self.checkpoint(data, log, counters)?;
         self.absorb_batch();
         self.bound = false;

@@ -1499,6 +1499,20 @@ BEGIN
    ORDER BY s.key
    LIMIT lim + 1;
 
+  -- Each bucket's line (section 12.7): queued (in window_used) and when its first live
+  -- ticket was filed (in oldest), for every bucket with a live ticket, a bucket with only a
+  -- line included. The server merges these rows into the buckets' by key.
+  RETURN QUERY
+  SELECT 'q'::text, q.bucket, v_now, q.n, NULL::bigint, NULL::bigint, NULL::bigint, q.first,
+         NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[], NULL::bigint[]
+    FROM (SELECT ln.bucket, count(*) AS n, (array_agg(t.filed_at ORDER BY ln.num))[1] AS first
+            FROM __SCHEMA__.line ln JOIN __SCHEMA__.tickets t ON t.num = ln.num
+           WHERE ln.bucket > v_after AND ln.bucket >= v_prefix AND starts_with(ln.bucket, v_prefix)
+             AND t.lapse_at > v_now
+           GROUP BY ln.bucket) q
+   ORDER BY q.bucket
+   LIMIT lim + 1;
+
   RETURN QUERY
   SELECT 'p'::text, pm.id, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
          NULL::bigint, NULL::bigint, pm.lapse, x.keys, x.lapses
@@ -1524,7 +1538,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.state_rows(text, text, integer, bigint) IS
-  'live buckets, permits and throttles (GET /state), paged by key, as rows, read-only';
+  'live buckets (with their lines), permits and throttles (GET /state), paged by key, as rows, read-only';
 
 -- Counts for metrics: rows in each table (lapsed rows not yet swept included).
 CREATE OR REPLACE FUNCTION __SCHEMA__.totals() RETURNS jsonb

@@ -1034,6 +1034,8 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
     let mut now = None;
     let mut view = StateView::default();
     let mut truncated = false;
+    // Each bucket's line ('q' rows: queued, first ticket filed), merged by key below.
+    let mut lines: Vec<(String, u64, Option<Millis>)> = Vec::new();
     for row in rows {
         let number = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| bad(&e));
         let count = |i: usize| number(i).map(|v| u64::try_from(v.unwrap_or(0)).unwrap_or(0));
@@ -1041,8 +1043,8 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
         let text = |k: &str| unescape(k).map(std::borrow::Cow::into_owned).ok_or_else(|| bad(&format!("key {k:?}")));
         let key = || text(row.try_get::<_, &str>(1).map_err(|e| bad(&e))?);
         let kind: &str = row.try_get(0).map_err(|e| bad(&e))?;
+        // Buckets and lines are merged first, then cut to the page (below).
         let taken = match kind {
-            "b" => view.buckets.len(),
             "p" => view.permits.len(),
             "t" => view.throttles.len(),
             _ => 0,
@@ -1076,10 +1078,43 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 view.permits.push(PermitView { id, expires: instant(10)?.unwrap_or(Millis(0)), places });
             }
             "t" => view.throttles.push(ThrottleView { key: key()?, until: instant(10)?.unwrap_or(Millis(0)) }),
+            "q" => lines.push((key()?, count(3)?, instant(7)?)),
             other => return Err(bad(&format!("kind {other:?}"))),
         }
     }
     let now = now.ok_or_else(|| bad(&"no instant"))?;
+    {
+        // The first `limit` keys of both lists (each up to `limit + 1` rows), in key order: a
+        // bucket with only a line is listed with nothing else counting in it.
+        let mut buckets = std::mem::take(&mut view.buckets);
+        for (key, queued, first) in lines {
+            match buckets.binary_search_by(|b| b.key.as_str().cmp(&key)) {
+                Ok(i) => {
+                    buckets[i].queued = usize::try_from(queued).unwrap_or(usize::MAX);
+                    buckets[i].first_ticket_at = first;
+                }
+                Err(i) => buckets.insert(
+                    i,
+                    BucketView {
+                        key,
+                        meta: BucketMeta::default(),
+                        window_used: 0,
+                        oldest_grant: None,
+                        grant_entries: 0,
+                        places_held: 0,
+                        next_lapse: None,
+                        queued: usize::try_from(queued).unwrap_or(usize::MAX),
+                        first_ticket_at: first,
+                    },
+                ),
+            }
+        }
+        if buckets.len() > limit {
+            buckets.truncate(limit);
+            truncated = true;
+        }
+        view.buckets = buckets;
+    }
     let totals = Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() };
     Ok(StatePage { snapshot: Snapshot { now, view, totals }, truncated })
 }

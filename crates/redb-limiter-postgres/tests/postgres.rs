@@ -924,6 +924,17 @@ enum Op {
     /// the same in any order, and the engine can decide them one after another): the one-window
     /// ones among them are decided in batches.
     Round(Vec<(u8, Vec<LimitSpec>)>),
+    /// An acquire with `queue` (and `report` when the flag is set): a refusal files a ticket.
+    Queue(u8, Vec<LimitSpec>, bool),
+    /// Ask again with the n-th ticket held (modulo their count), its request as filed.
+    Again(usize),
+    /// `release {ticket}` of the n-th ticket held.
+    Leave(usize),
+    /// A peek with the n-th ticket held.
+    PeekLine(usize),
+    /// The n-th ticket held presented by another caller: a bad request naming `ticket` while it
+    /// lives, on both sides.
+    Misbound(usize),
 }
 
 /// A limit of a generated request: (window, cost, concurrent).
@@ -945,6 +956,50 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..3, 0u64..1500).prop_map(|(c, d)| Op::Throttle(c, d)),
         4 => prop::sample::select(vec![0u64, 1, 50, 99, 100, 101, 249, 250, 500, 999, 1000, 2500]).prop_map(Op::Advance),
     ]
+}
+
+/// The operations of the line (section 12) beside every other one.
+fn line_op() -> impl Strategy<Value = Op> {
+    let limit = limit_spec();
+    prop_oneof![
+        6 => op(),
+        4 => (0u8..3, prop::collection::btree_map(0u8..4, limit, 1..3), any::<bool>()).prop_map(|(caller, m, report)| {
+            Op::Queue(caller, m.into_iter().map(|(b, (w, cost, c))| (b, w, cost, c)).collect(), report)
+        }),
+        4 => any::<usize>().prop_map(Op::Again),
+        1 => any::<usize>().prop_map(Op::Leave),
+        1 => any::<usize>().prop_map(Op::PeekLine),
+        1 => any::<usize>().prop_map(Op::Misbound),
+    ]
+}
+
+/// The engine's and the database's answers to an acquire in the line, compared: the decision,
+/// the ticket a refusal names (each side's own id; its lapse, the tickets ahead, now) and the
+/// figures of a report (with `queued`). The tickets held are updated to those named (a new one
+/// pushed, or the one at `slot` replaced).
+fn compare_line(
+    i: usize,
+    req: &AcquireRequest,
+    want: &redb_limiter::engine::LineAnswer,
+    want_figures: Option<Vec<redb_limiter::engine::Figures>>,
+    got: &redb_limiter::limiter::Acquired,
+    (held, slot): (&mut Vec<(AcquireRequest, String, String)>, Option<usize>),
+    permits: &mut Vec<(String, String)>,
+) -> Result<(), TestCaseError> {
+    compare(i, req, Millis(0), &want.decision, &got.decision, permits)?;
+    let note = |t: &redb_limiter::engine::TicketNote| (t.lapse_at, t.ahead, t.now);
+    prop_assert_eq!(want.ticket.as_ref().map(note), got.ticket.as_ref().map(note), "op {}: ticket of {:?}", i, req);
+    let figures = got.report.as_ref().map(|r| r.limits.clone());
+    prop_assert_eq!(want_figures, figures, "op {}: figures of {:?}", i, req);
+    if let (Some(w), Some(g)) = (&want.ticket, &got.ticket) {
+        let mut base = req.clone();
+        (base.ticket, base.report, base.queue) = (None, false, false);
+        match slot {
+            Some(n) => held[n] = (base, w.id.to_string(), g.id.to_string()),
+            None => held.push((base, w.id.to_string(), g.id.to_string())),
+        }
+    }
+    Ok(())
 }
 
 /// The keys a differential run names its buckets (by index) and callers with.
@@ -1098,6 +1153,9 @@ async fn differential(
     let mut effects = Vec::new();
     // (engine permit, database permit) of each grant that got one.
     let mut permits: Vec<(String, String)> = Vec::new();
+    // (request as filed, engine ticket, database ticket) of each ticket named so far.
+    let mut held: Vec<(AcquireRequest, String, String)> = Vec::new();
+    let fail = |e: LimiterError| TestCaseError::fail(e.to_string());
     for (i, op) in ops.iter().enumerate() {
         let now = clock.now();
         match op {
@@ -1126,6 +1184,54 @@ async fn differential(
                 prop_assert_eq!(want, got, "op {}: release", i);
             }
             Op::Release(_) => {}
+            Op::Queue(caller, limits, report) => {
+                let mut req = request(names, *caller, limits).with_queue();
+                if *report {
+                    req = req.with_report();
+                }
+                let want = engine.acquire_in_line(&req, now, &mut effects).expect("no ticket to bind");
+                let figures = report.then(|| engine.figures(&req, now));
+                let got = pg.acquire(req.clone()).await.map_err(fail)?;
+                compare_line(i, &req, &want, figures, &got, (&mut held, None), &mut permits)?;
+            }
+            Op::Again(n) if !held.is_empty() => {
+                let slot = n % held.len();
+                let (base, e, p) = held[slot].clone();
+                let want = engine.acquire_in_line(&base.clone().with_ticket(e).unwrap(), now, &mut effects);
+                let want = want.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let req = base.with_ticket(p).unwrap();
+                let got = pg.acquire(req.clone()).await.map_err(fail)?;
+                compare_line(i, &req, &want, None, &got, (&mut held, Some(slot)), &mut permits)?;
+            }
+            Op::Leave(n) if !held.is_empty() => {
+                let (_, e, p) = &held[n % held.len()];
+                let want = engine.leave(e, now, &mut effects);
+                let got = pg.leave(redb_limiter::request::LeaveRequest { ticket: p.clone() }).await.map_err(fail)?;
+                prop_assert_eq!(want, got, "op {}: leave", i);
+            }
+            Op::PeekLine(n) if !held.is_empty() => {
+                let (base, e, p) = &held[n % held.len()];
+                let ereq = base.clone().with_ticket(e.clone()).unwrap();
+                let want = engine.peek_in_line(&ereq, now).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let figures = engine.figures(&ereq, now);
+                let got = pg.peek(base.clone().with_ticket(p.clone()).unwrap()).await.map_err(fail)?;
+                prop_assert_eq!(want, got.refusal, "op {}: peek with a ticket", i);
+                prop_assert_eq!(figures, got.report.limits, "op {}: peek's figures", i);
+                prop_assert_eq!(now, got.report.now);
+            }
+            Op::Misbound(n) if !held.is_empty() => {
+                let (base, e, p) = &held[n % held.len()];
+                let mut other = base.clone();
+                other.key = format!("{}-other", other.key);
+                let want = engine.acquire_in_line(&other.clone().with_ticket(e.clone()).unwrap(), now, &mut effects);
+                let got = pg.acquire(other.clone().with_ticket(p.clone()).unwrap()).await;
+                match (want, got) {
+                    (Err(w), Err(LimiterError::BadRequest(g))) => prop_assert_eq!(w.0, g.0, "op {}", i),
+                    (Ok(w), Ok(g)) => compare(i, &other, now, &w.decision, &g.decision, &mut permits)?,
+                    (w, g) => prop_assert!(false, "op {}: engine {:?}, database {:?}", i, w, g),
+                }
+            }
+            Op::Again(_) | Op::Leave(_) | Op::PeekLine(_) | Op::Misbound(_) => {}
             Op::Throttle(caller, ahead) => {
                 let key = names.callers[usize::from(*caller)].clone();
                 let until = now.plus(*ahead);
@@ -1152,7 +1258,10 @@ async fn differential(
         let want = engine.view(now, prefix);
         let got = pg.state(prefix, 1000).await.map_err(|e| TestCaseError::fail(e.to_string()))?.view;
         let buckets = |v: &redb_limiter::engine::StateView| {
-            v.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held)).collect::<Vec<_>>()
+            v.buckets
+                .iter()
+                .map(|b| (b.key.clone(), b.window_used, b.places_held, b.queued, b.first_ticket_at))
+                .collect::<Vec<_>>()
         };
         prop_assert_eq!(buckets(&want), buckets(&got), "state of prefix {:?}", prefix);
         let throttles = |v: &redb_limiter::engine::StateView| {
@@ -1192,6 +1301,17 @@ fn the_database_decides_as_the_engine_does() {
     // halves are compared with the engine.
     let (decided, left) = seen.window;
     assert!(decided > 0 && left > 0, "decided by the statement {decided}, left to acquire() {left}");
+}
+
+/// The line (section 12) on the database and on the engine at the same instants: tickets filed
+/// by queueing refusals, asked again (granted when first in line and fitting, renewed when not),
+/// left, lapsed, peeked with, presented by another caller, beside plain acquires that rule Q
+/// holds back; every decision, ticket note (lapse, ahead, now), figure (`queued`) and the state
+/// (`queued`, `firstTicketAt`, buckets with only a line) must be the engine's.
+#[test]
+fn the_database_keeps_the_line_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    run_differential(&url, &Names::plain(), 150, prop::collection::vec(line_op(), 1..60));
 }
 
 /// The same with rounds of acquires sent at once, so that the one-window ones among them are

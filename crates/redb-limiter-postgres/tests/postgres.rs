@@ -1413,10 +1413,11 @@ fn hostile_permit_strings_and_keys_release_settle_throttle_and_lift_as_the_engin
 /// The schema script of the previous release (format version 1), as it was released.
 const SCHEMA_V1: &str = include_str!("fixtures/schema-v1.sql");
 
-/// A schema the previous release wrote (format version 1, its own script and functions, keys
+/// A schema an earlier release wrote (format version 1, its own script and functions, keys
 /// with U+0001 in buckets, permits' windows and throttles) opens with this release: migrated
-/// to version 2 once (a second server finds it done), every grant, place, settle, throttle and
-/// key still served as before, and U+0000 keys served beside them.
+/// to this version once, step by step (a second server finds it done), every grant, place,
+/// settle, throttle and key still served as before, U+0000 keys served beside them, and its
+/// buckets keep a line.
 #[test]
 fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
     let Some(url) = database_url() else { return };
@@ -1519,6 +1520,94 @@ fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
         assert!(pg.acquire(nul.clone()).await.unwrap().decision.is_granted());
         assert!(!pg.acquire(nul).await.unwrap().decision.is_granted());
         assert_eq!(used("w\u{1}a", 5).await, 3, "a key with U+0000 is not one with U+0001");
+        // The migrated buckets keep a line.
+        let big = AcquireRequest::new("c\u{1}", vec![window("w\u{1}a", 5, 60_000).with_cost(3)]).unwrap();
+        let filed = pg.acquire(big.with_queue()).await.unwrap();
+        assert!(filed.ticket.is_some(), "{filed:?}");
+        let small = AcquireRequest::new("x", vec![window("w\u{1}a", 5, 60_000)]).unwrap();
+        assert_eq!(
+            pg.acquire(small).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w\u{1}a".into() },
+            "it would fit, but the ticket waits first"
+        );
+    });
+}
+
+/// The schema script of the release before this one (format version 2), as it was released.
+const SCHEMA_V2: &str = include_str!("fixtures/schema-v2.sql");
+
+/// A schema of format version 2 (its own script and functions wrote a window, a place and a
+/// throttle) is migrated to this version once (a second server finds it done): what it held is
+/// served as before, and its buckets keep a line that holds plain requests back.
+#[test]
+fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let schema = format!("t_{}_v2", std::process::id());
+        let s = format!("\"{schema}\"");
+        let client = plain_client(&url).await;
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).await.unwrap();
+        client.batch_execute(&SCHEMA_V2.replace("__SCHEMA__", &s)).await.unwrap();
+        let at = |ms: u64| i64::try_from(T0.plus(ms).0).unwrap();
+        for (ms, body) in [
+            (0, r#"{"key": "c", "limits": [{"key": "w", "calls": 3, "perMs": 60000, "cost": 2}]}"#),
+            (1, r#"{"key": "c", "limits": [{"key": "p", "concurrent": 1, "holdMs": 600000}]}"#),
+        ] {
+            let reply: serde_json::Value = client
+                .query_one(&format!("SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, 'p-00000000000000000000000000000002', $2)"), &[&body, &at(ms)])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(reply["granted"], serde_json::json!(true), "{reply}");
+        }
+        let version = || {
+            let client = &client;
+            let s = s.clone();
+            async move { client.query_one(&format!("SELECT version FROM {s}.meta"), &[]).await.unwrap().get::<_, i32>(0) }
+        };
+        assert_eq!(version().await, 2);
+
+        let clock = Arc::new(FakeClock::new(T0.plus(10)));
+        let open = || {
+            let mut options = PgOptions::new(&url);
+            options.schema = schema.clone();
+            options.pool_size = 2;
+            options.clock = Some(clock.clone());
+            PgLimiter::connect(options)
+        };
+        let pg = open().await.expect("a version 2 schema opens");
+        assert_eq!(version().await, 3);
+        drop(open().await.expect("and opens again, already migrated"));
+
+        // What it held is served as before.
+        let conc = AcquireRequest::new("c", vec![Limit::concurrent("p", 1)]).unwrap();
+        assert!(matches!(
+            pg.acquire(conc).await.unwrap().decision,
+            Decision::Refused { reason: Reason::Concurrency, .. }
+        ));
+        // The window holds 2 of 3: a cost of 2 queues, and a cost of 1 that fits waits behind it.
+        let big = AcquireRequest::new("c", vec![window("w", 3, 60_000).with_cost(2)]).unwrap();
+        let filed = pg.acquire(big.clone().with_queue()).await.unwrap();
+        assert_eq!(
+            filed.decision,
+            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w".into() }
+        );
+        let ticket = filed.ticket.expect("a ticket filed");
+        assert_eq!((ticket.lapse_at, ticket.ahead, ticket.now), (T0.plus(62_000), 0, T0.plus(10)));
+        let small = AcquireRequest::new("d", vec![window("w", 3, 60_000)]).unwrap();
+        assert_eq!(
+            pg.acquire(small.clone()).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w".into() }
+        );
+        let state = pg.state("", 100).await.unwrap();
+        let line: Vec<_> = state.view.buckets.iter().map(|b| (b.key.as_str(), b.queued, b.first_ticket_at)).collect();
+        assert_eq!(line, [("p", 0, None), ("w", 1, Some(T0.plus(10)))]);
+        // At its retryAt the ticket is granted, and the line is empty again.
+        clock.advance(59_990);
+        let again = pg.acquire(big.with_ticket(ticket.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(again.decision, Decision::Granted { at: T0.plus(60_000), permit: None });
+        assert!(pg.acquire(small).await.unwrap().decision.is_granted(), "the line is empty: 2 + 1 fit in 3");
+        assert_eq!(pg.state("w", 100).await.unwrap().view.buckets[0].queued, 0);
     });
 }
 

@@ -1410,6 +1410,61 @@ fn hostile_permit_strings_and_keys_release_settle_throttle_and_lift_as_the_engin
     });
 }
 
+/// Two servers on one schema keep one line per bucket: a ticket filed through one is first in
+/// line for the other, which holds back every request behind it (one at a time, and sent at
+/// once so that its one-window ones go through the batch statement), is granted there at its
+/// retryAt, and a ticket filed behind it through the second is granted through the first.
+#[test]
+fn two_servers_on_one_schema_keep_one_line_per_bucket() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let a = fresh(&url, "line2", clock.clone()).await;
+        let mut options = PgOptions::new(&url);
+        options.schema = a.schema().to_owned();
+        options.pool_size = 4;
+        options.clock = Some(clock.clone());
+        let b = PgLimiter::connect(options).await.unwrap();
+        let w = |cost: u64| vec![window("w", 10, 1000).with_cost(cost)];
+        assert!(a.acquire(AcquireRequest::new("filler", w(8)).unwrap()).await.unwrap().decision.is_granted());
+        let large = AcquireRequest::new("large", w(5)).unwrap();
+        let first = a.acquire(large.clone().with_queue()).await.unwrap();
+        let held_back = Decision::Refused { retry_at: T0.plus(1000), reason: Reason::Rate, limit: "w".into() };
+        assert_eq!(first.decision, held_back);
+        let first = first.ticket.expect("filed through the first server");
+        assert_eq!(first.ahead, 0);
+
+        // Through the second server, a cost that fits waits behind it, alone and at once.
+        let small = AcquireRequest::new("small", w(1)).unwrap();
+        assert_eq!(b.acquire(small.clone()).await.unwrap().decision, held_back);
+        let at_once = join_all((0..6).map(|_| b.acquire(small.clone())).collect()).await;
+        assert!(at_once.iter().all(|r| r.as_ref().unwrap().decision == held_back), "{at_once:?}");
+        let peeked = b.peek(small.clone()).await.unwrap();
+        assert_eq!(peeked.refusal.map(|r| r.retry_at), Some(T0.plus(1000)));
+        assert_eq!(peeked.report.limits[0].queued, Some(1));
+        let second = b.acquire(small.clone().with_queue()).await.unwrap();
+        assert_eq!(second.decision, held_back);
+        let second = second.ticket.expect("filed through the second server");
+        assert_eq!(second.ahead, 1, "behind the first server's ticket");
+
+        // At its retryAt the first ticket is granted through the second server; the second
+        // ticket, asked first, waits for it.
+        clock.advance(1000);
+        let early = b.acquire(small.clone().with_ticket(second.id.to_string()).unwrap()).await.unwrap();
+        assert!(!early.decision.is_granted(), "{early:?}");
+        let granted = b.acquire(large.with_ticket(first.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(1000), permit: None });
+        let granted = a.acquire(small.clone().with_ticket(second.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(1000), permit: None });
+        // The line is empty on both: a plain request is decided as before.
+        for pg in [&a, &b] {
+            let peeked = pg.peek(small.clone()).await.unwrap();
+            assert_eq!(peeked.report.limits[0].queued, None, "no line, no figure");
+        }
+        assert!(a.state("", 10).await.unwrap().view.buckets.iter().all(|b| b.queued == 0));
+    });
+}
+
 /// The schema script of the previous release (format version 1), as it was released.
 const SCHEMA_V1: &str = include_str!("fixtures/schema-v1.sql");
 

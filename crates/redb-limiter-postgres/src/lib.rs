@@ -24,6 +24,12 @@
 //! decide without waiting (or without `acquire()`) left to go alone afterwards. A request that
 //! finds nothing in flight goes alone at once, as before.
 //!
+//! The line (wire section 12) lives in the database too (tables `tickets` and `line`, one
+//! sequence numbering every ticket of every bucket), so every server sharing it keeps one line
+//! per bucket. `acquire()` decides rule Q, and files, renews and ends tickets; the one-statement
+//! paths and the batch leave a bucket with a line to it (one index probe of an empty table
+//! where nobody queues), and a request with `queue` or `ticket` always goes to it.
+//!
 //! What it must never do: decide anything in Rust. The Rust engine is the oracle the SQL is
 //! tested against (`tests/postgres.rs` drives both with the same operations and instants); this
 //! crate only validates nothing further (requests arrive validated by

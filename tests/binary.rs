@@ -352,3 +352,75 @@ fn flipped_bytes_are_refused_or_change_nothing() {
     );
     assert!(differed.is_empty(), "flips at {differed:?} were served as a different state");
 }
+
+/// `status --json | head`: the reader closes the pipe early, and the command ends quietly
+/// (exit 0, no panic) instead of failing on the write.
+#[test]
+fn status_into_a_pipe_closed_early_exits_quietly() {
+    use redb_limiter::limiter::Limiter;
+    use redb_limiter::request::{AcquireRequest, Limit};
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.redb");
+    {
+        let limiter = Limiter::open(&path).unwrap();
+        for i in 0..40 {
+            let limits = (0..64).map(|j| Limit::window(format!("bucket/{i}/{j}"), 10, 3_600_000)).collect();
+            assert!(limiter.acquire_blocking(AcquireRequest::new("caller", limits).unwrap()).unwrap().is_granted());
+        }
+        limiter.close();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+        .args(["status", "--json", "--path"])
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 100];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    // The pipe closes here, with most of the output (hundreds of KiB) not yet written.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(head.starts_with(b"{"), "{}", String::from_utf8_lossy(&head));
+}
+
+/// `check` refuses a journal damaged before its newest commit (here a flipped byte in its first
+/// record, a crash having left every commit in it), naming the journal.
+#[test]
+fn check_refuses_a_damaged_journal_naming_it() {
+    use redb_limiter::limiter::Limiter;
+    use redb_limiter::request::{AcquireRequest, Limit};
+    use redb_limiter::store::journal::journal_path;
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = dir.path().join("crashed");
+    std::fs::create_dir(&crashed).unwrap();
+    let path = dir.path().join("limiter.redb");
+    let copy = crashed.join("limiter.redb");
+    {
+        let limiter = Limiter::open(&path).unwrap();
+        for _ in 0..5 {
+            let limits = vec![Limit::window("w", 10, 3_600_000)];
+            assert!(limiter.acquire_blocking(AcquireRequest::new("caller", limits).unwrap()).unwrap().is_granted());
+        }
+        // What a kill -9 leaves: every write made so far, the commits in the journal only.
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+    }
+    let check =
+        || Command::new(env!("CARGO_BIN_EXE_redb-limiter")).args(["check", "--path"]).arg(&copy).output().unwrap();
+    let mut journal = std::fs::read(journal_path(&copy)).unwrap();
+    let first = (16384..journal.len()).step_by(4096).find(|&p| &journal[p..p + 4] == b"JREC").unwrap();
+    journal[first + 100] ^= 0x20;
+    std::fs::write(journal_path(&copy), &journal).unwrap();
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a damaged journal passed check");
+    assert!(stderr.contains("limiter.redb-journal") && stderr.contains("damaged"), "{stderr}");
+    journal[first + 100] ^= 0x20;
+    std::fs::write(journal_path(&copy), &journal).unwrap();
+    let out = check();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -6,6 +6,9 @@
 //! rebuilt from the file, its journal replayed, must hold exactly the state before that commit or
 //! after it, whole.
 //!
+//! A journal damaged at rest after a crash (a flipped byte in a header slot or in a record
+//! before its newest one) is refused, or serves exactly the committed state, never less.
+//!
 //! Section 9 rides along: every acquire is peeked first (the peek must equal it and leave the
 //! engine byte for byte as it was), figures are compared with the reference's, permits are
 //! settled up, down, again and after their grant left, released with costs, and throttles
@@ -179,6 +182,12 @@ enum FuzzOperation {
         after: Between<0, MAX_CRASH_OPS>,
         change: Change,
     },
+    /// A crash (the store dropped without closing), then one bit of the journal flipped at
+    /// `at` (taken modulo the bytes before its newest record), then a reopen.
+    DamageJournal {
+        at: u32,
+        bit: u8,
+    },
 }
 
 impl FuzzOperation {
@@ -197,7 +206,8 @@ impl FuzzOperation {
             | FuzzOperation::Advance(_)
             | FuzzOperation::Burst { .. }
             | FuzzOperation::Restart
-            | FuzzOperation::CrashAfter { .. } => None,
+            | FuzzOperation::CrashAfter { .. }
+            | FuzzOperation::DamageJournal { .. } => None,
         }
     }
 }
@@ -379,6 +389,7 @@ impl Harness {
                 }
             }
             FuzzOperation::CrashAfter { after, change } => self.crash_after(after.0, change),
+            FuzzOperation::DamageJournal { at, bit } => self.damage_journal(*at, *bit),
             other => {
                 let change = other.change().expect("every other operation is a change");
                 let mut effects = Vec::new();
@@ -414,8 +425,9 @@ impl Harness {
         if !self.faulty {
             // The same file through the fault-injecting backend; the engine already matches it.
             self.store = None;
-            self.store =
-                Some(Store::open(&self.path, &faulty_journal_opener(self.plan.clone())).expect("reopen through the plan"));
+            self.store = Some(
+                Store::open(&self.path, &faulty_journal_opener(self.plan.clone())).expect("reopen through the plan"),
+            );
             self.faulty = true;
         }
         let before = self.reference.clone();
@@ -455,6 +467,49 @@ impl Harness {
         } else if !lost {
             assert_eq!(floor, now, "a landed commit lost its floor");
         }
+        self.check_forgotten();
+    }
+
+    /// Drops the store without closing it (a crash), flips one bit of the journal before its
+    /// newest record, and reopens: a refusal is right (then the undamaged journal opens), and
+    /// anything served must be exactly the committed state.
+    fn damage_journal(&mut self, at: u32, bit: u8) {
+        self.store = None;
+        self.faulty = false;
+        let journal = redb_limiter::store::journal::journal_path(&self.path);
+        let original = std::fs::read(&journal).expect("the journal is there");
+        let before_newest = before_newest_record(&original);
+        if before_newest == 0 {
+            let store = Store::open(&self.path, &file_opener()).expect("reopen after a crash");
+            self.rebuild_same(store);
+            return;
+        }
+        let mut damaged = original.clone();
+        damaged[at as usize % before_newest] ^= 1 << (bit % 8);
+        std::fs::write(&journal, &damaged).expect("write the journal");
+        let store = match Store::open(&self.path, &file_opener()) {
+            Ok(store) => store,
+            Err(_) => {
+                // Refused, and nothing changed: the journal as it was opens.
+                assert_eq!(
+                    std::fs::read(&journal).expect("read the journal"),
+                    damaged,
+                    "a refusal changed the journal"
+                );
+                std::fs::write(&journal, &original).expect("restore the journal");
+                Store::open(&self.path, &file_opener()).expect("the undamaged journal opens")
+            }
+        };
+        self.rebuild_same(store);
+    }
+
+    /// [`Self::rebuild`] after a crash that lost nothing: the engine must be what it was.
+    fn rebuild_same(&mut self, store: Store) {
+        let before = self.engine.facts(self.now);
+        let latest = self.durable_floor;
+        let floor = self.rebuild(store);
+        assert_eq!(floor, latest, "the floor is the now of the latest commit");
+        assert_eq!(self.engine.facts(self.now), before, "every committed change is served");
         self.check_forgotten();
     }
 
@@ -670,6 +725,25 @@ impl Harness {
             }
         }
     }
+}
+
+/// How many bytes of a journal lie before its newest record (the header slots and the records
+/// of its newest generation before the last one): damage there is never the torn tail a crash
+/// leaves. 0 when it has no record.
+fn before_newest_record(journal: &[u8]) -> usize {
+    const REGION: usize = 16384;
+    let at = |i: usize| u64::from_le_bytes(journal[i..i + 8].try_into().expect("8 bytes"));
+    let mut records: Vec<(u64, u64, usize)> = (REGION..journal.len().saturating_sub(72))
+        .step_by(4096)
+        .filter(|&pos| &journal[pos..pos + 4] == b"JREC")
+        .map(|pos| (at(pos + 24), at(pos + 32), pos))
+        .collect();
+    let Some(newest) = records.iter().map(|r| r.0).max() else { return 0 };
+    records.retain(|r| r.0 == newest);
+    records.sort();
+    // The run that follows on from the first record of the newest generation.
+    let run = records.windows(2).take_while(|w| w[0].1 + 1 == w[1].1).count() + 1;
+    records.get(run - 1).map_or(0, |r| r.2)
 }
 
 fuzz_target!(|ops: Vec<FuzzOperation>| {

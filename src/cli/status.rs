@@ -136,12 +136,17 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         return watch(&args).await;
     }
     let state = fetch(&args).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&state)?);
-    } else {
-        print!("{}", render(&state));
+    let text = if args.json { serde_json::to_string_pretty(&state)? + "\n" } else { render(&state) };
+    write_quietly(&mut std::io::stdout().lock(), &text)
+}
+
+/// Writes `text` to `out`; a reader that closed the pipe early (`status --json | head`) ends
+/// the output quietly, as it does for every command-line tool.
+fn write_quietly(out: &mut impl std::io::Write, text: &str) -> anyhow::Result<()> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
-    Ok(())
 }
 
 fn ago(now: u64, then: u64) -> String {
@@ -446,6 +451,29 @@ mod terminal {
 
 #[cfg(test)]
 mod tests {
+    /// A pipe whose reader is gone, as `status --json | head` leaves stdout.
+    struct ClosedPipe;
+
+    impl std::io::Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_ends_the_output_quietly_and_other_errors_do_not() {
+        super::write_quietly(&mut ClosedPipe, "{}\n").unwrap();
+        let mut full = [0u8; 2];
+        let err = super::write_quietly(&mut &mut full[..], "{ \"a\": 1 }").unwrap_err();
+        assert!(err.to_string().contains("write zero") || err.to_string().contains("whole buffer"), "{err}");
+        let mut out = Vec::new();
+        super::write_quietly(&mut out, "ok\n").unwrap();
+        assert_eq!(out, b"ok\n");
+    }
+
     use super::*;
 
     fn state() -> StateReply {

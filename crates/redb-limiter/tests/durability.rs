@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use redb_limiter::engine::{Engine, EngineConfig, Facts};
 use redb_limiter::limiter::{LimiterOptions, Snapshot};
-use redb_limiter::store::faulty::{FaultPlan, faulty_opener};
+use redb_limiter::store::faulty::{FaultPlan, faulty_journal_opener, faulty_opener};
 use redb_limiter::store::{Store, StoreError, file_opener};
 use redb_limiter::time::{Clock, FakeClock};
 use redb_limiter::{
@@ -500,4 +500,35 @@ fn settles_lifts_and_lengthening_refusals_are_durable_and_peeks_write_nothing() 
     assert!(limiter.acquire_blocking(AcquireRequest::new("closed", vec![]).unwrap()).unwrap().is_granted());
     // The settled permit still releases.
     assert!(limiter.release_blocking(ReleaseRequest::new(permit.to_string()).unwrap()).unwrap());
+}
+
+/// While the store cannot commit, the writer tries again by itself: once the cause is gone,
+/// `/health` (the limiter's outage) clears within 2 seconds with no request arriving, behind the
+/// journal and on the file alone.
+#[test]
+fn the_store_recovers_by_itself_once_the_cause_goes_away_with_no_request() {
+    for journal in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let clock = Arc::new(FakeClock::new(T0));
+        let plan = FaultPlan::new();
+        let opener = if journal { faulty_journal_opener(plan.clone()) } else { faulty_opener(plan.clone()) };
+        let limiter = Limiter::open_with(&path, LimiterOptions { opener, ..options(&clock) }).unwrap();
+        assert!(limiter.acquire_blocking(window("w", 10, 3_600_000)).unwrap().is_granted());
+        plan.fail_after(0);
+        clock.advance(1);
+        let failed = limiter.acquire_blocking(window("w", 10, 3_600_000));
+        assert!(matches!(failed, Err(LimiterError::Unavailable(_))), "{failed:?}");
+        assert!(limiter.outage().is_some(), "the outage is reported");
+        plan.disarm();
+        let started = std::time::Instant::now();
+        while let Some(why) = limiter.outage() {
+            assert!(started.elapsed() < std::time::Duration::from_secs(2), "journal {journal}: still out: {why}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        clock.advance(1);
+        assert!(limiter.acquire_blocking(window("w", 10, 3_600_000)).unwrap().is_granted());
+        let used = limiter.state_blocking("w").unwrap().view.buckets[0].window_used;
+        assert!(used == 2 || used == 3, "the first grant kept, the failed one at most once: {used}");
+    }
 }

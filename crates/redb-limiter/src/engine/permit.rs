@@ -1,8 +1,11 @@
 //! Permit ids: opaque on the wire, never reused, drawn from a seedable source.
 //!
-//! An id is a 64-bit nonce chosen when the engine starts plus a 64-bit sequence number, written
-//! `p-` and 32 lowercase hex digits. The nonce comes from the caller (the limiter draws it from
-//! the OS at open; tests pass a fixed seed), so a restart never issues an id it issued before.
+//! An id is a 64-bit random part of its own plus a 64-bit sequence number, written `p-` and 32
+//! lowercase hex digits. The random part is SipHash-2-4 of the sequence number under a key
+//! drawn from the engine's seed (the limiter draws the seed at open; tests pass a fixed one), so
+//! the ids already seen tell nothing of the next one's random part: a permit cannot be guessed
+//! and released by someone who did not get it. A restart draws a new key, so it never issues an
+//! id it issued before (but with the chance of a 64-bit collision).
 
 use std::fmt;
 use std::str::FromStr;
@@ -29,24 +32,31 @@ impl FromStr for PermitId {
     }
 }
 
-/// Issues ids `nonce << 64 | sequence`.
+/// Issues ids `random << 64 | sequence`, the random part a keyed hash of the sequence.
 #[derive(Debug, Clone)]
 pub(crate) struct PermitIds {
-    nonce: u64,
+    key: (u64, u64),
     next: u64,
+}
+
+/// splitmix64's output function, so that nearby seeds give unrelated keys.
+fn mix(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl PermitIds {
     pub(crate) fn new(seed: u64) -> Self {
-        // splitmix64, so that nearby seeds give unrelated nonces.
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        PermitIds { nonce: z ^ (z >> 31), next: 0 }
+        PermitIds { key: (mix(seed), mix(seed ^ 0x5851_f42d_4c95_7f2d)), next: 0 }
     }
 
     pub(crate) fn next_id(&mut self) -> PermitId {
-        let id = PermitId(u128::from(self.nonce) << 64 | u128::from(self.next));
+        use std::hash::Hasher;
+        let mut hasher = siphasher::sip::SipHasher24::new_with_keys(self.key.0, self.key.1);
+        hasher.write_u64(self.next);
+        let id = PermitId(u128::from(hasher.finish()) << 64 | u128::from(self.next));
         self.next += 1;
         id
     }
@@ -74,5 +84,25 @@ mod tests {
             assert!(bad.parse::<PermitId>().is_err(), "{bad}");
         }
         assert_ne!(PermitIds::new(1).next_id(), PermitIds::new(2).next_id());
+    }
+
+    /// Each id has a random part of its own: not a prefix shared by a run's ids, not a counter,
+    /// and not found from the ids before it; the same seed gives the same ids (tests rely on it).
+    #[test]
+    fn every_id_has_a_random_part_of_its_own() {
+        let high = |id: PermitId| (id.0 >> 64) as u64;
+        let mut ids = PermitIds::new(7);
+        let run: Vec<PermitId> = (0..1000).map(|_| ids.next_id()).collect();
+        let parts: std::collections::BTreeSet<u64> = run.iter().map(|id| high(*id)).collect();
+        assert_eq!(parts.len(), run.len(), "no two ids share their random part");
+        for pair in run.windows(2) {
+            let (a, b) = (high(pair[0]), high(pair[1]));
+            assert!((a ^ b).count_ones() > 10, "consecutive random parts unrelated: {a:x} {b:x}");
+            assert_eq!(pair[1].0 as u64, pair[0].0 as u64 + 1, "the low half still counts");
+        }
+        let mut again = PermitIds::new(7);
+        assert!(run.iter().all(|id| *id == again.next_id()), "a seed gives the same ids");
+        let mut other = PermitIds::new(8);
+        assert_ne!(high(other.next_id()), high(run[0]));
     }
 }

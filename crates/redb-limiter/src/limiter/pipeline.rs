@@ -394,14 +394,25 @@ impl Shared {
             self.now(&mut core)
         };
         let config = EngineConfig { id_seed: random_seed(), ..file.config };
-        let attempt = Store::open(&file.path, &file.opener)
-            .and_then(|mut store| rebuild(&mut store, config, now).map(|engine| (store, engine)));
+        // One durable commit proves the store commits again (the open alone may write nothing).
+        let attempt = Store::open(&file.path, &file.opener).and_then(|mut store| {
+            let engine = rebuild(&mut store, config, now)?;
+            store.commit_and_tidy(&[], now)?;
+            Ok((store, engine))
+        });
         let mut core = self.lock();
         match attempt {
             Ok((store, engine)) => {
                 file.store = Some(store);
                 core.engine = engine;
                 core.broken = None;
+                // The open made durable commits of its own (with a journal, one checkpointed
+                // into the file): the store commits again, and `/health` says so at once, with
+                // no request needed to prove it.
+                if core.failing.take().is_some() {
+                    let suppressed = self.log_gate.lock().unwrap_or_else(PoisonError::into_inner).reset();
+                    tracing::info!(suppressed, "the store commits again");
+                }
                 for waiting in std::mem::take(&mut core.waiting) {
                     waiting.answer.fail("the file was reopened after a failed commit", &self.metrics);
                 }

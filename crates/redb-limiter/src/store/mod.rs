@@ -34,7 +34,7 @@
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
-//! | `meta` | `"format_version"`, `"clock_floor"` | `u64` |
+//! | `meta` | `"format_version"`, `"clock_floor"`; behind a journal `"journal_id"`, `"journal_seq"`, `"journal_open"` ([`FileClaim`]) | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
 //! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
@@ -47,6 +47,14 @@
 //! journal beside it holding its newest commits. Files of versions 2 and 3 open unchanged and
 //! are marked version 4 on the file itself before the journal takes any commit, so an older
 //! build, which would read neither a newer record nor a journal, refuses the file instead.
+//!
+//! Behind a journal, the file names it from its first open on: every open writes the journal's
+//! id, how far its records reach, and `journal_open` = 1 into `meta` and checkpoints that into
+//! the file itself; a clean close ([`Store::finish`]) sets `journal_open` to 0; each redb commit
+//! updates `journal_seq`. So a file that was not closed cleanly knows it needs its journal, and
+//! [`Store::open`] refuses a journal that is missing then, another file's, or an earlier copy of
+//! its own, before either file is touched (a file a crash left for redb to repair is read for
+//! this in memory, unchanged). These keys are new but change no record: format version 4 stays.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -108,7 +116,7 @@
 pub mod faulty;
 pub mod journal;
 
-use journal::{JournalBackend, JournalError, JournalMonitor, JournalOptions, journal_path};
+use journal::{FileClaim, JournalBackend, JournalError, JournalMonitor, JournalOptions, journal_path};
 
 use crate::policy::{
     DELETE_AFTER_MS, DELETE_BATCH, DELETES_PER_COMMIT, DELETES_PER_GRANT, NOTE_EFFECTS_BEFORE_COMMIT,
@@ -175,6 +183,12 @@ const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
 
 const KEY_FORMAT: &str = "format_version";
 const KEY_FLOOR: &str = "clock_floor";
+/// The journal the file is open behind ([`JournalMonitor::journal_id`]); see [`FileClaim`].
+const KEY_JOURNAL_ID: &str = "journal_id";
+/// The journal's next sequence number when the newest commit began ([`FileClaim::next_seq`]).
+const KEY_JOURNAL_SEQ: &str = "journal_seq";
+/// 1 from the open behind a journal until a clean close, which sets 0 ([`FileClaim::open`]).
+const KEY_JOURNAL_OPEN: &str = "journal_open";
 
 /// Why the store cannot open or commit.
 #[derive(Debug, thiserror::Error)]
@@ -209,12 +223,18 @@ pub enum StoreError {
         cause: redb::Error,
     },
     /// The journal beside the file cannot be replayed onto it.
-    #[error("{journal}: {cause}")]
+    #[error("{journal} (the journal of {path}): {cause}")]
     Journal {
+        path: PathBuf,
         journal: PathBuf,
         #[source]
         cause: JournalError,
     },
+    /// The file was not closed cleanly, and the journal holding its newest commits is gone.
+    #[error(
+        "{path} was not closed cleanly and its journal {journal} is missing: the newest commits were only in the journal; restore it beside the file"
+    )]
+    JournalMissing { path: PathBuf, journal: PathBuf },
     /// A journal is there but not its database file.
     #[error(
         "{journal} is a journal of {path}, which does not exist: restore the file (its newest commits are in the journal), or delete the journal too to start empty"
@@ -268,7 +288,7 @@ pub fn plain_file_opener() -> Opener {
     Box::new(|path| {
         // Commits kept as notes are not in the file: without the journal they would be lost.
         if journal_path(path).exists() {
-            let recovery = JournalBackend::recover_path(path).map_err(|e| match e {
+            let recovery = JournalBackend::recover_path(path, read_claim(path).as_ref()).map_err(|e| match e {
                 JournalError::Held => DatabaseError::DatabaseAlreadyOpen,
                 other => DatabaseError::Storage(redb::StorageError::Io(other.into())),
             })?;
@@ -485,6 +505,42 @@ fn decode_schema<'a, T: Deserialize<'a>>(schema: u8, bytes: &'a [u8]) -> Result<
     }
 }
 
+/// What the file says of its journal (see [`FileClaim`]), read through a read-only open of the
+/// file alone. `None` when it says nothing (a new file, one of an earlier release) or cannot be
+/// read that way (a crash left it for redb to repair; the open after the journal checks it).
+fn read_claim(path: &Path) -> Option<FileClaim> {
+    if !std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        return None;
+    }
+    let read = std::panic::catch_unwind(|| match Database::builder().open_read_only(path) {
+        Ok(db) => claim_of(&db).ok().flatten(),
+        // Left by a crash: redb repairs it in memory, the file stays as it is.
+        Err(DatabaseError::RepairAborted) => {
+            let file = std::fs::File::open(path).ok()?;
+            let scratch = journal::ScratchBackend::new(Box::new(FileBackend::new(file).ok()?)).ok()?;
+            let db = Database::builder().create_with_backend(scratch).ok()?;
+            claim_of(&db).ok().flatten()
+        }
+        Err(_) => None,
+    });
+    read.ok().flatten()
+}
+
+/// The [`FileClaim`] in a database's `meta` table, if it holds one.
+fn claim_of(db: &impl ReadableDatabase) -> Result<Option<FileClaim>, redb::Error> {
+    let txn = db.begin_read()?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let get = |key: &str| meta.get(key).map(|v| v.map(|v| v.value()));
+    let Some(journal_id) = get(KEY_JOURNAL_ID)? else { return Ok(None) };
+    let next_seq = get(KEY_JOURNAL_SEQ)?.unwrap_or(0);
+    let open = get(KEY_JOURNAL_OPEN)?.unwrap_or(0) != 0;
+    Ok(Some(FileClaim { journal_id, next_seq, open }))
+}
+
 /// Reads the file once, sequentially, so that loading it afterwards finds its pages in memory
 /// instead of seeking for each (a cold reopen of a million grants: about 0.8 s without, 0.25 s
 /// with). Best effort: a file that cannot be read is left for the open to report.
@@ -671,14 +727,21 @@ impl Store {
         // First the commits still in the journal, if any, go into the file, so that the file
         // looked at below is the whole acknowledged state whichever opener follows.
         let journal = journal_path(&path);
+        let journal_existed = journal.exists();
         let mut notes_wait = false;
-        if journal.exists() {
+        // What the file says of its journal, checked before the journal is touched.
+        let claim = read_claim(&path);
+        if !journal_existed && claim.is_some_and(|c| c.open) {
+            return Err(StoreError::JournalMissing { path, journal });
+        }
+        if journal_existed {
             if !path.exists() {
                 return Err(StoreError::JournalWithoutFile { path, journal });
             }
-            let recovery = JournalBackend::recover_path(&path).map_err(|e| match e {
+            let recovery = JournalBackend::recover_path(&path, claim.as_ref()).map_err(|e| match e {
                 JournalError::Held => StoreError::HeldElsewhere { path: path.clone() },
-                cause => StoreError::Journal { journal: journal.clone(), cause },
+                JournalError::Missing => StoreError::JournalMissing { path: path.clone(), journal: journal.clone() },
+                cause => StoreError::Journal { path: path.clone(), journal: journal.clone(), cause },
             })?;
             // With notes waiting, the journal keeps its records (the file is as of its last
             // checkpoint) and is bound to this file: nothing may write the file but the journal,
@@ -705,13 +768,26 @@ impl Store {
             // crash of an older build) is repaired here first, to learn its version.
             let plain = std::panic::catch_unwind(|| open_plain(&path)).map_err(|_| unreadable("open"))?;
             let store = Store::new(plain.map_err(map_err)?, path.clone(), None);
+            if !journal_existed && claim_of(&store.db).map_err(|e| store.corrupt(e))?.is_some_and(|c| c.open) {
+                // Left by a crash, which redb repaired: its journal is missing all the same.
+                return Err(StoreError::JournalMissing { path, journal });
+            }
             if check_format(&store.db, &path)? == Format::Previous {
                 store.mark_current()?;
             }
         }
         prefetch(&path);
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opener(&path)));
-        let opened = opened.map_err(|_| unreadable("open"))?.map_err(map_err)?;
+        let opened = opened.map_err(|_| unreadable("open"))?.map_err(|e| {
+            // A journal that could not be made (too little room) says so with its name.
+            if let DatabaseError::Storage(redb::StorageError::Io(io)) = &e
+                && let Some(JournalError::NoRoom { .. }) = io.get_ref().and_then(|e| e.downcast_ref::<JournalError>())
+            {
+                let cause = std::io::Error::other(io.to_string());
+                return StoreError::Io { path: journal.clone(), cause };
+            }
+            map_err(e)
+        })?;
         let journal = opened.journal.map(|monitor| {
             let identity = std::fs::metadata(&journal).ok().as_ref().and_then(identity);
             OpenJournal { monitor, path: journal, identity }
@@ -733,6 +809,27 @@ impl Store {
             Format::Empty => store.initialize()?,
             Format::Previous => store.mark_current()?,
             Format::Current => {}
+        }
+        if let Some(open) = &store.journal {
+            // The file and the journal now hold every acknowledged commit: a claim that still
+            // contradicts the journal (a crash the read-only look could not see past) is refused.
+            let (id, next_seq) = (open.monitor.journal_id(), open.monitor.next_seq());
+            match claim_of(&store.db).map_err(|e| store.corrupt(e))? {
+                Some(c) if c.journal_id != id && c.open => {
+                    let (path, journal) = (store.path.clone(), open.path.clone());
+                    drop(store);
+                    if !journal_existed {
+                        let _ = std::fs::remove_file(&journal);
+                    }
+                    return Err(StoreError::JournalMissing { path, journal });
+                }
+                Some(c) if c.journal_id == id && c.next_seq >= next_seq => {
+                    let cause = JournalError::Older { file_reaches: c.next_seq, journal_ends: next_seq };
+                    return Err(StoreError::Journal { path: store.path.clone(), journal: open.path.clone(), cause });
+                }
+                _ => {}
+            }
+            store.mark_open(true)?;
         }
         Ok(store)
     }
@@ -812,7 +909,7 @@ impl Store {
                     Ok(meta) if journal.identity.is_some() && identity(&meta) != journal.identity => {
                         Err(lost("its journal was replaced by another while open"))
                     }
-                    _ => Ok(()),
+                    _ => journal.monitor.verify_on_disk().map_err(lost),
                 },
                 None => Ok(()),
             },
@@ -839,6 +936,24 @@ impl Store {
             txn.open_table(GRANTS).map_err(|e| self.commit_error(e))?;
             txn.open_table(PERMITS).map_err(|e| self.commit_error(e))?;
             txn.open_table(THROTTLES).map_err(|e| self.commit_error(e))?;
+        }
+        txn.commit().map_err(|e| self.commit_error(e))
+    }
+
+    /// Writes what the file says of its journal ([`FileClaim`]): the journal's id, how far it
+    /// reaches, and `open` (1 until a clean close), then has the journal checkpoint it into the
+    /// file itself, so that the file alone names its journal and knows whether it needs it.
+    fn mark_open(&self, open: bool) -> Result<(), StoreError> {
+        let Some(journal) = &self.journal else { return Ok(()) };
+        let (id, next_seq) = (journal.monitor.journal_id(), journal.monitor.next_seq());
+        journal.monitor.request_checkpoint();
+        let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_JOURNAL_ID, id).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_JOURNAL_SEQ, next_seq).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_JOURNAL_OPEN, u64::from(open)).map_err(|e| self.commit_error(e))?;
         }
         txn.commit().map_err(|e| self.commit_error(e))
     }
@@ -891,7 +1006,7 @@ impl Store {
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let permit = decode_permit(v.value()).map_err(|e| bad("permits", e))?;
-            // Ids are `nonce << 64 | sequence`, the sequence counting one run's permits from 0.
+            // Ids are `random << 64 | sequence`, the sequence counting one run's permits from 0.
             if k.value() as u64 > MAX_PERMIT_SEQUENCE
                 || permit.places.len() > MAX_LIMITS
                 || permit.windows.len() > MAX_LIMITS
@@ -959,6 +1074,13 @@ impl Store {
         let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
         txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
         self.write_effects(&txn, commits, tidy).map_err(|e| self.commit_error(e))?;
+        if let Some(journal) = &self.journal {
+            // How far the journal reaches once this commit is in the file (see `FileClaim`).
+            let next_seq = journal.monitor.next_seq();
+            txn.open_table(META)
+                .and_then(|mut meta| meta.insert(KEY_JOURNAL_SEQ, next_seq).map(drop).map_err(Into::into))
+                .map_err(|e| self.commit_error(e))?;
+        }
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
@@ -982,10 +1104,11 @@ impl Store {
     /// counts.
     pub fn finish(&mut self, floor: Millis) -> Result<(), StoreError> {
         self.apply_notes()?;
-        if self.doomed.is_empty() {
-            return Ok(());
+        if !self.doomed.is_empty() {
+            self.commit_and_tidy(&[], floor)?;
         }
-        self.commit_and_tidy(&[], floor)
+        // Closed cleanly: the file no longer needs its journal (the close checkpoints it).
+        self.mark_open(false)
     }
 
     /// Writes commits (each one's floor and effects, in order) into `txn`.

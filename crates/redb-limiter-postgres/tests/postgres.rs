@@ -1462,7 +1462,36 @@ fn two_servers_on_one_schema_keep_one_line_per_bucket() {
             assert_eq!(peeked.report.limits[0].queued, None, "no line, no figure");
         }
         assert!(a.state("", 10).await.unwrap().view.buckets.iter().all(|b| b.queued == 0));
+
+        // A ticket nobody asks again lapses at retryAt + graceMs: it holds nobody back from
+        // then, and the sweep deletes it (and its place in each line) once past the margin.
+        let filed = b.acquire(large_again(&small).with_queue()).await.unwrap().ticket.expect("filed");
+        assert_eq!(b.peek(small.clone()).await.unwrap().report.limits[0].queued, Some(1));
+        clock.set(filed.lapse_at);
+        assert_eq!(b.peek(small.clone()).await.unwrap().report.limits[0].queued, None, "lapsed at lapseAt");
+        let client = plain_client(&url).await;
+        let rows = |table: &'static str| {
+            let (client, schema) = (&client, a.schema().to_owned());
+            async move {
+                client
+                    .query_one(&format!("SELECT count(*) FROM \"{schema}\".{table}"), &[])
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+            }
+        };
+        assert_eq!((rows("tickets").await, rows("line").await), (1, 1));
+        a.sweep(1000).await.unwrap();
+        assert_eq!((rows("tickets").await, rows("line").await), (1, 1), "within the sweep's margin");
+        clock.advance(60_000);
+        a.sweep(1000).await.unwrap();
+        assert_eq!((rows("tickets").await, rows("line").await), (0, 0));
     });
+}
+
+/// A request of cost 10 in the window `small` names: refused while anything counts there.
+fn large_again(small: &AcquireRequest) -> AcquireRequest {
+    AcquireRequest::new("large", vec![small.limits[0].clone().with_cost(10)]).unwrap()
 }
 
 /// The schema script of the previous release (format version 1), as it was released.

@@ -80,6 +80,12 @@
 -- While requests are concurrent, the server decides the one-window acquires waiting at once
 -- in one statement over arrays instead (acquire_window_batch.sql, beside this script), which
 -- never waits for a lock and leaves to acquire_window.sql what it cannot decide so.
+--
+-- The line (wire section 12; tables tickets and line, below): acquire() is the entry of every
+-- acquire and peek; a request that neither queues nor presents a ticket, naming no bucket with
+-- a line, goes on to _acquire_plain() (what acquire() was before the line), every other one to
+-- _acquire_line() (rule Q, filing, renewal, end). The one-statement paths and the batch leave a
+-- bucket with a line to acquire(): one probe of the line's index, empty where nobody queues.
 
 BEGIN;
 

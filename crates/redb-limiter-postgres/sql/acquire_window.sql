@@ -19,7 +19,7 @@
 --   'g'       a grant: _acquire_window() writes it (the bucket row only if unchanged since the
 --             read, and the grant row), and answers NULL; if the row changed meanwhile it
 --             decides again through acquire() and answers that reply;
---   'f'       anything else (no such bucket, a settled bucket, a retention this request would
+--   'f'       anything else (no such bucket, a bucket with a line (rule Q), a settled bucket, a retention this request would
 --             lengthen or may restart, a place figure to keep, a grant in the same
 --             millisecond as the bucket's newest, a rate retryAt past the first row):
 --             _acquire_window() answers with acquire()'s reply.
@@ -30,7 +30,8 @@ SELECT x.v, x.until, x.rate_at, x.now,
          __SCHEMA__._acquire_window(x.v = 'g', $1, $2::bigint, $3::bigint, $4::bigint, $5, $6::bigint,
                                     $7::bigint, $8::bigint, $9::bigint, x.xm, x.now, x.total, x.last_seq)
        END AS reply
-  FROM (SELECT CASE WHEN bk.id IS NULL OR bk.fen OR $3::bigint > bk.retain_ms THEN 'f'
+  FROM (SELECT CASE WHEN bk.id IS NULL OR bk.fen OR $3::bigint > bk.retain_ms
+                         OR EXISTS (SELECT 1 FROM __SCHEMA__.line q WHERE q.bucket = $1) THEN 'f'
                     WHEN bk.total - (w.cum - w.cost) + least($4::bigint, $2::bigint) > $2::bigint THEN
                       CASE WHEN w.cum < bk.total + least($4::bigint, $2::bigint) - $2::bigint THEN 'f'
                            WHEN th.until > greatest(c.clock, bk.floor_ms) AND th.until >= w.at + $3::bigint

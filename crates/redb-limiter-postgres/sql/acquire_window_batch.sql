@@ -48,7 +48,8 @@ l AS MATERIALIZED (
 ),
 d AS MATERIALIZED (
   SELECT l.ord, l.key, l.calls, l.cost,
-         CASE WHEN bk.id IS NULL OR bk.fen OR l.per > bk.retain_ms THEN 'f'
+         CASE WHEN bk.id IS NULL OR bk.fen OR l.per > bk.retain_ms
+                   OR EXISTS (SELECT 1 FROM __SCHEMA__.line q WHERE q.bucket = l.key) THEN 'f'
               WHEN bk.total - (w.cum - w.cost) + l.cost > l.calls THEN
                 CASE WHEN w.cum < bk.total + l.cost - l.calls THEN 'f'
                      WHEN th.until > greatest(l.clock, bk.floor_ms) AND th.until >= w.at + l.per THEN 't'

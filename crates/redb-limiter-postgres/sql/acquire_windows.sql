@@ -16,7 +16,7 @@
 --   'g'  a grant: _acquire_windows() locks the rows in key order and, if none changed since
 --        the read, writes them and their grant rows and answers NULL; else it decides again
 --        through acquire() and answers that reply;
---   'f'  anything else (a bucket that does not exist, a settled one, retention to lengthen or
+--   'f'  anything else (a bucket that does not exist, a bucket with a line (rule Q), a settled one, retention to lengthen or
 --        that may restart, a place figure to keep, a grant in a bucket's newest grant's
 --        millisecond, a rate retryAt past a window's first row): _acquire_windows() answers
 --        with acquire()'s reply.
@@ -45,6 +45,7 @@ r AS MATERIALIZED (
 ),
 a AS (
   SELECT bool_or(r.id IS NULL OR r.fen OR r.per > r.retain_ms
+                 OR EXISTS (SELECT 1 FROM __SCHEMA__.line q WHERE q.bucket = r.key)
                  OR (r.over AND r.first_cum < r.total + r.cost - r.calls)) AS left_over,
          bool_and(r.retain_ms = r.per AND r.last_concurrent = 0 AND r.last_at IS DISTINCT FROM r.now
                   AND r.cost > 0) AS grantable,

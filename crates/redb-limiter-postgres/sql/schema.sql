@@ -1,12 +1,12 @@
 -- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
 --
--- Format version 2. Every object lives in one schema, written __SCHEMA__ below; the server
+-- Format version 3. Every object lives in one schema, written __SCHEMA__ below; the server
 -- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
 -- running this script, which it does on first use and on `check`. The script is idempotent:
 -- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
 -- version) a schema that carries another format version or that holds objects but no meta.
 -- A schema of an earlier version is first brought to this one by the steps in migrate/
--- (version 1 to 2: migrate/1-2.sql).
+-- (version 1 to 2: migrate/1-2.sql; 2 to 3, the line: migrate/2-3.sql).
 --
 -- Keys and permit strings are stored escaped (the server's src/keys.rs): U+0000 as U+0001
 -- U+0001 and U+0001 as U+0001 U+0002, so that every UTF-8 string a key may be is stored
@@ -80,6 +80,12 @@
 -- While requests are concurrent, the server decides the one-window acquires waiting at once
 -- in one statement over arrays instead (acquire_window_batch.sql, beside this script), which
 -- never waits for a lock and leaves to acquire_window.sql what it cannot decide so.
+--
+-- The line (wire section 12; tables tickets and line, below): acquire() is the entry of every
+-- acquire and peek; a request that neither queues nor presents a ticket, naming no bucket with
+-- a line, goes on to _acquire_plain() (what acquire() was before the line), every other one to
+-- _acquire_line() (rule Q, filing, renewal, end). The one-statement paths and the batch leave a
+-- bucket with a line to acquire(): one probe of the line's index, empty where nobody queues.
 
 BEGIN;
 
@@ -103,8 +109,8 @@ BEGIN
     RETURN;
   END IF;
   EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
-  IF v_version IS DISTINCT FROM 2 THEN
-    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 2',
+  IF v_version IS DISTINCT FROM 3 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 3',
       coalesce(v_version::text, 'none')
       USING ERRCODE = 'RL001';
   END IF;
@@ -119,7 +125,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   version integer NOT NULL,
   sweep_cursor text COLLATE "C" NOT NULL DEFAULT ''
 );
-INSERT INTO __SCHEMA__.meta (version) VALUES (2) ON CONFLICT DO NOTHING;
+INSERT INTO __SCHEMA__.meta (version) VALUES (3) ON CONFLICT DO NOTHING;
 COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row) and the sweep cursor';
 
 -- A bucket: the row every grant into it locks, its retention and its running totals.
@@ -199,6 +205,32 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.throttles (
 );
 CREATE INDEX IF NOT EXISTS throttles_until ON __SCHEMA__.throttles (until);
 COMMENT ON TABLE __SCHEMA__.throttles IS 'caller throttles, in force while now < until';
+
+-- The line (wire section 12). One sequence numbers every ticket of every bucket: the shared
+-- counter, so an older ticket has a smaller number in every line it stands in.
+CREATE SEQUENCE IF NOT EXISTS __SCHEMA__.ticket_numbers;
+CREATE TABLE IF NOT EXISTS __SCHEMA__.tickets (
+  num bigint PRIMARY KEY,            -- its number in the one counter (ticket_numbers)
+  ticket text COLLATE "C" NOT NULL UNIQUE, -- the string the host holds: t- and 32 hex digits
+  caller text COLLATE "C" NOT NULL,  -- the caller key it binds
+  bound jsonb NOT NULL,              -- the limits it binds, defaults resolved, sorted by key
+  keys text[] COLLATE "C" NOT NULL,  -- the buckets whose lines it stands in
+  retry_at bigint NOT NULL,          -- the retryAt last given to it
+  lapse_at bigint NOT NULL,          -- it lapses at this instant unless asked again before
+  grace_ms bigint NOT NULL,          -- the graceMs it was last given
+  filed_at bigint NOT NULL           -- when it was filed
+);
+CREATE INDEX IF NOT EXISTS tickets_lapse ON __SCHEMA__.tickets (lapse_at);
+COMMENT ON TABLE __SCHEMA__.tickets IS 'live tickets of the line (section 12), one counter for all buckets';
+
+-- Each bucket's line in order: one row per ticket and bucket it names. A bucket's line may
+-- exist with no bucket row (a bucket with only a line).
+CREATE TABLE IF NOT EXISTS __SCHEMA__.line (
+  bucket text COLLATE "C" NOT NULL,  -- the bucket key
+  num bigint NOT NULL,               -- tickets.num
+  PRIMARY KEY (bucket, num)
+);
+COMMENT ON TABLE __SCHEMA__.line IS 'each bucket''s line: its tickets by number, oldest first';
 
 ---------------------------------------------------------------------------------------------
 -- Helpers.
@@ -758,7 +790,7 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_any(jsonb, text, bigint, text, bigint) I
 -- A refusal is one read-only statement (usually: see _rate_retry); a grant one more, which
 -- writes only if the bucket row is unchanged since the read (see _acquire_any), else it reads
 -- and decides again.
-CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(req jsonb, mode text, recheck_ms bigint,
+CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_plain(req jsonb, mode text, recheck_ms bigint,
                                               permit_id text, at_ms bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE AS
@@ -925,8 +957,242 @@ BEGIN
   RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
 END
 $$;
+COMMENT ON FUNCTION __SCHEMA__._acquire_plain(jsonb, text, bigint, text, bigint) IS
+  'acquire, report or peek (wire sections 3 and 9.1-9.2) of a request no line holds back';
+
+---------------------------------------------------------------------------------------------
+-- The line (wire section 12). acquire() is the entry of every acquire, report and peek: a
+-- request that neither queues nor presents a ticket, naming no bucket with a line, goes to
+-- _acquire_plain() at the cost of one index probe of the line per limit (an empty table where
+-- nobody queues); every other one to _acquire_line(), which applies rule Q (12.2) and files,
+-- renews and ends tickets. req may carry "queue": true, "ticket": "t-…" (a string of ours:
+-- the server passes no other) and "graceMs" (default 2000).
+
+-- The limits a ticket binds (12.3): the request's, defaults resolved, sorted by key.
+CREATE OR REPLACE FUNCTION __SCHEMA__._bound(req jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS
+$$
+  SELECT coalesce(jsonb_agg(x ORDER BY (x->>'key') COLLATE "C"), '[]'::jsonb)
+    FROM jsonb_array_elements(req->'limits') AS x
+$$;
+
+-- The live tickets in bucket p_key's line at p_now.
+CREATE OR REPLACE FUNCTION __SCHEMA__._queued(p_key text, p_now bigint) RETURNS bigint
+LANGUAGE sql STABLE AS
+$$
+  SELECT count(*) FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets t ON t.num = q.num
+   WHERE q.bucket = p_key AND t.lapse_at > p_now
+$$;
+
+-- The most live tickets ahead of ticket p_num in any one of its lines.
+CREATE OR REPLACE FUNCTION __SCHEMA__._ahead(p_num bigint, p_now bigint) RETURNS bigint
+LANGUAGE sql STABLE AS
+$$
+  SELECT coalesce(max(c.n), 0) FROM (
+    SELECT (SELECT count(*) FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets t ON t.num = q.num
+             WHERE q.bucket = k.key AND q.num < p_num AND t.lapse_at > p_now) AS n
+      FROM __SCHEMA__.tickets me CROSS JOIN LATERAL unnest(me.keys) AS k(key)
+     WHERE me.num = p_num) c
+$$;
+
+-- Ends ticket p_num (granted, left or lapsed): it leaves every line.
+CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint) RETURNS void
+LANGUAGE sql VOLATILE AS
+$$
+  DELETE FROM __SCHEMA__.line q USING __SCHEMA__.tickets t
+   WHERE t.num = p_num AND q.bucket = ANY (t.keys) AND q.num = p_num;
+  DELETE FROM __SCHEMA__.tickets WHERE num = p_num;
+$$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(req jsonb, mode text, recheck_ms bigint,
+                                              permit_id text, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+BEGIN
+  IF NOT (req ? 'queue' OR req ? 'ticket')
+     AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(req->'limits') AS x
+                      WHERE EXISTS (SELECT 1 FROM __SCHEMA__.line q WHERE q.bucket = x->>'key')) THEN
+    RETURN __SCHEMA__._acquire_plain(req, mode, recheck_ms, permit_id, at_ms);
+  END IF;
+  RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
+END
+$$;
 COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
-  'acquire, report or peek (wire sections 3 and 9.1-9.2); refusals and peeks write nothing';
+  'acquire, report or peek (wire sections 3, 9.1-9.2 and 12); refusals and peeks write nothing but a ticket';
+
+-- Rule Q and the tickets. The presented ticket is checked first (a live one bound to another
+-- request raises RL400 naming ticket, and nothing changes; a lapsed one ends, then counts as
+-- unknown). Then per limit, in request order, the first live ticket older than the request's
+-- own (every one, for a request without a ticket) holds it back until that ticket's retryAt;
+-- once that is past (the ticket is late), until its lapse for a request without a ticket, and
+-- the sooner of its lapse and now + recheck_ms for a ticket behind it. Held back, the request's
+-- own refusal (a peek of _acquire_plain, which writes nothing) and the line's are merged as
+-- rule 6 merges refusals (the latest; on a tie the throttle, else the first limit, and within
+-- one limit the window, then the line, then concurrency), and its retention is lengthened as
+-- any refusal's (rule 3). Otherwise _acquire_plain decides. A grant ends the request's ticket;
+-- a refusal renews it, or files one (queue, or an unknown ticket) when refused for rate or
+-- concurrency and no line it names holds 10,000 live tickets. The reply adds "ticket",
+-- "lapseAt", "ahead" and "now" when it names a ticket, and "queued" to each figure when the
+-- request takes part in the line or that line is not empty.
+CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_line(req jsonb, mode text, recheck_ms bigint,
+                                                    permit_id text, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_inline boolean := coalesce((req->>'queue')::boolean, false) OR req ? 'ticket';
+  v_grace bigint := coalesce((req->>'graceMs')::bigint, 2000);
+  v_peek boolean := mode = 'peek';
+  v_now bigint;
+  v_mine bigint;
+  t record;
+  h record;
+  l jsonb;
+  i integer := 0;
+  v_at bigint;
+  v_lat bigint;
+  v_lidx integer;
+  v_lreason text;
+  v_reply jsonb;
+  v_own jsonb;
+  v_oidx integer;
+  v_line_wins boolean;
+  v_num bigint;
+  v_retry bigint;
+  v_lapse bigint;
+  v_figs jsonb;
+BEGIN
+  SELECT greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), coalesce(max(bk.floor_ms), 0)) INTO v_now
+    FROM __SCHEMA__.buckets bk
+   WHERE bk.key IN (SELECT x->>'key' FROM jsonb_array_elements(req->'limits') AS x);
+  IF req ? 'ticket' THEN
+    SELECT * INTO t FROM __SCHEMA__.tickets WHERE ticket = req->>'ticket';
+    IF FOUND THEN
+      IF t.lapse_at <= v_now THEN
+        IF NOT v_peek THEN
+          PERFORM __SCHEMA__._end_ticket(t.num);
+        END IF;
+      ELSIF t.caller IS DISTINCT FROM req->>'key' OR t.bound <> __SCHEMA__._bound(req) THEN
+        RAISE EXCEPTION 'ticket was filed for another request: the caller key and the limits (key, calls, perMs, cost, concurrent, holdMs) must be the ones it was filed with'
+          USING ERRCODE = 'RL400';
+      ELSE
+        v_mine := t.num;
+      END IF;
+    END IF;
+  END IF;
+
+  -- Rule Q: the line refusal that stands, per limit in request order (strictly later wins).
+  FOR l IN SELECT x FROM jsonb_array_elements(req->'limits') AS x LOOP
+    SELECT tk.retry_at, tk.lapse_at INTO h
+      FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets tk ON tk.num = q.num
+     WHERE q.bucket = l->>'key' AND q.num < coalesce(v_mine, 9223372036854775807) AND tk.lapse_at > v_now
+     ORDER BY q.num LIMIT 1;
+    IF FOUND THEN
+      v_at := CASE WHEN h.retry_at > v_now THEN h.retry_at
+                   WHEN v_mine IS NULL THEN h.lapse_at
+                   ELSE least(h.lapse_at, v_now + recheck_ms) END;
+      IF v_lat IS NULL OR v_at > v_lat THEN
+        v_lat := v_at;
+        v_lidx := i;
+        v_lreason := CASE WHEN l ? 'calls' THEN 'rate' ELSE 'concurrency' END;
+      END IF;
+    END IF;
+    i := i + 1;
+  END LOOP;
+
+  IF v_lat IS NULL THEN
+    v_reply := __SCHEMA__._acquire_plain(req, mode, recheck_ms, permit_id, at_ms);
+  ELSE
+    v_own := __SCHEMA__._acquire_plain(req, 'peek', recheck_ms, permit_id, at_ms);
+    IF (v_own->>'fits')::boolean THEN
+      v_line_wins := true;
+    ELSE
+      SELECT x.ord - 1 INTO v_oidx
+        FROM jsonb_array_elements(req->'limits') WITH ORDINALITY AS x(v, ord)
+       WHERE v_own->>'reason' <> 'throttle' AND x.v->>'key' = v_own->>'limit';
+      v_line_wins := v_lat > (v_own->>'retryAt')::bigint
+        OR (v_lat = (v_own->>'retryAt')::bigint AND v_own->>'reason' <> 'throttle'
+            AND (v_lidx < v_oidx OR (v_lidx = v_oidx AND v_own->>'reason' = 'concurrency')));
+    END IF;
+    IF v_line_wins THEN
+      v_own := v_own || jsonb_build_object('fits', false, 'retryAt', v_lat, 'reason', v_lreason,
+                                           'limit', req->'limits'->v_lidx->>'key');
+    END IF;
+    IF v_peek THEN
+      v_reply := v_own;
+    ELSE
+      PERFORM __SCHEMA__._lengthen(req, v_now, at_ms);
+      v_reply := jsonb_build_object('granted', false, 'retryAt', v_own->'retryAt', 'reason', v_own->'reason',
+                                    'limit', v_own->'limit', 'now', v_own->'now');
+      IF mode = 'report' THEN
+        v_reply := v_reply || jsonb_build_object('limits', v_own->'limits');
+      END IF;
+    END IF;
+  END IF;
+  v_now := greatest(v_now, coalesce((v_reply->>'now')::bigint, v_now));
+
+  IF NOT v_peek THEN
+    IF (v_reply->>'granted')::boolean THEN
+      IF v_mine IS NOT NULL THEN
+        PERFORM __SCHEMA__._end_ticket(v_mine);
+      END IF;
+    ELSE
+      v_retry := (v_reply->>'retryAt')::bigint;
+      v_lapse := v_retry + v_grace;
+      IF v_mine IS NOT NULL THEN
+        UPDATE __SCHEMA__.tickets SET retry_at = v_retry, lapse_at = v_lapse, grace_ms = v_grace
+         WHERE num = v_mine;
+        v_num := v_mine;
+      ELSIF v_inline AND v_reply->>'reason' <> 'throttle'
+            AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(req->'limits') AS x
+                             WHERE __SCHEMA__._queued(x->>'key', v_now) >= 10000) THEN
+        v_num := nextval('__SCHEMA__.ticket_numbers');
+        INSERT INTO __SCHEMA__.tickets (num, ticket, caller, bound, keys, retry_at, lapse_at, grace_ms, filed_at)
+        VALUES (v_num, 't-' || substr(md5(random()::text), 1, 16) || lpad(to_hex(v_num), 16, '0'),
+                req->>'key', __SCHEMA__._bound(req),
+                ARRAY(SELECT x->>'key' FROM jsonb_array_elements(req->'limits') AS x),
+                v_retry, v_lapse, v_grace, v_now);
+        INSERT INTO __SCHEMA__.line (bucket, num)
+        SELECT x->>'key', v_num FROM jsonb_array_elements(req->'limits') AS x;
+      END IF;
+      IF v_num IS NOT NULL THEN
+        v_reply := v_reply || jsonb_build_object(
+          'ticket', (SELECT ticket FROM __SCHEMA__.tickets WHERE num = v_num),
+          'lapseAt', v_lapse, 'ahead', __SCHEMA__._ahead(v_num, v_now), 'now', v_now);
+      END IF;
+    END IF;
+  END IF;
+
+  IF v_reply ? 'limits' THEN
+    SELECT jsonb_agg(CASE WHEN v_inline OR x.n > 0 THEN x.f || jsonb_build_object('queued', x.n) ELSE x.f END
+                     ORDER BY x.ord) INTO v_figs
+      FROM (SELECT f.v AS f, f.ord, __SCHEMA__._queued(f.v->>'key', v_now) AS n
+              FROM jsonb_array_elements(v_reply->'limits') WITH ORDINALITY AS f(v, ord)) x;
+    v_reply := v_reply || jsonb_build_object('limits', coalesce(v_figs, '[]'::jsonb));
+  END IF;
+  RETURN v_reply;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._acquire_line(jsonb, text, bigint, text, bigint) IS
+  'acquire, report or peek under rule Q (wire section 12): files, renews and ends tickets';
+
+-- release {ticket} (12.4): true when a live ticket left its lines; a lapsed one ends too.
+CREATE OR REPLACE FUNCTION __SCHEMA__.leave(p_ticket text, at_ms bigint DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  t record;
+BEGIN
+  SELECT num, lapse_at INTO t FROM __SCHEMA__.tickets WHERE ticket = p_ticket FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  PERFORM __SCHEMA__._end_ticket(t.num);
+  RETURN t.lapse_at > coalesce(at_ms, __SCHEMA__._clock_ms());
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.leave(text, bigint) IS 'release {ticket}: leave every line (section 12.4)';
 
 -- The writing half of the server's one-statement acquire of one window limit
 -- (acquire_window.sql, beside this script), called by that statement only when it does not
@@ -1239,6 +1505,20 @@ BEGIN
    ORDER BY s.key
    LIMIT lim + 1;
 
+  -- Each bucket's line (section 12.7): queued (in window_used) and when its first live
+  -- ticket was filed (in oldest), for every bucket with a live ticket, a bucket with only a
+  -- line included. The server merges these rows into the buckets' by key.
+  RETURN QUERY
+  SELECT 'q'::text, q.bucket, v_now, q.n, NULL::bigint, NULL::bigint, NULL::bigint, q.first,
+         NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[], NULL::bigint[]
+    FROM (SELECT ln.bucket, count(*) AS n, (array_agg(t.filed_at ORDER BY ln.num))[1] AS first
+            FROM __SCHEMA__.line ln JOIN __SCHEMA__.tickets t ON t.num = ln.num
+           WHERE ln.bucket > v_after AND ln.bucket >= v_prefix AND starts_with(ln.bucket, v_prefix)
+             AND t.lapse_at > v_now
+           GROUP BY ln.bucket) q
+   ORDER BY q.bucket
+   LIMIT lim + 1;
+
   RETURN QUERY
   SELECT 'p'::text, pm.id, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
          NULL::bigint, NULL::bigint, pm.lapse, x.keys, x.lapses
@@ -1264,7 +1544,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.state_rows(text, text, integer, bigint) IS
-  'live buckets, permits and throttles (GET /state), paged by key, as rows, read-only';
+  'live buckets (with their lines), permits and throttles (GET /state), paged by key, as rows, read-only';
 
 -- Counts for metrics: rows in each table (lapsed rows not yet swept included).
 CREATE OR REPLACE FUNCTION __SCHEMA__.totals() RETURNS jsonb
@@ -1324,6 +1604,15 @@ BEGIN
   v_done := v_done + v_k;
 
   -- Passed throttles.
+  -- Tickets lapsed before v_now leave their lines (until then every reader skips them).
+  WITH gone AS (
+    DELETE FROM __SCHEMA__.tickets t
+     WHERE t.num IN (SELECT t2.num FROM __SCHEMA__.tickets t2 WHERE t2.lapse_at <= v_now LIMIT batch)
+    RETURNING t.num, t.keys
+  )
+  DELETE FROM __SCHEMA__.line q USING gone WHERE q.bucket = ANY (gone.keys) AND q.num = gone.num;
+  GET DIAGNOSTICS v_k = ROW_COUNT;
+  v_done := v_done + v_k;
   DELETE FROM __SCHEMA__.throttles t
    WHERE t.key IN (SELECT x.key FROM __SCHEMA__.throttles x WHERE x.until <= v_now
                     ORDER BY x.until LIMIT batch FOR UPDATE SKIP LOCKED);
@@ -1397,7 +1686,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint, bigint) IS
-  'delete lapsed permits, passed throttles, grants past retention and idle buckets, in batches';
+  'delete lapsed permits and tickets, passed throttles, grants past retention and idle buckets, in batches';
 
 -- The format version this schema carries.
 CREATE OR REPLACE FUNCTION __SCHEMA__.version() RETURNS integer

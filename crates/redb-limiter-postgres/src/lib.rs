@@ -24,6 +24,12 @@
 //! decide without waiting (or without `acquire()`) left to go alone afterwards. A request that
 //! finds nothing in flight goes alone at once, as before.
 //!
+//! The line (wire section 12) lives in the database too (tables `tickets` and `line`, one
+//! sequence numbering every ticket of every bucket), so every server sharing it keeps one line
+//! per bucket. `acquire()` decides rule Q, and files, renews and ends tickets; the one-statement
+//! paths and the batch leave a bucket with a line to it (one index probe of an empty table
+//! where nobody queues), and a request with `queue` or `ticket` always goes to it.
+//!
 //! What it must never do: decide anything in Rust. The Rust engine is the oracle the SQL is
 //! tested against (`tests/postgres.rs` drives both with the same operations and instants); this
 //! crate only validates nothing further (requests arrive validated by
@@ -59,9 +65,11 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use redb_limiter::backend::Backend;
 use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateView, ThrottleView, Totals};
-use redb_limiter::engine::{Figures, Refusal};
+use redb_limiter::engine::{Figures, Refusal, TicketId, TicketNote};
 use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage};
-use redb_limiter::request::{AcquireRequest, Cost, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest};
+use redb_limiter::request::{
+    AcquireRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
+};
 use redb_limiter::time::Clock;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
 use serde_json::{Value, json};
@@ -79,12 +87,13 @@ const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// [`batch`]); `__SCHEMA__` as above.
 const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 /// The steps from each earlier format version to the next: `MIGRATIONS[i]` takes a schema of
 /// version `i + 1` to version `i + 2` (`sql/migrate/N-M.sql`; `__SCHEMA__` as above). Each
 /// runs in its own transaction under the schema's advisory lock and does nothing unless the
 /// schema still carries its starting version, so servers starting at once migrate once.
-const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [include_str!("../sql/migrate/1-2.sql")];
+const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] =
+    [include_str!("../sql/migrate/1-2.sql"), include_str!("../sql/migrate/2-3.sql")];
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
 /// Rows of each kind one `sweep` call deletes at most.
@@ -210,6 +219,7 @@ struct Statements {
     settle: String,
     throttle: String,
     lift: String,
+    leave: String,
     state: String,
     sweep: String,
 }
@@ -239,6 +249,7 @@ impl Statements {
             settle: call("SELECT S.settle($1, $2::jsonb, $3)"),
             throttle: call("SELECT S.throttle($1, $2, $3)"),
             lift: call("SELECT S.lift($1, $2)"),
+            leave: call("SELECT S.leave($1, $2)"),
             state: call("SELECT * FROM S.state_rows($1, $2, $3, $4)"),
             sweep: call("SELECT S.sweep($1, $2)"),
         }
@@ -479,7 +490,8 @@ impl PgLimiter {
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
         self.count(&decision);
         let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
-        Ok(Acquired { decision, report, ticket: None })
+        let ticket = ticket_from(&reply).ok_or_else(|| protocol(&reply))?;
+        Ok(Acquired { decision, report, ticket })
     }
 
     /// An acquire of one window limit: in a batch with those of concurrent requests when others
@@ -671,6 +683,19 @@ impl PgLimiter {
         Ok(until)
     }
 
+    /// Leaves the line (`release {ticket}`, section 12.4): `true` when a live ticket left its
+    /// lines. A string that is no ticket of ours is unknown without asking the database.
+    pub async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
+        let left = if req.ticket.parse::<TicketId>().is_ok() {
+            let ticket: &str = &req.ticket;
+            self.call(&self.sql.leave, &[&ticket, &self.at()]).await?
+        } else {
+            false
+        };
+        self.metrics.decided("release", if left { "left" } else { "unknown" }, "");
+        Ok(left)
+    }
+
     /// Ends the throttle of a caller: `true` when one was in force.
     pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
         let key = escape(&req.key);
@@ -851,6 +876,9 @@ impl Backend for PgLimiter {
     async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
         PgLimiter::release(self, req).await
     }
+    async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
+        PgLimiter::leave(self, req).await
+    }
     async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
         PgLimiter::settle(self, req).await
     }
@@ -866,11 +894,11 @@ impl Backend for PgLimiter {
 }
 
 /// The limits of a request that `sql/acquire_window.sql` (one) or `sql/acquire_windows.sql`
-/// (more) decides: an acquire (no report, no permit) of window limits only, each with a cost
-/// above 0.
+/// (more) decides: an acquire (no report, no permit, no `queue` or `ticket`) of window limits
+/// only, each with a cost above 0. Those statements leave a bucket with a line to `acquire()`.
 fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
     let plain = |l: &Limit| l.window.is_some() && l.concurrent.is_none() && l.cost > 0;
-    (!req.report && !req.permit && !req.limits.is_empty() && req.limits.iter().all(plain))
+    (!req.report && !req.permit && !req.in_line() && !req.limits.is_empty() && req.limits.iter().all(plain))
         .then_some(req.limits.as_slice())
 }
 
@@ -889,6 +917,13 @@ fn request_json(req: &AcquireRequest) -> Value {
         }
     };
     escape_key(&mut body);
+    // A ticket string that is none of ours is unknown: the request queues without it (12.3).
+    if req.ticket.as_deref().is_some_and(|t| t.parse::<TicketId>().is_err())
+        && let Some(obj) = body.as_object_mut()
+    {
+        obj.remove("ticket");
+        obj.insert("queue".into(), Value::Bool(true));
+    }
     if let Some(limits) = body.get_mut("limits").and_then(Value::as_array_mut) {
         limits.iter_mut().for_each(escape_key);
     }
@@ -908,10 +943,21 @@ fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
             key: key_at(f, "key")?,
             window: pair("used", "remaining"),
             places: pair("held", "free"),
-            queued: None,
+            queued: f.get("queued").and_then(Value::as_u64),
         });
     }
     Some(out)
+}
+
+/// The ticket a refusal names (section 12.1), if any; `None` when the reply is malformed.
+fn ticket_from(reply: &Value) -> Option<Option<TicketNote>> {
+    let Some(ticket) = reply.get("ticket") else { return Some(None) };
+    Some(Some(TicketNote {
+        id: ticket.as_str()?.parse().ok()?,
+        lapse_at: millis_at(reply, "lapseAt")?,
+        ahead: reply.get("ahead")?.as_u64()?,
+        now: millis_at(reply, "now")?,
+    }))
 }
 
 fn report_from(reply: &Value) -> Option<Report> {
@@ -994,6 +1040,8 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
     let mut now = None;
     let mut view = StateView::default();
     let mut truncated = false;
+    // Each bucket's line ('q' rows: queued, first ticket filed), merged by key below.
+    let mut lines: Vec<(String, u64, Option<Millis>)> = Vec::new();
     for row in rows {
         let number = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| bad(&e));
         let count = |i: usize| number(i).map(|v| u64::try_from(v.unwrap_or(0)).unwrap_or(0));
@@ -1001,8 +1049,8 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
         let text = |k: &str| unescape(k).map(std::borrow::Cow::into_owned).ok_or_else(|| bad(&format!("key {k:?}")));
         let key = || text(row.try_get::<_, &str>(1).map_err(|e| bad(&e))?);
         let kind: &str = row.try_get(0).map_err(|e| bad(&e))?;
+        // Buckets and lines are merged first, then cut to the page (below).
         let taken = match kind {
-            "b" => view.buckets.len(),
             "p" => view.permits.len(),
             "t" => view.throttles.len(),
             _ => 0,
@@ -1036,10 +1084,43 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 view.permits.push(PermitView { id, expires: instant(10)?.unwrap_or(Millis(0)), places });
             }
             "t" => view.throttles.push(ThrottleView { key: key()?, until: instant(10)?.unwrap_or(Millis(0)) }),
+            "q" => lines.push((key()?, count(3)?, instant(7)?)),
             other => return Err(bad(&format!("kind {other:?}"))),
         }
     }
     let now = now.ok_or_else(|| bad(&"no instant"))?;
+    {
+        // The first `limit` keys of both lists (each up to `limit + 1` rows), in key order: a
+        // bucket with only a line is listed with nothing else counting in it.
+        let mut buckets = std::mem::take(&mut view.buckets);
+        for (key, queued, first) in lines {
+            match buckets.binary_search_by(|b| b.key.as_str().cmp(&key)) {
+                Ok(i) => {
+                    buckets[i].queued = usize::try_from(queued).unwrap_or(usize::MAX);
+                    buckets[i].first_ticket_at = first;
+                }
+                Err(i) => buckets.insert(
+                    i,
+                    BucketView {
+                        key,
+                        meta: BucketMeta::default(),
+                        window_used: 0,
+                        oldest_grant: None,
+                        grant_entries: 0,
+                        places_held: 0,
+                        next_lapse: None,
+                        queued: usize::try_from(queued).unwrap_or(usize::MAX),
+                        first_ticket_at: first,
+                    },
+                ),
+            }
+        }
+        if buckets.len() > limit {
+            buckets.truncate(limit);
+            truncated = true;
+        }
+        view.buckets = buckets;
+    }
     let totals = Totals { buckets: view.buckets.len(), permits: view.permits.len(), throttles: view.throttles.len() };
     Ok(StatePage { snapshot: Snapshot { now, view, totals }, truncated })
 }

@@ -924,6 +924,17 @@ enum Op {
     /// the same in any order, and the engine can decide them one after another): the one-window
     /// ones among them are decided in batches.
     Round(Vec<(u8, Vec<LimitSpec>)>),
+    /// An acquire with `queue` (and `report` when the flag is set): a refusal files a ticket.
+    Queue(u8, Vec<LimitSpec>, bool),
+    /// Ask again with the n-th ticket held (modulo their count), its request as filed.
+    Again(usize),
+    /// `release {ticket}` of the n-th ticket held.
+    Leave(usize),
+    /// A peek with the n-th ticket held.
+    PeekLine(usize),
+    /// The n-th ticket held presented by another caller: a bad request naming `ticket` while it
+    /// lives, on both sides.
+    Misbound(usize),
 }
 
 /// A limit of a generated request: (window, cost, concurrent).
@@ -945,6 +956,50 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..3, 0u64..1500).prop_map(|(c, d)| Op::Throttle(c, d)),
         4 => prop::sample::select(vec![0u64, 1, 50, 99, 100, 101, 249, 250, 500, 999, 1000, 2500]).prop_map(Op::Advance),
     ]
+}
+
+/// The operations of the line (section 12) beside every other one.
+fn line_op() -> impl Strategy<Value = Op> {
+    let limit = limit_spec();
+    prop_oneof![
+        6 => op(),
+        4 => (0u8..3, prop::collection::btree_map(0u8..4, limit, 1..3), any::<bool>()).prop_map(|(caller, m, report)| {
+            Op::Queue(caller, m.into_iter().map(|(b, (w, cost, c))| (b, w, cost, c)).collect(), report)
+        }),
+        4 => any::<usize>().prop_map(Op::Again),
+        1 => any::<usize>().prop_map(Op::Leave),
+        1 => any::<usize>().prop_map(Op::PeekLine),
+        1 => any::<usize>().prop_map(Op::Misbound),
+    ]
+}
+
+/// The engine's and the database's answers to an acquire in the line, compared: the decision,
+/// the ticket a refusal names (each side's own id; its lapse, the tickets ahead, now) and the
+/// figures of a report (with `queued`). The tickets held are updated to those named (a new one
+/// pushed, or the one at `slot` replaced).
+fn compare_line(
+    i: usize,
+    req: &AcquireRequest,
+    want: &redb_limiter::engine::LineAnswer,
+    want_figures: Option<Vec<redb_limiter::engine::Figures>>,
+    got: &redb_limiter::limiter::Acquired,
+    (held, slot): (&mut Vec<(AcquireRequest, String, String)>, Option<usize>),
+    permits: &mut Vec<(String, String)>,
+) -> Result<(), TestCaseError> {
+    compare(i, req, Millis(0), &want.decision, &got.decision, permits)?;
+    let note = |t: &redb_limiter::engine::TicketNote| (t.lapse_at, t.ahead, t.now);
+    prop_assert_eq!(want.ticket.as_ref().map(note), got.ticket.as_ref().map(note), "op {}: ticket of {:?}", i, req);
+    let figures = got.report.as_ref().map(|r| r.limits.clone());
+    prop_assert_eq!(want_figures, figures, "op {}: figures of {:?}", i, req);
+    if let (Some(w), Some(g)) = (&want.ticket, &got.ticket) {
+        let mut base = req.clone();
+        (base.ticket, base.report, base.queue) = (None, false, false);
+        match slot {
+            Some(n) => held[n] = (base, w.id.to_string(), g.id.to_string()),
+            None => held.push((base, w.id.to_string(), g.id.to_string())),
+        }
+    }
+    Ok(())
 }
 
 /// The keys a differential run names its buckets (by index) and callers with.
@@ -1098,6 +1153,9 @@ async fn differential(
     let mut effects = Vec::new();
     // (engine permit, database permit) of each grant that got one.
     let mut permits: Vec<(String, String)> = Vec::new();
+    // (request as filed, engine ticket, database ticket) of each ticket named so far.
+    let mut held: Vec<(AcquireRequest, String, String)> = Vec::new();
+    let fail = |e: LimiterError| TestCaseError::fail(e.to_string());
     for (i, op) in ops.iter().enumerate() {
         let now = clock.now();
         match op {
@@ -1126,6 +1184,54 @@ async fn differential(
                 prop_assert_eq!(want, got, "op {}: release", i);
             }
             Op::Release(_) => {}
+            Op::Queue(caller, limits, report) => {
+                let mut req = request(names, *caller, limits).with_queue();
+                if *report {
+                    req = req.with_report();
+                }
+                let want = engine.acquire_in_line(&req, now, &mut effects).expect("no ticket to bind");
+                let figures = report.then(|| engine.figures(&req, now));
+                let got = pg.acquire(req.clone()).await.map_err(fail)?;
+                compare_line(i, &req, &want, figures, &got, (&mut held, None), &mut permits)?;
+            }
+            Op::Again(n) if !held.is_empty() => {
+                let slot = n % held.len();
+                let (base, e, p) = held[slot].clone();
+                let want = engine.acquire_in_line(&base.clone().with_ticket(e).unwrap(), now, &mut effects);
+                let want = want.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let req = base.with_ticket(p).unwrap();
+                let got = pg.acquire(req.clone()).await.map_err(fail)?;
+                compare_line(i, &req, &want, None, &got, (&mut held, Some(slot)), &mut permits)?;
+            }
+            Op::Leave(n) if !held.is_empty() => {
+                let (_, e, p) = &held[n % held.len()];
+                let want = engine.leave(e, now, &mut effects);
+                let got = pg.leave(redb_limiter::request::LeaveRequest { ticket: p.clone() }).await.map_err(fail)?;
+                prop_assert_eq!(want, got, "op {}: leave", i);
+            }
+            Op::PeekLine(n) if !held.is_empty() => {
+                let (base, e, p) = &held[n % held.len()];
+                let ereq = base.clone().with_ticket(e.clone()).unwrap();
+                let want = engine.peek_in_line(&ereq, now).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let figures = engine.figures(&ereq, now);
+                let got = pg.peek(base.clone().with_ticket(p.clone()).unwrap()).await.map_err(fail)?;
+                prop_assert_eq!(want, got.refusal, "op {}: peek with a ticket", i);
+                prop_assert_eq!(figures, got.report.limits, "op {}: peek's figures", i);
+                prop_assert_eq!(now, got.report.now);
+            }
+            Op::Misbound(n) if !held.is_empty() => {
+                let (base, e, p) = &held[n % held.len()];
+                let mut other = base.clone();
+                other.key = format!("{}-other", other.key);
+                let want = engine.acquire_in_line(&other.clone().with_ticket(e.clone()).unwrap(), now, &mut effects);
+                let got = pg.acquire(other.clone().with_ticket(p.clone()).unwrap()).await;
+                match (want, got) {
+                    (Err(w), Err(LimiterError::BadRequest(g))) => prop_assert_eq!(w.0, g.0, "op {}", i),
+                    (Ok(w), Ok(g)) => compare(i, &other, now, &w.decision, &g.decision, &mut permits)?,
+                    (w, g) => prop_assert!(false, "op {}: engine {:?}, database {:?}", i, w, g),
+                }
+            }
+            Op::Again(_) | Op::Leave(_) | Op::PeekLine(_) | Op::Misbound(_) => {}
             Op::Throttle(caller, ahead) => {
                 let key = names.callers[usize::from(*caller)].clone();
                 let until = now.plus(*ahead);
@@ -1152,7 +1258,10 @@ async fn differential(
         let want = engine.view(now, prefix);
         let got = pg.state(prefix, 1000).await.map_err(|e| TestCaseError::fail(e.to_string()))?.view;
         let buckets = |v: &redb_limiter::engine::StateView| {
-            v.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held)).collect::<Vec<_>>()
+            v.buckets
+                .iter()
+                .map(|b| (b.key.clone(), b.window_used, b.places_held, b.queued, b.first_ticket_at))
+                .collect::<Vec<_>>()
         };
         prop_assert_eq!(buckets(&want), buckets(&got), "state of prefix {:?}", prefix);
         let throttles = |v: &redb_limiter::engine::StateView| {
@@ -1192,6 +1301,17 @@ fn the_database_decides_as_the_engine_does() {
     // halves are compared with the engine.
     let (decided, left) = seen.window;
     assert!(decided > 0 && left > 0, "decided by the statement {decided}, left to acquire() {left}");
+}
+
+/// The line (section 12) on the database and on the engine at the same instants: tickets filed
+/// by queueing refusals, asked again (granted when first in line and fitting, renewed when not),
+/// left, lapsed, peeked with, presented by another caller, beside plain acquires that rule Q
+/// holds back; every decision, ticket note (lapse, ahead, now), figure (`queued`) and the state
+/// (`queued`, `firstTicketAt`, buckets with only a line) must be the engine's.
+#[test]
+fn the_database_keeps_the_line_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    run_differential(&url, &Names::plain(), 150, prop::collection::vec(line_op(), 1..60));
 }
 
 /// The same with rounds of acquires sent at once, so that the one-window ones among them are
@@ -1290,13 +1410,98 @@ fn hostile_permit_strings_and_keys_release_settle_throttle_and_lift_as_the_engin
     });
 }
 
+/// Two servers on one schema keep one line per bucket: a ticket filed through one is first in
+/// line for the other, which holds back every request behind it (one at a time, and sent at
+/// once so that its one-window ones go through the batch statement), is granted there at its
+/// retryAt, and a ticket filed behind it through the second is granted through the first.
+#[test]
+fn two_servers_on_one_schema_keep_one_line_per_bucket() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let a = fresh(&url, "line2", clock.clone()).await;
+        let mut options = PgOptions::new(&url);
+        options.schema = a.schema().to_owned();
+        options.pool_size = 4;
+        options.clock = Some(clock.clone());
+        let b = PgLimiter::connect(options).await.unwrap();
+        let w = |cost: u64| vec![window("w", 10, 1000).with_cost(cost)];
+        assert!(a.acquire(AcquireRequest::new("filler", w(8)).unwrap()).await.unwrap().decision.is_granted());
+        let large = AcquireRequest::new("large", w(5)).unwrap();
+        let first = a.acquire(large.clone().with_queue()).await.unwrap();
+        let held_back = Decision::Refused { retry_at: T0.plus(1000), reason: Reason::Rate, limit: "w".into() };
+        assert_eq!(first.decision, held_back);
+        let first = first.ticket.expect("filed through the first server");
+        assert_eq!(first.ahead, 0);
+
+        // Through the second server, a cost that fits waits behind it, alone and at once.
+        let small = AcquireRequest::new("small", w(1)).unwrap();
+        assert_eq!(b.acquire(small.clone()).await.unwrap().decision, held_back);
+        let at_once = join_all((0..6).map(|_| b.acquire(small.clone())).collect()).await;
+        assert!(at_once.iter().all(|r| r.as_ref().unwrap().decision == held_back), "{at_once:?}");
+        let peeked = b.peek(small.clone()).await.unwrap();
+        assert_eq!(peeked.refusal.map(|r| r.retry_at), Some(T0.plus(1000)));
+        assert_eq!(peeked.report.limits[0].queued, Some(1));
+        let second = b.acquire(small.clone().with_queue()).await.unwrap();
+        assert_eq!(second.decision, held_back);
+        let second = second.ticket.expect("filed through the second server");
+        assert_eq!(second.ahead, 1, "behind the first server's ticket");
+
+        // At its retryAt the first ticket is granted through the second server; the second
+        // ticket, asked first, waits for it.
+        clock.advance(1000);
+        let early = b.acquire(small.clone().with_ticket(second.id.to_string()).unwrap()).await.unwrap();
+        assert!(!early.decision.is_granted(), "{early:?}");
+        let granted = b.acquire(large.with_ticket(first.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(1000), permit: None });
+        let granted = a.acquire(small.clone().with_ticket(second.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(1000), permit: None });
+        // The line is empty on both: a plain request is decided as before.
+        for pg in [&a, &b] {
+            let peeked = pg.peek(small.clone()).await.unwrap();
+            assert_eq!(peeked.report.limits[0].queued, None, "no line, no figure");
+        }
+        assert!(a.state("", 10).await.unwrap().view.buckets.iter().all(|b| b.queued == 0));
+
+        // A ticket nobody asks again lapses at retryAt + graceMs: it holds nobody back from
+        // then, and the sweep deletes it (and its place in each line) once past the margin.
+        let filed = b.acquire(large_again(&small).with_queue()).await.unwrap().ticket.expect("filed");
+        assert_eq!(b.peek(small.clone()).await.unwrap().report.limits[0].queued, Some(1));
+        clock.set(filed.lapse_at);
+        assert_eq!(b.peek(small.clone()).await.unwrap().report.limits[0].queued, None, "lapsed at lapseAt");
+        let client = plain_client(&url).await;
+        let rows = |table: &'static str| {
+            let (client, schema) = (&client, a.schema().to_owned());
+            async move {
+                client
+                    .query_one(&format!("SELECT count(*) FROM \"{schema}\".{table}"), &[])
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+            }
+        };
+        assert_eq!((rows("tickets").await, rows("line").await), (1, 1));
+        a.sweep(1000).await.unwrap();
+        assert_eq!((rows("tickets").await, rows("line").await), (1, 1), "within the sweep's margin");
+        clock.advance(60_000);
+        a.sweep(1000).await.unwrap();
+        assert_eq!((rows("tickets").await, rows("line").await), (0, 0));
+    });
+}
+
+/// A request of cost 10 in the window `small` names: refused while anything counts there.
+fn large_again(small: &AcquireRequest) -> AcquireRequest {
+    AcquireRequest::new("large", vec![small.limits[0].clone().with_cost(10)]).unwrap()
+}
+
 /// The schema script of the previous release (format version 1), as it was released.
 const SCHEMA_V1: &str = include_str!("fixtures/schema-v1.sql");
 
-/// A schema the previous release wrote (format version 1, its own script and functions, keys
+/// A schema an earlier release wrote (format version 1, its own script and functions, keys
 /// with U+0001 in buckets, permits' windows and throttles) opens with this release: migrated
-/// to version 2 once (a second server finds it done), every grant, place, settle, throttle and
-/// key still served as before, and U+0000 keys served beside them.
+/// to this version once, step by step (a second server finds it done), every grant, place,
+/// settle, throttle and key still served as before, U+0000 keys served beside them, and its
+/// buckets keep a line.
 #[test]
 fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
     let Some(url) = database_url() else { return };
@@ -1399,6 +1604,94 @@ fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
         assert!(pg.acquire(nul.clone()).await.unwrap().decision.is_granted());
         assert!(!pg.acquire(nul).await.unwrap().decision.is_granted());
         assert_eq!(used("w\u{1}a", 5).await, 3, "a key with U+0000 is not one with U+0001");
+        // The migrated buckets keep a line.
+        let big = AcquireRequest::new("c\u{1}", vec![window("w\u{1}a", 5, 60_000).with_cost(3)]).unwrap();
+        let filed = pg.acquire(big.with_queue()).await.unwrap();
+        assert!(filed.ticket.is_some(), "{filed:?}");
+        let small = AcquireRequest::new("x", vec![window("w\u{1}a", 5, 60_000)]).unwrap();
+        assert_eq!(
+            pg.acquire(small).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w\u{1}a".into() },
+            "it would fit, but the ticket waits first"
+        );
+    });
+}
+
+/// The schema script of the release before this one (format version 2), as it was released.
+const SCHEMA_V2: &str = include_str!("fixtures/schema-v2.sql");
+
+/// A schema of format version 2 (its own script and functions wrote a window, a place and a
+/// throttle) is migrated to this version once (a second server finds it done): what it held is
+/// served as before, and its buckets keep a line that holds plain requests back.
+#[test]
+fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let schema = format!("t_{}_v2", std::process::id());
+        let s = format!("\"{schema}\"");
+        let client = plain_client(&url).await;
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).await.unwrap();
+        client.batch_execute(&SCHEMA_V2.replace("__SCHEMA__", &s)).await.unwrap();
+        let at = |ms: u64| i64::try_from(T0.plus(ms).0).unwrap();
+        for (ms, body) in [
+            (0, r#"{"key": "c", "limits": [{"key": "w", "calls": 3, "perMs": 60000, "cost": 2}]}"#),
+            (1, r#"{"key": "c", "limits": [{"key": "p", "concurrent": 1, "holdMs": 600000}]}"#),
+        ] {
+            let reply: serde_json::Value = client
+                .query_one(&format!("SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, 'p-00000000000000000000000000000002', $2)"), &[&body, &at(ms)])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(reply["granted"], serde_json::json!(true), "{reply}");
+        }
+        let version = || {
+            let client = &client;
+            let s = s.clone();
+            async move { client.query_one(&format!("SELECT version FROM {s}.meta"), &[]).await.unwrap().get::<_, i32>(0) }
+        };
+        assert_eq!(version().await, 2);
+
+        let clock = Arc::new(FakeClock::new(T0.plus(10)));
+        let open = || {
+            let mut options = PgOptions::new(&url);
+            options.schema = schema.clone();
+            options.pool_size = 2;
+            options.clock = Some(clock.clone());
+            PgLimiter::connect(options)
+        };
+        let pg = open().await.expect("a version 2 schema opens");
+        assert_eq!(version().await, 3);
+        drop(open().await.expect("and opens again, already migrated"));
+
+        // What it held is served as before.
+        let conc = AcquireRequest::new("c", vec![Limit::concurrent("p", 1)]).unwrap();
+        assert!(matches!(
+            pg.acquire(conc).await.unwrap().decision,
+            Decision::Refused { reason: Reason::Concurrency, .. }
+        ));
+        // The window holds 2 of 3: a cost of 2 queues, and a cost of 1 that fits waits behind it.
+        let big = AcquireRequest::new("c", vec![window("w", 3, 60_000).with_cost(2)]).unwrap();
+        let filed = pg.acquire(big.clone().with_queue()).await.unwrap();
+        assert_eq!(
+            filed.decision,
+            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w".into() }
+        );
+        let ticket = filed.ticket.expect("a ticket filed");
+        assert_eq!((ticket.lapse_at, ticket.ahead, ticket.now), (T0.plus(62_000), 0, T0.plus(10)));
+        let small = AcquireRequest::new("d", vec![window("w", 3, 60_000)]).unwrap();
+        assert_eq!(
+            pg.acquire(small.clone()).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w".into() }
+        );
+        let state = pg.state("", 100).await.unwrap();
+        let line: Vec<_> = state.view.buckets.iter().map(|b| (b.key.as_str(), b.queued, b.first_ticket_at)).collect();
+        assert_eq!(line, [("p", 0, None), ("w", 1, Some(T0.plus(10)))]);
+        // At its retryAt the ticket is granted, and the line is empty again.
+        clock.advance(59_990);
+        let again = pg.acquire(big.with_ticket(ticket.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(again.decision, Decision::Granted { at: T0.plus(60_000), permit: None });
+        assert!(pg.acquire(small).await.unwrap().decision.is_granted(), "the line is empty: 2 + 1 fit in 3");
+        assert_eq!(pg.state("w", 100).await.unwrap().view.buckets[0].queued, 0);
     });
 }
 

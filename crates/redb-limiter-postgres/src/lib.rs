@@ -179,6 +179,8 @@ pub enum PgError {
     Schema { schema: String, message: String },
     #[error("PostgreSQL: {0}")]
     Database(#[from] tokio_postgres::Error),
+    #[error("permit ids: no random key from the operating system: {0}")]
+    NoRandomKey(String),
 }
 
 /// The limiter on PostgreSQL. Cheap to share behind an `Arc`; every method is one round trip
@@ -189,9 +191,12 @@ pub struct PgLimiter {
     options: PgOptions,
     /// Every statement this limiter sends, with the schema written in once.
     sql: Statements,
-    /// Permit ids: a random nonce per process in the high half, a sequence in the low half,
-    /// so servers sharing the database never issue the same id.
-    nonce: u64,
+    /// Permit ids: the sequence in the low half, and in the high half a random part of each id's
+    /// own (SipHash-2-4 of the sequence under this 128-bit key, drawn from the operating system
+    /// when the limiter starts), so the ids a host was given tell nothing of another's and a
+    /// permit cannot be guessed and released by someone who did not get it. Servers sharing the
+    /// database issue the same id only by a 64-bit chance, which the permits' key refuses.
+    permit_key: (u64, u64),
     sequence: AtomicU64,
     metrics: Arc<redb_limiter::metrics::Metrics>,
     synchronous_commit: String,
@@ -269,12 +274,19 @@ fn valid_schema(name: &str) -> bool {
         && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
-fn random_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    h.write_u32(std::process::id());
-    h.finish()
+fn random_permit_key() -> Result<(u64, u64), PgError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| PgError::NoRandomKey(e.to_string()))?;
+    let half = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+    Ok((half(&bytes[..8]), half(&bytes[8..])))
+}
+
+/// The id of the permit with sequence number `seq` under `key`: `random << 64 | seq`.
+fn permit_id(key: (u64, u64), seq: u64) -> PermitId {
+    use std::hash::Hasher;
+    let mut hasher = siphasher::sip::SipHasher24::new_with_keys(key.0, key.1);
+    hasher.write_u64(seq);
+    PermitId((u128::from(hasher.finish()) << 64) | u128::from(seq))
 }
 
 fn tls() -> tokio_postgres_rustls::MakeRustlsConnect {
@@ -369,7 +381,7 @@ impl PgLimiter {
             pool,
             schema: options.schema.clone(),
             sql: Statements::new(&options.schema),
-            nonce: random_nonce(),
+            permit_key: random_permit_key()?,
             sequence: AtomicU64::new(0),
             metrics: Arc::new(redb_limiter::metrics::Metrics::default()),
             synchronous_commit,
@@ -407,7 +419,7 @@ impl PgLimiter {
 
     fn next_permit(&self) -> PermitId {
         let seq = self.sequence.fetch_add(1, Ordering::Relaxed);
-        PermitId((u128::from(self.nonce) << 64) | u128::from(seq))
+        permit_id(self.permit_key, seq)
     }
 
     /// Remembers what a database call said, for `/health`: an answer (a bad request the
@@ -1128,6 +1140,26 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each permit id has a random part of its own: consecutive ids share no prefix and their
+    /// random parts are unrelated; two limiters (two servers) draw different keys; the low half
+    /// is the sequence, so one limiter never repeats an id.
+    #[test]
+    fn permit_ids_have_a_random_part_of_their_own() {
+        let key = random_permit_key().unwrap();
+        let high = |id: PermitId| (id.0 >> 64) as u64;
+        let ids: Vec<PermitId> = (0..1000).map(|seq| permit_id(key, seq)).collect();
+        let parts: std::collections::BTreeSet<u64> = ids.iter().map(|id| high(*id)).collect();
+        assert_eq!(parts.len(), ids.len(), "no two ids share their random part");
+        for pair in ids.windows(2) {
+            assert!((high(pair[0]) ^ high(pair[1])).count_ones() > 10, "{} then {}", pair[0], pair[1]);
+            assert_eq!(pair[1].0 as u64, pair[0].0 as u64 + 1, "the low half counts");
+        }
+        let other = random_permit_key().unwrap();
+        assert_ne!(key, other, "each limiter draws its own key");
+        assert_ne!(high(permit_id(key, 0)), high(permit_id(other, 0)));
+        assert_eq!(permit_id(key, 7), permit_id(key, 7));
+    }
 
     #[test]
     fn schema_names_are_plain_identifiers() {

@@ -1864,7 +1864,10 @@ fn reported_instants_replay_within_every_window_and_place() {
             for v in violations.iter().take(8) {
                 eprintln!("  {v}");
             }
-            assert!(places > 50 && settled > 10, "the run exercised places and settles");
+            assert!(
+                places >= 20 && settled >= 5,
+                "the run exercised places and settles: {places} places, {settled} settled"
+            );
             // The bounds were reached, so they were tested.
             assert!(most_held >= INSTANT_CONCURRENT && most_used + 4 > INSTANT_CALLS, "{most_held} {most_used}");
             bad.extend(violations.into_iter().take(5).map(|v| format!("run {run}: {v}")));

@@ -1,5 +1,5 @@
-//! The real binary: restart after `kill -9` keeps every window, place and throttle with its
-//! original instants; a second server on the same file is refused; SIGTERM drains and exits 0;
+//! The real binary: restart after `kill -9` keeps every window, place, throttle and ticket with
+//! its original instants; a second server on the same file is refused; SIGTERM drains and exits 0;
 //! `check` validates a file.
 
 use std::io::{BufRead, BufReader};
@@ -105,6 +105,51 @@ async fn kill_9_after_a_settle_keeps_the_settled_cost() {
     );
     server.child.kill().unwrap();
     server.child.wait().unwrap();
+}
+
+/// Tickets are in the file: after a `kill -9` (straight after a renewal, which may be lost) and
+/// after a clean stop, each ticket keeps its place and order in the line.
+#[tokio::test]
+async fn tickets_keep_their_place_and_order_across_kill_9_and_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let limits = json!([{"key": "rph", "calls": 1, "perMs": 3_600_000}]);
+    assert_eq!(post(&server.url, "/acquire", json!({"key": "caller", "limits": limits})).await["granted"], true);
+    let ask = |ticket: Option<&str>| match ticket {
+        Some(t) => json!({"key": "caller", "limits": limits, "ticket": t, "graceMs": 1000}),
+        None => json!({"key": "caller", "limits": limits, "queue": true, "graceMs": 1000}),
+    };
+    let first = post(&server.url, "/acquire", ask(None)).await;
+    let second = post(&server.url, "/acquire", ask(None)).await;
+    assert_eq!((first["reason"].as_str(), &first["ahead"], &second["ahead"]), (Some("rate"), &json!(0), &json!(1)));
+    let (first, second) = (first["ticket"].as_str().unwrap().to_owned(), second["ticket"].as_str().unwrap().to_owned());
+    // A renewal answers before any commit holds it: killed right after, it may be lost.
+    assert_eq!(post(&server.url, "/acquire", ask(Some(&first))).await["ticket"], json!(first));
+    server.child.kill().unwrap(); // SIGKILL
+    server.child.wait().unwrap();
+
+    for stop in ["kill -9", "SIGTERM"] {
+        let mut server = start(&path);
+        for (ticket, ahead) in [(&second, 1), (&first, 0)] {
+            let answer = post(&server.url, "/acquire", ask(Some(ticket))).await;
+            assert_eq!(
+                (&answer["ticket"], &answer["ahead"]),
+                (&json!(ticket), &json!(ahead)),
+                "after {stop}: {answer}"
+            );
+            let instant = |field: &str| redb_limiter::time::parse_instant(answer[field].as_str().unwrap()).unwrap();
+            assert!(instant("lapseAt") >= instant("now").plus(1000), "after {stop}: {answer}");
+        }
+        if stop == "kill -9" {
+            let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+            assert!(status.success());
+            assert!(server.child.wait().unwrap().success());
+        } else {
+            server.child.kill().unwrap();
+            server.child.wait().unwrap();
+        }
+    }
 }
 
 #[tokio::test]
@@ -351,4 +396,76 @@ fn flipped_bytes_are_refused_or_change_nothing() {
         differed.len()
     );
     assert!(differed.is_empty(), "flips at {differed:?} were served as a different state");
+}
+
+/// `status --json | head`: the reader closes the pipe early, and the command ends quietly
+/// (exit 0, no panic) instead of failing on the write.
+#[test]
+fn status_into_a_pipe_closed_early_exits_quietly() {
+    use redb_limiter::limiter::Limiter;
+    use redb_limiter::request::{AcquireRequest, Limit};
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.redb");
+    {
+        let limiter = Limiter::open(&path).unwrap();
+        for i in 0..40 {
+            let limits = (0..64).map(|j| Limit::window(format!("bucket/{i}/{j}"), 10, 3_600_000)).collect();
+            assert!(limiter.acquire_blocking(AcquireRequest::new("caller", limits).unwrap()).unwrap().is_granted());
+        }
+        limiter.close();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+        .args(["status", "--json", "--path"])
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 100];
+    child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+    // The pipe closes here, with most of the output (hundreds of KiB) not yet written.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(head.starts_with(b"{"), "{}", String::from_utf8_lossy(&head));
+}
+
+/// `check` refuses a journal damaged before its newest commit (here a flipped byte in its first
+/// record, a crash having left every commit in it), naming the journal.
+#[test]
+fn check_refuses_a_damaged_journal_naming_it() {
+    use redb_limiter::limiter::Limiter;
+    use redb_limiter::request::{AcquireRequest, Limit};
+    use redb_limiter::store::journal::journal_path;
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = dir.path().join("crashed");
+    std::fs::create_dir(&crashed).unwrap();
+    let path = dir.path().join("limiter.redb");
+    let copy = crashed.join("limiter.redb");
+    {
+        let limiter = Limiter::open(&path).unwrap();
+        for _ in 0..5 {
+            let limits = vec![Limit::window("w", 10, 3_600_000)];
+            assert!(limiter.acquire_blocking(AcquireRequest::new("caller", limits).unwrap()).unwrap().is_granted());
+        }
+        // What a kill -9 leaves: every write made so far, the commits in the journal only.
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+    }
+    let check =
+        || Command::new(env!("CARGO_BIN_EXE_redb-limiter")).args(["check", "--path"]).arg(&copy).output().unwrap();
+    let mut journal = std::fs::read(journal_path(&copy)).unwrap();
+    let first = (16384..journal.len()).step_by(4096).find(|&p| &journal[p..p + 4] == b"JREC").unwrap();
+    journal[first + 100] ^= 0x20;
+    std::fs::write(journal_path(&copy), &journal).unwrap();
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a damaged journal passed check");
+    assert!(stderr.contains("limiter.redb-journal") && stderr.contains("damaged"), "{stderr}");
+    journal[first + 100] ^= 0x20;
+    std::fs::write(journal_path(&copy), &journal).unwrap();
+    let out = check();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -309,6 +309,50 @@ async fn page_shows_buckets_throttles_and_refusals() {
     browse(&browser, &format!("{}/", s.url), 3000, Some(&png)).await;
 }
 
+/// Section 12.7 on the page: each bucket's line (`queued`) and how long its first ticket has
+/// waited, counting up; a bucket that holds only a line is shown too, with the full ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_shows_each_line_and_how_long_its_first_ticket_waited() {
+    let Some(browser) = chromium() else { return };
+    let s = TestServer::start(None).await;
+    let rpm = json!({"key": "api/rpm", "calls": 1, "perMs": 60000});
+    assert_eq!(s.acquire("agent-1", json!({"limits": [rpm]})).await["granted"], true);
+    assert_eq!(
+        s.acquire("agent-9", json!({"limits": [{"key": "api/idle", "calls": 10, "perMs": 60000}]})).await["granted"],
+        true
+    );
+    s.clock.advance(100);
+    let first = s.acquire("agent-2", json!({"queue": true, "limits": [rpm]})).await;
+    assert_eq!((first["ahead"].as_u64(), first["lapseAt"].as_str()), (Some(0), Some(at(62_000).as_str())), "{first}");
+    s.clock.advance(200);
+    let second = json!({"queue": true, "limits": [rpm, {"key": "api/streams", "concurrent": 2}]});
+    assert_eq!(s.acquire("agent-3", second).await["ahead"], 1);
+    s.clock.set(T0.plus(5_100));
+
+    let dom = browse(&browser, &format!("{}/", s.url), 3000, None).await;
+    assert!(dom.contains(r#"class="live">live<"#), "{dom}");
+    // Buckets with a line sort with the full ones (ties by key), before those with room.
+    assert_eq!(texts(&dom, r#"<td class="key mono" title="#), ["api/rpm", "api/streams", "api/idle"]);
+    // Two tickets wait for api/rpm, the first filed at +100: 5.0 s before the server's now, and
+    // counting up by at most the virtual time budget since.
+    let r = row(&dom, r#"data-key="api/rpm""#);
+    assert!(r.contains(r#"<td class="num queued">2</td>"#), "{r}");
+    assert!(r.contains(&format!(r#"data-since="{}""#, T0.0 + 100)), "{r}");
+    let waited = seconds(&texts(r, r#"class="num waited""#)[0]);
+    assert!((5.0..=8.0).contains(&waited), "the first ticket of api/rpm waited {waited} s: {r}");
+    // api/streams holds no place and no grant: only the second ticket's line.
+    let r = row(&dom, r#"data-key="api/streams""#);
+    assert!(r.contains(r#"<td class="num queued">1</td>"#) && !r.contains(r#"role="meter""#), "{r}");
+    let waited = seconds(&texts(r, r#"class="num waited""#)[0]);
+    assert!((4.8..=7.8).contains(&waited), "the first ticket of api/streams waited {waited} s: {r}");
+    // A bucket without a line says so.
+    let r = row(&dom, r#"data-key="api/idle""#);
+    assert!(!r.contains("queued") && !r.contains("waited"), "{r}");
+
+    let png = out_dir().join("page-line.png");
+    browse(&browser, &format!("{}/", s.url), 3000, Some(&png)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_asks_for_the_token_and_says_when_it_is_wrong() {
     let Some(browser) = chromium() else { return };

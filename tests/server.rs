@@ -431,6 +431,68 @@ async fn the_line_over_http() {
     assert_eq!(s.post("/acquire", free).await, (200, json!({"granted": true, "at": at(1000)})));
 }
 
+/// Section 12.7: `/state` lists each bucket's line (`queued`, `firstTicketAt`), a bucket with
+/// only a line included; `/metrics` counts tickets filed, granted, lapsed and left, and the wait
+/// of each granted one from its filing.
+#[tokio::test]
+async fn the_line_in_state_and_metrics() {
+    let s = TestServer::start().await;
+    let bucket = |v: &Value, key: &str| -> Value {
+        v["buckets"].as_array().unwrap().iter().find(|b| b["key"] == key).cloned().unwrap_or(Value::Null)
+    };
+    let line = |caller: &str, grace: u64| {
+        json!({"key": caller, "queue": true, "graceMs": grace, "limits": [
+            {"key": "w", "calls": 1, "perMs": 1000}, {"key": "l", "concurrent": 5}]})
+    };
+    assert_eq!(s.post("/acquire", window("w", 1, 1000)).await.1["granted"], true);
+    let state = s.state().await;
+    assert_eq!((&bucket(&state, "w")["queued"], &bucket(&state, "w")["firstTicketAt"]), (&json!(0), &Value::Null));
+    s.clock.advance(100);
+    let mut first = window("w", 1, 1000);
+    first["queue"] = json!(true);
+    let a = s.post("/acquire", first.clone()).await.1["ticket"].as_str().unwrap().to_owned();
+    s.clock.advance(100);
+    let b = s.post("/acquire", line("b", 60_000)).await.1["ticket"].as_str().unwrap().to_owned();
+    let c = s.post("/acquire", line("c", 100)).await.1;
+    assert_eq!(c["lapseAt"], at(1100), "{c}");
+
+    let state = s.state().await;
+    assert_eq!(bucket(&state, "w")["queued"], 3);
+    assert_eq!(bucket(&state, "w")["firstTicketAt"], at(100));
+    // `l` holds no grant and no place: only a line.
+    assert_eq!(
+        bucket(&state, "l"),
+        json!({"key": "l", "windowUsed": 0, "calls": 0, "perMs": 0, "concurrent": 0, "oldestGrant": null,
+            "placesHeld": 0, "nextLapse": null, "queued": 2, "firstTicketAt": at(200)})
+    );
+
+    assert_eq!(s.post("/release", json!({"ticket": b})).await.1, json!({"released": true}));
+    s.clock.set(T0.plus(1000));
+    first["ticket"] = json!(a);
+    assert_eq!(s.post("/acquire", first).await.1, json!({"granted": true, "at": at(1000)}));
+    // `c` lapses at +1100 without asking again; the next grant's commit carries the lapse.
+    s.clock.set(T0.plus(1900));
+    assert_eq!(s.post("/acquire", window("x", 1, 1000)).await.1["granted"], true);
+    let state = s.state().await;
+    assert_eq!((&bucket(&state, "w")["queued"], &bucket(&state, "w")["firstTicketAt"]), (&json!(0), &Value::Null));
+    assert_eq!(bucket(&state, "l"), Value::Null, "a bucket whose line emptied is forgotten: {state}");
+
+    let (_, metrics) = s.get("/metrics").await;
+    for (event, n) in [("filed", 3), ("granted", 1), ("lapsed", 1), ("left", 1)] {
+        let line = format!("redb_limiter_tickets_total{{event=\"{event}\"}} {n}\n");
+        assert!(metrics.contains(&line), "{line} missing from {metrics}");
+    }
+    // Ticket `a` waited 900 ms, from its filing at +100 to its grant at +1000.
+    for line in [
+        "redb_limiter_ticket_wait_seconds_count 1\n",
+        "redb_limiter_ticket_wait_seconds_sum 0.9\n",
+        "redb_limiter_ticket_wait_seconds_bucket{le=\"0.5\"} 0\n",
+        "redb_limiter_ticket_wait_seconds_bucket{le=\"1.0\"} 1\n",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from {metrics}");
+    }
+}
+
 #[tokio::test]
 async fn peek_decides_as_acquire_and_changes_nothing() {
     let s = TestServer::start().await;

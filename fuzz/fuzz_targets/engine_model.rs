@@ -6,6 +6,9 @@
 //! rebuilt from the file, its journal replayed, must hold exactly the state before that commit or
 //! after it, whole.
 //!
+//! A journal damaged at rest after a crash (a flipped byte in a header slot or in a record
+//! before its newest one) is refused, or serves exactly the committed state, never less.
+//!
 //! Section 9 rides along: every acquire is peeked first (the peek must equal it and leave the
 //! engine byte for byte as it was), figures are compared with the reference's, permits are
 //! settled up, down, again and after their grant left, released with costs, and throttles
@@ -15,7 +18,9 @@
 //! request a ticket binds, or another: a bad request that changes nothing), and leave the line;
 //! every grant is checked against the reference's live tickets (none older waits in any of its
 //! buckets) and the oldest live ticket waits for nothing but its own request. The file keeps no
-//! tickets yet (format version 4): after a restart or a crash every ticket is unknown.
+//! tickets (format version 5): after a restart or a crash every ticket live at the file's latest
+//! instant keeps its place and lapses no sooner than the restart plus its grace
+//! (`Reference::restart`).
 //!
 //! Checked after every operation: identical decisions and `retryAt`s, no window over its
 //! `calls` (for buckets named with one window and never settled up), no committed change lost
@@ -179,6 +184,12 @@ enum FuzzOperation {
         after: Between<0, MAX_CRASH_OPS>,
         change: Change,
     },
+    /// A crash (the store dropped without closing), then one bit of the journal flipped at
+    /// `at` (taken modulo the bytes before its newest record), then a reopen.
+    DamageJournal {
+        at: u32,
+        bit: u8,
+    },
 }
 
 impl FuzzOperation {
@@ -197,7 +208,8 @@ impl FuzzOperation {
             | FuzzOperation::Advance(_)
             | FuzzOperation::Burst { .. }
             | FuzzOperation::Restart
-            | FuzzOperation::CrashAfter { .. } => None,
+            | FuzzOperation::CrashAfter { .. }
+            | FuzzOperation::DamageJournal { .. } => None,
         }
     }
 }
@@ -229,7 +241,7 @@ fn to_request(op: &AcquireOp) -> AcquireRequest {
     req
 }
 
-/// Facts without the line: what the file keeps.
+/// Facts without the line, which a restart resumes (its lapses move).
 fn kept(mut facts: Facts) -> Facts {
     facts.tickets.clear();
     facts.lines.clear();
@@ -365,7 +377,7 @@ impl Harness {
                 let latest = self.durable_floor;
                 let floor = self.rebuild(store);
                 assert_eq!(floor, latest, "the floor is the now of the latest commit");
-                assert_eq!(self.engine.facts(self.now), before, "rebuilt from the file");
+                assert_eq!(kept(self.engine.facts(self.now)), before, "rebuilt from the file");
                 self.check_forgotten();
             }
             FuzzOperation::Burst { acquire, times, step } => {
@@ -379,6 +391,7 @@ impl Harness {
                 }
             }
             FuzzOperation::CrashAfter { after, change } => self.crash_after(after.0, change),
+            FuzzOperation::DamageJournal { at, bit } => self.damage_journal(*at, *bit),
             other => {
                 let change = other.change().expect("every other operation is a change");
                 let mut effects = Vec::new();
@@ -398,11 +411,12 @@ impl Harness {
         assert!(floor <= self.now, "the floor {floor:?} is ahead of now {:?}", self.now);
         self.durable_floor = floor;
         let mut effects = Vec::new();
+        engine.resume_line(floor, self.now, &mut effects);
         engine.finish_restore(self.now, &mut effects);
         self.engine = engine;
         self.store = Some(store);
-        // The file keeps no tickets: every one is unknown now.
-        self.reference.tickets.clear();
+        // The file keeps the tickets: each one live at `floor` resumes its place.
+        self.reference.restart(floor, self.now);
         self.commit_and_tidy(&effects);
         // The restore pruned the file too: it keeps exactly the grants that still count.
         let live: usize = self.engine.facts(self.now).buckets.values().map(|(grants, _)| grants.len()).sum();
@@ -414,8 +428,9 @@ impl Harness {
         if !self.faulty {
             // The same file through the fault-injecting backend; the engine already matches it.
             self.store = None;
-            self.store =
-                Some(Store::open(&self.path, &faulty_journal_opener(self.plan.clone())).expect("reopen through the plan"));
+            self.store = Some(
+                Store::open(&self.path, &faulty_journal_opener(self.plan.clone())).expect("reopen through the plan"),
+            );
             self.faulty = true;
         }
         let before = self.reference.clone();
@@ -444,17 +459,62 @@ impl Harness {
         let floor = self.rebuild(store);
         // A fault in the final sync may leave the whole batch in the file; a fault before it
         // leaves none of it. Nothing in between.
+        // (The reference was restarted at `floor` by the rebuild; the state before, likewise.)
+        let mut before = before;
+        before.restart(floor, now);
         let facts = self.engine.facts(now);
-        let landed = facts == kept(self.reference.facts(now));
-        let lost = facts == kept(before.facts(now));
+        let landed = facts == self.reference.facts(now);
+        let lost = facts == before.facts(now);
         assert!(landed || lost, "after a failed commit the file holds neither the state before nor after it");
         if !landed {
             self.reference = before;
-            self.reference.tickets.clear();
             assert_eq!(floor, floor_before, "a lost commit left its floor");
         } else if !lost {
             assert_eq!(floor, now, "a landed commit lost its floor");
         }
+        self.check_forgotten();
+    }
+
+    /// Drops the store without closing it (a crash), flips one bit of the journal before its
+    /// newest record, and reopens: a refusal is right (then the undamaged journal opens), and
+    /// anything served must be exactly the committed state.
+    fn damage_journal(&mut self, at: u32, bit: u8) {
+        self.store = None;
+        self.faulty = false;
+        let journal = redb_limiter::store::journal::journal_path(&self.path);
+        let original = std::fs::read(&journal).expect("the journal is there");
+        let before_newest = before_newest_record(&original);
+        if before_newest == 0 {
+            let store = Store::open(&self.path, &file_opener()).expect("reopen after a crash");
+            self.rebuild_same(store);
+            return;
+        }
+        let mut damaged = original.clone();
+        damaged[at as usize % before_newest] ^= 1 << (bit % 8);
+        std::fs::write(&journal, &damaged).expect("write the journal");
+        let store = match Store::open(&self.path, &file_opener()) {
+            Ok(store) => store,
+            Err(_) => {
+                // Refused, and nothing changed: the journal as it was opens.
+                assert_eq!(
+                    std::fs::read(&journal).expect("read the journal"),
+                    damaged,
+                    "a refusal changed the journal"
+                );
+                std::fs::write(&journal, &original).expect("restore the journal");
+                Store::open(&self.path, &file_opener()).expect("the undamaged journal opens")
+            }
+        };
+        self.rebuild_same(store);
+    }
+
+    /// [`Self::rebuild`] after a crash that lost nothing: the engine must be what it was.
+    fn rebuild_same(&mut self, store: Store) {
+        let before = self.engine.facts(self.now);
+        let latest = self.durable_floor;
+        let floor = self.rebuild(store);
+        assert_eq!(floor, latest, "the floor is the now of the latest commit");
+        assert_eq!(self.engine.facts(self.now), before, "every committed change is served");
         self.check_forgotten();
     }
 
@@ -670,6 +730,25 @@ impl Harness {
             }
         }
     }
+}
+
+/// How many bytes of a journal lie before its newest record (the header slots and the records
+/// of its newest generation before the last one): damage there is never the torn tail a crash
+/// leaves. 0 when it has no record.
+fn before_newest_record(journal: &[u8]) -> usize {
+    const REGION: usize = 16384;
+    let at = |i: usize| u64::from_le_bytes(journal[i..i + 8].try_into().expect("8 bytes"));
+    let mut records: Vec<(u64, u64, usize)> = (REGION..journal.len().saturating_sub(72))
+        .step_by(4096)
+        .filter(|&pos| &journal[pos..pos + 4] == b"JREC")
+        .map(|pos| (at(pos + 24), at(pos + 32), pos))
+        .collect();
+    let Some(newest) = records.iter().map(|r| r.0).max() else { return 0 };
+    records.retain(|r| r.0 == newest);
+    records.sort();
+    // The run that follows on from the first record of the newest generation.
+    let run = records.windows(2).take_while(|w| w[0].1 + 1 == w[1].1).count() + 1;
+    records.get(run - 1).map_or(0, |r| r.2)
 }
 
 fuzz_target!(|ops: Vec<FuzzOperation>| {

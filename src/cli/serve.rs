@@ -127,11 +127,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     let shutdown = shutdown_signal();
-    let ready = serde_json::json!({
-        "ready": true,
-        "url": format!("http://{addr}"),
-        "path": limiter.path().display().to_string(),
-    });
+    let ready = ready_line("path", &format!("http://{addr}"), &limiter.path().display().to_string());
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{ready}")?;
@@ -145,6 +141,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => tracing::warn!("a request still holds the limiter; the file closes at exit"),
     }
     Ok(())
+}
+
+/// The ready line, its keys in the spec's order (`ready`, `url`, then `path` or `backend`):
+/// `serde_json`'s maps sort their keys.
+fn ready_line(last_key: &str, url: &str, last: &str) -> String {
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    format!("{{\"ready\":true,\"url\":{},{}:{}}}", quote(url), quote(last_key), quote(last))
 }
 
 /// PostgreSQL mode: the same wire, decided in the database; a sweeper deletes what lapsed.
@@ -161,7 +164,7 @@ async fn run_postgres(args: &ServeArgs, url: &str, config: ServerConfig) -> anyh
     let addr = listener.local_addr()?;
     let shutdown = shutdown_signal();
     // Never the URL: it may carry a password.
-    let ready = serde_json::json!({ "ready": true, "url": format!("http://{addr}"), "backend": "postgres" });
+    let ready = ready_line("backend", &format!("http://{addr}"), "postgres");
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{ready}")?;
@@ -171,4 +174,19 @@ async fn run_postgres(args: &ServeArgs, url: &str, config: ServerConfig) -> anyh
     serve(listener, limiter, config, shutdown).await?;
     tracing::info!("drained");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_ready_line_keeps_the_specs_key_order() {
+        let line = super::ready_line("path", "http://127.0.0.1:7411", "/srv/a \"b\".redb");
+        assert_eq!(line, r#"{"ready":true,"url":"http://127.0.0.1:7411","path":"/srv/a \"b\".redb"}"#);
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(parsed["path"], "/srv/a \"b\".redb");
+        assert_eq!(
+            super::ready_line("backend", "http://[::1]:1", "postgres"),
+            r#"{"ready":true,"url":"http://[::1]:1","backend":"postgres"}"#
+        );
+    }
 }

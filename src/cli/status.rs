@@ -136,12 +136,17 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         return watch(&args).await;
     }
     let state = fetch(&args).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&state)?);
-    } else {
-        print!("{}", render(&state));
+    let text = if args.json { serde_json::to_string_pretty(&state)? + "\n" } else { render(&state) };
+    write_quietly(&mut std::io::stdout().lock(), &text)
+}
+
+/// Writes `text` to `out`; a reader that closed the pipe early (`status --json | head`) ends
+/// the output quietly, as it does for every command-line tool.
+fn write_quietly(out: &mut impl std::io::Write, text: &str) -> anyhow::Result<()> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
-    Ok(())
 }
 
 fn ago(now: u64, then: u64) -> String {
@@ -172,6 +177,7 @@ pub fn render(state: &StateReply) -> String {
         let places = if b.concurrent > 0 { format!("{}/{}", b.places_held, b.concurrent) } else { "-".into() };
         let _ = writeln!(out, "{:width$}  {window:>21}  {per:>10}  {oldest:>14}  {places:>9}", b.key);
     }
+    lines(&mut out, state, |ms| format!("{ms}ms"));
     if !state.throttles.is_empty() {
         let _ = writeln!(out, "\nTHROTTLED CALLER{}  TIME LEFT", " ".repeat(width.saturating_sub(16)));
         for t in &state.throttles {
@@ -188,6 +194,21 @@ pub fn render(state: &StateReply) -> String {
         redb_limiter::time::format_instant(state.now.0)
     );
     out
+}
+
+/// The buckets with a line (section 12): how many tickets wait, and how long the first has
+/// waited; nothing when no bucket has one.
+fn lines(out: &mut String, state: &StateReply, span: impl Fn(u64) -> String) {
+    let queued: Vec<_> = state.buckets.iter().filter(|b| b.queued > 0).collect();
+    if queued.is_empty() {
+        return;
+    }
+    let width = queued.iter().map(|b| b.key.len()).max().unwrap_or(0).max(6);
+    let _ = writeln!(out, "\n{:width$}  {:>6}  FIRST WAITING", "LINE", "QUEUED");
+    for b in queued {
+        let waited = b.first_ticket_at.map_or("-".into(), |at| span(state.now.0.0.saturating_sub(at.0.0)));
+        let _ = writeln!(out, "{:width$}  {:>6}  {waited}", b.key, b.queued);
+    }
 }
 
 /// A span of milliseconds as the live views write it: `800ms`, `44.4s`, `2m 05s`, `1h 02m`.
@@ -268,6 +289,7 @@ pub fn render_live(state: &StateReply, recent: Option<&RecentReply>, bucket_rows
     } else if buckets.len() > shown.len() {
         let _ = writeln!(out, "… and {} emptier buckets (narrow with --prefix)", buckets.len() - shown.len());
     }
+    lines(&mut out, state, span);
     if !state.throttles.is_empty() {
         let width = state.throttles.iter().map(|t| t.key.len()).max().unwrap_or(0).max(16);
         let _ = writeln!(out, "\n{:width$}  TIME LEFT", "THROTTLED CALLER");
@@ -446,6 +468,29 @@ mod terminal {
 
 #[cfg(test)]
 mod tests {
+    /// A pipe whose reader is gone, as `status --json | head` leaves stdout.
+    struct ClosedPipe;
+
+    impl std::io::Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_ends_the_output_quietly_and_other_errors_do_not() {
+        super::write_quietly(&mut ClosedPipe, "{}\n").unwrap();
+        let mut full = [0u8; 2];
+        let err = super::write_quietly(&mut &mut full[..], "{ \"a\": 1 }").unwrap_err();
+        assert!(err.to_string().contains("write zero") || err.to_string().contains("whole buffer"), "{err}");
+        let mut out = Vec::new();
+        super::write_quietly(&mut out, "ok\n").unwrap();
+        assert_eq!(out, b"ok\n");
+    }
+
     use super::*;
 
     fn state() -> StateReply {
@@ -525,6 +570,26 @@ mod tests {
         .unwrap();
         let text = render_live(&empty, None, 10);
         assert!(text.contains("(no buckets)") && !text.contains("THROTTLED"), "{text}");
+    }
+
+    #[test]
+    fn both_views_show_each_line_and_how_long_its_first_ticket_waited() {
+        let mut state = state();
+        assert!(!render(&state).contains("QUEUED") && !render_live(&state, None, 10).contains("QUEUED"));
+        let mut line: redb_limiter::wire::BucketState = serde_json::from_value(serde_json::json!({
+            "key": "api/tokens", "windowUsed": 0, "calls": 0, "perMs": 0, "concurrent": 0,
+            "oldestGrant": null, "placesHeld": 0, "nextLapse": null,
+            "queued": 3, "firstTicketAt": "2027-01-15T08:00:00.100Z"
+        }))
+        .unwrap();
+        state.buckets.push(line.clone());
+        let text = render_live(&state, None, 10);
+        assert!(text.contains("\nLINE        QUEUED  FIRST WAITING\napi/tokens       3  500ms\n"), "{text}");
+        let text = render(&state);
+        assert!(text.contains("\nLINE        QUEUED  FIRST WAITING\napi/tokens       3  500ms\n"), "{text}");
+        line.first_ticket_at = None;
+        state.buckets[3] = line;
+        assert!(render(&state).contains("api/tokens       3  -\n"));
     }
 
     #[test]

@@ -47,6 +47,16 @@ pub const CASES: &[&str] = &[
     "release: with costs settles, then releases",
     "lift: ends a throttle in force, and only then says lifted",
     "rule 3: a refusal naming a longer window keeps the grants that long",
+    "line: a queued refusal files a ticket with lapseAt, ahead and now; an unqueued one does not",
+    "line: rule Q: a request that would fit waits behind a live ticket, told the ticket's retryAt",
+    "line: tickets are served in filing order, and a granted ticket has ended",
+    "line: a late first ticket: a newcomer is told its lapseAt, the ticket behind it sooner",
+    "line: release {ticket} leaves the line once",
+    "line: a ticket lapses at retryAt + graceMs, and then joins the back",
+    "line: a ticket binds its caller and limits; a mismatch is a 400 naming ticket",
+    "line: a throttle refusal files no ticket",
+    "line: peek decides by rule Q and shows queued, filing nothing",
+    "line: every bad queue, ticket and graceMs field is a 400 naming it",
 ];
 
 #[derive(Clone)]
@@ -115,6 +125,26 @@ fn refused(v: &Value, reason: &str, limit: &str) -> Result<Millis, String> {
     ensure!(v["granted"] == false, "expected a refusal, got {v}");
     ensure!(v["reason"] == reason && v["limit"] == limit, "expected {reason} by {limit}, got {v}");
     instant(v, "retryAt")
+}
+
+/// A queued refusal's ticket, checked for the fields section 12.1 names: `(ticket, retryAt,
+/// lapseAt, ahead)`.
+fn ticketed(v: &Value, reason: &str, limit: &str) -> Result<(String, Millis, Millis, u64), String> {
+    let retry = refused(v, reason, limit)?;
+    let ticket = v["ticket"].as_str().ok_or_else(|| format!("a queued refusal must carry a ticket: {v}"))?;
+    ensure!((1..=128).contains(&ticket.len()), "ticket {ticket:?} is not 1-128 bytes");
+    let lapse = instant(v, "lapseAt")?;
+    let now = instant(v, "now")?;
+    ensure!(now <= retry && retry < lapse, "now {now}, retryAt {retry} and lapseAt {lapse} out of order: {v}");
+    let ahead = v["ahead"].as_u64().ok_or_else(|| format!("ahead missing in {v}"))?;
+    Ok((ticket.to_owned(), retry, lapse, ahead))
+}
+
+fn unticketed(v: &Value) -> Check {
+    for field in ["ticket", "lapseAt", "ahead", "now"] {
+        ensure!(v.get(field).is_none(), "{field} in a reply that joined no line: {v}");
+    }
+    Ok(())
 }
 
 async fn sleep_past(at: Millis) {
@@ -439,6 +469,216 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             sleep_past(wall_clock_now().plus(400)).await;
             let again = refused(&c.acquire(c.window("r25", 2, 60_000)).await?, "rate", &c.key("r25"))?;
             ensure!(again == retry, "granted or moved before its retryAt: {again} != {retry}");
+            Ok(())
+        }
+        26 => {
+            let full = c.window("q26", 1, 60_000);
+            let at = granted(&c.acquire(full.clone()).await?)?;
+            let plain = c.acquire(full.clone()).await?;
+            refused(&plain, "rate", &c.key("q26"))?;
+            unticketed(&plain)?;
+            let mut queued = full.clone();
+            queued["queue"] = json!(true);
+            let (ticket, retry, lapse, ahead) = ticketed(&c.acquire(queued.clone()).await?, "rate", &c.key("q26"))?;
+            ensure!(retry == at.plus(60_000), "a ticket first in line is told rule 6's instant: {retry}");
+            ensure!(lapse == retry.plus(2_000), "lapseAt {lapse} is not retryAt + the default grace");
+            ensure!(ahead == 0, "the first ticket has {ahead} ahead");
+            let (second, _, _, ahead) = ticketed(&c.acquire(queued).await?, "rate", &c.key("q26"))?;
+            ensure!(second != ticket && ahead == 1, "a second ticket {second} with {ahead} ahead");
+            Ok(())
+        }
+        27 => {
+            let cost = |n: u64, queue: bool| {
+                json!({"key": c.key("caller"), "cost": n, "queue": queue,
+                    "limits": [{"key": c.key("q27"), "calls": 10, "perMs": 60_000}]})
+            };
+            granted(&c.acquire(cost(8, false)).await?)?;
+            let (ticket, retry, _, _) = ticketed(&c.acquire(cost(5, true)).await?, "rate", &c.key("q27"))?;
+            let small = c.acquire(cost(1, false)).await?;
+            let told = refused(&small, "rate", &c.key("q27"))?;
+            ensure!(told == retry, "a call behind the line is told {told}, not the first ticket's retryAt {retry}");
+            unticketed(&small)?;
+            // A request of another bucket is not held back by this line.
+            granted(&c.acquire(c.window("q27b", 1, 60_000)).await?)?;
+            ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": true}), "leave");
+            granted(&c.acquire(cost(1, false)).await?)?;
+            Ok(())
+        }
+        28 => {
+            let body = |queue: bool| {
+                json!({"key": c.key("caller"), "queue": queue, "graceMs": 60_000,
+                    "limits": [{"key": c.key("q28"), "calls": 1, "perMs": 400}]})
+            };
+            granted(&c.acquire(body(false)).await?)?;
+            let (first, retry, _, _) = ticketed(&c.acquire(body(true)).await?, "rate", &c.key("q28"))?;
+            let (second, _, _, ahead) = ticketed(&c.acquire(body(true)).await?, "rate", &c.key("q28"))?;
+            ensure!(ahead == 1, "the second ticket has {ahead} ahead");
+            sleep_past(retry).await;
+            let mut again = body(true);
+            again["ticket"] = json!(first);
+            let at = granted(&c.acquire(again.clone()).await?)?;
+            // The second now stands first; it fits when the first one's grant leaves.
+            let mut next = body(true);
+            next["ticket"] = json!(second.clone());
+            let (kept, retry, _, ahead) = ticketed(&c.acquire(next.clone()).await?, "rate", &c.key("q28"))?;
+            ensure!(kept == second && ahead == 0, "the second ticket kept {kept} with {ahead} ahead");
+            ensure!(retry == at.plus(400), "retryAt {retry} is not the first grant {at} + perMs");
+            // A granted ticket has ended: it cannot leave the line again.
+            ensure!(c.post("/release", json!({"ticket": first})).await? == json!({"released": false}), "ended");
+            sleep_past(retry).await;
+            granted(&c.acquire(next).await?)?;
+            granted(&c.acquire(c.window("q28b", 1, 400)).await?)?;
+            Ok(())
+        }
+        29 => {
+            let body = |queue: bool| {
+                json!({"key": c.key("caller"), "queue": queue, "graceMs": 60_000,
+                    "limits": [{"key": c.key("q29"), "calls": 1, "perMs": 300}]})
+            };
+            granted(&c.acquire(body(false)).await?)?;
+            let (_, retry, lapse, _) = ticketed(&c.acquire(body(true)).await?, "rate", &c.key("q29"))?;
+            let (second, _, _, _) = ticketed(&c.acquire(body(true)).await?, "rate", &c.key("q29"))?;
+            sleep_past(retry).await;
+            // The first ticket is late: it has not asked again since its retryAt.
+            let told = refused(&c.acquire(body(false)).await?, "rate", &c.key("q29"))?;
+            ensure!(told == lapse, "a newcomer behind a late ticket is told {told}, not its lapseAt {lapse}");
+            let mut behind = body(true);
+            behind["ticket"] = json!(second);
+            let (_, told, _, ahead) = ticketed(&c.acquire(behind).await?, "rate", &c.key("q29"))?;
+            ensure!(ahead == 1, "the ticket behind has {ahead} ahead");
+            ensure!(told < lapse, "the ticket behind a late one is told {told}, not sooner than its lapseAt {lapse}");
+            Ok(())
+        }
+        30 => {
+            let body = |queue: bool| {
+                json!({"key": c.key("caller"), "queue": queue,
+                    "limits": [{"key": c.key("q30"), "concurrent": 1}]})
+            };
+            let g = c.acquire(body(false)).await?;
+            granted(&g)?;
+            let (ticket, _, _, _) = ticketed(&c.acquire(body(true)).await?, "concurrency", &c.key("q30"))?;
+            ensure!(c.post("/release", json!({"permit": g["permit"]})).await?["released"] == true, "release");
+            // The place is free, but a ticket waits for it.
+            refused(&c.acquire(body(false)).await?, "concurrency", &c.key("q30"))?;
+            ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": true}), "leave");
+            ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": false}), "again");
+            granted(&c.acquire(body(false)).await?)?;
+            Ok(())
+        }
+        31 => {
+            let body = |queue: bool| {
+                json!({"key": c.key("caller"), "queue": queue, "graceMs": 100,
+                    "limits": [{"key": c.key("q31"), "calls": 10, "perMs": 300}]})
+            };
+            let mut big = body(false);
+            big["cost"] = json!(8);
+            granted(&c.acquire(big).await?)?;
+            let mut wants = body(true);
+            wants["cost"] = json!(5);
+            let (ticket, retry, lapse, _) = ticketed(&c.acquire(wants.clone()).await?, "rate", &c.key("q31"))?;
+            ensure!(lapse == retry.plus(100), "lapseAt {lapse} is not retryAt {retry} + graceMs 100");
+            sleep_past(lapse).await;
+            // Lapsed: it left the line, so a call that fits is granted, and the ticket is unknown.
+            granted(&c.acquire(body(false)).await?)?;
+            ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": false}), "lapsed");
+            // Asked again with it, it joins the back: a grant, or a refusal with a new ticket.
+            wants["ticket"] = json!(ticket);
+            let again = c.acquire(wants).await?;
+            if again["granted"] == false {
+                let (renewed, _, _, _) = ticketed(&again, "rate", &c.key("q31"))?;
+                ensure!(renewed != ticket, "a lapsed ticket was given back: {again}");
+            }
+            Ok(())
+        }
+        32 => {
+            let body = json!({"key": c.key("caller"), "queue": true, "cost": 3,
+                "limits": [{"key": c.key("q32"), "calls": 3, "perMs": 60_000}]});
+            granted(&c.acquire(body.clone()).await?)?;
+            let (ticket, _, _, _) = ticketed(&c.acquire(body.clone()).await?, "rate", &c.key("q32"))?;
+            let mut other = body.clone();
+            other["ticket"] = json!(ticket);
+            other["cost"] = json!(2);
+            for path in ["/acquire", "/peek"] {
+                let (status, v) = c.send(reqwest::Method::POST, path, Some(other.to_string())).await?;
+                ensure!(
+                    status == 400 && v["error"]["message"].as_str().is_some_and(|m| m.contains("ticket")),
+                    "{path} with another request's ticket: {status} {v}"
+                );
+            }
+            // The same request with another grace is still its own (graceMs is not bound).
+            let mut same = body;
+            same["ticket"] = json!(ticket);
+            same["graceMs"] = json!(5_000);
+            let (kept, _, _, _) = ticketed(&c.acquire(same).await?, "rate", &c.key("q32"))?;
+            ensure!(kept == ticket, "a renewal changed the ticket to {kept}");
+            ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": true}), "leave");
+            Ok(())
+        }
+        33 => {
+            let caller = c.key("t33");
+            let until = format_instant(wall_clock_now().plus(60_000));
+            c.post("/throttle", json!({"key": caller, "until": until})).await?;
+            let body =
+                json!({"key": caller, "queue": true, "limits": [{"key": c.key("q33"), "calls": 1, "perMs": 60_000}]});
+            let r = c.acquire(body).await?;
+            refused(&r, "throttle", &caller)?;
+            ensure!(r.get("ticket").is_none(), "a throttle refusal filed a ticket: {r}");
+            granted(&c.acquire(c.window("q33", 1, 60_000)).await?)?;
+            Ok(())
+        }
+        34 => {
+            let body = |cost: u64, queue: bool| {
+                json!({"key": c.key("caller"), "cost": cost, "queue": queue,
+                    "limits": [{"key": c.key("q34"), "calls": 10, "perMs": 60_000}]})
+            };
+            granted(&c.acquire(body(8, false)).await?)?;
+            let (ticket, retry, _, _) = ticketed(&c.acquire(body(5, true)).await?, "rate", &c.key("q34"))?;
+            ticketed(&c.acquire(body(4, true)).await?, "rate", &c.key("q34"))?;
+            for _ in 0..2 {
+                let peek = c.post("/peek", body(1, false)).await?;
+                ensure!(peek["fits"] == false && peek["reason"] == "rate", "peek behind a line fits: {peek}");
+                ensure!(instant(&peek, "retryAt")? == retry, "peek {peek} is not told the first ticket's retryAt");
+                ensure!(peek["limits"][0]["queued"] == 2, "peek shows {} queued, not 2", peek["limits"][0]);
+            }
+            let mut first = body(5, false);
+            first["ticket"] = json!(ticket);
+            let peek = c.post("/peek", first).await?;
+            ensure!(peek["fits"] == false, "the first ticket fits 5 in 8 of 10: {peek}");
+            ensure!(peek["limits"][0]["queued"] == 2, "a peek filed or ended a ticket: {peek}");
+            Ok(())
+        }
+        35 => {
+            let caller = c.key("caller");
+            let limits = json!([{"key": c.key("q35"), "calls": 1, "perMs": 60_000}]);
+            let bad = [
+                (json!({"key": caller, "limits": limits, "queue": "yes"}), "queue"),
+                (json!({"key": caller, "limits": limits, "queue": 1}), "queue"),
+                (json!({"key": caller, "limits": limits, "ticket": ""}), "ticket"),
+                (json!({"key": caller, "limits": limits, "ticket": "t".repeat(129)}), "ticket"),
+                (json!({"key": caller, "limits": limits, "ticket": 7}), "ticket"),
+                (json!({"key": caller, "limits": limits, "queue": true, "graceMs": 99}), "graceMs"),
+                (json!({"key": caller, "limits": limits, "queue": true, "graceMs": 60_001}), "graceMs"),
+                (json!({"key": caller, "limits": limits, "queue": true, "graceMs": 500.0}), "graceMs"),
+            ];
+            for (body, field) in bad {
+                for path in ["/acquire", "/peek"] {
+                    let (status, v) = c.send(reqwest::Method::POST, path, Some(body.to_string())).await?;
+                    ensure!(status == 400 && v["error"]["code"] == "bad_request", "{path} {body}: {status} {v}");
+                    let message = v["error"]["message"].as_str().unwrap_or_default();
+                    ensure!(message.contains(field), "{path} {body}: message {message:?} does not name {field}");
+                }
+            }
+            let releases = [
+                json!({"permit": "p-1", "ticket": "t-1"}),
+                json!({"ticket": "t-1", "costs": [{"key": c.key("q35"), "cost": 1}]}),
+                json!({"ticket": ""}),
+            ];
+            for body in releases {
+                let (status, v) = c.send(reqwest::Method::POST, "/release", Some(body.to_string())).await?;
+                ensure!(status == 400 && v["error"]["code"] == "bad_request", "/release {body}: {status} {v}");
+            }
+            // None of them filed a ticket or counted: the window is empty and its line too.
+            granted(&c.acquire(json!({"key": caller, "limits": limits})).await?)?;
             Ok(())
         }
         _ => Err(format!("no case {case}")),

@@ -2,7 +2,7 @@
 //!
 //! It owns the registry and the handles the limiter updates (decisions by method, outcome and
 //! reason, peeks, settles and lifts included; commit latency; batch size; live buckets, held places, throttles; the database's length,
-//! journal included). Updating a handle is a few atomic operations; nothing here touches the engine or the store.
+//! journal included; the line's tickets filed, granted, lapsed and left, and their wait from filing to grant). Updating a handle is a few atomic operations; nothing here touches the engine or the store.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -24,6 +24,12 @@ pub struct DecisionLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TicketLabels {
+    /// `filed`, `granted`, `lapsed` or `left` (section 12).
+    pub event: &'static str,
+}
+
 /// The limiter's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -35,6 +41,8 @@ pub struct Metrics {
     pub throttles: Gauge,
     pub permits: Gauge,
     pub file_bytes: Gauge,
+    pub tickets: Family<TicketLabels, Counter>,
+    pub ticket_wait_seconds: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,6 +75,18 @@ impl Default for Metrics {
             "Length of the database as of the last commit (commits still only in the journal included)",
             file_bytes.clone(),
         );
+        let tickets = Family::<TicketLabels, Counter>::default();
+        registry.register("tickets", "Tickets of the line filed, granted, lapsed and left", tickets.clone());
+        for event in ["filed", "granted", "lapsed", "left"] {
+            let _ = tickets.get_or_create(&TicketLabels { event }); // shown from the start, at 0
+        }
+        let ticket_wait_seconds =
+            Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]);
+        registry.register(
+            "ticket_wait_seconds",
+            "Wait of a granted ticket, from its filing to its grant",
+            ticket_wait_seconds.clone(),
+        );
         Metrics {
             registry,
             decisions,
@@ -77,6 +97,8 @@ impl Default for Metrics {
             throttles,
             permits,
             file_bytes,
+            tickets,
+            ticket_wait_seconds,
         }
     }
 }
@@ -85,6 +107,17 @@ impl Metrics {
     /// Counts one decision.
     pub fn decided(&self, method: &'static str, outcome: &'static str, reason: &'static str) {
         self.decisions.get_or_create(&DecisionLabels { method, outcome, reason }).inc();
+    }
+
+    /// Counts a ticket's filing, lapse or leaving (`filed`, `lapsed`, `left`).
+    pub fn ticket(&self, event: &'static str) {
+        self.tickets.get_or_create(&TicketLabels { event }).inc();
+    }
+
+    /// Counts a ticket granted after waiting `waited_ms` since its filing.
+    pub fn ticket_granted(&self, waited_ms: u64) {
+        self.ticket("granted");
+        self.ticket_wait_seconds.observe(waited_ms as f64 / 1000.0);
     }
 
     /// The registry in Prometheus text format.

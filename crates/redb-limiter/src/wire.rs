@@ -331,6 +331,12 @@ pub struct BucketState {
     pub oldest_grant: Option<Instant>,
     pub places_held: u64,
     pub next_lapse: Option<Instant>,
+    /// The live tickets in its line (section 12.7; 0 from a server of wire version 2).
+    #[serde(default)]
+    pub queued: u64,
+    /// When its first live ticket was filed, or `null` when its line is empty.
+    #[serde(default)]
+    pub first_ticket_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -375,6 +381,8 @@ impl StateReply {
                     oldest_grant: b.oldest_grant.map(Instant),
                     places_held: b.places_held as u64,
                     next_lapse: b.next_lapse.map(Instant),
+                    queued: b.queued as u64,
+                    first_ticket_at: b.first_ticket_at.map(Instant),
                 })
                 .collect(),
             permits: view

@@ -14,6 +14,12 @@
 //! version 1): three grants of cost 2 in `fixture/tpd` (10 per 31 days) at 00:05:56.759, .773 and
 //! .784 on 2026-12-01, and a throttle of `fixture/cred:2` until 12:00:00.000Z that day. The file
 //! itself is empty: every commit is only in the journal.
+//!
+//! Format version 5 keeps tickets, and its journal notes have schema 2.
+//! `v4-journal2-killed-limiter.redb` and its `-journal` were left by a `kill -9` of the previous
+//! release's `serve` binary (format version 4, journal version 2, notes of schema 1): three
+//! grants of cost 2 in `fixture/tpd` at 14:06:11.193, .203 and .214 on 2026-12-01, and a throttle
+//! of `fixture/cred:2` until 23:00:00.000Z that day, every one still a note in the journal.
 
 use std::sync::Arc;
 
@@ -205,4 +211,42 @@ fn a_file_and_version_1_journal_left_by_a_kill_of_the_previous_release_serve_as_
     assert_eq!(version(0).max(version(1)), 2, "the header is rewritten at this version");
     let store = Store::open(&path, &file_opener()).unwrap();
     assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
+}
+
+/// The previous release's notes are redone as they were, and the file is marked version 5
+/// before the journal takes a commit of this build (whose notes that release would refuse).
+#[test]
+fn notes_left_by_a_kill_of_the_previous_release_are_redone_and_the_file_is_marked() {
+    let (dir, path) = fixture_copy("v4-journal2-killed-limiter.redb");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let journal = redb_limiter::store::journal::journal_path(&path);
+    std::fs::copy(fixtures.join("v4-journal2-killed-limiter.redb-journal"), &journal).unwrap();
+    {
+        // On a copy: what the journal holds, as left.
+        let copy = dir.path().join("copy.redb");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(&journal, redb_limiter::store::journal::journal_path(&copy)).unwrap();
+        let recovery = redb_limiter::store::journal::JournalBackend::recover_path(&copy, None).unwrap();
+        assert_eq!(recovery.pending_notes, 4, "every request is a note");
+    }
+    let clock = Arc::new(FakeClock::new(at("2026-12-01T15:00:00.000Z")));
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    let snapshot = limiter.state_blocking("fixture/").unwrap();
+    let buckets: Vec<(String, u64)> = snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used)).collect();
+    assert_eq!(buckets, vec![("fixture/tpd".to_owned(), 6)]);
+    assert_throttled_until(&limiter, at("2026-12-01T23:00:00.000Z"));
+    assert_tpd_waits_for(&limiter, 5, at("2026-12-01T14:06:11.193Z"));
+    // A request that queues files a ticket, kept in the file from now on.
+    let queued = tpd(5).with_queue();
+    let ticket = limiter.acquire_reported_blocking(queued.clone()).unwrap().ticket.expect("a ticket").id;
+    drop(limiter);
+    let store = Store::open(&path, &file_opener()).unwrap();
+    assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
+    assert_eq!(FORMAT_VERSION, 5);
+    drop(store);
+    let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    let again = limiter.acquire_reported_blocking(queued.with_ticket(ticket.to_string()).unwrap()).unwrap();
+    assert_eq!(again.ticket.map(|t| (t.id, t.ahead)), Some((ticket, 0)), "the ticket survived");
 }

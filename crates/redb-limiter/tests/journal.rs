@@ -43,7 +43,11 @@ fn file_alone(path: &Path) -> (u64, u64) {
     if std::fs::metadata(path).unwrap().len() == 0 {
         return (0, 0);
     }
-    let db = redb::Database::builder().open_read_only(path).unwrap();
+    // A file left by a crash needs redb's repair first: done on a copy, the file stays as it is.
+    let scratch = tempfile::tempdir().unwrap();
+    let copy = scratch.path().join("look.redb");
+    std::fs::copy(path, &copy).unwrap();
+    let db = redb::Database::create(&copy).unwrap();
     let txn = db.begin_read().unwrap();
     let version = match txn.open_table(META) {
         Ok(meta) => meta.get("format_version").unwrap().map_or(0, |v| v.value()),
@@ -142,7 +146,7 @@ fn an_older_file_is_marked_current_on_the_file_itself_before_any_journaled_commi
     assert!(limiter.acquire_blocking(window("new", 10)).unwrap().is_granted());
     let copy = crash_copy(&path, crashed.path());
     drop(limiter);
-    // An older build reading the crashed file alone would find version 4 and refuse it, never
+    // An older build reading the crashed file alone would find a newer version and refuse it, never
     // serve it without the grant in the journal.
     assert_eq!(file_alone(&copy).0, FORMAT_VERSION);
     let store = Store::open(&copy, &file_opener()).unwrap();
@@ -181,7 +185,7 @@ fn every_commit_is_one_journal_record_and_the_file_waits_for_a_checkpoint() {
 
 /// `tests/fixtures/v3-killed-limiter.redb`: written by the release before this one (format 3),
 /// three grants in `fixture/rpd` (10 per day) at 20:18:06.255, .270 and .286 UTC, then SIGKILL,
-/// so redb must repair it before it can be read. It is repaired, marked version 4 on the file
+/// so redb must repair it before it can be read. It is repaired, marked current on the file
 /// itself before any journaled commit, and serves its three grants.
 #[test]
 fn an_older_file_left_by_a_crash_is_repaired_then_marked_on_the_file_itself() {
@@ -238,4 +242,277 @@ fn commits_kept_as_notes_survive_a_crash_and_the_file_alone_is_refused() {
     let limiter = Limiter::open_with(&copy, options(&Arc::new(FakeClock::new(T0.plus(5))))).unwrap();
     let refused = limiter.acquire_blocking(AcquireRequest::new("c", vec![Limit::window("z", 1, 1000)]).unwrap());
     assert!(matches!(refused.unwrap(), Decision::Refused { .. }), "the throttle was redone too");
+}
+
+/// What the file alone says of its journal: (journal id, journal open), from its `meta` table.
+fn claim_alone(path: &Path) -> (u64, u64) {
+    let scratch = tempfile::tempdir().unwrap();
+    let copy = scratch.path().join("look.redb");
+    std::fs::copy(path, &copy).unwrap();
+    let db = redb::Database::create(&copy).unwrap();
+    let txn = db.begin_read().unwrap();
+    let meta = txn.open_table(META).unwrap();
+    let get = |key: &str| meta.get(key).unwrap().map_or(0, |v| v.value());
+    (get("journal_id"), get("journal_open"))
+}
+
+/// A limiter with `n` grants in `w` (window of 100), crashed: both files copied while open.
+fn crashed_with_grants(dir: &Path, name: &str, n: usize) -> PathBuf {
+    let crashed = dir.join(format!("{name}-crashed"));
+    std::fs::create_dir_all(&crashed).unwrap();
+    let path = dir.join(name);
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    for _ in 0..n {
+        clock.advance(1);
+        assert!(limiter.acquire_blocking(window("w", 100)).unwrap().is_granted());
+    }
+    let copy = crash_copy(&path, &crashed);
+    drop(limiter);
+    copy
+}
+
+/// Grants served from `path` in `w`, or the refusal.
+fn grants_served(path: &Path) -> Result<u64, StoreError> {
+    let clock = Arc::new(FakeClock::new(T0.plus(60_000)));
+    let limiter = Limiter::open_with(path, options(&clock))?;
+    let used = limiter.state_blocking("w").unwrap().view.buckets.first().map_or(0, |b| b.window_used);
+    Ok(used)
+}
+
+fn read_pair(path: &Path) -> (Vec<u8>, Option<Vec<u8>>) {
+    (std::fs::read(path).unwrap(), std::fs::read(journal_path(path)).ok())
+}
+
+#[test]
+fn a_new_file_names_its_journal_and_needs_it_from_the_first_moment() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let store = Store::open(&path, &file_opener()).unwrap();
+    // Before any commit of a request: the file itself already names its journal and says it is
+    // open behind it.
+    let copy = crash_copy(&path, crashed.path());
+    drop(store);
+    let (id, open) = claim_alone(&copy);
+    assert_ne!(id, 0, "the file names its journal");
+    assert_eq!(open, 1, "and knows it needs it");
+    // A clean close says it no longer does.
+    Limiter::open(&path).unwrap().close();
+    let (id_after, open) = claim_alone(&path);
+    assert_eq!((id_after, open), (id, 0));
+}
+
+#[test]
+fn a_journal_missing_emptied_or_cut_after_a_crash_is_refused_naming_both_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = crashed_with_grants(dir.path(), "limiter.redb", 5);
+    let journal = std::fs::read(journal_path(&copy)).unwrap();
+    let intact = dir.path().join("intact");
+    std::fs::create_dir_all(&intact).unwrap();
+    assert_eq!(grants_served(&crash_copy(&copy, &intact)).unwrap(), 5);
+    let cases: Vec<(&str, Option<Vec<u8>>)> = vec![
+        ("deleted", None),
+        ("emptied", Some(Vec::new())),
+        ("cut to one slot", Some(journal[..8192].to_vec())),
+        ("cut to the slots", Some(journal[..16384].to_vec())),
+        ("cut inside the region", Some(journal[..16384 + 4096 + 100].to_vec())),
+        ("cut short of its end", Some(journal[..journal.len() - 4096].to_vec())),
+        ("zeroed", Some(vec![0; journal.len()])),
+    ];
+    for (what, bytes) in cases {
+        let case = dir.path().join(what.replace(' ', "-"));
+        std::fs::create_dir_all(&case).unwrap();
+        let path = case.join("limiter.redb");
+        std::fs::copy(&copy, &path).unwrap();
+        if let Some(bytes) = &bytes {
+            std::fs::write(journal_path(&path), bytes).unwrap();
+        }
+        let before = read_pair(&path);
+        let err = grants_served(&path).unwrap_err();
+        let message = err.to_string();
+        let both = message.contains("limiter.redb-journal")
+            && message.replace("limiter.redb-journal", "").contains("limiter.redb");
+        assert!(both, "{what}: both named: {message}");
+        assert!(!message.contains("full while notes wait"), "{what}: {message}");
+        assert_eq!(read_pair(&path), before, "{what}: both files as they were");
+    }
+}
+
+#[test]
+fn a_journal_of_another_file_or_an_earlier_copy_of_its_own_is_refused_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two new files, each crashed with grants; B's journal put beside A.
+    let a = crashed_with_grants(dir.path(), "a.redb", 3);
+    let b = crashed_with_grants(dir.path(), "b.redb", 4);
+    std::fs::copy(journal_path(&b), journal_path(&a)).unwrap();
+    let before = read_pair(&a);
+    let message = grants_served(&a).unwrap_err().to_string();
+    assert!(message.contains("a.redb-journal") && message.contains("a.redb)"), "{message}");
+    assert!(message.contains("another database file"), "{message}");
+    assert_eq!(read_pair(&a), before, "both files as they were");
+
+    // An earlier copy of a file's own journal, taken before commits the file now holds.
+    let path = dir.path().join("c.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    let earlier = std::fs::read(journal_path(&path)).unwrap();
+    for _ in 0..6 {
+        clock.advance(1);
+        assert!(limiter.acquire_blocking(window("w", 100)).unwrap().is_granted());
+    }
+    limiter.close();
+    std::fs::write(journal_path(&path), &earlier).unwrap();
+    let before = read_pair(&path);
+    let message = grants_served(&path).unwrap_err().to_string();
+    assert!(message.contains("older than the file") && message.contains("c.redb-journal"), "{message}");
+    assert_eq!(read_pair(&path), before);
+}
+
+/// The offsets and sizes of the journal's records of its newest generation, in order.
+fn journal_records(journal: &[u8]) -> Vec<(usize, usize)> {
+    let at = |i: usize| u64::from_le_bytes(journal[i..i + 8].try_into().unwrap());
+    let mut found: Vec<(u64, u64, usize, usize)> = Vec::new();
+    for pos in (16384..journal.len()).step_by(4096) {
+        if &journal[pos..pos + 4] == b"JREC" {
+            found.push((at(pos + 24), at(pos + 32), pos, at(pos + 40) as usize));
+        }
+    }
+    let newest = found.iter().map(|r| r.0).max().unwrap();
+    let mut records: Vec<(u64, usize, usize)> =
+        found.into_iter().filter(|r| r.0 == newest).map(|(_, seq, pos, size)| (seq, pos, size)).collect();
+    records.sort();
+    // Only the run that follows on from the first, as a replay reads it.
+    let mut run = Vec::new();
+    for (i, (_, pos, size)) in records.iter().enumerate() {
+        if i > 0 && records[i - 1].0 + 1 != records[i].0 {
+            break;
+        }
+        run.push((*pos, *size));
+    }
+    run
+}
+
+/// The journal-damage matrix through the limiter: every acknowledged grant is served, or the
+/// open is refused; only the newest commit's own bytes may roll back to the commit before.
+#[test]
+fn journal_damage_is_refused_or_serves_every_acknowledged_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = crashed_with_grants(dir.path(), "limiter.redb", 12);
+    let journal = std::fs::read(journal_path(&copy)).unwrap();
+    let records = journal_records(&journal);
+    assert!(records.len() >= 12, "one note a grant: {}", records.len());
+    let last = records.len() - 1;
+    let mut cases: Vec<(String, Vec<u8>, bool)> = Vec::new();
+    for (i, (pos, size)) in [(0, records[0]), (records.len() / 2, records[records.len() / 2]), (last, records[last])] {
+        for at in [0, 4, 8, 24, 32, 40, 48, 64, 72, 80, size / 2, size - 1] {
+            let mut bytes = journal.clone();
+            bytes[pos + at] ^= 0x08;
+            cases.push((format!("record {i} byte {at}"), bytes, i == last));
+        }
+        for cut in [pos, pos + 1, pos + size / 2, pos + size] {
+            cases.push((format!("cut at {cut}"), journal[..cut].to_vec(), false));
+        }
+    }
+    for slot in [0, 8192] {
+        for field in [0, 8, 16, 32, 40, 56, 64, 4088, 4096] {
+            let mut bytes = journal.clone();
+            bytes[slot + field] ^= 0x08;
+            cases.push((format!("slot at {slot} byte {field}"), bytes, false));
+        }
+    }
+    let (mut refused, mut served) = (0, 0);
+    for (n, (what, bytes, newest)) in cases.into_iter().enumerate() {
+        let case = dir.path().join(format!("case{n}"));
+        std::fs::create_dir_all(&case).unwrap();
+        let path = case.join("limiter.redb");
+        std::fs::copy(&copy, &path).unwrap();
+        std::fs::write(journal_path(&path), &bytes).unwrap();
+        match grants_served(&path) {
+            Ok(12) => served += 1,
+            Ok(11) if newest => served += 1,
+            Ok(n) => panic!("{what}: served {n} of 12 acknowledged grants"),
+            Err(e) => {
+                assert!(e.to_string().contains("limiter.redb-journal"), "{what}: {e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0 && served > 0, "refused {refused}, served {served}");
+}
+
+#[test]
+fn a_journal_truncated_or_overwritten_while_open_is_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let store = Store::open(&path, &file_opener()).unwrap();
+    store.check_file().unwrap();
+    let journal = std::fs::OpenOptions::new().write(true).open(journal_path(&path)).unwrap();
+    let len = journal.metadata().unwrap().len();
+    journal.set_len(len - 4096).unwrap();
+    let err = store.check_file().unwrap_err();
+    assert!(err.to_string().contains("journal was truncated"), "{err}");
+    journal.set_len(len).unwrap();
+    store.check_file().unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&journal, &[0u8; 16384], 0).unwrap();
+    let err = store.check_file().unwrap_err();
+    assert!(err.to_string().contains("journal was overwritten"), "{err}");
+}
+
+/// Serving, the journal cut in place: within a second the limiter answers unavailable and says
+/// why, rather than granting into a journal that no restart would read whole.
+#[test]
+fn a_limiter_whose_journal_is_cut_while_serving_stops_granting_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let clock = Arc::new(FakeClock::new(T0));
+    let limiter = Limiter::open_with(&path, options(&clock)).unwrap();
+    assert!(limiter.acquire_blocking(window("w", 100)).unwrap().is_granted());
+    std::fs::OpenOptions::new().write(true).open(journal_path(&path)).unwrap().set_len(0).unwrap();
+    let started = std::time::Instant::now();
+    while limiter.outage().is_none() {
+        assert!(started.elapsed() < std::time::Duration::from_millis(1500), "not noticed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(limiter.outage().unwrap().contains("journal was truncated"), "{:?}", limiter.outage());
+    assert!(limiter.acquire_blocking(window("w", 100)).is_err(), "nothing granted");
+}
+
+/// A small real filesystem (tmpfs), unmounted when dropped.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status();
+        status.is_ok_and(|s| s.success()).then_some(SmallDisk(dir))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// A disk with too little room for the journal: refused at start naming the journal and the room
+/// it needs, and nothing half-made is left (no empty file, no partial journal).
+#[test]
+fn a_disk_with_too_little_room_for_the_journal_is_refused_and_left_as_it_was() {
+    let Some(disk) = SmallDisk::mount(4 << 20) else {
+        assert!(std::env::var_os("CI").is_none(), "CI: this test needs to mount a small tmpfs (run as root)");
+        eprintln!("NOT RUN: a_disk_with_too_little_room_for_the_journal: cannot mount a small tmpfs here");
+        return;
+    };
+    let path = disk.0.path().join("limiter.redb");
+    let err = Limiter::open(&path).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("limiter.redb-journal") && message.contains("too little room"), "{message}");
+    assert!(message.contains(&(16u64 * 1024 * 1024 + 16 * 1024).to_string()), "the room it needs: {message}");
+    let left: Vec<_> = std::fs::read_dir(disk.0.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "nothing half-made: {left:?}");
 }

@@ -128,8 +128,8 @@ pub struct LineAnswer {
 /// How a ticket ended, for the store (its record goes) and the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TicketEnd {
-    /// Its request was granted.
-    Granted,
+    /// Its request was granted, this long after the ticket was filed.
+    Granted { waited_ms: u64 },
     /// Its host left the line (`release {ticket}`).
     Left,
 }

@@ -509,6 +509,13 @@ impl Engine {
         }
     }
 
+    /// Draws the permit ids' key from the operating system's random source (128 bits) instead
+    /// of the 64-bit `id_seed`: what a production open does; tests keep the seed to get the same
+    /// ids each run.
+    pub fn draw_permit_key(&mut self) -> std::io::Result<()> {
+        self.ids.rekey_from_os()
+    }
+
     #[must_use]
     pub fn config(&self) -> EngineConfig {
         self.config
@@ -559,12 +566,9 @@ impl Engine {
             None => {
                 let decision = self.grant(req, now, effects);
                 if let Some(number) = mine {
-                    self.end_ticket(
-                        number,
-                        Effect::TicketEnded { id: self.tickets[&number].id, end: TicketEnd::Granted },
-                        now,
-                        effects,
-                    );
+                    let ticket = &self.tickets[&number];
+                    let end = TicketEnd::Granted { waited_ms: now.since(ticket.state.filed_at) };
+                    self.end_ticket(number, Effect::TicketEnded { id: ticket.id, end }, now, effects);
                 }
                 Ok(LineAnswer { decision, ticket: None })
             }

@@ -1,8 +1,12 @@
 //! Permit ids: opaque on the wire, never reused, drawn from a seedable source.
 //!
-//! An id is a 64-bit nonce chosen when the engine starts plus a 64-bit sequence number, written
-//! `p-` and 32 lowercase hex digits. The nonce comes from the caller (the limiter draws it from
-//! the OS at open; tests pass a fixed seed), so a restart never issues an id it issued before.
+//! An id is a 64-bit random part of its own plus a 64-bit sequence number, written `p-` and 32
+//! lowercase hex digits. The random part is SipHash-2-4 of the sequence number under a key
+//! of 128 bits from the operating system's random source (tests pass a fixed 64-bit seed, from
+//! which the key is derived, to get the same ids each run), so
+//! the ids already seen tell nothing of the next one's random part: a permit cannot be guessed
+//! and released by someone who did not get it. A restart draws a new key, so it never issues an
+//! id it issued before (but with the chance of a 64-bit collision).
 
 use std::fmt;
 use std::str::FromStr;
@@ -29,24 +33,45 @@ impl FromStr for PermitId {
     }
 }
 
-/// Issues ids `nonce << 64 | sequence`.
+/// Issues ids `random << 64 | sequence`, the random part a keyed hash of the sequence.
 #[derive(Debug, Clone)]
 pub(crate) struct PermitIds {
-    nonce: u64,
+    key: (u64, u64),
     next: u64,
+}
+
+/// splitmix64's output function, so that nearby seeds give unrelated keys.
+fn mix(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl PermitIds {
     pub(crate) fn new(seed: u64) -> Self {
-        // splitmix64, so that nearby seeds give unrelated nonces.
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        PermitIds { nonce: z ^ (z >> 31), next: 0 }
+        PermitIds { key: (mix(seed), mix(seed ^ 0x5851_f42d_4c95_7f2d)), next: 0 }
+    }
+
+    /// Replaces the key with 128 bits from the operating system's random source, so that the
+    /// random parts cannot be found from a 64-bit seed. The sequence goes on as it was.
+    pub(crate) fn rekey_from_os(&mut self) -> std::io::Result<()> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| std::io::Error::other(format!("permit ids: no random key from the OS: {e}")))?;
+        let (a, b) = bytes.split_at(8);
+        self.key = (
+            u64::from_le_bytes(a.try_into().unwrap_or_default()),
+            u64::from_le_bytes(b.try_into().unwrap_or_default()),
+        );
+        Ok(())
     }
 
     pub(crate) fn next_id(&mut self) -> PermitId {
-        let id = PermitId(u128::from(self.nonce) << 64 | u128::from(self.next));
+        use std::hash::Hasher;
+        let mut hasher = siphasher::sip::SipHasher24::new_with_keys(self.key.0, self.key.1);
+        hasher.write_u64(self.next);
+        let id = PermitId(u128::from(hasher.finish()) << 64 | u128::from(self.next));
         self.next += 1;
         id
     }
@@ -74,5 +99,41 @@ mod tests {
             assert!(bad.parse::<PermitId>().is_err(), "{bad}");
         }
         assert_ne!(PermitIds::new(1).next_id(), PermitIds::new(2).next_id());
+    }
+
+    /// Each id has a random part of its own: not a prefix shared by a run's ids, not a counter,
+    /// and not found from the ids before it; the same seed gives the same ids (tests rely on it).
+    #[test]
+    fn every_id_has_a_random_part_of_its_own() {
+        let high = |id: PermitId| (id.0 >> 64) as u64;
+        let mut ids = PermitIds::new(7);
+        let run: Vec<PermitId> = (0..1000).map(|_| ids.next_id()).collect();
+        let parts: std::collections::BTreeSet<u64> = run.iter().map(|id| high(*id)).collect();
+        assert_eq!(parts.len(), run.len(), "no two ids share their random part");
+        for pair in run.windows(2) {
+            let (a, b) = (high(pair[0]), high(pair[1]));
+            assert!((a ^ b).count_ones() > 10, "consecutive random parts unrelated: {a:x} {b:x}");
+            assert_eq!(pair[1].0 as u64, pair[0].0 as u64 + 1, "the low half still counts");
+        }
+        let mut again = PermitIds::new(7);
+        assert!(run.iter().all(|id| *id == again.next_id()), "a seed gives the same ids");
+        let mut other = PermitIds::new(8);
+        assert_ne!(high(other.next_id()), high(run[0]));
+    }
+
+    /// Unseeded, the key is 128 bits of the OS's: two draws differ in both halves, and the ids
+    /// under it are not those of the seed the engine was made with.
+    #[test]
+    fn an_unseeded_key_is_drawn_from_the_os_in_full() {
+        let mut a = PermitIds::new(7);
+        let mut b = PermitIds::new(7);
+        a.rekey_from_os().unwrap();
+        b.rekey_from_os().unwrap();
+        assert_ne!(a.key.0, b.key.0);
+        assert_ne!(a.key.1, b.key.1);
+        let seeded = PermitIds::new(7).next_id();
+        let drawn = a.next_id();
+        assert_ne!(drawn, seeded);
+        assert_eq!(drawn.0 as u64, seeded.0 as u64, "the sequence goes on as it was");
     }
 }

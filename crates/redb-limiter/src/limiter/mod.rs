@@ -14,10 +14,10 @@
 //!
 //! The line (section 12) is decided by the engine and its changes travel the same pipeline: a
 //! refusal that files a ticket, a grant that ends one and a `leave` wait for their commit; a
-//! renewal or a lapse rides with the next one (it may be lost in a crash). The file keeps no
-//! tickets yet (format version 4): after a restart, or a reopen after a failed commit, every
-//! ticket is unknown, so its host joins the line again at the back. Windows, places and
-//! throttles, and so every rule but the order of the line, hold across restarts as before.
+//! renewal or a lapse rides with the next one (it may be lost in a crash). The file keeps the
+//! tickets (format version 5): after a restart, or a reopen after a failed commit, every ticket
+//! not lapsed at the file's latest instant keeps its place in every line, and lapses no sooner
+//! than the restart plus its grace (section 12.6), so its host can ask again in time.
 
 mod pipeline;
 
@@ -182,19 +182,22 @@ impl Limiter {
         let config =
             EngineConfig { recheck_ms: options.recheck_ms, id_seed: options.id_seed.unwrap_or_else(random_seed) };
         let mut engine = Engine::new(config);
+        if options.id_seed.is_none() {
+            engine.draw_permit_key().map_err(|cause| StoreError::Io { path: path.clone(), cause })?;
+        }
         let floor = store.load(&mut engine)?;
         let clock: Arc<dyn Clock> = match options.clock {
             Some(clock) => clock,
             None => Arc::new(SystemClock::new(floor)),
         };
-        let floor = floor.max(clock.now());
-        finish_restore(&mut store, &mut engine, floor)?;
+        let now = floor.max(clock.now());
+        finish_restore(&mut store, &mut engine, floor, now)?;
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,
                 effects: Vec::new(),
                 waiting: Vec::new(),
-                last_now: floor,
+                last_now: now,
                 deferred_since: None,
                 broken: None,
                 lost: false,

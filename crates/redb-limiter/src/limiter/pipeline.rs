@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::{Acquired, LimiterError, Peeked, Report, Snapshot, random_seed};
-use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, Totals};
+use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, TicketEnd, Totals};
 use crate::metrics::Metrics;
 use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
 use crate::request::{
@@ -324,6 +324,7 @@ impl Shared {
         match result {
             Ok(()) => {
                 metrics.file_bytes.set(i64::try_from(store.file_len()).unwrap_or(i64::MAX));
+                count_line(metrics, &batch.effects);
                 drop(file);
                 std::mem::forget(unwinding); // the commit ends here, not on a later unwind
                 self.end_commit(true);
@@ -394,14 +395,26 @@ impl Shared {
             self.now(&mut core)
         };
         let config = EngineConfig { id_seed: random_seed(), ..file.config };
-        let attempt = Store::open(&file.path, &file.opener)
-            .and_then(|mut store| rebuild(&mut store, config, now).map(|engine| (store, engine)));
+        // One durable commit proves the store commits again (the open alone may write nothing).
+        let attempt = Store::open(&file.path, &file.opener).and_then(|mut store| {
+            let mut engine = rebuild(&mut store, config, now)?;
+            engine.draw_permit_key().map_err(|cause| StoreError::Io { path: file.path.clone(), cause })?;
+            store.commit_and_tidy(&[], now)?;
+            Ok((store, engine))
+        });
         let mut core = self.lock();
         match attempt {
             Ok((store, engine)) => {
                 file.store = Some(store);
                 core.engine = engine;
                 core.broken = None;
+                // The open made durable commits of its own (with a journal, one checkpointed
+                // into the file): the store commits again, and `/health` says so at once, with
+                // no request needed to prove it.
+                if core.failing.take().is_some() {
+                    let suppressed = self.log_gate.lock().unwrap_or_else(PoisonError::into_inner).reset();
+                    tracing::info!(suppressed, "the store commits again");
+                }
                 for waiting in std::mem::take(&mut core.waiting) {
                     waiting.answer.fail("the file was reopened after a failed commit", &self.metrics);
                 }
@@ -498,15 +511,36 @@ pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
 pub(super) fn rebuild(store: &mut Store, config: EngineConfig, now: Millis) -> Result<Engine, StoreError> {
     let mut engine = Engine::new(config);
     let floor = store.load(&mut engine)?;
-    finish_restore(store, &mut engine, now.max(floor))?;
+    finish_restore(store, &mut engine, floor, now.max(floor))?;
     Ok(engine)
 }
 
-/// Prunes what lapsed before `now` from a freshly loaded engine and from the file.
-pub(super) fn finish_restore(store: &mut Store, engine: &mut Engine, now: Millis) -> Result<(), StoreError> {
+/// Resumes the line of a freshly loaded engine whose file's latest instant is `floor` (every
+/// ticket live then keeps its place and lapses no sooner than `now` plus its grace), then
+/// prunes what lapsed before `now`, from the engine and from the file.
+pub(super) fn finish_restore(
+    store: &mut Store,
+    engine: &mut Engine,
+    floor: Millis,
+    now: Millis,
+) -> Result<(), StoreError> {
     let mut effects = Vec::new();
+    engine.resume_line(floor, now, &mut effects);
     engine.finish_restore(now, &mut effects);
     if effects.is_empty() { Ok(()) } else { store.commit_and_tidy(&effects, now) }
+}
+
+/// Counts the line's committed changes: tickets filed, granted (with their wait), lapsed, left.
+fn count_line(metrics: &Metrics, effects: &[Effect]) {
+    for effect in effects {
+        match effect {
+            Effect::TicketFiled { .. } => metrics.ticket("filed"),
+            Effect::TicketEnded { end: TicketEnd::Granted { waited_ms }, .. } => metrics.ticket_granted(*waited_ms),
+            Effect::TicketEnded { end: TicketEnd::Left, .. } => metrics.ticket("left"),
+            Effect::TicketLapsed { .. } => metrics.ticket("lapsed"),
+            _ => {}
+        }
+    }
 }
 
 /// A decided request, answered at once or after the commit that holds its effects.

@@ -20,6 +20,10 @@
 //! [`journal_path`] (`limiter.redb` → `limiter.redb-journal`). Either may be any
 //! [`StorageBackend`], which lets tests put a fault-injecting backend under each.
 //!
+//! One file per mechanism: `format.rs` (the bytes of header slots and records), `writer.rs`
+//! (barriers, notes, checkpoints), `recovery.rs` (opening: checks, replay, creation),
+//! `backend.rs` (the [`StorageBackend`] redb sees); this module holds the public types.
+//!
 //! # Journal layout
 //!
 //! All integers are little-endian. The file is two header slots and a record region:
@@ -31,7 +35,10 @@
 //! | `16384..16384 + region` | the record region (`JournalOptions::region_bytes`, 16 MiB by default) |
 //!
 //! The whole file is written with zeros when it is created, so later appends overwrite allocated
-//! blocks and never change the file's size.
+//! blocks and never change the file's size: a journal shorter than its header's region was
+//! truncated, and is refused ([`JournalError::Truncated`]). Both header slots are written at
+//! creation (slot 1 at generation 0, then slot 0 at generation 1), so that one damaged slot is
+//! never taken for a journal still being created.
 //!
 //! A header slot (8192 bytes):
 //!
@@ -135,12 +142,26 @@
 //! 1. The journal is locked exclusively (when its backend supports locks), and a data file that
 //!    another handle holds a lock on is refused ([`JournalError::Held`]).
 //! 2. An empty journal (a data file from before the journal existed, or a new database) is
-//!    created: the data file is synced, its first page bound into a new header, nothing replayed.
+//!    created: the data file is synced, its first page bound into a new header, nothing replayed,
+//!    unless the data file says it was open behind a journal and not closed cleanly
+//!    ([`FileClaim`], which the store keeps in the file's own tables): then the journal holding
+//!    its newest commits is missing ([`JournalError::Missing`]). A journal whose id is not the
+//!    one the file names is refused ([`JournalError::NotThisFilesJournal`]).
 //! 3. Otherwise the records of the current generation are read from the start of the region, in
 //!    order: each must have the magic, the journal id, the current generation, the next sequence
 //!    number, a length inside the region, well-formed entries and a matching checksum. The first
 //!    record that fails any of these ends the log: it was never acknowledged (its sync did not
-//!    return) or it is a stale record of an earlier generation.
+//!    return) or it is a stale record of an earlier generation. That holds only if nothing whole
+//!    and newer lies beyond it (a record of this generation from that sequence number on, or of
+//!    a later generation): a record is written only once the one before it is durable, and a
+//!    header only once the records it retires are in the file. Anything whole and newer beyond
+//!    means damage (a flipped byte in an older record, or in the current header slot), refused
+//!    with [`JournalError::Damaged`], never replayed up to. The records must also reach past the
+//!    commits the data file holds ([`FileClaim::next_seq`]), or the journal is an earlier copy
+//!    of itself ([`JournalError::Older`]). The data file is written only at checkpoints, so this
+//!    catches a copy older than the last checkpoint only: a copy taken since then ends at a
+//!    commit the file does not yet hold, cannot be told from the journal itself, and opens
+//!    without the commits made after it was taken.
 //! 4. If there are records, the data file's first page must be the one bound at the checkpoint,
 //!    or the one the records lead to, or a torn mix of these two (a prefix of one and the rest of
 //!    the other: a checkpoint cut off while writing it). Anything else means the journal belongs to
@@ -148,7 +169,8 @@
 //!    with [`JournalError::Foreign`], leaving both files untouched. If there are no records,
 //!    nothing could be applied to the wrong file: a first page or length other than the bound
 //!    one (the file was written without the journal, or a checkpoint of a batch too large for the
-//!    journal was cut off) is simply bound by a new checkpoint ([`Recovery::rebound`]).
+//!    journal was cut off) is simply bound by a new checkpoint ([`Recovery::rebound`]), except an
+//!    empty data file under a journal bound to one with content ([`JournalError::FileEmptied`]).
 //! 5. The records are applied in order, in memory, from the checkpoint's length, and a checkpoint
 //!    writes the result to the data file, unless notes wait (see above).
 //!
@@ -173,8 +195,15 @@
 //! * Only one process may use the pair of files at a time; redb's own locks go to the data file,
 //!   and the journal takes an exclusive lock of its own. Between checkpoints the data file alone
 //!   is an older state of the database (what a crash at the last checkpoint would have left):
-//!   open it only through this backend, or the commits since are lost. Losing the journal file
-//!   after a crash loses the commits it held, as with any write-ahead log.
+//!   open it only through this backend, or the commits since are lost. A journal lost, cut,
+//!   replaced by another's, or replaced by a copy of itself older than the last checkpoint
+//!   after a crash is refused at the next open (the file's [`FileClaim`] and the checks above),
+//!   never opened as if nothing happened. A copy taken since the last checkpoint cannot be told
+//!   apart (the file does not yet name the commits after it): it opens, and those commits are
+//!   lost. While open, the store checks the journal's length and header with the file's
+//!   identity.
+//! * Damage to the newest record's own bytes cannot be told from that record torn by a crash,
+//!   as in every database: it rolls back to the commit before it.
 //! * Memory: the writes since the last barrier, and the distinct bytes written since the last
 //!   checkpoint (at most the region's size); recovery reads the pending records into memory.
 
@@ -182,7 +211,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -259,6 +287,22 @@ impl JournalOptions {
     fn region_len(&self) -> u64 {
         (self.region_bytes / ALIGN * ALIGN).max(MIN_REGION)
     }
+}
+
+/// What a data file says of its journal (the store keeps it in the file's own tables): the
+/// journal it was last open behind, how far that journal reached when the file's newest commit
+/// began, and whether it was closed cleanly since. [`JournalBackend::open_claimed`] refuses a
+/// journal that contradicts it, before anything is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileClaim {
+    /// The journal's id as [`JournalMonitor::journal_id`] gives it.
+    pub journal_id: u64,
+    /// [`JournalMonitor::next_seq`] when the file's newest commit began: that commit's records
+    /// carry this sequence number or a later one, so the file's journal reaches past it.
+    pub next_seq: u64,
+    /// Open behind the journal and not closed cleanly since: its journal holds commits the file
+    /// alone lacks, and must be there.
+    pub open: bool,
 }
 
 /// Deliberate bugs, so that tests can show the power-cut simulation catches them.
@@ -358,6 +402,46 @@ impl JournalMonitor {
         self.counters.len.load(Ordering::Relaxed)
     }
 
+    /// The journal's id as a data file names it (its first 8 bytes, little-endian).
+    #[must_use]
+    pub fn journal_id(&self) -> u64 {
+        self.shared
+            .upgrade()
+            .and_then(|shared| shared.state.read().ok().map(|st| short_id(&st.journal_id)))
+            .unwrap_or(0)
+    }
+
+    /// The sequence number the next record will carry.
+    #[must_use]
+    pub fn next_seq(&self) -> u64 {
+        self.shared.upgrade().and_then(|shared| shared.state.read().ok().map(|st| st.next_seq)).unwrap_or(0)
+    }
+
+    /// Checks the journal file as it is on disk against the one open: as long as its header
+    /// says, and its current header slot whole and of this journal. Catches a journal truncated
+    /// or overwritten in place while open (a delete or a replace changes its inode instead).
+    pub fn verify_on_disk(&self) -> Result<(), &'static str> {
+        let Some(shared) = self.shared.upgrade() else { return Ok(()) };
+        let Ok(st) = shared.state.read() else { return Ok(()) };
+        if st.closed || st.failed.is_some() {
+            return Ok(());
+        }
+        let expected = REGION_START + st.region_len;
+        match shared.log.len() {
+            Ok(len) if len < expected => return Err("its journal was truncated while open"),
+            Ok(_) => {}
+            Err(_) => return Err("its journal cannot be read while open"),
+        }
+        let mut slot = vec![0u8; SLOT_LEN];
+        if shared.log.read((st.active_slot * SLOT_LEN) as u64, &mut slot).is_err() {
+            return Err("its journal cannot be read while open");
+        }
+        match Header::decode(&slot) {
+            Slot::Valid(h) if h.journal_id == st.journal_id && h.generation == st.generation => Ok(()),
+            _ => Err("its journal was overwritten while open"),
+        }
+    }
+
     /// Asks for a checkpoint right after the next barrier (redb's next durable commit), so that
     /// the data file on disk holds everything up to it: after a compaction, to give its space
     /// back now rather than when the region fills.
@@ -424,6 +508,21 @@ pub enum JournalError {
     Corrupt(String),
     /// Another instance holds the journal or the data file.
     Held,
+    /// The data file names another journal than this one ([`FileClaim::journal_id`]).
+    NotThisFilesJournal { file_names: u64, journal_is: u64 },
+    /// The journal ends before commits the data file already holds: an earlier copy of itself.
+    Older { file_reaches: u64, journal_ends: u64 },
+    /// The data file was not closed cleanly and its journal is empty or gone: the commits only
+    /// the journal held are missing.
+    Missing,
+    /// The journal file is shorter than its header says: it was truncated.
+    Truncated { len: u64, expected: u64 },
+    /// Damage other than a torn newest record: refused, never replayed up to it.
+    Damaged(String),
+    /// The data file is empty but the journal is bound to a file of this many bytes.
+    FileEmptied { bound_len: u64 },
+    /// Too little room on the disk to create the journal.
+    NoRoom { needs: u64, cause: io::Error },
 }
 
 impl fmt::Display for JournalError {
@@ -438,6 +537,32 @@ impl fmt::Display for JournalError {
             JournalError::UnsupportedVersion(v) => write!(f, "journal format version {v} is not supported"),
             JournalError::Corrupt(why) => write!(f, "the journal is corrupt: {why}"),
             JournalError::Held => f.write_str("the journal or its database file is in use elsewhere"),
+            JournalError::NotThisFilesJournal { file_names, journal_is } => write!(
+                f,
+                "the journal belongs to another database file: the file names journal {file_names:016x}, this \
+                 journal is {journal_is:016x}; refusing to open the pair"
+            ),
+            JournalError::Older { file_reaches, journal_ends } => write!(
+                f,
+                "the journal is older than the file (an earlier copy of it): the file holds commits up to journal \
+                 record {file_reaches}, the journal ends before record {journal_ends}"
+            ),
+            JournalError::Missing => f.write_str(
+                "the file was not closed cleanly and its journal is missing or empty: the newest commits were only \
+                 in the journal; restore the journal beside the file",
+            ),
+            JournalError::Truncated { len, expected } => write!(
+                f,
+                "the journal was truncated: it is {len} bytes, its header says {expected}; refusing to open it"
+            ),
+            JournalError::Damaged(why) => write!(f, "the journal is damaged: {why}; refusing to open it"),
+            JournalError::FileEmptied { bound_len } => write!(
+                f,
+                "the journal belongs to a file of {bound_len} bytes but the file is empty (truncated or replaced)"
+            ),
+            JournalError::NoRoom { needs, cause } => {
+                write!(f, "too little room for the journal: it needs {needs} bytes ({cause})")
+            }
         }
     }
 }
@@ -445,7 +570,7 @@ impl fmt::Display for JournalError {
 impl std::error::Error for JournalError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            JournalError::Io(e) => Some(e),
+            JournalError::Io(e) | JournalError::NoRoom { cause: e, .. } => Some(e),
             _ => None,
         }
     }
@@ -687,1072 +812,17 @@ fn read_zero_extended(backend: &dyn StorageBackend, offset: u64, out: &mut [u8])
     Ok(())
 }
 
-/// Whether `cur` is `a`, `b`, or a prefix of one followed by the rest of the other.
-fn is_version_or_torn_mix(cur: &[u8], a: &[u8], b: &[u8]) -> bool {
-    let lcp = |x: &[u8]| cur.iter().zip(x).take_while(|(p, q)| p == q).count();
-    let lcs = |x: &[u8]| cur.iter().rev().zip(x.iter().rev()).take_while(|(p, q)| p == q).count();
-    let n = cur.len();
-    cur == a || cur == b || lcp(a) + lcs(b) >= n || lcp(b) + lcs(a) >= n
-}
+mod backend;
+mod format;
+mod recovery;
+mod writer;
 
-fn random_id() -> [u8; 16] {
-    let mut out = [0u8; 16];
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    for (i, chunk) in out.chunks_mut(8).enumerate() {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(nanos);
-        h.write_u32(std::process::id());
-        h.write_usize(i);
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
-    }
-    out
-}
-
-/// xxHash64 (seed 0), the checksum of header slots and records.
-fn xxh64(data: &[u8]) -> u64 {
-    const P1: u64 = 0x9E37_79B1_85EB_CA87;
-    const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
-    const P3: u64 = 0x1656_67B1_9E37_79F9;
-    const P4: u64 = 0x85EB_CA77_C2B2_AE63;
-    const P5: u64 = 0x27D4_EB2F_1656_67C5;
-    fn round(acc: u64, lane: u64) -> u64 {
-        acc.wrapping_add(lane.wrapping_mul(P2)).rotate_left(31).wrapping_mul(P1)
-    }
-    fn merge(acc: u64, v: u64) -> u64 {
-        (acc ^ round(0, v)).wrapping_mul(P1).wrapping_add(P4)
-    }
-    let mut rest = data;
-    let mut h = if data.len() >= 32 {
-        let mut v = [P1.wrapping_add(P2), P2, 0, 0u64.wrapping_sub(P1)];
-        while rest.len() >= 32 {
-            for (i, lane) in v.iter_mut().enumerate() {
-                *lane = round(*lane, u64_at(rest, i * 8));
-            }
-            rest = &rest[32..];
-        }
-        let mut h = v[0]
-            .rotate_left(1)
-            .wrapping_add(v[1].rotate_left(7))
-            .wrapping_add(v[2].rotate_left(12))
-            .wrapping_add(v[3].rotate_left(18));
-        for lane in v {
-            h = merge(h, lane);
-        }
-        h
-    } else {
-        P5
-    };
-    h = h.wrapping_add(data.len() as u64);
-    while rest.len() >= 8 {
-        h = (h ^ round(0, u64_at(rest, 0))).rotate_left(27).wrapping_mul(P1).wrapping_add(P4);
-        rest = &rest[8..];
-    }
-    if rest.len() >= 4 {
-        h = (h ^ u64::from(u32_at(rest, 0)).wrapping_mul(P1)).rotate_left(23).wrapping_mul(P2).wrapping_add(P3);
-        rest = &rest[4..];
-    }
-    for &b in rest {
-        h = (h ^ u64::from(b).wrapping_mul(P5)).rotate_left(11).wrapping_mul(P1);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(P2);
-    h ^= h >> 29;
-    h = h.wrapping_mul(P3);
-    h ^ (h >> 32)
-}
-
-/// The fields of a header slot.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Header {
-    /// The format version read (headers are always written at [`FORMAT_VERSION`]).
-    version: u32,
-    journal_id: [u8; 16],
-    generation: u64,
-    next_seq: u64,
-    region_len: u64,
-    data_len: u64,
-    image: Vec<u8>,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Slot {
-    Valid(Header),
-    /// All zeros: never written.
-    Blank,
-    /// Our magic, but a bad checksum (a torn write).
-    Torn,
-    /// Something else entirely.
-    Foreign,
-    /// A good checksum but another format version.
-    Version(u32),
-}
-
-impl Header {
-    fn encode(&self) -> Vec<u8> {
-        let mut s = vec![0u8; SLOT_LEN];
-        s[0..8].copy_from_slice(&JOURNAL_MAGIC);
-        s[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        s[12..16].copy_from_slice(&(HEAD_LEN as u32).to_le_bytes());
-        s[16..32].copy_from_slice(&self.journal_id);
-        s[32..40].copy_from_slice(&self.generation.to_le_bytes());
-        s[40..48].copy_from_slice(&self.next_seq.to_le_bytes());
-        s[48..56].copy_from_slice(&REGION_START.to_le_bytes());
-        s[56..64].copy_from_slice(&self.region_len.to_le_bytes());
-        s[64..72].copy_from_slice(&self.data_len.to_le_bytes());
-        s[HEAD_LEN..].copy_from_slice(&self.image);
-        let sum = xxh64(&s);
-        s[SLOT_CHECKSUM_AT..SLOT_CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
-        s
-    }
-
-    fn decode(s: &[u8]) -> Slot {
-        if s.iter().all(|&b| b == 0) {
-            return Slot::Blank;
-        }
-        if s[0..8] != JOURNAL_MAGIC {
-            // A header write torn inside the magic leaves a prefix of it and zeros.
-            let k = s.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-            if k < JOURNAL_MAGIC.len() && s[..k] == JOURNAL_MAGIC[..k] {
-                return Slot::Torn;
-            }
-            return Slot::Foreign;
-        }
-        let stored = u64_at(s, SLOT_CHECKSUM_AT);
-        let mut copy = s.to_vec();
-        copy[SLOT_CHECKSUM_AT..SLOT_CHECKSUM_AT + 8].fill(0);
-        if xxh64(&copy) != stored {
-            return Slot::Torn;
-        }
-        let version = u32_at(s, 8);
-        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
-            return Slot::Version(version);
-        }
-        let region_len = u64_at(s, 56);
-        if u32_at(s, 12) as usize != HEAD_LEN
-            || u64_at(s, 48) != REGION_START
-            || region_len < MIN_REGION
-            || !region_len.is_multiple_of(ALIGN)
-        {
-            return Slot::Foreign;
-        }
-        let mut journal_id = [0u8; 16];
-        journal_id.copy_from_slice(&s[16..32]);
-        Slot::Valid(Header {
-            version,
-            journal_id,
-            generation: u64_at(s, 32),
-            next_seq: u64_at(s, 40),
-            region_len,
-            data_len: u64_at(s, 64),
-            image: s[HEAD_LEN..SLOT_LEN].to_vec(),
-        })
-    }
-}
-
-/// A decoded record.
-#[derive(Debug, PartialEq, Eq)]
-struct Record {
-    seq: u64,
-    /// A note: its one entry (at offset 0) is the note's bytes; nothing is applied to the file.
-    note: bool,
-    /// The notes before it are retired.
-    retires_notes: bool,
-    min_len: u64,
-    final_len: u64,
-    entries: Vec<(u64, Vec<u8>)>,
-    size: u64,
-}
-
-struct RecordKey<'a> {
-    journal_id: &'a [u8; 16],
-    generation: u64,
-    seq: u64,
-}
-
-/// The figures of a record's header besides its key (see the record layout above).
-struct RecordHead {
-    flags: u32,
-    /// The whole record's length, padding included ([`record_size`]).
-    size: u64,
-    min_len: u64,
-    final_len: u64,
-    count: usize,
-}
-
-/// The length of `bytes` without its trailing zeros, which records leave out.
-fn stored_len(bytes: &[u8]) -> usize {
-    // Whole 64-byte blocks of zeros first (the OR of a block vectorizes), then the bytes of the
-    // last block that is not all zeros: a mostly empty 4 KiB page costs a few dozen compares
-    // instead of thousands.
-    const BLOCK: usize = 64;
-    let mut end = bytes.len();
-    while end >= BLOCK && bytes[end - BLOCK..end].iter().fold(0u8, |acc, &b| acc | b) == 0 {
-        end -= BLOCK;
-    }
-    bytes[..end].iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
-}
-
-fn record_size<'a>(entries: impl Iterator<Item = (u64, &'a [u8])>) -> u64 {
-    let body: u64 = entries.map(|(_, b)| (ENTRY_HEADER_LEN + stored_len(b)) as u64).sum();
-    align_up(RECORD_HEADER_LEN as u64 + body + CHECKSUM_LEN as u64)
-}
-
-fn encode_record<'a>(
-    buf: &mut Vec<u8>,
-    key: &RecordKey<'_>,
-    head: &RecordHead,
-    entries: impl Iterator<Item = (u64, &'a [u8])>,
-) {
-    let RecordHead { flags, size, min_len, final_len, count } = *head;
-    buf.clear();
-    buf.extend_from_slice(&RECORD_MAGIC);
-    buf.extend_from_slice(&flags.to_le_bytes());
-    buf.extend_from_slice(key.journal_id);
-    buf.extend_from_slice(&key.generation.to_le_bytes());
-    buf.extend_from_slice(&key.seq.to_le_bytes());
-    buf.extend_from_slice(&size.to_le_bytes());
-    buf.extend_from_slice(&min_len.to_le_bytes());
-    buf.extend_from_slice(&final_len.to_le_bytes());
-    buf.extend_from_slice(&(count as u32).to_le_bytes());
-    buf.extend_from_slice(&0u32.to_le_bytes());
-    for (offset, bytes) in entries {
-        let stored = stored_len(bytes);
-        buf.extend_from_slice(&offset.to_le_bytes());
-        buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        buf.extend_from_slice(&(stored as u32).to_le_bytes());
-        buf.extend_from_slice(&bytes[..stored]);
-    }
-    let sum = xxh64(buf);
-    buf.extend_from_slice(&sum.to_le_bytes());
-    // Padding is less than ALIGN bytes.
-    const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
-    let pad = size as usize - buf.len();
-    buf.extend_from_slice(&ZEROS[..pad]);
-}
-
-/// Decodes the record in `buf` if it is whole and is the one `key` expects; `None` ends the log.
-fn decode_record(buf: &[u8], key: &RecordKey<'_>) -> Result<Option<Record>, JournalError> {
-    if buf.len() < RECORD_HEADER_LEN
-        || buf[0..4] != RECORD_MAGIC
-        || buf[8..24] != key.journal_id[..]
-        || u64_at(buf, 24) != key.generation
-        || u64_at(buf, 32) != key.seq
-    {
-        return Ok(None);
-    }
-    let size = u64_at(buf, 40);
-    if !size.is_multiple_of(ALIGN) || size == 0 || size > buf.len() as u64 {
-        return Ok(None);
-    }
-    let rec = &buf[..size as usize];
-    let count = u32_at(rec, 64) as usize;
-    let body_limit = rec.len() - CHECKSUM_LEN;
-    let mut at = RECORD_HEADER_LEN;
-    let mut spans = Vec::with_capacity(count.min(body_limit / ENTRY_HEADER_LEN));
-    for _ in 0..count {
-        if at + ENTRY_HEADER_LEN > body_limit {
-            return Ok(None);
-        }
-        let offset = u64_at(rec, at);
-        let len = u32_at(rec, at + 8) as usize;
-        let stored = u32_at(rec, at + 12) as usize;
-        at += ENTRY_HEADER_LEN;
-        if stored > len || stored > body_limit - at {
-            return Ok(None);
-        }
-        spans.push((offset, at, len, stored));
-        at += stored;
-    }
-    if u64_at(rec, at) != xxh64(&rec[..at]) {
-        return Ok(None);
-    }
-    let (min_len, final_len) = (u64_at(rec, 48), u64_at(rec, 56));
-    let flags = u32_at(rec, 4);
-    if flags & !(FLAG_NOTE | FLAG_RETIRES_NOTES) != 0 {
-        return Err(JournalError::Corrupt(format!("record {} has unknown flags {flags:#x}", key.seq)));
-    }
-    let (note, retires_notes) = (flags & FLAG_NOTE != 0, flags & FLAG_RETIRES_NOTES != 0);
-    if note {
-        return match spans.as_slice() {
-            [(0, start, len, stored)] => {
-                let mut bytes = vec![0u8; *len];
-                bytes[..*stored].copy_from_slice(&rec[*start..*start + *stored]);
-                let entries = vec![(0, bytes)];
-                Ok(Some(Record { seq: key.seq, note, retires_notes, min_len, final_len, entries, size }))
-            }
-            _ => Err(JournalError::Corrupt(format!("note {} is not one entry at offset 0", key.seq))),
-        };
-    }
-    if min_len > final_len {
-        return Err(JournalError::Corrupt(format!("record {} shrinks to {min_len} past {final_len}", key.seq)));
-    }
-    let mut entries = Vec::with_capacity(spans.len());
-    for (offset, start, len, stored) in spans {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= final_len => {
-                let mut bytes = vec![0u8; len];
-                bytes[..stored].copy_from_slice(&rec[start..start + stored]);
-                entries.push((offset, bytes));
-            }
-            _ => {
-                return Err(JournalError::Corrupt(format!(
-                    "record {} writes at {offset}+{len} past its length {final_len}",
-                    key.seq
-                )));
-            }
-        }
-    }
-    Ok(Some(Record { seq: key.seq, note, retires_notes, min_len, final_len, entries, size }))
-}
-
-/// Reads the record at `pos`, if a valid one is there.
-fn read_record(
-    log: &dyn StorageBackend,
-    pos: u64,
-    region_end: u64,
-    key: &RecordKey<'_>,
-) -> Result<Option<Record>, JournalError> {
-    if pos + RECORD_HEADER_LEN as u64 > region_end {
-        return Ok(None);
-    }
-    let mut header = [0u8; RECORD_HEADER_LEN];
-    log.read(pos, &mut header)?;
-    if header[0..4] != RECORD_MAGIC || u64_at(&header, 24) != key.generation || u64_at(&header, 32) != key.seq {
-        return Ok(None);
-    }
-    let size = u64_at(&header, 40);
-    if !size.is_multiple_of(ALIGN) || size < ALIGN || size > region_end - pos {
-        return Ok(None);
-    }
-    let mut buf = vec![0u8; size as usize];
-    log.read(pos, &mut buf)?;
-    decode_record(&buf, key)
-}
-
-/// Applies a batch's lengths to the data file: shrink to the smallest length (never below the
-/// first page, which is kept in memory), then set the final one.
-fn apply_lengths(data: &dyn StorageBackend, phys: &mut u64, min_len: u64, final_len: u64) -> io::Result<()> {
-    let floor = (*phys).min(HEAD);
-    let shrink_to = min_len.max(floor);
-    if shrink_to < *phys {
-        data.set_len(shrink_to)?;
-        *phys = shrink_to;
-    }
-    let target = final_len.max(floor);
-    if target != *phys {
-        data.set_len(target)?;
-        *phys = target;
-    }
-    Ok(())
-}
-
-/// Applies a batch to an image of the first page.
-fn apply_head<'a>(head: &mut [u8], min_len: u64, entries: impl Iterator<Item = (u64, &'a [u8])>) {
-    if min_len < HEAD {
-        head[min_len as usize..].fill(0);
-    }
-    for (offset, bytes) in entries {
-        if offset >= HEAD {
-            continue;
-        }
-        let n = (HEAD - offset).min(bytes.len() as u64) as usize;
-        head[offset as usize..offset as usize + n].copy_from_slice(&bytes[..n]);
-    }
-}
-
-/// Writes zeros over `[start, end)` of the log.
-fn zero_fill(log: &dyn StorageBackend, start: u64, end: u64) -> io::Result<()> {
-    let zeros = vec![0u8; ZERO_CHUNK];
-    let mut pos = start;
-    while pos < end {
-        let n = (end - pos).min(ZERO_CHUNK as u64) as usize;
-        log.write(pos, &zeros[..n])?;
-        pos += n as u64;
-    }
-    Ok(())
-}
-
-fn is_unsupported(e: &BackendError) -> bool {
-    match e {
-        BackendError::Unsupported => true,
-        BackendError::Io(io) => io.kind() == io::ErrorKind::Unsupported,
-        _ => false,
-    }
-}
-
-fn backend_error(e: BackendError) -> io::Error {
-    match e {
-        BackendError::Io(io) => io,
-        other => io::Error::other(other.to_string()),
-    }
-}
-
-/// Reads `[start, start + out.len())` through `extents`, filling the gaps from `base`.
-fn layered(
-    extents: &Extents,
-    start: u64,
-    out: &mut [u8],
-    mut base: impl FnMut(u64, &mut [u8]) -> io::Result<()>,
-) -> io::Result<()> {
-    let end = start + out.len() as u64;
-    let mut pos = start;
-    for (s, bytes) in extents.overlapping(start, end) {
-        if s > pos {
-            base(pos, &mut out[(pos - start) as usize..(s - start) as usize])?;
-        }
-        let from = s.max(pos);
-        let to = (s + bytes.len() as u64).min(end);
-        out[(from - start) as usize..(to - start) as usize]
-            .copy_from_slice(&bytes[(from - s) as usize..(to - s) as usize]);
-        pos = to;
-    }
-    if pos < end {
-        base(pos, &mut out[(pos - start) as usize..])?;
-    }
-    Ok(())
-}
-
-/// Reads `[start, start + out.len())` of `data` below `valid_end`, zeros from there on.
-fn read_cut(data: &dyn StorageBackend, valid_end: u64, start: u64, out: &mut [u8]) -> io::Result<()> {
-    let end = start + out.len() as u64;
-    let split = (end.min(valid_end).max(start) - start) as usize;
-    if split > 0 {
-        data.read(start, &mut out[..split])?;
-    }
-    out[split..].fill(0);
-    Ok(())
-}
-
-impl State {
-    fn usable(&self) -> io::Result<()> {
-        if self.closed {
-            return Err(io::Error::other("journal: the backend is closed"));
-        }
-        if let Some(cause) = &self.failed {
-            return Err(io::Error::other(format!("journal: an earlier I/O error stopped writes: {cause}")));
-        }
-        Ok(())
-    }
-
-    /// The file as of the last barrier.
-    fn read_committed(&self, data: &dyn StorageBackend, start: u64, out: &mut [u8]) -> io::Result<()> {
-        layered(&self.applied, start, out, |pos, out| read_cut(data, self.ck_min_len, pos, out))
-    }
-
-    /// The file now.
-    fn read(&self, data: &dyn StorageBackend, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        let end = offset.checked_add(out.len() as u64).ok_or_else(unexpected_eof)?;
-        if end > self.len {
-            return Err(unexpected_eof());
-        }
-        layered(&self.batch, offset, out, |pos, out| {
-            // As of the last barrier, cut to the smallest length since.
-            let split = ((pos + out.len() as u64).min(self.min_len).max(pos) - pos) as usize;
-            self.read_committed(data, pos, &mut out[..split])?;
-            out[split..].fill(0);
-            Ok(())
-        })
-    }
-
-    fn write(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        self.usable()?;
-        if bytes.len() > u32::MAX as usize {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "journal: a single write of 4 GiB or more"));
-        }
-        let end = offset
-            .checked_add(bytes.len() as u64)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "journal: write past 2^64"))?;
-        self.len = self.len.max(end);
-        self.batch.insert(offset, bytes);
-        Ok(())
-    }
-
-    fn set_len(&mut self, len: u64) -> io::Result<()> {
-        self.usable()?;
-        if len < self.len {
-            self.batch.truncate(len);
-            self.min_len = self.min_len.min(len);
-        }
-        self.len = len;
-        Ok(())
-    }
-
-    fn dirty(&self) -> bool {
-        !self.batch.is_empty() || self.len != self.committed_len || self.min_len != self.committed_len
-    }
-
-    /// Makes the batch part of the committed state (in memory; the data file waits for the
-    /// checkpoint).
-    fn absorb_batch(&mut self) {
-        let min_len = self.min_len.min(self.committed_len);
-        self.applied.truncate(min_len);
-        self.ck_min_len = self.ck_min_len.min(min_len);
-        for (offset, bytes) in std::mem::take(&mut self.batch).map {
-            self.applied.insert_vec(offset, bytes);
-        }
-        self.committed_len = self.len;
-        self.min_len = self.len;
-    }
-
-    /// One write barrier: the batch becomes one durable record.
-    fn barrier(&mut self, data: &dyn StorageBackend, log: &dyn StorageBackend, counters: &Counters) -> io::Result<()> {
-        if self.dirty() {
-            self.append(data, log, counters)?;
-        }
-        if counters.checkpoint_requested.swap(false, Ordering::AcqRel) {
-            self.checkpoint(data, log, counters)?;
-        }
-        counters.len.store(self.committed_len, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Journals the batch as one record (or writes it directly when larger than the region).
-    fn append(&mut self, data: &dyn StorageBackend, log: &dyn StorageBackend, counters: &Counters) -> io::Result<()> {
-        let size = record_size(self.batch.iter());
-        let waiting_notes = self.notes_pending > 0;
-        if size > self.region_len {
-            if waiting_notes {
-                return Err(io::Error::other("journal: a commit larger than the whole journal while notes wait"));
-            }
-            return self.direct_barrier(data, log, counters);
-        }
-        let used = self.write_pos - REGION_START;
-        let full = used + size > self.region_len;
-        let by_records = self.checkpoint_records > 0 && self.records_in_region >= self.checkpoint_records;
-        let by_bytes = self.checkpoint_bytes > 0 && self.records_in_region > 0 && used + size > self.checkpoint_bytes;
-        let due = full || by_records || by_bytes;
-        if due && !waiting_notes {
-            self.checkpoint(data, log, counters)?;
-        } else if full {
-            // Notes use at most a quarter of the region (see `append_note`), so only commits of
-            // megabytes while notes wait get here.
-            return Err(io::Error::other("journal: full while notes wait for the commit that holds them"));
-        }
-        let batch = std::mem::take(&mut self.batch);
-        let head = RecordHead { flags: 0, size, min_len: self.min_len, final_len: self.len, count: batch.map.len() };
-        let written = self.write_record(log, counters, head, batch.iter());
-        self.batch = batch;
-        written?;
-        counters.records.fetch_add(1, Ordering::Relaxed);
-        self.absorb_batch();
-        Ok(())
-    }
-
-    /// Encodes one record at the write position, writes it and syncs the journal: the one
-    /// write and the one sync of a barrier or a note. The first record after
-    /// [`JournalMonitor::notes_held`] also retires the notes.
-    fn write_record<'a>(
-        &mut self,
-        log: &dyn StorageBackend,
-        counters: &Counters,
-        mut head: RecordHead,
-        entries: impl Iterator<Item = (u64, &'a [u8])>,
-    ) -> io::Result<()> {
-        let mut buf = std::mem::take(&mut self.buf);
-        let key = RecordKey { journal_id: &self.journal_id, generation: self.generation, seq: self.next_seq };
-        if self.retire_notes {
-            head.flags |= FLAG_RETIRES_NOTES;
-        }
-        let size = head.size;
-        encode_record(&mut buf, &key, &head, entries);
-        let appended = log.write(self.write_pos, &buf);
-        self.buf = buf;
-        appended?;
-        #[cfg(test)]
-        let skip_sync = self.sabotage == Sabotage::SkipLogSync;
-        #[cfg(not(test))]
-        let skip_sync = false;
-        if !skip_sync {
-            log.sync_data()?;
-        }
-        self.write_pos += size;
-        self.next_seq += 1;
-        self.records_in_region += 1;
-        self.retire_notes = false;
-        counters.record_bytes.fetch_add(size, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Appends `note` as one record and syncs it: durable once this returns `Ok(true)`. A
-    /// note that would take the region past a quarter full ([`NOTE_ROOM_DIVISOR`]) first
-    /// checkpoints when no note waits; `Ok(false)` when one does: the caller commits through
-    /// redb instead.
-    fn append_note(
-        &mut self,
-        data: &dyn StorageBackend,
-        log: &dyn StorageBackend,
-        counters: &Counters,
-        note: &[u8],
-    ) -> io::Result<bool> {
-        self.usable()?;
-        // Writes redb made since its last barrier (a shrink after a compaction) stay in the
-        // batch for its next one: a note is redone onto the last barrier's state, as the store
-        // expects (the last commit).
-        if note.len() > u32::MAX as usize {
-            return Ok(false);
-        }
-        let size = record_size(std::iter::once((0, note)));
-        let room = |st: &State| st.write_pos - REGION_START + size <= st.region_len / NOTE_ROOM_DIVISOR;
-        if !room(self) && self.notes_pending == 0 && !self.dirty() {
-            // Every record so far is in redb's commits: a checkpoint makes room.
-            self.checkpoint(data, log, counters)?;
-        }
-        if !room(self) {
-            return Ok(false);
-        }
-        // Lengths of 0, so that a reader that took it for pages would find an entry past the
-        // file's end and refuse it (the header's version already keeps such readers out).
-        let head = RecordHead { flags: FLAG_NOTE, size, min_len: 0, final_len: 0, count: 1 };
-        self.write_record(log, counters, head, std::iter::once((0, note)))?;
-        self.notes_pending += 1;
-        counters.notes.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
-    }
-
-    /// A batch larger than the region: straight to the data file between two checkpoints.
-    fn direct_barrier(
-        &mut self,
-        data: &dyn StorageBackend,
-        log: &dyn StorageBackend,
-        counters: &Counters,
-    ) -> io::Result<()> {
-        self.checkpoint(data, log, counters)?;
-        self.absorb_batch();
-        self.bound = false;
-        counters.direct_batches.fetch_add(1, Ordering::Relaxed);
-        self.checkpoint(data, log, counters)
-    }
-
-    /// Writes the committed state to the data file, makes it durable and retires every record.
-    fn checkpoint(
-        &mut self,
-        data: &dyn StorageBackend,
-        log: &dyn StorageBackend,
-        counters: &Counters,
-    ) -> io::Result<()> {
-        if (self.records_in_region == 0 && self.bound) || self.notes_pending > 0 {
-            // Nothing to do, or notes wait: retiring the records would lose them. The commit
-            // that holds them checkpoints if one was due; a close leaves them to the next open.
-            return Ok(());
-        }
-        // The logical first page: the header binds it, and a shrink inside it is written with it.
-        let mut image = vec![0u8; HEAD_LEN];
-        let head = self.committed_len.min(HEAD) as usize;
-        self.read_committed(data, 0, &mut image[..head])?;
-        apply_lengths(data, &mut self.phys, self.ck_min_len, self.committed_len)?;
-        for (offset, bytes) in self.applied.iter() {
-            data.write(offset, bytes)?;
-        }
-        if self.ck_min_len < HEAD && head > 0 {
-            data.write(0, &image[..head])?;
-        }
-        if self.phys != self.committed_len {
-            data.set_len(self.committed_len)?;
-            self.phys = self.committed_len;
-        }
-        #[cfg(test)]
-        let skip_sync = self.sabotage == Sabotage::SkipDataSyncAtCheckpoint;
-        #[cfg(not(test))]
-        let skip_sync = false;
-        if !skip_sync {
-            data.sync_data()?;
-        }
-        self.write_header(log, self.region_len, image)?;
-        self.applied = Extents::default();
-        self.ck_min_len = self.committed_len;
-        self.bound = true;
-        counters.checkpoints.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Writes the next generation's header into the other slot and syncs it.
-    fn write_header(&mut self, log: &dyn StorageBackend, region_len: u64, image: Vec<u8>) -> io::Result<()> {
-        let header = Header {
-            version: FORMAT_VERSION,
-            journal_id: self.journal_id,
-            generation: self.generation + 1,
-            next_seq: self.next_seq,
-            region_len,
-            data_len: self.committed_len,
-            image,
-        };
-        let slot = 1 - self.active_slot;
-        log.write((slot * SLOT_LEN) as u64, &header.encode())?;
-        log.sync_data()?;
-        self.generation += 1;
-        self.active_slot = slot;
-        self.region_len = region_len;
-        self.write_pos = REGION_START;
-        self.records_in_region = 0;
-        Ok(())
-    }
-
-    /// Rewrites a clean journal (just checkpointed) at another region size.
-    fn resize(&mut self, data: &dyn StorageBackend, log: &dyn StorageBackend, region_len: u64) -> io::Result<()> {
-        let old_end = log.len()?;
-        let new_end = REGION_START + region_len;
-        if new_end > old_end {
-            log.set_len(new_end)?;
-            zero_fill(log, old_end, new_end)?;
-            log.sync_data()?;
-        }
-        self.write_header(log, region_len, read_head(data)?)?;
-        if new_end < old_end {
-            log.set_len(new_end)?;
-        }
-        Ok(())
-    }
-}
-
-impl JournalBackend {
-    /// Opens the journal over `data` with the default options; see [`Self::open_with`].
-    pub fn open(data: Box<dyn StorageBackend>, log: Box<dyn StorageBackend>) -> Result<Self, JournalError> {
-        Self::open_with(data, log, &JournalOptions::default())
-    }
-
-    /// Opens the journal `log` over the database file `data`, replaying the journal onto the data
-    /// file first (see the module docs). An empty `log` is formatted as a new journal.
-    pub fn open_with(
-        data: Box<dyn StorageBackend>,
-        log: Box<dyn StorageBackend>,
-        options: &JournalOptions,
-    ) -> Result<Self, JournalError> {
-        let counters = Arc::new(Counters::default());
-        match recover(&*data, &*log, options, &counters) {
-            Ok((state, recovery, notes)) => {
-                counters.len.store(state.committed_len, Ordering::Relaxed);
-                let shared =
-                    Shared { data, log, state: RwLock::new(state), counters, recovered_notes: Mutex::new(notes) };
-                Ok(JournalBackend { shared: Arc::new(shared), recovery })
-            }
-            Err(e) => {
-                let _ = log.close();
-                let _ = data.close();
-                Err(e)
-            }
-        }
-    }
-
-    /// Opens (creating when missing) the data file at `data_path` and its journal at
-    /// [`journal_path`], both as redb's `FileBackend`s. When it creates either file it syncs the
-    /// directory, so that a new journal cannot vanish in a power cut.
-    pub fn open_path(data_path: &Path, options: &JournalOptions) -> Result<Self, JournalError> {
-        let log_path = journal_path(data_path);
-        let created = !data_path.exists() || !log_path.exists();
-        let open = |p: &Path| -> io::Result<Box<dyn StorageBackend>> {
-            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p)?;
-            let backend = FileBackend::new(file).map_err(|e| io::Error::other(e.to_string()))?;
-            Ok(Box::new(backend))
-        };
-        let data = open(data_path)?;
-        let log = open(&log_path)?;
-        if created {
-            let dir = match data_path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            File::open(dir)?.sync_all()?;
-        }
-        Self::open_with(data, log, options)
-    }
-
-    /// Replays the journal beside `data_path` onto the data file and closes both, so that the
-    /// file on its own holds every acknowledged commit: how [`super::Store::open`] looks at a
-    /// file (read-only, through redb) without missing the commits still in its journal.
-    pub fn recover_path(data_path: &Path) -> Result<Recovery, JournalError> {
-        let journal = Self::open_path(data_path, &JournalOptions::default())?;
-        let recovery = journal.recovery.clone();
-        journal.close()?;
-        Ok(recovery)
-    }
-
-    /// Opens with a deliberate bug in the write path (not in the recovery).
-    #[cfg(test)]
-    pub(crate) fn open_sabotaged(
-        data: Box<dyn StorageBackend>,
-        log: Box<dyn StorageBackend>,
-        options: &JournalOptions,
-        sabotage: Sabotage,
-    ) -> Result<Self, JournalError> {
-        let journal = Self::open_with(data, log, options)?;
-        journal.shared.state.write().map_err(|_| poisoned())?.sabotage = sabotage;
-        Ok(journal)
-    }
-
-    /// What the open found and did.
-    #[must_use]
-    pub fn recovery(&self) -> &Recovery {
-        &self.recovery
-    }
-
-    /// A handle on the counters, usable after the backend is handed to redb.
-    #[must_use]
-    pub fn monitor(&self) -> JournalMonitor {
-        JournalMonitor { counters: self.shared.counters.clone(), shared: Arc::downgrade(&self.shared) }
-    }
-
-    fn read_state(&self) -> io::Result<RwLockReadGuard<'_, State>> {
-        self.shared.state.read().map_err(|_| poisoned())
-    }
-
-    fn write_state(&self) -> io::Result<RwLockWriteGuard<'_, State>> {
-        self.shared.state.write().map_err(|_| poisoned())
-    }
-}
-
-/// Takes the journal's own lock and checks that nobody holds the data file.
-fn lock_pair(data: &dyn StorageBackend, log: &dyn StorageBackend) -> Result<(), JournalError> {
-    match log.try_lock_range(Bound::Unbounded, Bound::Unbounded) {
-        Ok(true) => {}
-        Ok(false) => return Err(JournalError::Held),
-        Err(e) if is_unsupported(&e) => {}
-        Err(e) => return Err(JournalError::Io(backend_error(e))),
-    }
-    // Best effort: a backend that cannot answer is not refused.
-    if let Ok(true) = data.query_lock_range(Bound::Unbounded, Bound::Unbounded) {
-        return Err(JournalError::Held);
-    }
-    Ok(())
-}
-
-fn read_head(data: &dyn StorageBackend) -> io::Result<Vec<u8>> {
-    let mut head = vec![0u8; HEAD_LEN];
-    read_zero_extended(data, 0, &mut head)?;
-    Ok(head)
-}
-
-fn recover(
-    data: &dyn StorageBackend,
-    log: &dyn StorageBackend,
-    options: &JournalOptions,
-    counters: &Counters,
-) -> Result<(State, Recovery, Vec<Vec<u8>>), JournalError> {
-    lock_pair(data, log)?;
-    let region_len = options.region_len();
-    let mut slots = [Slot::Blank, Slot::Blank];
-    for (i, slot) in slots.iter_mut().enumerate() {
-        let mut buf = vec![0u8; SLOT_LEN];
-        read_zero_extended(log, (i * SLOT_LEN) as u64, &mut buf)?;
-        *slot = Header::decode(&buf);
-    }
-    for slot in &slots {
-        if let Slot::Version(v) = slot {
-            return Err(JournalError::UnsupportedVersion(*v));
-        }
-    }
-    let current = slots
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| match s {
-            Slot::Valid(h) => Some((i, h)),
-            _ => None,
-        })
-        .max_by_key(|(_, h)| h.generation);
-    let Some((active_slot, header)) = current else {
-        // No valid header: a new journal, or one whose creation was cut off before its header
-        // was durable (no record is ever written before that). Anything else is not ours.
-        let half_made = matches!(slots, [Slot::Blank | Slot::Torn, Slot::Blank]);
-        if !half_made {
-            return Err(JournalError::NotAJournal);
-        }
-        let (state, recovery) = create(data, log, options, region_len)?;
-        return Ok((state, recovery, Vec::new()));
-    };
-    let header = header.clone();
-
-    // The records of the current generation, in order, up to the first that is not whole.
-    let log_len = log.len()?;
-    let region_end = (REGION_START + header.region_len).min(log_len);
-    let mut records = Vec::new();
-    let mut pos = REGION_START;
-    let mut seq = header.next_seq;
-    loop {
-        let key = RecordKey { journal_id: &header.journal_id, generation: header.generation, seq };
-        match read_record(log, pos, region_end, &key)? {
-            Some(record) => {
-                pos += record.size;
-                seq += 1;
-                records.push(record);
-            }
-            None => break,
-        }
-    }
-
-    let current_head = read_head(data)?;
-    let data_len = data.len()?;
-    let mut recovery = Recovery::default();
-    let mut notes = Vec::new();
-    let mut state;
-    if records.is_empty() {
-        // Nothing to apply: the file as it is. If it changed since the checkpoint, bind it anew.
-        state = State::new(data_len, data_len, header.journal_id, options);
-        if current_head != header.image || data_len != header.data_len {
-            recovery.rebound = true;
-            state.bound = false;
-        }
-    } else {
-        // Between checkpoints the data file is not written, so its first page is the bound one,
-        // or (a checkpoint cut off) the one the records lead to, or a torn mix of the two.
-        let mut last = header.image.clone();
-        for r in records.iter().filter(|r| !r.note) {
-            apply_head(&mut last, r.min_len, r.entries.iter().map(|(o, b)| (*o, b.as_slice())));
-        }
-        if !is_version_or_torn_mix(&current_head, &header.image, &last) {
-            return Err(JournalError::Foreign);
-        }
-        // Replay in memory from the checkpoint's length; the checkpoint below writes it all.
-        state = State::new(header.data_len, data_len, header.journal_id, options);
-        state.records_in_region = records.len() as u64;
-        for mut r in records {
-            if r.retires_notes {
-                notes.clear();
-            }
-            if r.note {
-                notes.push(r.entries.pop().map(|(_, bytes)| bytes).unwrap_or_default());
-                continue;
-            }
-            recovery.replayed_records += 1;
-            recovery.replayed_bytes += r.entries.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
-            state.min_len = r.min_len;
-            state.len = r.final_len;
-            for (offset, bytes) in r.entries {
-                state.batch.insert_vec(offset, bytes);
-            }
-            state.absorb_batch();
-        }
-    }
-    state.generation = header.generation;
-    state.next_seq = seq;
-    state.active_slot = active_slot;
-    state.region_len = header.region_len;
-    state.write_pos = pos;
-    state.notes_pending = notes.len() as u64;
-    if header.version < FORMAT_VERSION {
-        // Rewrite the header at this version before anything new is appended.
-        state.bound = false;
-    }
-    if notes.is_empty() {
-        state.checkpoint(data, log, counters)?;
-        let short = log_len < REGION_START + header.region_len;
-        if short || header.region_len != region_len {
-            state.resize(data, log, region_len)?;
-            recovery.resized = true;
-        }
-    } else {
-        // The records stay, in this generation, until the commit that holds the notes: appends
-        // go on after them, in the region as it is.
-        state.region_len = header.region_len.min(log_len.saturating_sub(REGION_START) / ALIGN * ALIGN);
-    }
-    recovery.generation = state.generation;
-    recovery.pending_notes = notes.len() as u64;
-    Ok((state, recovery, notes))
-}
-
-/// Formats a new journal bound to the data file as it is.
-fn create(
-    data: &dyn StorageBackend,
-    log: &dyn StorageBackend,
-    options: &JournalOptions,
-    region_len: u64,
-) -> Result<(State, Recovery), JournalError> {
-    data.sync_data()?;
-    let data_len = data.len()?;
-    let end = REGION_START + region_len;
-    log.set_len(end)?;
-    zero_fill(log, 0, end)?;
-    log.sync_data()?;
-    let header = Header {
-        version: FORMAT_VERSION,
-        journal_id: random_id(),
-        generation: 1,
-        next_seq: 1,
-        region_len,
-        data_len,
-        image: read_head(data)?,
-    };
-    log.write(0, &header.encode())?;
-    log.sync_data()?;
-    let state = State::new(data_len, data_len, header.journal_id, options);
-    Ok((state, Recovery { created: true, generation: 1, ..Recovery::default() }))
-}
-
-impl StorageBackend for JournalBackend {
-    fn len(&self) -> Result<u64, io::Error> {
-        Ok(self.read_state()?.len)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        let st = self.read_state()?;
-        if st.closed {
-            return Err(io::Error::other("journal: the backend is closed"));
-        }
-        st.read(&*self.shared.data, offset, out)
-    }
-
-    fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        self.write_state()?.set_len(len)
-    }
-
-    fn sync_data(&self) -> Result<(), io::Error> {
-        let mut st = self.write_state()?;
-        st.usable()?;
-        let Shared { data, log, counters, .. } = &*self.shared;
-        let result = st.barrier(&**data, &**log, counters);
-        if let Err(e) = &result {
-            st.failed = Some(e.to_string());
-        }
-        result
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        self.write_state()?.write(offset, data)
-    }
-
-    fn close(&self) -> Result<(), io::Error> {
-        let mut st = self.write_state()?;
-        if st.closed {
-            return Ok(());
-        }
-        let Shared { data, log, counters, .. } = &*self.shared;
-        let mut result = Ok(());
-        if st.failed.is_none() {
-            // With notes pending the checkpoint waits (see the module docs): the next open
-            // replays the records after the last one.
-            result = st.barrier(&**data, &**log, counters).and_then(|()| st.checkpoint(&**data, &**log, counters));
-            if let Err(e) = &result {
-                st.failed = Some(e.to_string());
-            }
-        }
-        st.closed = true;
-        let data = data.close();
-        let log = log.close();
-        result.and(data).and(log)
-    }
-
-    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.shared.data.try_lock_range(start, end)
-    }
-
-    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.shared.data.try_lock_shared_range(start, end)
-    }
-
-    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.shared.data.lock_range(start, end)
-    }
-
-    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.shared.data.lock_shared_range(start, end)
-    }
-
-    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
-        self.shared.data.unlock_range(start, end)
-    }
-
-    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
-        self.shared.data.query_lock_range(start, end)
-    }
-}
+pub use backend::ScratchBackend;
+use backend::*;
+use format::*;
+#[cfg(test)]
+use recovery::*;
+use writer::*;
 
 #[cfg(test)]
 mod tests;

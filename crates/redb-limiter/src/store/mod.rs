@@ -30,15 +30,16 @@
 //! else, so doing them again leaves the same records. Without a journal (the file alone) every
 //! commit is a redb commit.
 //!
-//! # Layout (format version 4)
+//! # Layout (format version 5)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
-//! | `meta` | `"format_version"`, `"clock_floor"` | `u64` |
+//! | `meta` | `"format_version"`, `"clock_floor"`; behind a journal `"journal_id"`, `"journal_seq"`, `"journal_open"` ([`FileClaim`]) | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
 //! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
 //! | `throttles` | caller key | `until` ms |
+//! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, and the limits it binds (defaults resolved, sorted by bucket key) |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -47,6 +48,29 @@
 //! journal beside it holding its newest commits. Files of versions 2 and 3 open unchanged and
 //! are marked version 4 on the file itself before the journal takes any commit, so an older
 //! build, which would read neither a newer record nor a journal, refuses the file instead.
+//!
+//! Behind a journal, the file names it from its first open on: every open writes the journal's
+//! id, how far its records reach, and `journal_open` = 1 into `meta` and checkpoints that into
+//! the file itself; a clean close ([`Store::finish`]) sets `journal_open` to 0; each redb commit
+//! updates `journal_seq`. So a file that was not closed cleanly knows it needs its journal, and
+//! [`Store::open`] refuses a journal that is missing then, another file's, or an earlier copy of
+//! its own, before either file is touched (a file a crash left for redb to repair is read for
+//! this in memory, unchanged). These keys came
+//! in format version 4's time and change no record.
+//!
+//! Version 5 (the line, section 12) added the `tickets` table, and journal notes of schema 2,
+//! which may carry a ticket's effects: filed inserts its record, renewed rewrites its `retryAt`,
+//! lapse and grace, ended or lapsed deletes it. Files of versions 2, 3 and 4 open unchanged
+//! (an older file has no `tickets` table: the marking creates it empty) and are marked version
+//! 5 before the journal takes any commit of this build; a journal of a version-4 file may still
+//! hold notes of schema 1 (a crash of the previous release), which are redone as they were,
+//! then the file is marked. An older build refuses a version-5 file, and a note of schema 2,
+//! rather than misread a ticket. On load each ticket is restored into its lines, then
+//! [`Engine::resume_line`] lapses those lapsed at the file's floor and gives every other one a
+//! lapse no sooner than the restart plus its grace (section 12.6). A filing, a grant that ends
+//! a ticket and a leave are committed (as a note or a redb commit) before their replies; a
+//! renewal or a lapse rides with the next commit, and may be lost in a crash: the ticket then
+//! keeps its older lapse, which the restart moves anyway.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -98,7 +122,8 @@
 //! file is caught and reported as corruption, and every record loaded is checked against what
 //! the engine can have written (keys of 1 to 512 bytes, a bucket's `perMs`, `calls` and
 //! `concurrent` within the request bounds, a grant row's cost, a permit id's sequence, a lapse or
-//! a throttle's end at most 24 hours after the file's floor). One case cannot be told from a
+//! a throttle's end at most 24 hours after the file's floor, a ticket's limits sorted and its
+//! grace, `retryAt` and lapse within the request bounds). One case cannot be told from a
 //! crash, as in every database: damage to the newest commit's own header is indistinguishable
 //! from that commit torn by a crash, and the file is rolled back to the commit before it. Damage
 //! to free space changes nothing. A 503 after a commit failed at its final sync may still count
@@ -108,7 +133,7 @@
 pub mod faulty;
 pub mod journal;
 
-use journal::{JournalBackend, JournalError, JournalMonitor, JournalOptions, journal_path};
+use journal::{FileClaim, JournalBackend, JournalError, JournalMonitor, JournalOptions, journal_path};
 
 use crate::policy::{
     DELETE_AFTER_MS, DELETE_BATCH, DELETES_PER_COMMIT, DELETES_PER_GRANT, NOTE_EFFECTS_BEFORE_COMMIT,
@@ -127,9 +152,10 @@ use redb::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{BucketMeta, Effect, Engine, PermitId, PermitState, WindowShare};
+use crate::engine::{BucketMeta, Effect, Engine, PermitId, PermitState, TicketId, TicketState, WindowShare};
 use crate::request::{
-    MAX_CALLS, MAX_CONCURRENT, MAX_HOLD_MS, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS, MAX_THROTTLE_AHEAD_MS,
+    Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS,
+    MAX_THROTTLE_AHEAD_MS, MIN_GRACE_MS, WindowLimit,
 };
 use crate::time::Millis;
 
@@ -156,7 +182,7 @@ pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
 /// The file's layout version; a file of a version outside [`OLDEST_FORMAT_VERSION`] to this one
 /// is refused.
-pub const FORMAT_VERSION: u64 = 4;
+pub const FORMAT_VERSION: u64 = 5;
 /// The oldest version read: files of the versions before [`FORMAT_VERSION`] open unchanged and
 /// are marked current (see the module docs).
 pub const OLDEST_FORMAT_VERSION: u64 = 2;
@@ -164,17 +190,28 @@ pub const OLDEST_FORMAT_VERSION: u64 = 2;
 const RECORD_SCHEMA: u8 = 1;
 /// The first byte of a permit record of format version 3.
 const PERMIT_SCHEMA: u8 = 2;
-/// Schema byte of a journal note ([`Note`]).
-const NOTE_SCHEMA: u8 = 1;
+/// Schema byte of a journal note ([`Note`]) as format version 4 wrote it: no ticket effects.
+/// Still read (a crash of the previous release can leave such notes).
+const NOTE_SCHEMA_V4: u8 = 1;
+/// Schema byte of a journal note since format version 5: its effects may be a ticket's, which
+/// an older build, reading schema 1 only, refuses rather than misreads.
+const NOTE_SCHEMA: u8 = 2;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
 const GRANTS: TableDefinition<(u64, &str), u64> = TableDefinition::new("grants_by_time");
 const PERMITS: TableDefinition<u128, &[u8]> = TableDefinition::new("permits");
 const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
+const TICKETS: TableDefinition<u128, &[u8]> = TableDefinition::new("tickets");
 
 const KEY_FORMAT: &str = "format_version";
 const KEY_FLOOR: &str = "clock_floor";
+/// The journal the file is open behind ([`JournalMonitor::journal_id`]); see [`FileClaim`].
+const KEY_JOURNAL_ID: &str = "journal_id";
+/// The journal's next sequence number when the newest commit began ([`FileClaim::next_seq`]).
+const KEY_JOURNAL_SEQ: &str = "journal_seq";
+/// 1 from the open behind a journal until a clean close, which sets 0 ([`FileClaim::open`]).
+const KEY_JOURNAL_OPEN: &str = "journal_open";
 
 /// Why the store cannot open or commit.
 #[derive(Debug, thiserror::Error)]
@@ -209,12 +246,18 @@ pub enum StoreError {
         cause: redb::Error,
     },
     /// The journal beside the file cannot be replayed onto it.
-    #[error("{journal}: {cause}")]
+    #[error("{journal} (the journal of {path}): {cause}")]
     Journal {
+        path: PathBuf,
         journal: PathBuf,
         #[source]
         cause: JournalError,
     },
+    /// The file was not closed cleanly, and the journal holding its newest commits is gone.
+    #[error(
+        "{path} was not closed cleanly and its journal {journal} is missing: the newest commits were only in the journal; restore it beside the file"
+    )]
+    JournalMissing { path: PathBuf, journal: PathBuf },
     /// A journal is there but not its database file.
     #[error(
         "{journal} is a journal of {path}, which does not exist: restore the file (its newest commits are in the journal), or delete the journal too to start empty"
@@ -268,7 +311,7 @@ pub fn plain_file_opener() -> Opener {
     Box::new(|path| {
         // Commits kept as notes are not in the file: without the journal they would be lost.
         if journal_path(path).exists() {
-            let recovery = JournalBackend::recover_path(path).map_err(|e| match e {
+            let recovery = JournalBackend::recover_path(path, read_claim(path).as_ref()).map_err(|e| match e {
                 JournalError::Held => DatabaseError::DatabaseAlreadyOpen,
                 other => DatabaseError::Storage(redb::StorageError::Io(other.into())),
             })?;
@@ -332,6 +375,72 @@ impl PermitRecord {
     }
 }
 
+/// One limit a ticket binds, its defaults resolved: (calls, perMs) of its window, its
+/// `concurrent`, cost and `holdMs`.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct LimitRecord {
+    key: String,
+    window: Option<(u64, u64)>,
+    concurrent: Option<u64>,
+    cost: u64,
+    hold_ms: u64,
+}
+
+/// A live ticket (schema byte 1, format version 5), keyed by its id (see the module docs).
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct TicketRecord {
+    filed_at: u64,
+    retry_at: u64,
+    lapse_at: u64,
+    grace_ms: u64,
+    key: String,
+    limits: Vec<LimitRecord>,
+}
+
+impl TicketRecord {
+    fn from_state(t: &TicketState) -> Self {
+        TicketRecord {
+            filed_at: t.filed_at.0,
+            retry_at: t.retry_at.0,
+            lapse_at: t.lapse_at.0,
+            grace_ms: t.grace_ms,
+            key: t.key.to_string(),
+            limits: t
+                .limits
+                .iter()
+                .map(|l| LimitRecord {
+                    key: l.key.clone(),
+                    window: l.window.map(|w| (w.calls, w.per_ms)),
+                    concurrent: l.concurrent,
+                    cost: l.cost,
+                    hold_ms: l.hold_ms,
+                })
+                .collect(),
+        }
+    }
+
+    fn into_state(self) -> TicketState {
+        TicketState {
+            filed_at: Millis(self.filed_at),
+            retry_at: Millis(self.retry_at),
+            lapse_at: Millis(self.lapse_at),
+            grace_ms: self.grace_ms,
+            key: Arc::from(self.key),
+            limits: self
+                .limits
+                .into_iter()
+                .map(|l| Limit {
+                    key: l.key,
+                    window: l.window.map(|(calls, per_ms)| WindowLimit { calls, per_ms }),
+                    concurrent: l.concurrent,
+                    cost: l.cost,
+                    hold_ms: l.hold_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A commit kept as a note in the journal (schema byte [`NOTE_SCHEMA`]): its floor and its
 /// effects, in the engine's order.
 #[derive(Serialize, Deserialize)]
@@ -381,6 +490,21 @@ enum NoteEffect<'a> {
         #[serde(borrow)]
         key: Cow<'a, str>,
     },
+    // The line's effects (schema 2 only; appended, so a schema-1 note reads as it was written).
+    TicketFiled {
+        id: u128,
+        ticket: TicketRecord,
+    },
+    TicketRenewed {
+        id: u128,
+        retry_at: u64,
+        lapse_at: u64,
+        grace_ms: u64,
+    },
+    /// Ended (granted or left) or lapsed: its record goes either way.
+    TicketGone {
+        id: u128,
+    },
 }
 
 fn millis(ats: &[Millis]) -> Vec<u64> {
@@ -390,7 +514,6 @@ fn millis(ats: &[Millis]) -> Vec<u64> {
 fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
     let effects = effects
         .iter()
-        .filter(|effect| !effect.is_line())
         .map(|effect| match effect {
             Effect::BucketMeta { bucket, meta } => {
                 NoteEffect::BucketMeta { bucket: Cow::Borrowed(bucket), meta: *meta }
@@ -410,17 +533,35 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
             Effect::PermitEnded { id } => NoteEffect::PermitEnded { id: id.0 },
             Effect::ThrottleSet { key, until } => NoteEffect::ThrottleSet { key: Cow::Borrowed(key), until: until.0 },
             Effect::ThrottleEnded { key } => NoteEffect::ThrottleEnded { key: Cow::Borrowed(key) },
-            Effect::TicketFiled { .. }
-            | Effect::TicketRenewed { .. }
-            | Effect::TicketEnded { .. }
-            | Effect::TicketLapsed { .. } => unreachable!("the line's effects are filtered out above"),
+            Effect::TicketFiled { id, ticket } => {
+                NoteEffect::TicketFiled { id: id.0, ticket: TicketRecord::from_state(ticket) }
+            }
+            Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
+                NoteEffect::TicketRenewed { id: id.0, retry_at: retry_at.0, lapse_at: lapse_at.0, grace_ms: *grace_ms }
+            }
+            Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => NoteEffect::TicketGone { id: id.0 },
         })
         .collect();
     encode_schema(NOTE_SCHEMA, &Note { floor: floor.0, effects })
 }
 
 fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
-    let note: Note<'_> = decode_schema(NOTE_SCHEMA, bytes)?;
+    let note: Note<'_> = match bytes.first() {
+        Some(&NOTE_SCHEMA_V4) => {
+            let note: Note<'_> = decode_schema(NOTE_SCHEMA_V4, bytes)?;
+            let is_line = |e: &NoteEffect<'_>| {
+                matches!(
+                    e,
+                    NoteEffect::TicketFiled { .. } | NoteEffect::TicketRenewed { .. } | NoteEffect::TicketGone { .. }
+                )
+            };
+            if note.effects.iter().any(is_line) {
+                return Err("a note of schema 1 names a ticket".to_owned());
+            }
+            note
+        }
+        _ => decode_schema(NOTE_SCHEMA, bytes)?,
+    };
     let arc = |s: Cow<'_, str>| Arc::<str>::from(s.as_ref());
     let ats = |v: Vec<u64>| v.into_iter().map(Millis).collect();
     let effects = note
@@ -441,6 +582,16 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
             NoteEffect::PermitEnded { id } => Effect::PermitEnded { id: PermitId(id) },
             NoteEffect::ThrottleSet { key, until } => Effect::ThrottleSet { key: arc(key), until: Millis(until) },
             NoteEffect::ThrottleEnded { key } => Effect::ThrottleEnded { key: arc(key) },
+            NoteEffect::TicketFiled { id, ticket } => {
+                Effect::TicketFiled { id: TicketId(id), ticket: ticket.into_state() }
+            }
+            NoteEffect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => Effect::TicketRenewed {
+                id: TicketId(id),
+                retry_at: Millis(retry_at),
+                lapse_at: Millis(lapse_at),
+                grace_ms,
+            },
+            NoteEffect::TicketGone { id } => Effect::TicketLapsed { id: TicketId(id) },
         })
         .collect();
     Ok((Millis(note.floor), effects))
@@ -483,6 +634,42 @@ fn decode_schema<'a, T: Deserialize<'a>>(schema: u8, bytes: &'a [u8]) -> Result<
         Some((other, _)) => Err(format!("unknown record schema {other}")),
         None => Err("empty record".to_owned()),
     }
+}
+
+/// What the file says of its journal (see [`FileClaim`]), read through a read-only open of the
+/// file alone. `None` when it says nothing (a new file, one of an earlier release) or cannot be
+/// read that way (a crash left it for redb to repair; the open after the journal checks it).
+fn read_claim(path: &Path) -> Option<FileClaim> {
+    if !std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        return None;
+    }
+    let read = std::panic::catch_unwind(|| match Database::builder().open_read_only(path) {
+        Ok(db) => claim_of(&db).ok().flatten(),
+        // Left by a crash: redb repairs it in memory, the file stays as it is.
+        Err(DatabaseError::RepairAborted) => {
+            let file = std::fs::File::open(path).ok()?;
+            let scratch = journal::ScratchBackend::new(Box::new(FileBackend::new(file).ok()?)).ok()?;
+            let db = Database::builder().create_with_backend(scratch).ok()?;
+            claim_of(&db).ok().flatten()
+        }
+        Err(_) => None,
+    });
+    read.ok().flatten()
+}
+
+/// The [`FileClaim`] in a database's `meta` table, if it holds one.
+fn claim_of(db: &impl ReadableDatabase) -> Result<Option<FileClaim>, redb::Error> {
+    let txn = db.begin_read()?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let get = |key: &str| meta.get(key).map(|v| v.map(|v| v.value()));
+    let Some(journal_id) = get(KEY_JOURNAL_ID)? else { return Ok(None) };
+    let next_seq = get(KEY_JOURNAL_SEQ)?.unwrap_or(0);
+    let open = get(KEY_JOURNAL_OPEN)?.unwrap_or(0) != 0;
+    Ok(Some(FileClaim { journal_id, next_seq, open }))
 }
 
 /// Reads the file once, sequentially, so that loading it afterwards finds its pages in memory
@@ -671,14 +858,21 @@ impl Store {
         // First the commits still in the journal, if any, go into the file, so that the file
         // looked at below is the whole acknowledged state whichever opener follows.
         let journal = journal_path(&path);
+        let journal_existed = journal.exists();
         let mut notes_wait = false;
-        if journal.exists() {
+        // What the file says of its journal, checked before the journal is touched.
+        let claim = read_claim(&path);
+        if !journal_existed && claim.is_some_and(|c| c.open) {
+            return Err(StoreError::JournalMissing { path, journal });
+        }
+        if journal_existed {
             if !path.exists() {
                 return Err(StoreError::JournalWithoutFile { path, journal });
             }
-            let recovery = JournalBackend::recover_path(&path).map_err(|e| match e {
+            let recovery = JournalBackend::recover_path(&path, claim.as_ref()).map_err(|e| match e {
                 JournalError::Held => StoreError::HeldElsewhere { path: path.clone() },
-                cause => StoreError::Journal { journal: journal.clone(), cause },
+                JournalError::Missing => StoreError::JournalMissing { path: path.clone(), journal: journal.clone() },
+                cause => StoreError::Journal { path: path.clone(), journal: journal.clone(), cause },
             })?;
             // With notes waiting, the journal keeps its records (the file is as of its last
             // checkpoint) and is bound to this file: nothing may write the file but the journal,
@@ -705,13 +899,26 @@ impl Store {
             // crash of an older build) is repaired here first, to learn its version.
             let plain = std::panic::catch_unwind(|| open_plain(&path)).map_err(|_| unreadable("open"))?;
             let store = Store::new(plain.map_err(map_err)?, path.clone(), None);
+            if !journal_existed && claim_of(&store.db).map_err(|e| store.corrupt(e))?.is_some_and(|c| c.open) {
+                // Left by a crash, which redb repaired: its journal is missing all the same.
+                return Err(StoreError::JournalMissing { path, journal });
+            }
             if check_format(&store.db, &path)? == Format::Previous {
                 store.mark_current()?;
             }
         }
         prefetch(&path);
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opener(&path)));
-        let opened = opened.map_err(|_| unreadable("open"))?.map_err(map_err)?;
+        let opened = opened.map_err(|_| unreadable("open"))?.map_err(|e| {
+            // A journal that could not be made (too little room) says so with its name.
+            if let DatabaseError::Storage(redb::StorageError::Io(io)) = &e
+                && let Some(JournalError::NoRoom { .. }) = io.get_ref().and_then(|e| e.downcast_ref::<JournalError>())
+            {
+                let cause = std::io::Error::other(io.to_string());
+                return StoreError::Io { path: journal.clone(), cause };
+            }
+            map_err(e)
+        })?;
         let journal = opened.journal.map(|monitor| {
             let identity = std::fs::metadata(&journal).ok().as_ref().and_then(identity);
             OpenJournal { monitor, path: journal, identity }
@@ -723,8 +930,10 @@ impl Store {
             // Commits acknowledged as notes after the file's last commit: redone, in order, in
             // one commit, before anything reads the file.
             let bad = |cause: String| StoreError::BadRecord { path: store.path.clone(), table: "journal notes", cause };
-            if format != Format::Current {
-                return Err(bad(format!("{} notes wait for a file of another format version", notes.len())));
+            // A file of the previous version (4, the first with a journal) may hold notes of its
+            // release after a crash: they are redone as they were, then the file is marked.
+            if format == Format::Empty {
+                return Err(bad(format!("{} notes wait for a file without tables", notes.len())));
             }
             store.notes = notes.iter().map(|note| decode_note(note)).collect::<Result<_, _>>().map_err(bad)?;
             store.apply_notes()?;
@@ -733,6 +942,27 @@ impl Store {
             Format::Empty => store.initialize()?,
             Format::Previous => store.mark_current()?,
             Format::Current => {}
+        }
+        if let Some(open) = &store.journal {
+            // The file and the journal now hold every acknowledged commit: a claim that still
+            // contradicts the journal (a crash the read-only look could not see past) is refused.
+            let (id, next_seq) = (open.monitor.journal_id(), open.monitor.next_seq());
+            match claim_of(&store.db).map_err(|e| store.corrupt(e))? {
+                Some(c) if c.journal_id != id && c.open => {
+                    let (path, journal) = (store.path.clone(), open.path.clone());
+                    drop(store);
+                    if !journal_existed {
+                        let _ = std::fs::remove_file(&journal);
+                    }
+                    return Err(StoreError::JournalMissing { path, journal });
+                }
+                Some(c) if c.journal_id == id && c.next_seq >= next_seq => {
+                    let cause = JournalError::Older { file_reaches: c.next_seq, journal_ends: next_seq };
+                    return Err(StoreError::Journal { path: store.path.clone(), journal: open.path.clone(), cause });
+                }
+                _ => {}
+            }
+            store.mark_open(true)?;
         }
         Ok(store)
     }
@@ -812,7 +1042,7 @@ impl Store {
                     Ok(meta) if journal.identity.is_some() && identity(&meta) != journal.identity => {
                         Err(lost("its journal was replaced by another while open"))
                     }
-                    _ => Ok(()),
+                    _ => journal.monitor.verify_on_disk().map_err(lost),
                 },
                 None => Ok(()),
             },
@@ -839,6 +1069,25 @@ impl Store {
             txn.open_table(GRANTS).map_err(|e| self.commit_error(e))?;
             txn.open_table(PERMITS).map_err(|e| self.commit_error(e))?;
             txn.open_table(THROTTLES).map_err(|e| self.commit_error(e))?;
+            txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
+        }
+        txn.commit().map_err(|e| self.commit_error(e))
+    }
+
+    /// Writes what the file says of its journal ([`FileClaim`]): the journal's id, how far it
+    /// reaches, and `open` (1 until a clean close), then has the journal checkpoint it into the
+    /// file itself, so that the file alone names its journal and knows whether it needs it.
+    fn mark_open(&self, open: bool) -> Result<(), StoreError> {
+        let Some(journal) = &self.journal else { return Ok(()) };
+        let (id, next_seq) = (journal.monitor.journal_id(), journal.monitor.next_seq());
+        journal.monitor.request_checkpoint();
+        let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
+        txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_JOURNAL_ID, id).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_JOURNAL_SEQ, next_seq).map_err(|e| self.commit_error(e))?;
+            meta.insert(KEY_JOURNAL_OPEN, u64::from(open)).map_err(|e| self.commit_error(e))?;
         }
         txn.commit().map_err(|e| self.commit_error(e))
     }
@@ -851,6 +1100,8 @@ impl Store {
         txn.open_table(META)
             .and_then(|mut meta| meta.insert(KEY_FORMAT, FORMAT_VERSION).map(drop).map_err(Into::into))
             .map_err(|e| self.commit_error(e))?;
+        // Version 5's table, empty: every ticket of an older release was forgotten at its stop.
+        txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
@@ -891,7 +1142,7 @@ impl Store {
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let permit = decode_permit(v.value()).map_err(|e| bad("permits", e))?;
-            // Ids are `nonce << 64 | sequence`, the sequence counting one run's permits from 0.
+            // Ids are `random << 64 | sequence`, the sequence counting one run's permits from 0.
             if k.value() as u64 > MAX_PERMIT_SEQUENCE
                 || permit.places.len() > MAX_LIMITS
                 || permit.windows.len() > MAX_LIMITS
@@ -909,6 +1160,38 @@ impl Store {
                 return Err(bad("throttles", format!("a throttle out of bounds: {:?} until {}", k.value(), v.value())));
             }
             engine.restore_throttle(k.value(), Millis(v.value()));
+        }
+        // A file marked current by this build has the table; one only read (`check`) may not.
+        let tickets = match txn.open_table(TICKETS) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(self.corrupt(e)),
+        };
+        // A ticket's retryAt is at most a window's length ahead, its lapse a grace after that
+        // (or after a restart's `now`, which a floor recorded since holds).
+        let line_ok = |at: u64| at <= floor.0.saturating_add(MAX_PER_MS.max(MAX_THROTTLE_AHEAD_MS) + MAX_GRACE_MS);
+        let rows = match &tickets {
+            Some(table) => Some(table.iter().map_err(|e| self.corrupt(e))?),
+            None => None,
+        };
+        for row in rows.into_iter().flatten() {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let id = TicketId(k.value());
+            let ticket = decode::<TicketRecord>(v.value()).map_err(|e| bad("tickets", e))?.into_state();
+            if id.number() > MAX_PERMIT_SEQUENCE
+                || !key_ok(&ticket.key)
+                || ticket.limits.is_empty()
+                || ticket.limits.len() > MAX_LIMITS
+                || ticket.limits.iter().any(|l| !key_ok(&l.key))
+                || !ticket.limits.windows(2).all(|w| w[0].key < w[1].key)
+                || !(MIN_GRACE_MS..=MAX_GRACE_MS).contains(&ticket.grace_ms)
+                || ticket.filed_at > floor
+                || !line_ok(ticket.retry_at.0)
+                || !line_ok(ticket.lapse_at.0)
+            {
+                return Err(bad("tickets", format!("a ticket out of bounds: {id}")));
+            }
+            engine.restore_ticket(id, ticket);
         }
         Ok(floor)
     }
@@ -959,6 +1242,13 @@ impl Store {
         let mut txn = self.db.begin_write().map_err(|e| self.commit_error(e))?;
         txn.set_durability(Durability::Immediate).map_err(|e| self.commit_error(e))?;
         self.write_effects(&txn, commits, tidy).map_err(|e| self.commit_error(e))?;
+        if let Some(journal) = &self.journal {
+            // How far the journal reaches once this commit is in the file (see `FileClaim`).
+            let next_seq = journal.monitor.next_seq();
+            txn.open_table(META)
+                .and_then(|mut meta| meta.insert(KEY_JOURNAL_SEQ, next_seq).map(drop).map_err(Into::into))
+                .map_err(|e| self.commit_error(e))?;
+        }
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
@@ -982,10 +1272,11 @@ impl Store {
     /// counts.
     pub fn finish(&mut self, floor: Millis) -> Result<(), StoreError> {
         self.apply_notes()?;
-        if self.doomed.is_empty() {
-            return Ok(());
+        if !self.doomed.is_empty() {
+            self.commit_and_tidy(&[], floor)?;
         }
-        self.commit_and_tidy(&[], floor)
+        // Closed cleanly: the file no longer needs its journal (the close checkpoints it).
+        self.mark_open(false)
     }
 
     /// Writes commits (each one's floor and effects, in order) into `txn`.
@@ -996,7 +1287,7 @@ impl Store {
         tidy: bool,
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
-        let (mut buckets, mut grants, mut permits, mut throttles) = (None, None, None, None);
+        let (mut buckets, mut grants, mut permits, mut throttles, mut tickets) = (None, None, None, None, None);
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
@@ -1052,12 +1343,23 @@ impl Store {
                     Effect::ThrottleEnded { key } => {
                         opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
                     }
-                    // The file keeps no tickets (format version 4): after a restart every ticket
-                    // is unknown, and its host joins the line again at the back.
-                    Effect::TicketFiled { .. }
-                    | Effect::TicketRenewed { .. }
-                    | Effect::TicketEnded { .. }
-                    | Effect::TicketLapsed { .. } => {}
+                    Effect::TicketFiled { id, ticket } => {
+                        let record = encode(&TicketRecord::from_state(ticket));
+                        opened(&mut tickets, txn, TICKETS)?.insert(id.0, record.as_slice())?;
+                    }
+                    Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
+                        // A renewal of a ticket already gone (ended in the same batch, or a note
+                        // redone after its end reached the file) writes nothing.
+                        let table = opened(&mut tickets, txn, TICKETS)?;
+                        let kept = table.get(id.0)?.map(|v| decode::<TicketRecord>(v.value()));
+                        if let Some(Ok(mut record)) = kept {
+                            (record.retry_at, record.lapse_at, record.grace_ms) = (retry_at.0, lapse_at.0, *grace_ms);
+                            table.insert(id.0, encode(&record).as_slice())?;
+                        }
+                    }
+                    Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
+                        opened(&mut tickets, txn, TICKETS)?.remove(id.0)?;
+                    }
                 }
             }
         }
@@ -1219,6 +1521,89 @@ mod tests {
         let store = Store::open(&path, &file_opener()).unwrap();
         assert_eq!(rows(&store).len(), 2);
         assert_eq!(store.journal_stats().unwrap().notes, 0);
+    }
+
+    fn ticket_state(lapse_at: u64) -> TicketState {
+        TicketState {
+            filed_at: Millis(1_000),
+            retry_at: Millis(lapse_at - 500),
+            lapse_at: Millis(lapse_at),
+            grace_ms: 500,
+            key: Arc::from("caller"),
+            limits: vec![Limit::concurrent("a", 2).with_hold_ms(9_000), Limit::window("b", 5, 60_000)],
+        }
+    }
+
+    /// The tickets in the file, by id.
+    fn tickets(store: &Store) -> Vec<(u128, TicketState)> {
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(TICKETS).unwrap();
+        table
+            .iter()
+            .unwrap()
+            .map(|row| {
+                let (k, v) = row.unwrap();
+                (k.value(), decode::<TicketRecord>(v.value()).unwrap().into_state())
+            })
+            .collect()
+    }
+
+    /// A ticket is filed, renewed and ended in the file, as notes behind the journal (redone at
+    /// the next open after a crash) and as redb commits; a note that names a ticket has a schema
+    /// an older build refuses, and the older schema still reads.
+    #[test]
+    fn tickets_are_kept_as_records_and_as_notes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let (one, two) = (TicketId(7 << 64 | 1), TicketId(7 << 64 | 2));
+        let filed = |id, lapse| Effect::TicketFiled { id, ticket: ticket_state(lapse) };
+        let renewed = |id, retry_at: u64, lapse_at: u64| Effect::TicketRenewed {
+            id,
+            retry_at: Millis(retry_at),
+            lapse_at: Millis(lapse_at),
+            grace_ms: 800,
+        };
+        {
+            let mut store = Store::open(&path, &file_opener()).unwrap();
+            store.commit(&[filed(one, 3_000), filed(two, 3_100)], Millis(1_000)).unwrap();
+            store.commit(&[renewed(one, 4_000, 4_800)], Millis(1_500)).unwrap();
+            store
+                .commit(&[Effect::TicketEnded { id: two, end: crate::engine::TicketEnd::Left }], Millis(1_600))
+                .unwrap();
+            // A renewal of a ticket already gone writes nothing.
+            store.commit(&[renewed(two, 4_000, 4_800)], Millis(1_700)).unwrap();
+            assert_eq!(store.journal_stats().unwrap().notes, 4);
+            assert!(tickets(&store).is_empty(), "not in redb yet");
+            // Dropped without `finish`, as a crash leaves it.
+        }
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let mut renewed_one = ticket_state(3_000);
+        (renewed_one.retry_at, renewed_one.lapse_at, renewed_one.grace_ms) = (Millis(4_000), Millis(4_800), 800);
+        assert_eq!(tickets(&store), vec![(one.0, renewed_one.clone())]);
+        let mut engine = Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 });
+        assert_eq!(store.load(&mut engine).unwrap(), Millis(1_700));
+        assert_eq!(engine.facts(Millis(1_700)).tickets.into_iter().collect::<Vec<_>>(), vec![(one, renewed_one)]);
+        // As redb commits (a tidying one is never a note): lapsed deletes.
+        store.commit_and_tidy(&[Effect::TicketLapsed { id: one }, filed(two, 5_000)], Millis(4_800)).unwrap();
+        assert_eq!(tickets(&store), vec![(two.0, ticket_state(5_000))]);
+
+        let note = encode_note(Millis(9), &[filed(one, 3_000), Effect::TicketLapsed { id: two }]);
+        assert_eq!(note[0], NOTE_SCHEMA);
+        // What the previous release reads a note with: the schema byte refuses it.
+        assert!(decode_schema::<Note<'_>>(NOTE_SCHEMA_V4, &note).err().unwrap().contains("schema 2"));
+        let (floor, effects) = decode_note(&note).unwrap();
+        assert_eq!(floor, Millis(9));
+        assert!(
+            matches!(&effects[..], [Effect::TicketFiled { id, .. }, Effect::TicketLapsed { id: gone }] if *id == one && *gone == two)
+        );
+        // A note of the previous release reads as it was written; one that names a ticket under
+        // that schema is no note it wrote.
+        let mut old = encode_note(Millis(9), &[grant("a", 9, 1)]);
+        old[0] = NOTE_SCHEMA_V4;
+        assert!(matches!(&decode_note(&old).unwrap().1[..], [Effect::WindowGrant { cost: 1, .. }]));
+        let mut forged = note.clone();
+        forged[0] = NOTE_SCHEMA_V4;
+        assert!(decode_note(&forged).unwrap_err().contains("names a ticket"));
     }
 
     /// The bucket records in the file, in key order.

@@ -577,10 +577,28 @@ struct Outcome {
 
 /// Opens the rebooted machine through the journal and redb and checks the table is the state
 /// after the last acknowledged commit, or (when allowed) after the commit in flight.
-fn verify(m: &Machine, outcome: &Outcome, rng: &mut fastrand::Rng, cov: &Coverage) -> Result<(), String> {
+/// `damaged`: a byte of the journal before its newest record was flipped after the cut; then a
+/// refusal is right too, and anything served must still be the acknowledged state.
+fn verify(
+    m: &Machine,
+    outcome: &Outcome,
+    rng: &mut fastrand::Rng,
+    cov: &Coverage,
+    damaged: bool,
+) -> Result<(), String> {
     let options = JournalOptions { region_bytes: [64 << 10, 256 << 10][rng.usize(..2)], ..Default::default() };
     let (data, log) = m.backends();
-    let journal = JournalBackend::open_with(data, log, &options).map_err(|e| format!("journal open: {e}"))?;
+    let journal = match JournalBackend::open_with(data, log, &options) {
+        Ok(journal) => journal,
+        Err(_) if damaged => {
+            count(&cov.refused_damage, 1);
+            return Ok(());
+        }
+        Err(e) => return Err(format!("journal open: {e}")),
+    };
+    if damaged {
+        count(&cov.served_despite_damage, 1);
+    }
     let recovery = journal.recovery().clone();
     let monitor = journal.monitor();
     let notes = monitor.take_recovered_notes();
@@ -677,6 +695,8 @@ struct Coverage {
     direct_batches: AtomicU64,
     notes: AtomicU64,
     notes_redone: AtomicU64,
+    refused_damage: AtomicU64,
+    served_despite_damage: AtomicU64,
 }
 
 fn count(counter: &AtomicU64, n: u64) {
@@ -755,7 +775,34 @@ fn simulate(seed: u64, sabotage: Sabotage, cov: &Coverage) -> Result<(), String>
         count(&cov.direct_batches, stats.direct_batches);
         count(&cov.notes, stats.notes);
     }
-    verify(&machine.reboot(), &outcome, &mut rng, cov).map_err(|e| format!("seed {seed} (cut at op {cut_at}): {e}"))
+    // A third of the runs also flip a byte of the journal at rest, anywhere before its newest
+    // record (a header slot, an older record): refused, or exactly the acknowledged state.
+    let rebooted = machine.reboot();
+    let damaged = rng.u8(..3) == 0 && damage_before_newest(&rebooted, &mut rng);
+    verify(&rebooted, &outcome, &mut rng, cov, damaged)
+        .map_err(|e| format!("seed {seed} (cut at op {cut_at}, damaged {damaged}): {e}"))
+}
+
+/// Flips one byte of the journal's header slots or of a record before its newest one; `false`
+/// when the journal has no valid header to find its records by.
+fn damage_before_newest(m: &Machine, rng: &mut fastrand::Rng) -> bool {
+    let mut disk = m.log.lock().unwrap();
+    let log = &mut disk.volatile;
+    let has_header = log.len() >= REGION_START as usize
+        && (0..2).any(|i| matches!(Header::decode(&log[i * SLOT_LEN..(i + 1) * SLOT_LEN]), Slot::Valid(_)));
+    if !has_header {
+        return false;
+    }
+    let spans = record_spans(log);
+    let at = if spans.len() >= 2 && rng.bool() {
+        let (pos, size) = spans[rng.usize(..spans.len() - 1)];
+        (pos + rng.u64(..size)) as usize
+    } else {
+        rng.usize(..REGION_START as usize)
+    };
+    log[at] ^= 1 << rng.u8(..8);
+    disk.durable = log.clone();
+    true
 }
 
 /// One fault run: the Nth write, set_len or sync of the journal or of the data file fails.
@@ -820,8 +867,9 @@ fn simulate_fault(seed: u64, cov: &Coverage) -> Result<(), String> {
         if on_log { "log" } else { "data" },
         plan.fired.load(Ordering::SeqCst)
     );
-    verify(&machine.restart_process(), &outcome, &mut rng, cov).map_err(|e| format!("{what}, process restart: {e}"))?;
-    verify(&machine.reboot(), &outcome, &mut rng, cov).map_err(|e| format!("{what}, power cut: {e}"))
+    verify(&machine.restart_process(), &outcome, &mut rng, cov, false)
+        .map_err(|e| format!("{what}, process restart: {e}"))?;
+    verify(&machine.reboot(), &outcome, &mut rng, cov, false).map_err(|e| format!("{what}, power cut: {e}"))
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -886,7 +934,8 @@ impl Coverage {
         format!(
             "{what}, {seeds} seeds: {} reboots checked, {} acknowledged commits, {} recoveries replayed \
              {} records, {} in-flight commits found whole, {} rebinds, {} unfinished creations refused \
-             by redb, {} checkpoints ({} asked for), {} direct batches, {} notes ({} redone at an open)",
+             by redb, {} checkpoints ({} asked for), {} direct batches, {} notes ({} redone at an open), \
+             journals damaged at rest: {} refused, {} served whole",
             get(&self.runs),
             get(&self.acked_commits),
             get(&self.runs_with_replay),
@@ -899,6 +948,8 @@ impl Coverage {
             get(&self.direct_batches),
             get(&self.notes),
             get(&self.notes_redone),
+            get(&self.refused_damage),
+            get(&self.served_despite_damage),
         )
     }
 }
@@ -908,6 +959,11 @@ fn power_cut_runs(start: u64, count: u64) {
     let failures = run_seeds(start..start + count, |seed| simulate(seed, Sabotage::None, &cov));
     assert_no_failures("power cut", count, &failures);
     println!("{}", cov.report("power cut", count));
+    if count >= 200 {
+        let (refused, served) =
+            (cov.refused_damage.load(Ordering::Relaxed), cov.served_despite_damage.load(Ordering::Relaxed));
+        assert!(refused > 0 && served > 0, "journal damage exercised: {refused} refused, {served} served");
+    }
 }
 
 fn fault_runs(start: u64, count: u64) {
@@ -1006,6 +1062,37 @@ fn xxh64_matches_reference_vectors() {
     assert_eq!(xxh64(&bytes), 0x6ac1_e580_3216_6597);
     assert_eq!(xxh64(b"0123456789abcdef0123456789abcdef0123456789abcdef"), 0xe352_1644_4a3c_253b);
 }
+
+/// A header slot and a record as the previous release wrote them, byte for byte: their
+/// checksums (and so every byte they cover) are pinned to what its own xxHash64 gave.
+#[test]
+fn header_and_record_bytes_are_those_of_the_previous_release() {
+    let header = Header {
+        version: FORMAT_VERSION,
+        journal_id: [7; 16],
+        generation: 3,
+        next_seq: 9,
+        region_len: 65_536,
+        data_len: 12_288,
+        image: pattern(4, HEAD_LEN),
+    };
+    let slot = header.encode();
+    let whole = xxh64(&slot);
+    assert_eq!(
+        u64_at(&slot, SLOT_CHECKSUM_AT),
+        PINNED_SLOT_SUM,
+        "slot checksum {:#x}",
+        u64_at(&slot, SLOT_CHECKSUM_AT)
+    );
+    assert_eq!(whole, PINNED_SLOT_BYTES, "slot bytes {whole:#x}");
+    let mut buf = Vec::new();
+    sample_record(&mut buf, &[9; 16], 2, 5);
+    assert_eq!(xxh64(&buf), PINNED_RECORD_BYTES, "record bytes {:#x}", xxh64(&buf));
+}
+
+const PINNED_SLOT_SUM: u64 = 0xdef0_fef7_af16_3389;
+const PINNED_SLOT_BYTES: u64 = 0xad55_e759_c485_1dc3;
+const PINNED_RECORD_BYTES: u64 = 0x0de2_ba46_15c9_57dc;
 
 fn sample_record(buf: &mut Vec<u8>, id: &[u8; 16], generation: u64, seq: u64) -> Vec<(u64, Vec<u8>)> {
     // Trailing zeros are left out of the record and restored.
@@ -1230,23 +1317,31 @@ fn a_torn_last_record_is_not_replayed() {
 }
 
 #[test]
-fn a_record_failing_its_checksum_ends_the_replay() {
+fn a_record_failing_its_checksum_before_whole_ones_is_refused_and_the_last_one_rolls_back() {
     let m = Machine::new(1, 0.0);
     let j = open_on(&m, &options(1 << 20));
     j.write(5000, &pattern(1, 6000)).unwrap();
     j.sync_data().unwrap();
-    let after_first = contents(&j);
     j.write(5000, &pattern(2, 6000)).unwrap();
     j.sync_data().unwrap();
+    let after_second = contents(&j);
     j.write(5000, &pattern(3, 6000)).unwrap();
     j.sync_data().unwrap();
     let m2 = m.reboot();
-    // Flip a byte inside the second record's page bytes.
-    let second = REGION_START + record_size([(5000u64, &pattern(1, 6000)[..])].into_iter());
-    m2.log.lock().unwrap().volatile[(second + 200) as usize] ^= 0x40;
+    let record = REGION_START + record_size([(5000u64, &pattern(1, 6000)[..])].into_iter());
+    // A flipped byte inside the second record, with the third whole beyond it: damage.
+    let mut damaged = m2.log.lock().unwrap().clone();
+    damaged.volatile[(record + 200) as usize] ^= 0x40;
+    let m3 = Machine::with_disks(3, 0.0, m2.data.lock().unwrap().clone(), damaged);
+    let (data, log) = m3.backends();
+    let err = JournalBackend::open_with(data, log, &options(1 << 20)).unwrap_err();
+    assert!(matches!(err, JournalError::Damaged(_)), "{err}");
+    assert!(err.to_string().contains("record 2"), "{err}");
+    // The same flip in the last record cannot be told from a torn tail: the commit before.
+    m2.log.lock().unwrap().volatile[(2 * record - REGION_START + 200) as usize] ^= 0x40;
     let j2 = open_on(&m2, &options(1 << 20));
-    assert_eq!(j2.recovery().replayed_records, 1);
-    assert_eq!(contents(&j2), after_first);
+    assert_eq!(j2.recovery().replayed_records, 2);
+    assert_eq!(contents(&j2), after_second);
 }
 
 /// A database that crashed with records pending in its journal, and another database.
@@ -1419,6 +1514,32 @@ fn a_batch_larger_than_the_region_goes_to_the_data_file() {
     assert_eq!(contents(&j2), expected);
 }
 
+/// A file stamps each commit with the journal's next sequence number (its claim); a commit
+/// too big for the region goes straight to the file, and a crash before the next record must
+/// not leave a journal that seems older than that stamp.
+#[test]
+fn a_crash_after_a_batch_larger_than_the_region_reopens_under_the_files_claim() {
+    let m = Machine::new(1, 0.0);
+    let opts = options(64 << 10);
+    let j = open_on(&m, &opts);
+    let monitor = j.monitor();
+    j.write(0, &pattern(1, 5000)).unwrap();
+    j.sync_data().unwrap();
+    let stamped = monitor.next_seq();
+    j.write(3000, &pattern(2, 200_000)).unwrap();
+    j.sync_data().unwrap();
+    assert_eq!(monitor.stats().direct_batches, 1);
+    let expected = contents(&j);
+    let claim = FileClaim { journal_id: monitor.journal_id(), next_seq: stamped, open: true };
+    drop(j);
+    let m2 = m.reboot();
+    let (data, log) = m2.backends();
+    let j2 = JournalBackend::open_claimed(data, log, &opts, Some(&claim)).unwrap();
+    assert_eq!(contents(&j2), expected);
+    // And the next record goes on past the stamp.
+    assert!(j2.monitor().next_seq() > stamped);
+}
+
 #[test]
 fn the_journal_is_resized_when_asked() {
     let m = Machine::new(1, 0.0);
@@ -1445,8 +1566,8 @@ fn the_journal_is_resized_when_asked() {
 #[test]
 fn a_failed_barrier_latches_the_backend() {
     let m = Machine::new(1, 0.0);
-    // Syncs of a new journal: the zero fill, the header, then the first record's.
-    let plan = FaultPlan::new(F_SYNC, 3);
+    // Syncs of a new journal: the zero fill, the two header slots, then the first record's.
+    let plan = FaultPlan::new(F_SYNC, 4);
     let log = FaultyBackend { inner: m.log_backend(), plan: plan.clone() };
     let j = JournalBackend::open_with(Box::new(m.data_backend()), Box::new(log), &options(64 << 10)).unwrap();
     j.write(5000, &[1; 100]).unwrap();
@@ -1523,6 +1644,47 @@ fn files_on_disk_round_trip_and_refuse_a_second_open() {
     assert!(matches!(held, Err(JournalError::Held)), "{held:?}");
     drop(plain);
     assert!(JournalBackend::open_path(&path, &opts).is_ok());
+}
+
+/// An open refused because another holds the journal removes nothing: the files are the
+/// holder's, even when they did not exist a moment before this open began.
+#[test]
+fn an_open_refused_as_held_leaves_the_holders_files_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(64 << 10);
+    let path = dir.path().join("held.redb");
+    let holder = JournalBackend::open_path(&path, &opts).unwrap();
+    let journal = std::fs::read(journal_path(&path)).unwrap();
+    let second = JournalBackend::open_path(&path, &opts);
+    assert!(matches!(second, Err(JournalError::Held)), "{second:?}");
+    assert!(path.exists());
+    assert_eq!(std::fs::read(journal_path(&path)).unwrap(), journal);
+    drop(holder);
+    // Two opens starting together on a new path: one holds, the other is refused, and the
+    // holder's files stay (the refused one must not take them for its own half-made ones).
+    for round in 0..40 {
+        let path = dir.path().join(format!("race-{round}.redb"));
+        let start = std::sync::Barrier::new(2);
+        let results: Vec<Result<JournalBackend, JournalError>> = std::thread::scope(|s| {
+            let open = || {
+                start.wait();
+                JournalBackend::open_path(&path, &opts)
+            };
+            let a = s.spawn(open);
+            let b = s.spawn(open);
+            vec![a.join().unwrap(), b.join().unwrap()]
+        });
+        let held = results.iter().filter(|r| r.is_ok()).count();
+        let errors: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().map(ToString::to_string)).collect();
+        assert!(held >= 1, "round {round}: {errors:?}");
+        assert!(results.iter().all(|r| matches!(r, Ok(_) | Err(JournalError::Held))), "round {round}: {errors:?}");
+        assert!(path.exists(), "round {round}: the data file was removed");
+        let log = std::fs::metadata(journal_path(&path));
+        assert!(
+            log.is_ok_and(|m| m.len() == REGION_START + (64 << 10)),
+            "round {round}: the holder's journal was removed"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1830,4 +1992,240 @@ fn notes_stop_at_a_quarter_of_the_region_and_a_checkpoint_makes_room_when_none_w
     assert!(monitor.append_note(&note_bytes(99, b"after")).unwrap(), "room again");
     assert_eq!(monitor.stats().checkpoints, checkpoints + 1, "made by a checkpoint");
     drop(db);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A journal belongs to one file; damage is refused, never replayed up to.
+// ---------------------------------------------------------------------------------------------
+
+/// The records of the current generation in a journal's bytes: (offset, size), in order.
+fn record_spans(log: &[u8]) -> Vec<(u64, u64)> {
+    let headers: Vec<Header> = (0..2)
+        .filter_map(|i| match Header::decode(&log[i * SLOT_LEN..(i + 1) * SLOT_LEN]) {
+            Slot::Valid(h) => Some(h),
+            _ => None,
+        })
+        .collect();
+    let current = headers.iter().max_by_key(|h| h.generation).expect("a valid header");
+    let mut spans = Vec::new();
+    let mut pos = REGION_START;
+    let mut seq = current.next_seq;
+    loop {
+        let key = RecordKey { journal_id: &current.journal_id, generation: current.generation, seq };
+        let end = (pos as usize + (current.region_len as usize)).min(log.len());
+        match decode_record(&log[pos as usize..end], &key) {
+            Ok(Some(r)) => {
+                spans.push((pos, r.size));
+                pos += r.size;
+                seq += 1;
+            }
+            _ => return spans,
+        }
+    }
+}
+
+/// Nine barriers, a checkpoint after the sixth: generation 2 holds records 7, 8 and 9. Returns
+/// the machine after a power cut, the state after every barrier, and the claim its file holds.
+fn nine_barriers() -> (Machine, Vec<Vec<u8>>, FileClaim) {
+    let m = Machine::new(11, 0.0);
+    let opts = JournalOptions { checkpoint_records: 6, ..options(256 << 10) };
+    let j = open_on(&m, &opts);
+    let monitor = j.monitor();
+    let mut states = Vec::new();
+    for i in 0..9u8 {
+        j.set_len(40_000 + u64::from(i) * 3000).unwrap();
+        j.write(u64::from(i) * 2500, &pattern(i, 7000 + usize::from(i) * 300)).unwrap();
+        j.sync_data().unwrap();
+        states.push(contents(&j));
+    }
+    assert_eq!(monitor.stats().checkpoints, 1);
+    let claim = FileClaim { journal_id: monitor.journal_id(), next_seq: 6, open: true };
+    (m.reboot(), states, claim)
+}
+
+fn open_bytes(data: &Disk, log: Vec<u8>, claim: Option<&FileClaim>) -> Result<Vec<u8>, JournalError> {
+    let m = Machine::with_disks(5, 0.0, data.clone(), Disk::with_bytes(log));
+    let (d, l) = m.backends();
+    let opts = JournalOptions { checkpoint_records: 6, ..options(256 << 10) };
+    JournalBackend::open_claimed(d, l, &opts, claim).map(|j| contents(&j))
+}
+
+#[test]
+fn damage_anywhere_but_the_newest_record_is_refused_never_replayed_short() {
+    let (m, states, claim) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let log = m.log.lock().unwrap().durable.clone();
+    let (last, before_last) = (&states[8], &states[7]);
+    assert_eq!(open_bytes(&data, log.clone(), Some(&claim)).unwrap(), *last, "undamaged");
+    let spans = record_spans(&log);
+    assert_eq!(spans.len(), 3, "records 7, 8 and 9 in generation 2");
+    let current_slot = (0..2).find(|&i| matches!(Header::decode(&log[i * SLOT_LEN..(i + 1) * SLOT_LEN]), Slot::Valid(ref h) if h.generation == 2)).unwrap();
+    let mut cases: Vec<(String, Vec<u8>, &str)> = Vec::new();
+    let flip = |at: usize| {
+        let mut l = log.clone();
+        l[at] ^= 0x10;
+        l
+    };
+    // Every field of both header slots, and bytes of the bound first page and the checksum.
+    for slot in 0..2 {
+        for field in
+            [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 70, 1000, SLOT_CHECKSUM_AT, HEAD_LEN, HEAD_LEN + 300, SLOT_LEN - 1]
+        {
+            let expect = if slot == current_slot { "refused" } else { "exact" };
+            cases.push((format!("slot {slot} byte {field}"), flip(slot * SLOT_LEN + field), expect));
+        }
+    }
+    // The first, the middle and the last record: every header field, the entries, the checksum.
+    for (i, &(pos, size)) in spans.iter().enumerate() {
+        let expect = if i + 1 == spans.len() { "newest" } else { "refused" };
+        for at in [0, 4, 8, 20, 24, 32, 40, 48, 56, 64, 72, 80, 88, 300, 2000] {
+            cases.push((format!("record {i} byte {at}"), flip((pos + at) as usize), expect));
+        }
+        let _ = size;
+    }
+    // Truncations: at every record boundary, inside records, inside the header slots, to nothing.
+    let mut cuts = vec![0, 100, SLOT_LEN as u64, SLOT_LEN as u64 + 4000, REGION_START, log.len() as u64 - 1];
+    for &(pos, size) in &spans {
+        cuts.extend([pos, pos + 1, pos + 72, pos + size / 2, pos + size - 1, pos + size]);
+    }
+    for cut in cuts {
+        cases.push((format!("cut at {cut}"), log[..cut as usize].to_vec(), "refused"));
+    }
+    // Zeroed, emptied.
+    cases.push(("zeroed".into(), vec![0; log.len()], "refused"));
+    for (what, bytes, expect) in cases {
+        let outcome = open_bytes(&data, bytes, Some(&claim));
+        match (expect, &outcome) {
+            (_, Ok(state)) if state == last => assert_ne!(expect, "refused", "{what}: served, but refusal expected"),
+            ("newest", Ok(state)) => {
+                assert_eq!(state, before_last, "{what}: the newest commit's own bytes roll back to the one before")
+            }
+            (_, Ok(_)) => panic!("{what}: served a state other than the acknowledged one"),
+            ("exact", Err(e)) => panic!("{what}: refused ({e}), but nothing acknowledged is lost"),
+            (_, Err(e)) => assert!(!e.to_string().contains("full while notes wait"), "{what}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn both_header_slots_are_written_at_creation() {
+    let m = Machine::new(1, 0.0);
+    drop(open_on(&m, &options(64 << 10)));
+    let log = disk_bytes(&m.log);
+    let slot = |i: usize| Header::decode(&log[i * SLOT_LEN..(i + 1) * SLOT_LEN]);
+    let (Slot::Valid(a), Slot::Valid(b)) = (slot(0), slot(1)) else { panic!("both slots valid") };
+    assert_eq!((a.generation, b.generation), (1, 0));
+    assert_eq!(a.journal_id, b.journal_id);
+    // A write to the new journal, then slot 0 damaged: slot 1 is whole, and the record of
+    // generation 1 beyond it says the damaged slot was the current one.
+    let m = m.reboot();
+    let j = open_on(&m, &options(64 << 10));
+    j.write(0, &pattern(1, 5000)).unwrap();
+    j.sync_data().unwrap();
+    let m = m.reboot();
+    let mut log = disk_bytes(&m.log);
+    log[40] ^= 1;
+    let err = open_bytes(&m.data.lock().unwrap().clone(), log, None).unwrap_err();
+    assert!(matches!(err, JournalError::Damaged(_)), "{err}");
+}
+
+#[test]
+fn a_truncated_journal_is_refused_with_its_true_cause() {
+    let (m, _, claim) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let log = m.log.lock().unwrap().durable.clone();
+    let spans = record_spans(&log);
+    let inside = (spans[1].0 + 100) as usize;
+    let err = open_bytes(&data, log[..inside].to_vec(), Some(&claim)).unwrap_err();
+    assert!(matches!(err, JournalError::Truncated { .. }), "{err}");
+    assert!(err.to_string().contains("truncated") && err.to_string().contains(&inside.to_string()), "{err}");
+}
+
+#[test]
+fn a_claim_refuses_another_journal_an_older_copy_and_a_missing_one_unchanged() {
+    let older = {
+        // The journal as it was when created, before any record: a copy taken then.
+        let m = Machine::new(11, 0.0);
+        drop(open_on(&m, &JournalOptions { checkpoint_records: 6, ..options(256 << 10) }));
+        m.log.lock().unwrap().durable.clone()
+    };
+    let (m, states, claim) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let log = m.log.lock().unwrap().durable.clone();
+    assert_eq!(open_bytes(&data, log.clone(), Some(&claim)).unwrap(), states[8]);
+    // Another journal (its id differs), with no records to catch it by.
+    let err = open_bytes(&data, older.clone(), Some(&claim)).unwrap_err();
+    assert!(matches!(err, JournalError::NotThisFilesJournal { .. }), "{err}");
+    // The same journal, earlier: its records end before the file's commits.
+    let mut earlier = older;
+    let id = &log[16..32];
+    for slot in 0..2 {
+        let Slot::Valid(mut h) = Header::decode(&earlier[slot * SLOT_LEN..(slot + 1) * SLOT_LEN]) else { panic!() };
+        h.journal_id.copy_from_slice(id);
+        earlier[slot * SLOT_LEN..(slot + 1) * SLOT_LEN].copy_from_slice(&h.encode());
+    }
+    let err = open_bytes(&data, earlier.clone(), Some(&claim)).unwrap_err();
+    assert!(matches!(err, JournalError::Older { .. }), "{err}");
+    // Without the claim that copy would be rebound and the commits after it lost.
+    let served = open_bytes(&data, earlier, None).unwrap();
+    assert_ne!(served, states[8]);
+    // Missing (empty) while the file says it was open: refused.
+    assert!(matches!(open_bytes(&data, Vec::new(), Some(&claim)), Err(JournalError::Missing)));
+    // Closed cleanly: a new journal is made.
+    let clean = FileClaim { open: false, ..claim };
+    assert_eq!(open_bytes(&data, Vec::new(), Some(&clean)).unwrap(), data.volatile);
+}
+
+/// Both header slots zeroed (or one zeroed, one torn) over a journal that holds records is
+/// damage, not a journal still being created: refused, and the records are not wiped.
+#[test]
+fn zeroed_header_slots_over_records_are_refused_not_wiped() {
+    let (m, _, _) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let log = m.log.lock().unwrap().durable.clone();
+    assert!(!record_spans(&log).is_empty());
+    for torn_second in [false, true] {
+        let mut damaged = log.clone();
+        damaged[..SLOT_LEN].fill(0);
+        if torn_second {
+            damaged[SLOT_LEN + 100] ^= 1;
+        } else {
+            damaged[SLOT_LEN..2 * SLOT_LEN].fill(0);
+        }
+        let m2 = Machine::with_disks(5, 0.0, data.clone(), Disk::with_bytes(damaged.clone()));
+        let (d, l) = m2.backends();
+        let opts = JournalOptions { checkpoint_records: 6, ..options(256 << 10) };
+        let err = JournalBackend::open_claimed(d, l, &opts, None).err();
+        assert!(matches!(err, Some(JournalError::Damaged(_) | JournalError::NotAJournal)), "{err:?}");
+        assert_eq!(disk_bytes(&m2.log), damaged, "the journal is left as it was");
+        assert_eq!(disk_bytes(&m2.data), data.volatile, "the file is left as it was");
+    }
+}
+
+/// A header whose region length would take the region's end past 2^64 is refused as damage.
+#[test]
+fn a_header_region_past_the_end_of_the_address_space_is_refused() {
+    let (m, _, _) = nine_barriers();
+    let data = m.data.lock().unwrap().clone();
+    let mut log = m.log.lock().unwrap().durable.clone();
+    for slot in 0..2 {
+        let Slot::Valid(mut h) = Header::decode(&log[slot * SLOT_LEN..(slot + 1) * SLOT_LEN]) else { panic!() };
+        h.region_len = u64::MAX - (ALIGN - 1);
+        log[slot * SLOT_LEN..(slot + 1) * SLOT_LEN].copy_from_slice(&h.encode());
+    }
+    let err = open_bytes(&data, log, None).err();
+    assert!(matches!(err, Some(JournalError::Damaged(_))), "{err:?}");
+}
+
+#[test]
+fn an_emptied_file_is_not_bound_to_a_journal_of_a_file_with_content() {
+    let (m, _, _) = nine_barriers();
+    let log = m.log.lock().unwrap().durable.clone();
+    // Bring the journal to a checkpoint (no records) over its file, then empty the file.
+    let m2 = Machine::with_disks(6, 0.0, m.data.lock().unwrap().clone(), Disk::with_bytes(log));
+    let j = open_on(&m2, &JournalOptions { checkpoint_records: 6, ..options(256 << 10) });
+    j.close().unwrap();
+    let log = disk_bytes(&m2.log);
+    let err = open_bytes(&Disk::default(), log, None).unwrap_err();
+    assert!(matches!(err, JournalError::FileEmptied { .. }), "{err}");
 }

@@ -1,0 +1,619 @@
+// The client: every method of the wire over `fetch`, and the waiting `acquire`. The limiter never
+// waits; the host does. `acquire` sleeps to each refusal's `retryAt` (sized on the limiter's
+// clock), holds a ticket in the limiter's line (section 12 of the wire) when the server gives one,
+// and keeps its own first-in-first-out line per request shape in front of it, so only the head of
+// each shape asks and a large call is never overtaken by smaller ones behind it.
+
+import {
+  ApiError,
+  BadRequestError,
+  ConnectionError,
+  InvalidArgumentError,
+  LimitedError,
+  NotFoundError,
+  ProtocolError,
+  QueueFullError,
+  type Reason,
+  UnauthorizedError,
+  UnavailableError,
+} from './errors.js';
+import { Permit, type Costs } from './permit.js';
+import { type HeadersLike, vendorBudget, vendorWaitMs } from './vendor.js';
+
+/** One bucket a call counts in: a rolling window (`calls` per `perMs`), concurrency, or both. */
+export interface Limit {
+  key: string;
+  calls?: number;
+  perMs?: number;
+  concurrent?: number;
+  /** What this call counts in this bucket's window (default: the request's `cost`). */
+  cost?: number;
+  /** When a place never released lapses (default: the request's `holdMs`). */
+  holdMs?: number;
+}
+
+/** The params of `acquire` and `peek`, as the wire takes them. */
+export interface AcquireRequest {
+  /** The caller the call is made as; where a throttle lands. */
+  key: string;
+  limits: readonly Limit[];
+  cost?: number;
+  holdMs?: number;
+  /** Ask for a permit even without a concurrency place, so the grant can be settled. */
+  permit?: boolean;
+  /** Ask for `now` and each limit's figures on the reply. */
+  report?: boolean;
+  /** How long a ticket in the line outlives its `retryAt` unless asked again (100-60000). */
+  graceMs?: number;
+}
+
+/** One limit's figures (`report`, `peek`): window `used`/`remaining`, places `held`/`free`. */
+export interface LimitFigures {
+  key: string;
+  used?: number;
+  remaining?: number;
+  held?: number;
+  free?: number;
+  /** Live tickets in the bucket's line (servers of wire version 3). */
+  queued?: number;
+}
+
+export interface Granted {
+  granted: true;
+  at: Date;
+  /** Present exactly when the grant holds a place or was asked with `permit: true`. */
+  permit?: string;
+  now?: Date;
+  limits?: LimitFigures[];
+}
+
+export interface Refused {
+  granted: false;
+  retryAt: Date;
+  reason: Reason;
+  /** The bucket key (for a throttle, the caller key) whose `retryAt` stands. */
+  limit: string;
+  now?: Date;
+  limits?: LimitFigures[];
+  /** A queued refusal's place in the line (wire version 3). */
+  ticket?: string;
+  lapseAt?: Date;
+  ahead?: number;
+}
+
+/** The wire's answer to one `acquire`, with instants as `Date`s. */
+export type AcquireReply = Granted | Refused;
+
+export interface PeekReply {
+  fits: boolean;
+  retryAt?: Date;
+  reason?: Reason;
+  limit?: string;
+  now: Date;
+  limits: LimitFigures[];
+}
+
+export interface AcquireOptions {
+  /** Stop waiting (leaving the line) when aborted; rejects with a `LimitedError`. */
+  signal?: AbortSignal;
+  /** Give up after this long, or at once when the next `retryAt` lies beyond it. */
+  maxWaitMs?: number;
+  /** Hold a ticket in the limiter's line while waiting (default true). */
+  queue?: boolean;
+  /** Reject with `QueueFullError` when this many already wait for the same shape here. */
+  maxWaiters?: number;
+}
+
+/** One wait of `acquire`, as the `onWait` hook sees it. */
+export interface WaitReport {
+  waitedMs: number;
+  reason: Reason;
+  /** The limit key (for a throttle, the caller key) whose `retryAt` was slept on. */
+  limit: string;
+  /** With a ticket in the limiter's line: the most tickets ahead of it in any of its lines. */
+  ahead?: number;
+}
+
+export interface LimiterClientOptions {
+  /** The server, e.g. `http://127.0.0.1:7411`. */
+  url: string;
+  /** The bearer token, when the server has one. */
+  token?: string;
+  /** A `fetch` for runtimes without a global one. */
+  fetch?: typeof fetch;
+  /** Per HTTP request (default 30000). */
+  timeoutMs?: number;
+  /** The default `maxWaiters` of `acquire` (default: unbounded). */
+  maxWaiters?: number;
+  /** The throttle a 429 that names no wait stands for, in ms (default 5000). */
+  throttleAfterMs?: number;
+  /** Called after every wait of `acquire`. */
+  onWait?: (report: WaitReport) => void;
+}
+
+/** A provider's response, as `throttleFrom` reads it. */
+export type ResponseLike = Response | { status: number; headers: HeadersLike; body?: string | Uint8Array | null };
+
+interface Refusal {
+  reason: Reason;
+  limit: string;
+  retryAt: Date;
+}
+
+/** The local first-in-first-out line of one request shape: a fair lock its head holds. */
+class Line {
+  waiting = 0;
+  held = false;
+  queue: (() => void)[] = [];
+  last: Refusal | undefined;
+
+  /** Resolves when this caller is at the head; `cancel` withdraws before that. */
+  take(): { turn: Promise<void>; cancel: () => boolean; queued: boolean } {
+    if (!this.held) {
+      this.held = true;
+      return { turn: Promise.resolve(), cancel: () => false, queued: false };
+    }
+    let wake!: () => void;
+    const turn = new Promise<void>((resolve) => (wake = resolve));
+    this.queue.push(wake);
+    return {
+      turn,
+      queued: true,
+      cancel: () => {
+        const i = this.queue.indexOf(wake);
+        if (i < 0) return false; // already woken: the caller holds the turn
+        this.queue.splice(i, 1);
+        return true;
+      },
+    };
+  }
+
+  give(): void {
+    const next = this.queue.shift();
+    if (next) next();
+    else this.held = false;
+  }
+}
+
+const REASONS: readonly string[] = ['rate', 'concurrency', 'throttle'];
+
+/** Waiters queue per shape: the caller key and the buckets named, whatever the costs. */
+function shapeOf(req: AcquireRequest): string {
+  return [req.key, ...req.limits.map((l) => l.key)].join('\u0000');
+}
+
+function checkRequest(req: AcquireRequest): void {
+  if (typeof req !== 'object' || req === null) throw new InvalidArgumentError('request', 'must be an object');
+  if (typeof req.key !== 'string') throw new InvalidArgumentError('key', 'must be a string');
+  if (!Array.isArray(req.limits)) throw new InvalidArgumentError('limits', 'must be an array');
+}
+
+function costsToWire(costs: Costs, field: string): { key: string; cost: number }[] {
+  if (typeof costs !== 'object' || costs === null || Array.isArray(costs)) {
+    throw new InvalidArgumentError(field, 'must be an object of bucket key to cost');
+  }
+  return Object.entries(costs).map(([key, cost]) => ({ key, cost }));
+}
+
+function instant(v: unknown, field: string): Date {
+  if (typeof v !== 'string') throw new ProtocolError(`${field} must be an instant string, got ${JSON.stringify(v)}`);
+  const d = new Date(v);
+  if (Number.isNaN(d.getTime())) throw new ProtocolError(`${field} is not an instant: ${v}`);
+  return d;
+}
+
+function optionalInstant(v: unknown, field: string): Date | undefined {
+  return v === undefined || v === null ? undefined : instant(v, field);
+}
+
+function reasonOf(v: unknown, field: string): Reason {
+  if (typeof v !== 'string' || !REASONS.includes(v)) throw new ProtocolError(`${field} is not a reason: ${String(v)}`);
+  return v as Reason;
+}
+
+function sleep(ms: number): { done: Promise<void>; cancel: () => void } {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const done = new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)));
+  return { done, cancel: () => clearTimeout(timer) };
+}
+
+/** A client of one limiter server. Cheap to keep; share one per process. */
+export class LimiterClient {
+  readonly url: string;
+  readonly #token: string | undefined;
+  readonly #fetch: typeof fetch;
+  readonly #timeoutMs: number;
+  readonly #maxWaiters: number | undefined;
+  readonly #throttleAfterMs: number;
+  readonly #onWait: ((report: WaitReport) => void) | undefined;
+  readonly #lines = new Map<string, Line>();
+  /** The limiter's clock minus ours, from the latest reply. */
+  #offsetMs = 0;
+
+  constructor(options: LimiterClientOptions) {
+    if (typeof options !== 'object' || options === null) throw new InvalidArgumentError('options', 'must be an object');
+    let parsed: URL;
+    try {
+      parsed = new URL(options.url);
+    } catch {
+      throw new InvalidArgumentError('url', `must be an http(s) URL, got ${JSON.stringify(options.url)}`);
+    }
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
+      throw new InvalidArgumentError('url', `must be an http(s) URL, got ${JSON.stringify(options.url)}`);
+    }
+    this.url = options.url.replace(/\/+$/, '');
+    if (options.token !== undefined && (typeof options.token !== 'string' || options.token === '')) {
+      throw new InvalidArgumentError('token', 'must be a non-empty string');
+    }
+    this.#token = options.token;
+    const f = options.fetch ?? globalThis.fetch;
+    if (typeof f !== 'function') throw new InvalidArgumentError('fetch', 'must be given where there is no global fetch');
+    this.#fetch = f;
+    this.#timeoutMs = positive(options.timeoutMs, 'timeoutMs') ?? 30_000;
+    this.#maxWaiters = count(options.maxWaiters, 'maxWaiters');
+    this.#throttleAfterMs = count(options.throttleAfterMs, 'throttleAfterMs') ?? 5_000;
+    this.#onWait = options.onWait;
+  }
+
+  /** The limiter's clock as this client last saw it (epoch ms), for sizing waits and throttles. */
+  serverNow(): number {
+    return Date.now() + this.#offsetMs;
+  }
+
+  /** `GET /health`: liveness and what the server serves. */
+  async health(): Promise<Record<string, unknown>> {
+    return (await this.#request('GET', '/health')).body;
+  }
+
+  /** Asks once: never waits and never joins the line; a refusal is an answer, not an error. */
+  async tryAcquire(request: AcquireRequest): Promise<AcquireReply> {
+    checkRequest(request);
+    const { queue: _q, ticket: _t, ...body } = request as AcquireRequest & { queue?: unknown; ticket?: unknown };
+    return this.#acquireOnce(body);
+  }
+
+  /**
+   * Waits until granted and resolves to a `Permit`: sleeps to each refusal's `retryAt`, holding a
+   * ticket in the limiter's line when it gives one, first in first out among this process's
+   * callers of the same shape. Rejects with `LimitedError` when `maxWaitMs` runs out or `signal`
+   * aborts (leaving the line), `QueueFullError` past `maxWaiters`, and the wire's errors.
+   */
+  async acquire(request: AcquireRequest, options: AcquireOptions = {}): Promise<Permit> {
+    checkRequest(request);
+    const { signal } = options;
+    const maxWaitMs = count(options.maxWaitMs, 'maxWaitMs');
+    const maxWaiters = count(options.maxWaiters, 'maxWaiters') ?? this.#maxWaiters;
+    const queue = options.queue ?? true;
+    const started = performance.now();
+    const deadline = maxWaitMs === undefined ? undefined : started + maxWaitMs;
+    const waited = () => Math.round(performance.now() - started);
+    if (signal?.aborted) throw new LimitedError('aborted', undefined, 0, signal.reason);
+
+    const shape = shapeOf(request);
+    let line = this.#lines.get(shape);
+    if (!line) {
+      line = new Line();
+      this.#lines.set(shape, line);
+    }
+    if (maxWaiters !== undefined && line.waiting >= maxWaiters) throw new QueueFullError(line.waiting);
+    line.waiting++;
+    try {
+      const { turn, cancel, queued } = line.take();
+      const gotTurn = await this.#until(turn, signal, deadline);
+      if (gotTurn !== 'done') {
+        if (!cancel()) line.give(); // woken at the same moment: pass the turn on
+        throw new LimitedError(gotTurn, line.last, waited(), gotTurn === 'aborted' ? signal?.reason : undefined);
+      }
+      try {
+        return await this.#waitForGrant(line, request, queue, signal, deadline, waited, queued);
+      } finally {
+        line.give();
+      }
+    } finally {
+      line.waiting--;
+      if (line.waiting === 0 && this.#lines.get(shape) === line) this.#lines.delete(shape);
+    }
+  }
+
+  async #waitForGrant(
+    line: Line,
+    request: AcquireRequest,
+    queue: boolean,
+    signal: AbortSignal | undefined,
+    deadline: number | undefined,
+    waited: () => number,
+    queued: boolean,
+  ): Promise<Permit> {
+    let ticket: string | undefined;
+    let last: Refusal | undefined;
+    for (;;) {
+      const body: Record<string, unknown> = { ...request, report: true };
+      if (queue) body.queue = true;
+      if (ticket !== undefined) body.ticket = ticket;
+      const asked = this.#acquireOnce(body);
+      const outcome = await this.#until(asked, signal, deadline);
+      if (outcome !== 'done') {
+        // The answer may still grant (or file a ticket): give it back when it comes.
+        asked.then(
+          (reply) => this.#giveBack(reply),
+          () => {},
+        );
+        throw new LimitedError(outcome, last ?? line.last, waited(), outcome === 'aborted' ? signal?.reason : undefined);
+      }
+      let reply: AcquireReply;
+      try {
+        reply = await asked;
+      } catch (e) {
+        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        throw e;
+      }
+      if (reply.granted) {
+        // Granted at the first ask, with nobody ahead here: it did not wait.
+        const waitedMs = queued || last ? waited() : 0;
+        return new Permit(this, reply.at, reply.permit, reply.limits, waitedMs, last);
+      }
+      last = { reason: reply.reason, limit: reply.limit, retryAt: reply.retryAt };
+      line.last = last;
+      ticket = queue ? reply.ticket : undefined;
+      const serverNow = reply.now ? reply.now.getTime() : this.serverNow();
+      const waitMs = Math.max(1, reply.retryAt.getTime() - serverNow);
+      if (deadline !== undefined && performance.now() + waitMs > deadline) {
+        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        throw new LimitedError('maxWait', last, waited());
+      }
+      const nap = sleep(waitMs);
+      const slept = await this.#until(nap.done, signal, undefined);
+      if (slept !== 'done') {
+        nap.cancel();
+        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        throw new LimitedError(slept, last, waited(), signal?.reason);
+      }
+      const report: WaitReport = { waitedMs: waitMs, reason: last.reason, limit: last.limit };
+      if (ticket !== undefined && reply.ahead !== undefined) report.ahead = reply.ahead;
+      this.#onWait?.(report);
+    }
+  }
+
+  /** Releases what a reply that came after its caller gave up holds: a permit, a ticket. */
+  #giveBack(reply: AcquireReply): void {
+    if (reply.granted && reply.permit !== undefined) this.release(reply.permit).catch(() => {});
+    if (!reply.granted && reply.ticket !== undefined) this.leave(reply.ticket).catch(() => {});
+  }
+
+  /** Races `p` against `signal` and `deadline` (a `performance.now()` instant). */
+  async #until(p: Promise<unknown>, signal: AbortSignal | undefined, deadline: number | undefined) {
+    if (!signal && deadline === undefined) {
+      await p.catch(() => {});
+      return 'done' as const;
+    }
+    let onAbort: (() => void) | undefined;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const stops: Promise<'aborted' | 'maxWait'>[] = [];
+    if (signal) {
+      stops.push(
+        new Promise((resolve) => {
+          onAbort = () => resolve('aborted');
+          if (signal.aborted) onAbort();
+          else signal.addEventListener('abort', onAbort, { once: true });
+        }),
+      );
+    }
+    if (deadline !== undefined) {
+      stops.push(new Promise((resolve) => (timer = setTimeout(() => resolve('maxWait'), Math.max(0, deadline - performance.now())))));
+    }
+    try {
+      return await Promise.race([p.then(() => 'done' as const, () => 'done' as const), ...stops]);
+    } finally {
+      if (onAbort) signal?.removeEventListener('abort', onAbort);
+      clearTimeout(timer);
+    }
+  }
+
+  /** Would `request` be granted now, and how full is each limit? Changes nothing. */
+  async peek(request: AcquireRequest): Promise<PeekReply> {
+    checkRequest(request);
+    const { body } = await this.#request('POST', '/peek', request);
+    if (typeof body.fits !== 'boolean') throw new ProtocolError('peek: fits must be a boolean');
+    const reply: PeekReply = {
+      fits: body.fits,
+      now: instant(body.now, 'peek: now'),
+      limits: figures(body.limits),
+    };
+    this.#sawNow(reply.now);
+    if (!body.fits) {
+      reply.retryAt = instant(body.retryAt, 'peek: retryAt');
+      reply.reason = reasonOf(body.reason, 'peek: reason');
+      reply.limit = String(body.limit);
+    }
+    return reply;
+  }
+
+  /** Frees a permit's places (settling `costs` first, in one step): `true` when it was live. */
+  async release(permit: string, costs?: Costs): Promise<boolean> {
+    if (typeof permit !== 'string') throw new InvalidArgumentError('permit', 'must be a string');
+    const body: Record<string, unknown> = { permit };
+    if (costs !== undefined) body.costs = costsToWire(costs, 'costs');
+    return flag((await this.#request('POST', '/release', body)).body, 'released');
+  }
+
+  /** Leaves the limiter's line: `true` when the ticket was live (wire version 3). */
+  async leave(ticket: string): Promise<boolean> {
+    if (typeof ticket !== 'string') throw new InvalidArgumentError('ticket', 'must be a string');
+    return flag((await this.#request('POST', '/release', { ticket })).body, 'released');
+  }
+
+  /** Sets a permit's grant's real cost per window bucket: `true` when the permit was live. */
+  async settle(permit: string, costs: Costs): Promise<boolean> {
+    if (typeof permit !== 'string') throw new InvalidArgumentError('permit', 'must be a string');
+    const body = { permit, costs: costsToWire(costs, 'costs') };
+    return flag((await this.#request('POST', '/settle', body)).body, 'settled');
+  }
+
+  /** Closes the caller `key` until `until` (throttles only extend); the throttle now in force. */
+  async throttle(key: string, until: Date | number): Promise<Date | undefined> {
+    const at = typeof until === 'number' ? new Date(until) : until;
+    if (!(at instanceof Date) || Number.isNaN(at.getTime())) {
+      throw new InvalidArgumentError('until', 'must be a valid Date or epoch milliseconds');
+    }
+    const { body } = await this.#request('POST', '/throttle', { key, until: at.toISOString() });
+    return optionalInstant(body.until, 'throttle: until');
+  }
+
+  /** Ends the throttle on `key` early: `true` when one was in force. */
+  async lift(key: string): Promise<boolean> {
+    return flag((await this.#request('POST', '/lift', { key })).body, 'lifted');
+  }
+
+  /** Acquires (waiting), runs `fn` with the permit, and releases it however `fn` ends. */
+  async withPermit<T>(request: AcquireRequest, fn: (permit: Permit) => T | Promise<T>, options?: AcquireOptions): Promise<T> {
+    const permit = await this.acquire(request, options);
+    try {
+      return await fn(permit);
+    } finally {
+      await permit.release();
+    }
+  }
+
+  /**
+   * Reads a provider's response for the caller `callerKey`: a 429 throttles it for the wait the
+   * provider asked (clamped to 1-120 s; `throttleAfterMs` when it names none), a success that
+   * reports an exhausted budget until the reset. Resolves to the throttle in force when this
+   * response set one, else `undefined`.
+   */
+  async throttleFrom(callerKey: string, response: ResponseLike, options: { defaultMs?: number } = {}): Promise<Date | undefined> {
+    if (typeof response !== 'object' || response === null || typeof response.status !== 'number') {
+      throw new InvalidArgumentError('response', 'must have a numeric status and headers');
+    }
+    const now = this.serverNow();
+    let until: number | undefined;
+    if (response.status === 429) {
+      let body: string | Uint8Array | null | undefined;
+      if (typeof Response !== 'undefined' && response instanceof Response) {
+        body = response.bodyUsed ? undefined : await response.clone().text().catch(() => undefined);
+      } else {
+        body = (response as { body?: string | Uint8Array | null }).body;
+      }
+      until = now + vendorWaitMs(response.headers, body, { now, defaultMs: options.defaultMs ?? this.#throttleAfterMs });
+    } else if (response.status >= 200 && response.status < 300) {
+      until = vendorBudget(response.headers, { now })?.getTime();
+    }
+    return until === undefined ? undefined : this.throttle(callerKey, until);
+  }
+
+  async #acquireOnce(body: object): Promise<AcquireReply> {
+    const { body: r } = await this.#request('POST', '/acquire', body);
+    const now = optionalInstant(r.now, 'acquire: now');
+    if (now) this.#sawNow(now);
+    const limits = r.limits === undefined ? undefined : figures(r.limits);
+    if (r.granted === true) {
+      const reply: Granted = { granted: true, at: instant(r.at, 'acquire: at') };
+      if (typeof r.permit === 'string') reply.permit = r.permit;
+      if (now) reply.now = now;
+      if (limits) reply.limits = limits;
+      return reply;
+    }
+    if (r.granted !== false) throw new ProtocolError('acquire: granted must be a boolean');
+    const reply: Refused = {
+      granted: false,
+      retryAt: instant(r.retryAt, 'acquire: retryAt'),
+      reason: reasonOf(r.reason, 'acquire: reason'),
+      limit: String(r.limit),
+    };
+    if (now) reply.now = now;
+    if (limits) reply.limits = limits;
+    if (typeof r.ticket === 'string') reply.ticket = r.ticket;
+    const lapseAt = optionalInstant(r.lapseAt, 'acquire: lapseAt');
+    if (lapseAt) reply.lapseAt = lapseAt;
+    if (typeof r.ahead === 'number') reply.ahead = r.ahead;
+    return reply;
+  }
+
+  #sawNow(now: Date): void {
+    this.#offsetMs = now.getTime() - Date.now();
+  }
+
+  /** The `Date` header says the limiter's second; keep our estimate inside it. */
+  #sawDate(date: string | null): void {
+    if (!date) return;
+    const d = Date.parse(date);
+    if (Number.isNaN(d)) return;
+    const ours = this.serverNow();
+    if (ours < d || ours > d + 999) this.#offsetMs = Math.min(Math.max(ours, d), d + 999) - Date.now();
+  }
+
+  async #request(method: 'GET' | 'POST', path: string, payload?: unknown): Promise<{ status: number; body: Record<string, unknown> }> {
+    const headers: Record<string, string> = { accept: 'application/json' };
+    if (payload !== undefined) headers['content-type'] = 'application/json';
+    if (this.#token !== undefined) headers.authorization = `Bearer ${this.#token}`;
+    let res: Response;
+    let text: string;
+    try {
+      res = await this.#fetch(`${this.url}${path}`, {
+        method,
+        headers,
+        body: payload === undefined ? undefined : JSON.stringify(payload),
+        signal: AbortSignal.timeout(this.#timeoutMs),
+      });
+      text = await res.text();
+    } catch (e) {
+      throw new ConnectionError(`${method} ${this.url}${path}: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+    }
+    this.#sawDate(res.headers.get('date'));
+    let body: unknown;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = undefined;
+    }
+    if (res.ok) {
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+        throw new ProtocolError(`${method} ${path} answered ${res.status} without a JSON object: ${text.slice(0, 200)}`);
+      }
+      return { status: res.status, body: body as Record<string, unknown> };
+    }
+    const error = (body as { error?: { code?: unknown; message?: unknown } } | undefined)?.error;
+    const code = typeof error?.code === 'string' ? error.code : 'unknown';
+    const message = typeof error?.message === 'string' ? error.message : text.slice(0, 200);
+    const Kind =
+      res.status === 400
+        ? BadRequestError
+        : res.status === 401
+          ? UnauthorizedError
+          : res.status === 404
+            ? NotFoundError
+            : res.status === 503
+              ? UnavailableError
+              : ApiError;
+    throw new Kind(res.status, code, message);
+  }
+}
+
+function flag(body: Record<string, unknown>, name: string): boolean {
+  const v = body[name];
+  if (typeof v !== 'boolean') throw new ProtocolError(`${name} must be a boolean, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function figures(v: unknown): LimitFigures[] {
+  if (!Array.isArray(v)) throw new ProtocolError('limits must be an array');
+  return v.map((f, i) => {
+    if (typeof f !== 'object' || f === null || typeof f.key !== 'string') {
+      throw new ProtocolError(`limits[${i}] must be an object with a key`);
+    }
+    return f as LimitFigures;
+  });
+}
+
+function count(v: number | undefined, field: string): number | undefined {
+  if (v === undefined) return undefined;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) {
+    throw new InvalidArgumentError(field, `must be a non-negative integer, got ${String(v)}`);
+  }
+  return v;
+}
+
+function positive(v: number | undefined, field: string): number | undefined {
+  const n = count(v, field);
+  if (n === 0) throw new InvalidArgumentError(field, 'must be above 0');
+  return n;
+}

@@ -1,0 +1,48 @@
+// redb-limiter's host side in TypeScript: the client of the limiter slot's wire, its waiting
+// acquire and permits, providers' signals, token estimates, and the adapters (VernLLM, node
+// limiter's shape). Zero runtime dependencies: the global `fetch` (or one passed in).
+
+export {
+  LimiterClient,
+  type AcquireOptions,
+  type AcquireReply,
+  type AcquireRequest,
+  type Granted,
+  type Limit,
+  type LimitFigures,
+  type LimiterClientOptions,
+  type PeekReply,
+  type Refused,
+  type ResponseLike,
+  type WaitReport,
+} from './client.js';
+export { Permit, type Costs } from './permit.js';
+export {
+  ApiError,
+  BadRequestError,
+  ConnectionError,
+  InvalidArgumentError,
+  LimitedError,
+  LimiterError,
+  NotFoundError,
+  ProtocolError,
+  QueueFullError,
+  UnauthorizedError,
+  UnavailableError,
+  type Reason,
+} from './errors.js';
+export { MAX_WAIT_MS, MIN_WAIT_MS, vendorBudget, vendorWaitMs, type HeadersLike, type Instant } from './vendor.js';
+export { estimateTokens, usageTokens, type MessageLike, type Tokenizer } from './estimate.js';
+export {
+  vernRateLimit,
+  VernRateLimitError,
+  type VernAcquireResult,
+  type VernLogger,
+  type VernRateLimit,
+  type VernRateLimitCode,
+  type VernRateLimitHint,
+  type VernRateLimitOptions,
+  type VernRateLimitState,
+  type VernWireRequest,
+} from './vern.js';
+export { RateLimiter, type Interval, type RateLimiterOptions } from './limiter.js';

@@ -1,0 +1,411 @@
+// Every method of the wire, every typed error, the waiting acquire (its wait, FIFO, maxWaiters,
+// maxWaitMs, abort, a late grant given back), permits and their disposal, against the real server.
+import assert from 'node:assert/strict';
+import { unlinkSync } from 'node:fs';
+import { after, before, describe, test } from 'node:test';
+import {
+  ApiError,
+  BadRequestError,
+  NotFoundError,
+  ConnectionError,
+  InvalidArgumentError,
+  LimitedError,
+  LimiterClient,
+  Permit,
+  ProtocolError,
+  QueueFullError,
+  UnauthorizedError,
+  UnavailableError,
+} from '../dist/index.mjs';
+import { fresh, startServer } from './server.mjs';
+
+let server;
+let client;
+before(async () => {
+  server = await startServer();
+  client = new LimiterClient({ url: server.url });
+});
+after(() => server?.stop());
+
+const windowOf = (key, calls, perMs, extra = {}) => ({ key: fresh(key), limits: [{ key: fresh(`${key}/w`), calls, perMs, ...extra }] });
+const held = async (req) => (await client.peek(req)).limits[0].held;
+
+test('health names what the server serves; serverNow follows its clock', async () => {
+  const health = await client.health();
+  assert.equal(health.ok, true);
+  await client.peek({ key: fresh('h'), limits: [] });
+  assert.ok(Math.abs(client.serverNow() - Date.now()) < 1_000);
+});
+
+describe('tryAcquire', () => {
+  test('resolves to the wire reply: a grant, then a refusal it does not throw', async () => {
+    const req = windowOf('try', 1, 60_000);
+    const granted = await client.tryAcquire(req);
+    assert.equal(granted.granted, true);
+    assert.ok(granted.at instanceof Date);
+    assert.equal(granted.permit, undefined);
+    const refused = await client.tryAcquire(req);
+    assert.equal(refused.granted, false);
+    assert.equal(refused.reason, 'rate');
+    assert.equal(refused.limit, req.limits[0].key);
+    assert.ok(refused.retryAt instanceof Date);
+    assert.equal(refused.retryAt.getTime(), granted.at.getTime() + 60_000);
+    assert.equal(refused.ticket, undefined, 'tryAcquire never joins the line');
+  });
+
+  test('a concurrency grant carries a permit; release frees it once', async () => {
+    const req = { key: fresh('c'), limits: [{ key: fresh('c/conc'), concurrent: 1 }] };
+    const granted = await client.tryAcquire(req);
+    assert.equal(typeof granted.permit, 'string');
+    assert.equal((await client.tryAcquire(req)).reason, 'concurrency');
+    assert.equal(await client.release(granted.permit), true);
+    assert.equal(await client.release(granted.permit), false);
+    assert.equal((await client.tryAcquire(req)).granted, true);
+  });
+});
+
+describe('peek', () => {
+  test('decides as acquire would and changes nothing', async () => {
+    const req = windowOf('peek', 2, 60_000, { concurrent: 5 });
+    const before = await client.peek(req);
+    assert.equal(before.fits, true);
+    assert.deepEqual(before.limits[0], { key: req.limits[0].key, used: 0, remaining: 2, held: 0, free: 5 });
+    await client.tryAcquire(req);
+    await client.tryAcquire(req);
+    const full = await client.peek(req);
+    assert.equal(full.fits, false);
+    assert.equal(full.reason, 'rate');
+    assert.equal(full.limit, req.limits[0].key);
+    assert.ok(full.retryAt > full.now);
+    assert.equal(full.limits[0].used, 2);
+    assert.equal((await client.peek(req)).limits[0].used, 2, 'peek counts nowhere');
+  });
+});
+
+describe('settle and release with costs', () => {
+  test('settle replaces the estimate in the window; release(costs) settles and frees in one step', async () => {
+    const tpm = fresh('tpm');
+    const conc = fresh('conc');
+    const req = { key: fresh('s'), permit: true, limits: [{ key: tpm, calls: 1000, perMs: 60_000, cost: 800 }, { key: conc, concurrent: 2 }] };
+    const permit = await client.acquire(req);
+    assert.ok(permit instanceof Permit);
+    assert.equal(typeof permit.id, 'string');
+    assert.equal((await client.peek({ ...req, limits: [{ key: tpm, calls: 1000, perMs: 60_000, cost: 0 }] })).limits[0].used, 800);
+    assert.equal(await permit.settle({ [tpm]: 120 }), true);
+    const peekReq = { key: req.key, limits: [{ key: tpm, calls: 1000, perMs: 60_000, cost: 0 }, { key: conc, concurrent: 2 }] };
+    assert.equal((await client.peek(peekReq)).limits[0].used, 120);
+    assert.equal(await permit.release({ [tpm]: 75 }), true);
+    const after = await client.peek(peekReq);
+    assert.equal(after.limits[0].used, 75);
+    assert.equal(after.limits[1].held, 0);
+    assert.equal(await permit.settle({ [tpm]: 1 }), false, 'a released permit settles nothing');
+  });
+
+  test('a settle naming a bucket the grant is not in is a BadRequestError naming it', async () => {
+    const req = { ...windowOf('bad-settle', 10, 60_000), permit: true };
+    const permit = await client.acquire(req);
+    await assert.rejects(permit.settle({ 'not-a-bucket': 1 }), (e) => e instanceof BadRequestError && e.status === 400 && /costs/.test(e.message));
+    assert.equal(await permit.release(), true);
+  });
+});
+
+describe('throttle and lift', () => {
+  test('a throttle closes the caller until its instant; lift opens it', async () => {
+    const req = windowOf('thr', 100, 60_000);
+    const until = new Date(Date.now() + 30_000);
+    const inForce = await client.throttle(req.key, until);
+    assert.ok(inForce instanceof Date);
+    assert.ok(Math.abs(inForce.getTime() - until.getTime()) <= 1);
+    const refused = await client.tryAcquire(req);
+    assert.equal(refused.reason, 'throttle');
+    assert.equal(refused.limit, req.key);
+    assert.equal(await client.lift(req.key), true);
+    assert.equal(await client.lift(req.key), false);
+    assert.equal((await client.tryAcquire(req)).granted, true);
+    assert.equal(await client.throttle(req.key, Date.now() - 1000), undefined, 'a past until closes nothing');
+  });
+});
+
+describe('acquire', () => {
+  test('waits to the retryAt and is granted', async () => {
+    const waits = [];
+    const c = new LimiterClient({ url: server.url, onWait: (w) => waits.push(w) });
+    const req = windowOf('wait', 1, 400);
+    const first = await c.acquire(req);
+    const started = Date.now();
+    const second = await c.acquire(req);
+    const waited = Date.now() - started;
+    assert.ok(waited >= 300 && waited < 1500, `waited ${waited} ms`);
+    assert.ok(second.at.getTime() >= first.at.getTime() + 400);
+    assert.equal(waits.length, 1);
+    assert.equal(waits[0].reason, 'rate');
+    assert.equal(waits[0].limit, req.limits[0].key);
+    assert.equal(second.waitedFor.reason, 'rate');
+  });
+
+  test('a waiting acquire asks to join the line (queue: true) and reports; tryAcquire and queue: false never join', async () => {
+    const bodies = [];
+    const spy = async (url, init) => {
+      if (String(url).endsWith('/acquire')) bodies.push(JSON.parse(init.body));
+      return fetch(url, init);
+    };
+    const c = new LimiterClient({ url: server.url, fetch: spy });
+    const req = windowOf('spy', 1, 300);
+    await c.tryAcquire({ ...req, queue: true, ticket: 't-x' });
+    assert.equal(bodies.length, 1);
+    assert.equal(bodies[0].queue, undefined);
+    assert.equal(bodies[0].ticket, undefined);
+    await c.acquire(req);
+    const waiting = bodies.splice(0).slice(1);
+    assert.ok(waiting.length >= 2, 'the acquire was refused first');
+    assert.ok(waiting.every((b) => b.queue === true && b.report === true), JSON.stringify(waiting));
+    await c.acquire(req, { queue: false });
+    assert.ok(bodies.length >= 2 && bodies.every((b) => b.queue === undefined), JSON.stringify(bodies));
+  });
+
+  test('maxWaitMs: rejects with LimitedError naming reason, limit and retryAt, at once when the retryAt lies beyond it', async () => {
+    const req = windowOf('max', 1, 60_000);
+    await client.acquire(req);
+    const started = Date.now();
+    const err = await client.acquire(req, { maxWaitMs: 500 }).catch((e) => e);
+    assert.ok(err instanceof LimitedError, String(err));
+    assert.equal(err.trigger, 'maxWait');
+    assert.equal(err.reason, 'rate');
+    assert.equal(err.limit, req.limits[0].key);
+    assert.ok(err.retryAt instanceof Date && err.retryAt.getTime() > Date.now() + 50_000);
+    assert.ok(Date.now() - started < 400, 'it did not sleep towards a retryAt it could not reach');
+  });
+
+  test('maxWaitMs: a waiter behind the head of its line gives up at its deadline with the line\'s refusal', async () => {
+    const req = { key: fresh('q'), limits: [{ key: fresh('q/conc'), concurrent: 1, holdMs: 60_000 }] };
+    const holder = await client.acquire(req);
+    const head = client.acquire(req); // waits on concurrency, rechecking
+    const started = Date.now();
+    const err = await client.acquire(req, { maxWaitMs: 300 }).catch((e) => e);
+    const took = Date.now() - started;
+    assert.ok(err instanceof LimitedError && err.trigger === 'maxWait', String(err));
+    assert.ok(took >= 280 && took < 1000, `gave up after ${took} ms`);
+    assert.equal(err.reason, 'concurrency');
+    assert.equal(err.limit, req.limits[0].key);
+    await holder.release();
+    const p = await head;
+    await p.release();
+  });
+
+  test('an aborted signal stops the wait with LimitedError carrying the refusal and the signal reason', async () => {
+    const req = windowOf('abort', 1, 60_000);
+    await client.acquire(req);
+    const ac = new AbortController();
+    const pending = client.acquire(req, { signal: ac.signal });
+    setTimeout(() => ac.abort(new Error('caller gave up')), 100);
+    const err = await pending.catch((e) => e);
+    assert.ok(err instanceof LimitedError, String(err));
+    assert.equal(err.trigger, 'aborted');
+    assert.equal(err.reason, 'rate');
+    assert.equal(err.limit, req.limits[0].key);
+    assert.equal(err.cause.message, 'caller gave up');
+    const already = await client.acquire(req, { signal: AbortSignal.abort() }).catch((e) => e);
+    assert.ok(already instanceof LimitedError && already.trigger === 'aborted');
+  });
+
+  test('a grant that arrives after the caller aborted is released, never leaked', async () => {
+    let delayed = 0;
+    const slowFetch = async (url, init) => {
+      const res = await fetch(url, init);
+      if (String(url).endsWith('/acquire')) {
+        delayed += 1;
+        await new Promise((r) => setTimeout(r, 300));
+      }
+      return res;
+    };
+    const c = new LimiterClient({ url: server.url, fetch: slowFetch });
+    const req = { key: fresh('late'), limits: [{ key: fresh('late/conc'), concurrent: 1 }] };
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 50);
+    const err = await c.acquire(req, { signal: ac.signal }).catch((e) => e);
+    assert.ok(err instanceof LimitedError && err.trigger === 'aborted');
+    assert.equal(err.reason, undefined, 'no answer had come');
+    assert.equal(delayed, 1);
+    for (let i = 0; i < 50 && (await held(req)) !== 0; i++) await new Promise((r) => setTimeout(r, 50));
+    assert.equal(await held(req), 0);
+  });
+
+  test('callers of one shape are served first in, first out: a large call is not overtaken by small ones', async () => {
+    const bucket = fresh('fifo/tpm');
+    const key = fresh('fifo');
+    const req = (cost) => ({ key, limits: [{ key: bucket, calls: 10, perMs: 500, cost }] });
+    await client.acquire(req(8));
+    const order = [];
+    const large = client.acquire(req(10)).then(() => order.push('large'));
+    await new Promise((r) => setTimeout(r, 20));
+    const smalls = [1, 2, 3].map((i) => client.acquire(req(1)).then(() => order.push(`small${i}`)));
+    await Promise.all([large, ...smalls]);
+    assert.equal(order[0], 'large');
+  });
+
+  test('maxWaiters: QueueFullError when that many already wait for the shape', async () => {
+    const req = { key: fresh('full'), limits: [{ key: fresh('full/conc'), concurrent: 1 }] };
+    const holder = await client.acquire(req);
+    const ac = new AbortController();
+    const waiting = client.acquire(req, { signal: ac.signal, maxWaiters: 1 }).catch((e) => e);
+    const err = await client.acquire(req, { maxWaiters: 1 }).catch((e) => e);
+    assert.ok(err instanceof QueueFullError, String(err));
+    assert.equal(err.waiting, 1);
+    ac.abort();
+    assert.ok((await waiting) instanceof LimitedError);
+    await holder.release();
+  });
+
+  test('sleeps on the server clock: a host clock an hour ahead still waits once, the right time', async () => {
+    const realNow = Date.now;
+    const waits = [];
+    const c = new LimiterClient({ url: server.url, onWait: (w) => waits.push(w) });
+    const req = windowOf('skew', 1, 500);
+    await c.acquire(req);
+    Date.now = () => realNow() + 3_600_000;
+    try {
+      await c.acquire(req);
+    } finally {
+      Date.now = realNow;
+    }
+    assert.equal(waits.length, 1, JSON.stringify(waits));
+    assert.ok(waits[0].waitedMs > 50 && waits[0].waitedMs <= 500, JSON.stringify(waits));
+  });
+
+  test('without a now on the reply, the HTTP Date header sizes the wait (to within its second)', async () => {
+    const realNow = Date.now;
+    const stripNow = async (url, init) => {
+      const res = await fetch(url, init);
+      const body = await res.json();
+      delete body.now;
+      return new Response(JSON.stringify(body), { status: res.status, headers: res.headers });
+    };
+    const waits = [];
+    const c = new LimiterClient({ url: server.url, fetch: stripNow, onWait: (w) => waits.push(w) });
+    const req = windowOf('date', 1, 1500);
+    await c.acquire(req);
+    Date.now = () => realNow() - 3_600_000;
+    const started = performance.now();
+    try {
+      await c.acquire(req);
+    } finally {
+      Date.now = realNow;
+    }
+    const took = performance.now() - started;
+    assert.ok(waits.length >= 1 && waits.length <= 3, JSON.stringify(waits));
+    assert.ok(took >= 1000 && took < 3000, `took ${took} ms`);
+  });
+});
+
+describe('permits', () => {
+  test('release(costs?) is idempotent: one request, the same answer', async () => {
+    const req = { key: fresh('idem'), limits: [{ key: fresh('idem/conc'), concurrent: 3 }] };
+    const permit = await client.acquire(req);
+    assert.equal(await held(req), 1);
+    const [a, b] = await Promise.all([permit.release(), permit.release()]);
+    assert.equal(a, true);
+    assert.equal(b, true);
+    assert.equal(await permit.release(), true);
+    assert.equal(permit.released, true);
+    assert.equal(await held(req), 0);
+  });
+
+  test('Symbol.asyncDispose releases (what await using calls)', async () => {
+    const req = { key: fresh('disp'), limits: [{ key: fresh('disp/conc'), concurrent: 1 }] };
+    {
+      const permit = await client.acquire(req);
+      assert.equal(await held(req), 1);
+      await permit[Symbol.asyncDispose]();
+    }
+    assert.equal(await held(req), 0);
+  });
+
+  test('withPermit releases after fn, when it throws too, and keeps a release(costs) made inside', async () => {
+    const tpm = fresh('wp/tpm');
+    const conc = fresh('wp/conc');
+    const req = { key: fresh('wp'), permit: true, limits: [{ key: tpm, calls: 100, perMs: 60_000, cost: 50 }, { key: conc, concurrent: 1 }] };
+    const peekReq = { key: req.key, limits: [{ key: tpm, calls: 100, perMs: 60_000, cost: 0 }, { key: conc, concurrent: 1 }] };
+    const out = await client.withPermit(req, async (p) => {
+      assert.equal((await client.peek(peekReq)).limits[1].held, 1);
+      await p.release({ [tpm]: 7 });
+      return 'done';
+    });
+    assert.equal(out, 'done');
+    assert.equal((await client.peek(peekReq)).limits[0].used, 7);
+    await assert.rejects(client.withPermit(req, async () => { throw new Error('boom'); }), /boom/);
+    assert.equal((await client.peek(peekReq)).limits[1].held, 0);
+  });
+});
+
+describe('errors', () => {
+  test('a bad field is a BadRequestError whose message names it, and changes nothing', async () => {
+    const req = { key: fresh('bad'), limits: [{ key: fresh('bad/w'), calls: 1, perMs: 0 }] };
+    const err = await client.tryAcquire(req).catch((e) => e);
+    assert.ok(err instanceof BadRequestError, String(err));
+    assert.equal(err.code, 'bad_request');
+    assert.match(err.message, /limits\[0\]\.perMs/);
+    await assert.rejects(client.acquire(req), BadRequestError);
+    await assert.rejects(client.throttle(fresh('t'), Date.now() + 2 * 86_400_000), (e) => e instanceof BadRequestError && /until/.test(e.message));
+  });
+
+  test('bad arguments are InvalidArgumentErrors naming the field, before anything is sent', async () => {
+    assert.throws(() => new LimiterClient({ url: 'not a url' }), (e) => e instanceof InvalidArgumentError && e.field === 'url');
+    assert.throws(() => new LimiterClient({ url: server.url, timeoutMs: -1 }), (e) => e.field === 'timeoutMs');
+    await assert.rejects(client.acquire(windowOf('arg', 1, 1000), { maxWaitMs: -5 }), (e) => e instanceof InvalidArgumentError && e.field === 'maxWaitMs');
+    await assert.rejects(client.throttle('k', new Date(NaN)), (e) => e.field === 'until');
+    await assert.rejects(client.settle('p-x', null), (e) => e.field === 'costs');
+  });
+
+  test('a server with a token: UnauthorizedError without it, every method with it', async () => {
+    const locked = await startServer({ token: 'sesame' });
+    try {
+      const req = windowOf('auth', 5, 60_000);
+      const anon = new LimiterClient({ url: locked.url });
+      const err = await anon.tryAcquire(req).catch((e) => e);
+      assert.ok(err instanceof UnauthorizedError && err.status === 401, String(err));
+      const authed = new LimiterClient({ url: locked.url, token: 'sesame' });
+      assert.equal((await authed.tryAcquire(req)).granted, true);
+      assert.equal((await authed.peek(req)).limits[0].used, 1);
+    } finally {
+      await locked.stop();
+    }
+  });
+
+  test('an unknown path is a NotFoundError; a body over 64 KiB an ApiError 413', async () => {
+    const wrongPath = new LimiterClient({ url: `${server.url}/not-the-wire` });
+    const notFound = await wrongPath.tryAcquire(windowOf('nf', 1, 1000)).catch((e) => e);
+    assert.ok(notFound instanceof NotFoundError && notFound.status === 404 && notFound.code === 'not_found', String(notFound));
+    const huge = { key: fresh('huge'), limits: [{ key: 'x'.repeat(70 * 1024), calls: 1, perMs: 1000 }] };
+    const tooLarge = await client.tryAcquire(huge).catch((e) => e);
+    assert.ok(tooLarge instanceof ApiError && tooLarge.status === 413 && tooLarge.code === 'payload_too_large', String(tooLarge));
+  });
+
+  test('unreachable: ConnectionError; a reply the wire does not allow: ProtocolError', async () => {
+    const gone = await startServer();
+    const url = gone.url;
+    await gone.stop();
+    await assert.rejects(new LimiterClient({ url }).tryAcquire(windowOf('gone', 1, 1000)), ConnectionError);
+    const garbage = async () => new Response('{"granted":"maybe"}', { status: 200 });
+    await assert.rejects(new LimiterClient({ url, fetch: garbage }).tryAcquire(windowOf('g', 1, 1000)), ProtocolError);
+  });
+
+  test('a server whose file is gone answers UnavailableError, and grants nothing', async () => {
+    const doomed = await startServer();
+    try {
+      const c = new LimiterClient({ url: doomed.url });
+      const req = windowOf('gone', 100, 60_000);
+      assert.equal((await c.tryAcquire(req)).granted, true);
+      unlinkSync(doomed.path);
+      let err;
+      for (let i = 0; i < 60 && !err; i++) {
+        err = await c.tryAcquire(req).then(() => undefined, (e) => e);
+        if (!err) await new Promise((r) => setTimeout(r, 100));
+      }
+      assert.ok(err instanceof UnavailableError, String(err));
+      assert.equal(err.status, 503);
+      assert.equal(err.code, 'unavailable');
+    } finally {
+      await doomed.stop();
+    }
+  });
+});

@@ -10,7 +10,7 @@ use redb_limiter::limiter::LimiterOptions;
 use redb_limiter::{AcquireRequest, Cost, Limit, Limiter, Millis, Reason};
 use redb_limiter_client::contract;
 use redb_limiter_client::{
-    AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, PeekOutcome, Refusal, WaitReport,
+    AcquireOptions, Client, ClientError, HttpLimiter, InLine, LimiterApi, Outcome, PeekOutcome, Refusal, WaitReport,
 };
 use redb_limiter_server::server::{ServerConfig, serve};
 
@@ -42,10 +42,25 @@ impl LimiterApi for EngineLimiter {
     async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
         tokio::time::sleep(self.delay).await;
         let now = self.now();
-        Ok(match self.engine.lock().unwrap().acquire(&req, now, &mut Vec::new()) {
+        let answer = self.engine.lock().unwrap().acquire_in_line(&req, now, &mut Vec::new());
+        let answer = answer.map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(match answer.decision {
             Decision::Granted { at, permit } => Outcome::Granted { at, permit: permit.map(|p| p.to_string()) },
-            Decision::Refused { retry_at, reason, limit } => Outcome::Refused(Refusal { retry_at, reason, limit }),
+            Decision::Refused { retry_at, reason, limit } => {
+                let line = answer.ticket.map(|t| InLine {
+                    ticket: t.id.to_string(),
+                    lapse_at: t.lapse_at,
+                    ahead: t.ahead,
+                    now: t.now,
+                });
+                Outcome::Refused(Refusal { retry_at, reason, limit, line })
+            }
         })
+    }
+
+    async fn leave(&self, ticket: String) -> Result<bool, ClientError> {
+        let now = self.now();
+        Ok(self.engine.lock().unwrap().leave(&ticket, now, &mut Vec::new()))
     }
 
     async fn release(&self, permit: String) -> Result<bool, ClientError> {
@@ -61,8 +76,7 @@ impl LimiterApi for EngineLimiter {
     async fn peek(&self, req: AcquireRequest) -> Result<PeekOutcome, ClientError> {
         let now = self.now();
         let engine = self.engine.lock().unwrap();
-        let refusal =
-            engine.peek(&req, now).map(|r| Refusal { retry_at: r.retry_at, reason: r.reason, limit: r.limit });
+        let refusal = engine.peek(&req, now).map(|r| Refusal::new(r.retry_at, r.reason, r.limit));
         Ok(PeekOutcome { refusal, now, limits: engine.figures(&req, now) })
     }
 
@@ -214,8 +228,12 @@ async fn provider_answers_throttle_the_caller() {
 }
 
 async fn start_server() -> (String, tempfile::TempDir, tokio::sync::oneshot::Sender<()>) {
+    start_server_with(LimiterOptions::default()).await
+}
+
+async fn start_server_with(options: LimiterOptions) -> (String, tempfile::TempDir, tokio::sync::oneshot::Sender<()>) {
     let dir = tempfile::tempdir().unwrap();
-    let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), LimiterOptions::default()).unwrap());
+    let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), options).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -323,4 +341,166 @@ async fn settle_and_peek_embedded_and_over_http() {
     settle_and_peek_through(embedded).await;
     let (url, _dir, _stop) = start_server().await;
     settle_and_peek_through(Arc::new(HttpLimiter::new(&url, None))).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_waiting_acquire_queues_and_asks_again_with_its_ticket() {
+    let limiter = EngineLimiter::new(Duration::ZERO);
+    let client = Client::new(limiter.clone());
+    let other = Client::new(limiter.clone());
+    let tpm = |key: &str, cost| AcquireRequest::new(key, vec![Limit::window("tpm", 10, 1000).with_cost(cost)]).unwrap();
+    other.try_acquire(tpm("other", 4)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    other.try_acquire(tpm("other", 4)).await.unwrap(); // 8 used: room for 2
+    let large = {
+        let client = client.clone();
+        tokio::spawn(async move { client.acquire(tpm("large", 8), AcquireOptions::default()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(limiter.engine.lock().unwrap().tickets(), 1, "the refused acquire took a ticket");
+    // The room that frees first would fit a small call, but the ticket stands before it.
+    match other.try_acquire(tpm("other", 2)).await {
+        Err(ClientError::Refused(r)) => assert_eq!(r.line, None, "a host that does not queue takes no ticket"),
+        other => panic!("expected a refusal by the line, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await; // T0 + 1101: the first 4 left
+    match other.try_acquire(tpm("other", 2)).await {
+        Err(ClientError::Refused(r)) => assert_eq!((r.reason, r.retry_at), (Reason::Rate, T0.plus(1400))),
+        other => panic!("the ticket still stands first: {other:?}"),
+    }
+    // Asked again with its ticket at its retryAt (T0 + 1400, when 8 fit), it is granted then.
+    let permit = large.await.unwrap().unwrap();
+    assert_eq!(permit.at(), T0.plus(1400));
+    assert_eq!(limiter.engine.lock().unwrap().tickets(), 0, "the grant ended the ticket");
+    // With the line turned off, the same wait takes no ticket.
+    let off = AcquireOptions { no_queue: true, max_wait: Some(Duration::from_millis(10)), ..AcquireOptions::default() };
+    match client.acquire(tpm("large", 8), off).await {
+        Err(ClientError::QueueTimeout { last: Some(last), .. }) => assert_eq!(last.line, None),
+        other => panic!("expected QueueTimeout, got {other:?}"),
+    }
+    assert_eq!(limiter.engine.lock().unwrap().tickets(), 0);
+}
+
+/// How many tickets wait in the line of `bucket` (a 10-per-minute window), as a peek sees it.
+async fn queued<L: LimiterApi>(limiter: &L, bucket: &str) -> u64 {
+    let req = AcquireRequest::new("peeker", vec![Limit::window(bucket, 10, 60_000)]).unwrap();
+    limiter.peek(req).await.unwrap().limits[0].queued.unwrap_or(0)
+}
+
+/// Polls `queued` until it is `want` (the leave of a dropped wait is sent from a spawned task).
+async fn until_queued<L: LimiterApi>(limiter: &L, bucket: &str, want: u64) {
+    for _ in 0..500 {
+        if queued(limiter, bucket).await == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{bucket}: the line never held {want} (it holds {})", queued(limiter, bucket).await);
+}
+
+/// Queues by default, leaves the line at `max_wait` and when the waiting future is dropped.
+async fn queue_and_leave_through<L: LimiterApi>(limiter: Arc<L>) {
+    let client = Client::new(limiter.clone());
+    let req = |key: &str, bucket: &str, cost| {
+        AcquireRequest::new(key, vec![Limit::window(bucket, 10, 60_000).with_cost(cost)]).unwrap()
+    };
+    client.try_acquire(req("filler", "lh/a", 10)).await.unwrap();
+    // max_wait: the refusal's retryAt (a minute away) lies past it, so it gives up at once and
+    // leaves the line before answering.
+    let short = AcquireOptions { max_wait: Some(Duration::from_millis(200)), ..AcquireOptions::default() };
+    let last = match client.acquire(req("host", "lh/a", 1), short).await {
+        Err(ClientError::QueueTimeout { last: Some(last), .. }) => last,
+        other => panic!("expected QueueTimeout, got {other:?}"),
+    };
+    let line = last.line.clone().expect("the waiting acquire queues by default");
+    assert!(line.ticket.starts_with("t-"), "{line:?}");
+    assert_eq!(line.ahead, 0);
+    assert!(line.lapse_at > last.retry_at && last.retry_at > line.now, "{line:?} {last:?}");
+    assert_eq!(queued(&*limiter, "lh/a").await, 0, "it left the line");
+    assert!(!limiter.leave(line.ticket).await.unwrap(), "the ticket had already left");
+    // The line turned off: no ticket.
+    let off = AcquireOptions { no_queue: true, ..short };
+    match client.acquire(req("host", "lh/a", 1), off).await {
+        Err(ClientError::QueueTimeout { last: Some(last), .. }) => assert_eq!(last.line, None),
+        other => panic!("expected QueueTimeout, got {other:?}"),
+    }
+    // Dropped while it waits: the ticket leaves the line.
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move { client.acquire(req("host", "lh/a", 1), AcquireOptions::default()).await })
+    };
+    until_queued(&*limiter, "lh/a", 1).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    until_queued(&*limiter, "lh/a", 0).await;
+    // A caller who stops waiting while its first ask is on its way leaves the line too.
+    client.try_acquire(req("filler", "lh/b", 10)).await.unwrap();
+    let cut = tokio::time::timeout(Duration::ZERO, client.acquire(req("host", "lh/b", 1), AcquireOptions::default()));
+    assert!(cut.await.is_err());
+    until_queued(&*limiter, "lh/b", 0).await;
+}
+
+#[tokio::test]
+async fn the_waiting_acquire_queues_and_leaves_embedded_and_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), LimiterOptions::default()).unwrap());
+    queue_and_leave_through(embedded).await;
+    let (url, _dir, _stop) = start_server().await;
+    queue_and_leave_through(Arc::new(HttpLimiter::new(&url, None))).await;
+}
+
+/// Eight hosts stream small calls into a window while a ninth waits for 30% of it: in line,
+/// it is granted within two window lengths, and no small call that asked after its ticket was
+/// filed is granted before it. (A ticket behind a first ticket that is late by a millisecond
+/// is told to ask again after `recheckMs`: kept short here, as the window is.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_call_is_not_starved_by_small_ones_from_other_hosts() {
+    const PER_MS: u64 = 500;
+    let (url, _dir, _stop) = start_server_with(LimiterOptions { recheck_ms: 20, ..LimiterOptions::default() }).await;
+    let req = |key: String, cost| {
+        AcquireRequest::new(key, vec![Limit::window("lh/fair", 100, PER_MS).with_cost(cost)]).unwrap()
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // (asked at, granted at) of every small grant, on the limiter's clock.
+    let smalls = Arc::new(Mutex::new(Vec::new()));
+    let mut hosts = Vec::new();
+    for i in 0..8u64 {
+        let client = Client::new(Arc::new(HttpLimiter::new(&url, None)));
+        let (stop, smalls) = (stop.clone(), smalls.clone());
+        hosts.push(tokio::spawn(async move {
+            let mut cost = i;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                cost = cost * 7 % 10 + 1;
+                let asked = client.limiter().now();
+                let permit = client.acquire(req(format!("small-{i}"), cost), AcquireOptions::default()).await.unwrap();
+                smalls.lock().unwrap().push((asked, permit.at()));
+            }
+        }));
+    }
+    let large = Client::new(Arc::new(HttpLimiter::new(&url, None)));
+    tokio::time::sleep(Duration::from_millis(PER_MS)).await; // the window is saturated
+    let options = AcquireOptions { max_wait: Some(Duration::from_millis(10 * PER_MS)), ..AcquireOptions::default() };
+    // Its first ask files its ticket (and tells the instant); the waiting acquire goes on with it.
+    let (asked, granted) = match large.try_acquire(req("large".into(), 30).with_queue()).await {
+        Ok(permit) => (permit.at(), permit.at()),
+        Err(ClientError::Refused(refusal)) => {
+            let line = refusal.line.expect("a queued refusal names its ticket");
+            let with_ticket = req("large".into(), 30).with_ticket(line.ticket).unwrap();
+            let permit = large.acquire(with_ticket, options).await.expect("the large call is granted");
+            (line.now, permit.at())
+        }
+        Err(other) => panic!("{other:?}"),
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hosts {
+        h.await.unwrap();
+    }
+    let waited = granted.since(asked);
+    assert!(waited <= 2 * PER_MS, "the large call waited {waited} ms, over two windows of {PER_MS} ms");
+    let smalls = smalls.lock().unwrap();
+    assert!(smalls.iter().filter(|(_, at)| *at < asked).count() >= 10, "the small hosts saturated the window");
+    // The limiter's clock is the host's here (one machine): a small call asked after the instant
+    // the large call's ticket was filed stood behind it.
+    let overtook: Vec<_> = smalls.iter().filter(|(a, at)| *a > asked && *at < granted).collect();
+    assert!(overtook.is_empty(), "small calls asked after the large one were granted before it: {overtook:?}");
 }

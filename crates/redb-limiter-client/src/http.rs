@@ -3,9 +3,9 @@
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
-use crate::{ClientError, LimiterApi, Outcome, PeekOutcome, Refusal};
+use crate::{ClientError, InLine, LimiterApi, Outcome, PeekOutcome, Refusal};
 use redb_limiter::engine::Figures;
-use redb_limiter::request::{AcquireRequest, Cost, ReleaseRequest, SettleRequest};
+use redb_limiter::request::{AcquireRequest, Cost, LeaveRequest, ReleaseRequest, SettleRequest};
 use redb_limiter::time::{Millis, format_instant};
 use redb_limiter::wire::{
     AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply,
@@ -71,12 +71,22 @@ impl LimiterApi for HttpLimiter {
             AcquireReply::Granted { at, permit, .. } => Outcome::Granted { at: at.0, permit },
             reply @ AcquireReply::Refused { .. } => {
                 let reason = reply.reason();
-                let AcquireReply::Refused { retry_at, limit, reason: named, .. } = reply else {
+                let AcquireReply::Refused { retry_at, limit, reason: named, ticket, lapse_at, ahead, now, .. } = reply
+                else {
                     unreachable!("matched above")
                 };
                 let reason =
                     reason.ok_or_else(|| ClientError::Protocol(format!("acquire: unknown reason {named:?}")))?;
-                Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit })
+                let line = match (ticket, lapse_at, ahead, now) {
+                    (None, ..) => None,
+                    (Some(ticket), Some(lapse_at), Some(ahead), Some(now)) => {
+                        Some(InLine { ticket, lapse_at: lapse_at.0, ahead, now: now.0 })
+                    }
+                    (Some(_), ..) => {
+                        return Err(ClientError::Protocol("acquire: a ticket without lapseAt, ahead and now".into()));
+                    }
+                };
+                Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit, line })
             }
         })
     }
@@ -94,7 +104,7 @@ impl LimiterApi for HttpLimiter {
         let reply = self.post::<PeekReply>("peek", req.to_json()).await?;
         let refusal = match (reply.fits, reply.refusal()) {
             (true, _) => None,
-            (false, Some(r)) => Some(Refusal { retry_at: r.retry_at, reason: r.reason, limit: r.limit }),
+            (false, Some(r)) => Some(Refusal::new(r.retry_at, r.reason, r.limit)),
             (false, None) => {
                 return Err(ClientError::Protocol("peek: fits false without retryAt, reason and limit".into()));
             }
@@ -109,6 +119,11 @@ impl LimiterApi for HttpLimiter {
 
     async fn release_with_costs(&self, permit: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
         let req = ReleaseRequest::with_costs(permit, costs).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(self.post::<ReleaseReply>("release", req.to_json()).await?.released)
+    }
+
+    async fn leave(&self, ticket: String) -> Result<bool, ClientError> {
+        let req = LeaveRequest::new(ticket).map_err(|e| ClientError::BadRequest(e.0))?;
         Ok(self.post::<ReleaseReply>("release", req.to_json()).await?.released)
     }
 

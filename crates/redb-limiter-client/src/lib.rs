@@ -5,8 +5,10 @@
 //!   by changing one value.
 //! - [`Client`]: waits as a host must. On a refusal it sleeps until `retryAt` and asks again;
 //!   waiters of the same request shape are served first-in first-out (a large call is never
-//!   starved by smaller ones behind it); `max_wait`, `max_waiters` and cancellation by drop are
-//!   honoured, and a grant that arrives after cancellation is released, never leaked.
+//!   starved by smaller ones behind it), and by default the head of each shape also queues in
+//!   the limiter's own line (section 12), so neither are smaller calls from other hosts;
+//!   `max_wait`, `max_waiters` and cancellation by drop are honoured, a grant that arrives
+//!   after cancellation is released, never leaked, and a ticket is left, never abandoned.
 //! - [`Permit`]: the grant as a guard that holds its places until it is dropped or released;
 //!   [`Permit::settle`] sets its grant's real costs after the call.
 //! - [`Client::peek`]: would a call fit now, and how full is each limit; nothing changes.
@@ -32,7 +34,9 @@ pub use permit::{Permit, PermitStream};
 use crate::vendor::{vendor_budget, vendor_wait};
 use redb_limiter::engine::{Decision, Figures, Reason};
 use redb_limiter::limiter::{Limiter, LimiterError};
-use redb_limiter::request::{AcquireRequest, Cost, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
+use redb_limiter::request::{
+    AcquireRequest, Cost, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest,
+};
 use redb_limiter::time::{Millis, wall_clock_now};
 
 /// The answer to one `acquire`, as any limiter of the wire gives it (the permit is opaque).
@@ -42,12 +46,33 @@ pub enum Outcome {
     Refused(Refusal),
 }
 
-/// A refusal: when to ask again, why, and which limit (or caller key, for a throttle).
+/// A refusal: when to ask again, why, and which limit (or caller key, for a throttle); `line`
+/// is the ticket it filed or renewed when the request queued (section 12).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub retry_at: Millis,
     pub reason: Reason,
     pub limit: String,
+    pub line: Option<InLine>,
+}
+
+impl Refusal {
+    /// A refusal that names no ticket.
+    #[must_use]
+    pub fn new(retry_at: Millis, reason: Reason, limit: impl Into<String>) -> Self {
+        Refusal { retry_at, reason, limit: limit.into(), line: None }
+    }
+}
+
+/// A place in the limiter's line (section 12.1): the ticket to ask again with, when it lapses
+/// unless asked again, how many live tickets stand ahead of it, and the limiter's clock at the
+/// decision (a host sleeps `retryAt - now` on it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InLine {
+    pub ticket: String,
+    pub lapse_at: Millis,
+    pub ahead: u64,
+    pub now: Millis,
 }
 
 /// The answer to a `peek`: `refusal` is `None` exactly when an acquire at `now` would be
@@ -121,6 +146,8 @@ pub trait LimiterApi: Send + Sync + 'static {
         permit: String,
         costs: Vec<Cost>,
     ) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// Leaves the line (`release {ticket}`, section 12.4): `true` when a live ticket left.
+    fn leave(&self, ticket: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// Ends the throttle of `key`: `true` when one was in force.
     fn lift(&self, key: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// The limiter's notion of now (the host's wall clock for a remote limiter).
@@ -131,10 +158,24 @@ pub trait LimiterApi: Send + Sync + 'static {
 
 impl LimiterApi for Limiter {
     async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
-        Ok(match Limiter::acquire(self, req).await? {
+        let acquired = Limiter::acquire_reported(self, req).await?;
+        Ok(match acquired.decision {
             Decision::Granted { at, permit } => Outcome::Granted { at, permit: permit.map(|p| p.to_string()) },
-            Decision::Refused { retry_at, reason, limit } => Outcome::Refused(Refusal { retry_at, reason, limit }),
+            Decision::Refused { retry_at, reason, limit } => {
+                let line = acquired.ticket.map(|t| InLine {
+                    ticket: t.id.to_string(),
+                    lapse_at: t.lapse_at,
+                    ahead: t.ahead,
+                    now: t.now,
+                });
+                Outcome::Refused(Refusal { retry_at, reason, limit, line })
+            }
         })
+    }
+
+    async fn leave(&self, ticket: String) -> Result<bool, ClientError> {
+        let req = LeaveRequest::new(ticket).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(Limiter::leave(self, req).await?)
     }
 
     async fn release(&self, permit: String) -> Result<bool, ClientError> {
@@ -150,7 +191,7 @@ impl LimiterApi for Limiter {
     async fn peek(&self, req: AcquireRequest) -> Result<PeekOutcome, ClientError> {
         let peeked = Limiter::peek(self, req).await?;
         Ok(PeekOutcome {
-            refusal: peeked.refusal.map(|r| Refusal { retry_at: r.retry_at, reason: r.reason, limit: r.limit }),
+            refusal: peeked.refusal.map(|r| Refusal::new(r.retry_at, r.reason, r.limit)),
             now: peeked.report.now,
             limits: peeked.report.limits,
         })
@@ -176,13 +217,18 @@ impl LimiterApi for Limiter {
     }
 }
 
-/// How long one `acquire` may wait, and how many may wait for the same request shape.
+/// How long one `acquire` may wait, how many may wait for the same request shape, and whether
+/// it takes a place in the limiter's line.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AcquireOptions {
     /// Give up with `QueueTimeout` after this long; `None` waits as long as it takes.
     pub max_wait: Option<Duration>,
     /// Refuse at once with `QueueFull` when this many already wait for the same shape.
     pub max_waiters: Option<usize>,
+    /// Wait without a ticket: do not queue in the limiter's line (section 12), only sleep until
+    /// each `retryAt` and ask again, as before the line existed. Off by default: the waiting
+    /// acquire queues.
+    pub no_queue: bool,
 }
 
 /// One wait, as the observer hook sees it.
@@ -195,6 +241,10 @@ pub struct WaitReport {
 }
 
 type Observer = Arc<dyn Fn(&WaitReport) + Send + Sync>;
+
+/// How much later than its `retryAt` a ticket asks per ticket ahead of it, and for how many.
+const STAGGER_STEP_MS: u64 = 2;
+const MAX_STAGGER_STEPS: u64 = 25;
 
 /// The FIFO line of one request shape: a fair lock held by the head while it waits.
 #[derive(Default)]
@@ -272,15 +322,23 @@ impl<L: LimiterApi> Client<L> {
         }
     }
 
-    /// One acquire whose grant is released if the caller is gone by the time it arrives.
+    /// One acquire whose grant is released, and whose new ticket leaves the line, if the caller
+    /// is gone by the time the answer arrives.
     async fn ask(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let limiter = self.limiter.clone();
         tokio::spawn(async move {
             let outcome = limiter.acquire(req).await;
-            if let Err(Ok(Outcome::Granted { permit: Some(permit), .. })) = tx.send(outcome) {
-                // The caller was cancelled while the grant was on its way: give the places back.
-                let _ = limiter.release(permit).await;
+            match tx.send(outcome) {
+                // The caller was cancelled while the answer was on its way: give the places back,
+                // or leave the line the refusal put it in.
+                Err(Ok(Outcome::Granted { permit: Some(permit), .. })) => {
+                    let _ = limiter.release(permit).await;
+                }
+                Err(Ok(Outcome::Refused(Refusal { line: Some(line), .. }))) => {
+                    let _ = limiter.leave(line.ticket).await;
+                }
+                _ => {}
             }
         });
         rx.await.unwrap_or_else(|_| Err(ClientError::Unavailable("the acquire task ended without an answer".into())))
@@ -288,6 +346,12 @@ impl<L: LimiterApi> Client<L> {
 
     /// Waits until granted: sleeps until each refusal's `retryAt` and asks again, first in
     /// first out among callers of the same request shape. Dropping the future cancels it.
+    ///
+    /// Unless `options.no_queue`, the head of the shape's line also queues in the limiter's line
+    /// (section 12): its first refusal files a ticket, it asks again with that ticket at each
+    /// `retryAt` (sleeping `retryAt - now` on the limiter's clock), and it leaves the line
+    /// (`release {ticket}`) when it gives up: at `max_wait`, on an error, or when the future is
+    /// dropped (then from a spawned task).
     pub async fn acquire(&self, req: AcquireRequest, options: AcquireOptions) -> Result<Permit<L>, ClientError> {
         let shape = shape_of(&req);
         let (line, waiting) = {
@@ -311,15 +375,45 @@ impl<L: LimiterApi> Client<L> {
             Some(deadline) => tokio::time::timeout_at(deadline, line.turn.lock()).await.map_err(|_| timeout(None))?,
             None => line.turn.lock().await,
         };
+        let mut req = req;
+        if !options.no_queue && req.ticket.is_none() {
+            req.queue = true;
+        }
+        // Leaves the limiter's line however this wait ends, but by a grant.
+        let mut ticket = Ticket { limiter: self.limiter.clone(), id: req.ticket.clone() };
         loop {
+            req.ticket.clone_from(&ticket.id);
             let refusal = match self.ask(req.clone()).await? {
-                Outcome::Granted { at, permit } => return Ok(Permit::new(self.limiter.clone(), at, permit)),
+                Outcome::Granted { at, permit } => {
+                    ticket.id = None; // a grant ends the ticket
+                    return Ok(Permit::new(self.limiter.clone(), at, permit));
+                }
                 Outcome::Refused(refusal) => refusal,
             };
-            let now = self.limiter.now();
-            let wait = Duration::from_millis(refusal.retry_at.since(now).max(1));
+            // A refusal naming no ticket (a throttle before any was filed, or full lines) leaves
+            // none standing: the ticket presented, if any, is no longer live.
+            let presented = std::mem::replace(&mut ticket.id, refusal.line.as_ref().map(|l| l.ticket.clone()));
+            // A ticket just filed behind others was advised as a request without one (behind a
+            // late first ticket: that ticket's lapse); asked with the ticket, the advice is the
+            // one a ticket in line gets (section 12.2), so ask again at once.
+            if let Some(line) = &refusal.line
+                && line.ahead > 0
+                && presented.as_deref() != Some(line.ticket.as_str())
+            {
+                continue;
+            }
+            let now = match &refusal.line {
+                Some(line) => line.now,
+                None => self.limiter.now(),
+            };
+            // A ticket with others ahead is told the first one's retryAt: it asks a little after
+            // it, a step per place, so the tickets ahead claim first (asking before the first
+            // ticket has claimed finds it late, and the advice is then a recheck away).
+            let behind = refusal.line.as_ref().map_or(0, |l| l.ahead.min(MAX_STAGGER_STEPS));
+            let wait = Duration::from_millis(refusal.retry_at.since(now).max(1) + behind * STAGGER_STEP_MS);
             let wake = tokio::time::Instant::now() + wait;
             if deadline.is_some_and(|d| wake > d) {
+                ticket.leave().await;
                 return Err(timeout(Some(refusal)));
             }
             tokio::time::sleep_until(wake).await;
@@ -374,6 +468,40 @@ impl Drop for LineCount<'_> {
         let mut lines = self.lines.lock().expect("lines lock");
         if self.line.waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
             lines.remove(&self.shape);
+        }
+    }
+}
+
+/// The ticket a waiting acquire holds in the limiter's line: it leaves the line when the wait
+/// ends without a grant (at once when asked to, from a spawned task when dropped).
+struct Ticket<L: LimiterApi> {
+    limiter: Arc<L>,
+    id: Option<String>,
+}
+
+impl<L: LimiterApi> Ticket<L> {
+    async fn leave(&mut self) {
+        if let Some(id) = self.id.take()
+            && let Err(e) = self.limiter.leave(id).await
+        {
+            tracing::warn!(error = %e, "leaving the line failed; the ticket lapses at its lapseAt");
+        }
+    }
+}
+
+impl<L: LimiterApi> Drop for Ticket<L> {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let limiter = self.limiter.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = limiter.leave(id).await {
+                        tracing::warn!(error = %e, "leaving the line failed; the ticket lapses at its lapseAt");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!("a wait dropped outside a runtime does not leave the line; its ticket lapses"),
         }
     }
 }

@@ -9,7 +9,9 @@
 //! - `conn.rs`: the per-connection request loop and the plan every connection shares;
 //! - `stats.rs`: per-connection counters and an HdrHistogram of latencies;
 //! - `sink.rs`: the built-in no-op server of `--sink`;
-//! - `cpu.rs`: the generator's own CPU time.
+//! - `cpu.rs`: the generator's own CPU time;
+//! - `fair.rs`: `--mix fair`, the line's fairness under a large call and a stream of small ones,
+//!   over HTTP or in-process, through the host client.
 //!
 //! The hot path takes no lock: each connection owns a request template (everything but the key
 //! digits and `Content-Length` is formatted once), a receive buffer, a seeded key picker
@@ -33,6 +35,7 @@
 
 mod conn;
 mod cpu;
+pub mod fair;
 mod http;
 mod sink;
 mod stats;
@@ -58,6 +61,9 @@ pub enum Mix {
     /// Tight limits (calls 10 per 60000 ms) whose windows are filled before measuring, so every
     /// measured request is refused.
     Refused,
+    /// The line's fairness (see `fair.rs`): small hosts saturate one window (calls 10000 per
+    /// 1000 ms) while a large host asks for 30% of it, with the line and without.
+    Fair,
 }
 
 impl Mix {
@@ -65,12 +71,13 @@ impl Mix {
         match self {
             Mix::Granted => 1_000_000,
             Mix::Refused => 10,
+            Mix::Fair => 10_000,
         }
     }
 
     fn default_per_ms(self) -> u64 {
         match self {
-            Mix::Granted => 1_000,
+            Mix::Granted | Mix::Fair => 1_000,
             Mix::Refused => 60_000,
         }
     }
@@ -81,6 +88,7 @@ impl fmt::Display for Mix {
         f.write_str(match self {
             Mix::Granted => "granted",
             Mix::Refused => "refused",
+            Mix::Fair => "fair",
         })
     }
 }
@@ -144,6 +152,25 @@ pub struct BenchArgs {
     /// (`POST /settle`, the sibling of `--path`); not with `--concurrent` or `--sink`.
     #[arg(long)]
     pub settle: bool,
+    /// `--mix fair`: the small hosts that saturate the window.
+    #[arg(long, default_value_t = 8)]
+    pub hosts: usize,
+    /// `--mix fair`: runs per mode (with and without the line).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// `--mix fair`: measured windows per run (after one of warm-up).
+    #[arg(long, default_value_t = 5)]
+    pub windows: u64,
+    /// `--mix fair`: answers of each kind timed one at a time for their cost.
+    #[arg(long, default_value_t = 2000)]
+    pub samples: u64,
+    /// `--mix fair`: run against an embedded limiter on a fresh file in the temp folder
+    /// instead of `--url`.
+    #[arg(long)]
+    pub in_process: bool,
+    /// `--mix fair --in-process`: the embedded limiter's `recheckMs`.
+    #[arg(long, default_value_t = 250)]
+    pub recheck_ms: u64,
 }
 
 /// The outcome of a run. Latencies are in microseconds, from writing an acquire to having read
@@ -297,6 +324,9 @@ const MAX_BODY: usize = 1024 * 1024;
 /// clock starts; failing to connect at that point is an error. Tasks are spawned on the current
 /// Tokio runtime.
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
+    if args.mix == Mix::Fair {
+        bail!("--mix fair reports its own figures: run it with fair::run");
+    }
     let mut plan = Plan::new(args).await?;
     let sink = if args.sink {
         if plan.mix != Mix::Granted {
@@ -416,7 +446,7 @@ mod tests {
         bench: BenchArgs,
     }
 
-    fn args(url: &str, extra: &[&str]) -> BenchArgs {
+    pub(crate) fn args(url: &str, extra: &[&str]) -> BenchArgs {
         let mut argv = vec!["bench", "--url", url];
         argv.extend_from_slice(extra);
         Cli::parse_from(argv).bench

@@ -40,7 +40,7 @@ fn is_field(field: &str) -> bool {
             Some(sub) => ["key", "calls", "perMs", "concurrent", "cost", "holdMs"].contains(&sub),
         };
     }
-    ["key", "limits", "cost", "holdMs", "permit", "until", "body", "method", "params", "report", "costs"]
+    ["key", "limits", "cost", "holdMs", "permit", "until", "body", "method", "params", "report", "costs", "queue", "ticket", "graceMs"]
         .contains(&field)
 }
 

@@ -17,9 +17,11 @@ use crate::time::Millis;
 pub const MAX_LINE: usize = 10_000;
 
 /// A ticket's id: its number in the one counter (the low 64 bits: its place in every line) and
-/// a nonce drawn when the engine starts (the high 64 bits), so that a restart, whose counter
-/// starts again above the live tickets only, never issues a string it issued before. Written
-/// `t-` and 32 lowercase hex digits.
+/// a random part of its own (the high 64 bits: SipHash-2-4 of the number under a key drawn when
+/// the engine starts, `ticket_id`), so that the tickets a host was given tell nothing of
+/// another's (a ticket cannot be guessed and taken out of the line by someone who did not get
+/// it), and a restart, whose counter starts again above the live tickets only, issues a string
+/// it issued before only by a 64-bit chance. Written `t-` and 32 lowercase hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct TicketId(pub u128);
 
@@ -60,13 +62,33 @@ impl FromStr for TicketId {
     }
 }
 
-/// The nonce of a start's ticket ids, from the engine's seed (splitmix64 of a value apart from
-/// the permits' own, so the two never share a high half by design).
-pub(crate) fn ticket_nonce(seed: u64) -> u64 {
-    let mut z = (seed ^ 0x7469_636b_6574_7321).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// The key of a start's ticket ids from the engine's seed (splitmix64 of values apart from the
+/// permits' own), for tests; a served engine draws it from the OS (`random_ticket_key`).
+pub(crate) fn ticket_key(seed: u64) -> (u64, u64) {
+    let mix = |v: u64| {
+        let mut z = v.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    (mix(seed ^ 0x7469_636b_6574_7321), mix(seed ^ 0x6c69_6e65_2d6b_6579))
+}
+
+/// A ticket key of 128 bits from the operating system's random source.
+pub(crate) fn random_ticket_key() -> std::io::Result<(u64, u64)> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| std::io::Error::other(format!("ticket ids: no random key from the OS: {e}")))?;
+    let half = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+    Ok((half(&bytes[..8]), half(&bytes[8..])))
+}
+
+/// The id of ticket `number` under `key`: `SipHash-2-4(key, number) << 64 | number`.
+pub(crate) fn ticket_id(key: (u64, u64), number: u64) -> TicketId {
+    use std::hash::Hasher;
+    let mut hasher = siphasher::sip::SipHasher24::new_with_keys(key.0, key.1);
+    hasher.write_u64(number);
+    TicketId(u128::from(hasher.finish()) << 64 | u128::from(number))
 }
 
 /// A live ticket: what the store keeps of it (one record per ticket, keyed by its id).
@@ -138,13 +160,30 @@ pub enum TicketEnd {
 mod tests {
     use super::*;
 
+    /// Each ticket id has a random part of its own: consecutive numbers give unrelated high
+    /// halves, and a key from the OS is not the seeded one.
+    #[test]
+    fn every_ticket_id_has_a_random_part_of_its_own() {
+        let key = random_ticket_key().unwrap();
+        assert_ne!(key, random_ticket_key().unwrap());
+        let high = |id: TicketId| (id.0 >> 64) as u64;
+        let ids: Vec<TicketId> = (0..1000).map(|n| ticket_id(key, n)).collect();
+        let parts: std::collections::BTreeSet<u64> = ids.iter().map(|id| high(*id)).collect();
+        assert_eq!(parts.len(), ids.len(), "no two ids share their random part");
+        for pair in ids.windows(2) {
+            assert!((high(pair[0]) ^ high(pair[1])).count_ones() > 10, "{} then {}", pair[0], pair[1]);
+            assert_eq!(pair[1].number(), pair[0].number() + 1);
+        }
+    }
+
     #[test]
     fn ids_round_trip_order_by_number_and_foreign_strings_are_not_ids() {
-        let a = TicketId(u128::from(ticket_nonce(1)) << 64 | 7);
+        let a = ticket_id(ticket_key(1), 7);
         assert_eq!(a.to_string().parse::<TicketId>(), Ok(a));
         assert_eq!(a.number(), 7);
         assert_eq!(a.to_string().len(), 34);
-        assert_ne!(ticket_nonce(1), ticket_nonce(2));
+        assert_ne!(ticket_key(1), ticket_key(2));
+        assert_ne!(ticket_id(ticket_key(1), 7), ticket_id(ticket_key(2), 7));
         assert_eq!("t-0123456789abcdef0123456789ABCDEF".parse::<TicketId>(), Err(()), "lowercase only");
         assert_eq!(
             "t-0123456789abcdef00000000000000ff".parse::<TicketId>(),

@@ -45,7 +45,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 pub use line::{LineAnswer, MAX_LINE, TicketEnd, TicketId, TicketNote, TicketState};
-use line::{bound_limits, ticket_nonce};
+use line::{bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
 use timers::{Due, Timers};
@@ -402,8 +402,8 @@ pub struct Engine {
     held_places: usize,
     /// Every ticket not yet ended or swept, by number (lapsed ones until their timer).
     tickets: Map<u64, Ticket>,
-    /// The high half of this start's ticket ids.
-    ticket_nonce: u64,
+    /// The key of this start's ticket ids. random parts (`line::ticket_id`).
+    ticket_key: (u64, u64),
     /// The next ticket's number: above every ticket restored or filed.
     next_ticket: u64,
 }
@@ -504,16 +504,18 @@ impl Engine {
             ids: PermitIds::new(config.id_seed),
             held_places: 0,
             tickets: Map::default(),
-            ticket_nonce: ticket_nonce(config.id_seed),
+            ticket_key: ticket_key(config.id_seed),
             next_ticket: 1,
         }
     }
 
-    /// Draws the permit ids' key from the operating system's random source (128 bits) instead
-    /// of the 64-bit `id_seed`: what a production open does; tests keep the seed to get the same
-    /// ids each run.
+    /// Draws the keys of the permit and ticket ids from the operating system's random source
+    /// (128 bits each) instead of the 64-bit `id_seed`: what a production open does; tests keep
+    /// the seed to get the same ids each run.
     pub fn draw_permit_key(&mut self) -> std::io::Result<()> {
-        self.ids.rekey_from_os()
+        self.ids.rekey_from_os()?;
+        self.ticket_key = random_ticket_key()?;
+        Ok(())
     }
 
     #[must_use]
@@ -637,7 +639,7 @@ impl Engine {
         }
         let number = self.next_ticket;
         self.next_ticket += 1;
-        let id = TicketId(u128::from(self.ticket_nonce) << 64 | u128::from(number));
+        let id = ticket_id(self.ticket_key, number);
         let lapse_at = retry_at.plus(req.grace_ms);
         let state = TicketState {
             filed_at: now,

@@ -1149,7 +1149,7 @@ BEGIN
                              WHERE __SCHEMA__._queued(x->>'key', v_now) >= 10000) THEN
         v_num := nextval('__SCHEMA__.ticket_numbers');
         INSERT INTO __SCHEMA__.tickets (num, ticket, caller, bound, keys, retry_at, lapse_at, grace_ms, filed_at)
-        VALUES (v_num, 't-' || substr(md5(random()::text), 1, 16) || lpad(to_hex(v_num), 16, '0'),
+        VALUES (v_num, 't-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 16) || lpad(to_hex(v_num), 16, '0'),
                 req->>'key', __SCHEMA__._bound(req),
                 ARRAY(SELECT x->>'key' FROM jsonb_array_elements(req->'limits') AS x),
                 v_retry, v_lapse, v_grace, v_now);

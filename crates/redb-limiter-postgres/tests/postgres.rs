@@ -14,7 +14,7 @@ use redb_limiter::engine::{Engine, EngineConfig};
 use redb_limiter::request::{AcquireRequest, Limit, ReleaseRequest, ThrottleRequest};
 use redb_limiter::time::{Clock, FakeClock};
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
-use redb_limiter_postgres::{PgLimiter, PgOptions};
+use redb_limiter_postgres::{PgError, PgLimiter, PgOptions};
 
 const T0: Millis = Millis(1_764_460_800_000);
 
@@ -71,6 +71,21 @@ async fn plain_client(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
     client
+}
+
+/// The format version the `meta` row of `schema` (quoted) carries.
+async fn schema_version(client: &tokio_postgres::Client, schema: &str) -> i32 {
+    client.query_one(&format!("SELECT version FROM {schema}.meta"), &[]).await.unwrap().get(0)
+}
+
+/// Opens a schema that already exists with this release's code (which migrates it), on a small
+/// pool and the test's clock.
+async fn open_existing(url: &str, schema: &str, clock: &Arc<FakeClock>) -> Result<PgLimiter, PgError> {
+    let mut options = PgOptions::new(url);
+    options.schema = schema.to_owned();
+    options.pool_size = 2;
+    options.clock = Some(clock.clone());
+    PgLimiter::connect(options).await
 }
 
 fn window(key: &str, calls: u64, per_ms: u64) -> Limit {
@@ -1545,25 +1560,13 @@ fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
             .unwrap()
             .get(0);
         assert_eq!(until, at(100_000));
-        let version = || {
-            let client = &client;
-            let s = s.clone();
-            async move { client.query_one(&format!("SELECT version FROM {s}.meta"), &[]).await.unwrap().get::<_, i32>(0) }
-        };
-        assert_eq!(version().await, 1);
+        assert_eq!(schema_version(&client, &s).await, 1);
 
         // This release opens it: migrated once, twice connected.
         let clock = Arc::new(FakeClock::new(T0.plus(10)));
-        let open = || {
-            let mut options = PgOptions::new(&url);
-            options.schema = schema.clone();
-            options.pool_size = 2;
-            options.clock = Some(clock.clone());
-            PgLimiter::connect(options)
-        };
-        let pg = open().await.expect("the previous release's schema opens");
-        assert_eq!(version().await, redb_limiter_postgres::SCHEMA_VERSION);
-        drop(open().await.expect("and opens again, already migrated"));
+        let pg = open_existing(&url, &schema, &clock).await.expect("the previous release's schema opens");
+        assert_eq!(schema_version(&client, &s).await, redb_limiter_postgres::SCHEMA_VERSION);
+        drop(open_existing(&url, &schema, &clock).await.expect("and opens again, already migrated"));
 
         // Everything it held is served as before.
         let used = |key: &str, calls: u64| {
@@ -1638,30 +1641,23 @@ fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
             (1, r#"{"key": "c", "limits": [{"key": "p", "concurrent": 1, "holdMs": 600000}]}"#),
         ] {
             let reply: serde_json::Value = client
-                .query_one(&format!("SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, 'p-00000000000000000000000000000002', $2)"), &[&body, &at(ms)])
+                .query_one(
+                    &format!(
+                        "SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, 'p-00000000000000000000000000000002', $2)"
+                    ),
+                    &[&body, &at(ms)],
+                )
                 .await
                 .unwrap()
                 .get(0);
             assert_eq!(reply["granted"], serde_json::json!(true), "{reply}");
         }
-        let version = || {
-            let client = &client;
-            let s = s.clone();
-            async move { client.query_one(&format!("SELECT version FROM {s}.meta"), &[]).await.unwrap().get::<_, i32>(0) }
-        };
-        assert_eq!(version().await, 2);
+        assert_eq!(schema_version(&client, &s).await, 2);
 
         let clock = Arc::new(FakeClock::new(T0.plus(10)));
-        let open = || {
-            let mut options = PgOptions::new(&url);
-            options.schema = schema.clone();
-            options.pool_size = 2;
-            options.clock = Some(clock.clone());
-            PgLimiter::connect(options)
-        };
-        let pg = open().await.expect("a version 2 schema opens");
-        assert_eq!(version().await, 3);
-        drop(open().await.expect("and opens again, already migrated"));
+        let pg = open_existing(&url, &schema, &clock).await.expect("a version 2 schema opens");
+        assert_eq!(schema_version(&client, &s).await, 3);
+        drop(open_existing(&url, &schema, &clock).await.expect("and opens again, already migrated"));
 
         // What it held is served as before.
         let conc = AcquireRequest::new("c", vec![Limit::concurrent("p", 1)]).unwrap();

@@ -1163,7 +1163,7 @@ async fn differential(
     seen: &std::sync::Mutex<Seen>,
 ) -> Result<(), TestCaseError> {
     let clock = Arc::new(FakeClock::new(T0));
-    let pg = fresh(url, "diff", clock.clone()).await;
+    let pg = fresh_with(url, "diff", clock.clone(), 1).await;
     let mut engine = Engine::new(EngineConfig::default());
     let mut effects = Vec::new();
     // (engine permit, database permit) of each grant that got one.

@@ -451,12 +451,11 @@ async fn the_waiting_acquire_queues_and_leaves_embedded_and_over_http() {
 
 /// Eight hosts stream small calls into a window while a ninth waits for 30% of it: in line,
 /// it is granted within two window lengths, and no small call that asked after its ticket was
-/// filed is granted before it. (A ticket behind a first ticket that is late by a millisecond
-/// is told to ask again after `recheckMs`: kept short here, as the window is.)
+/// filed is granted before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_call_is_not_starved_by_small_ones_from_other_hosts() {
     const PER_MS: u64 = 500;
-    let (url, _dir, _stop) = start_server_with(LimiterOptions { recheck_ms: 20, ..LimiterOptions::default() }).await;
+    let (url, _dir, _stop) = start_server().await;
     let req = |key: String, cost| {
         AcquireRequest::new(key, vec![Limit::window("lh/fair", 100, PER_MS).with_cost(cost)]).unwrap()
     };

@@ -242,10 +242,6 @@ pub struct WaitReport {
 
 type Observer = Arc<dyn Fn(&WaitReport) + Send + Sync>;
 
-/// How much later than its `retryAt` a ticket asks per ticket ahead of it, and for how many.
-const STAGGER_STEP_MS: u64 = 2;
-const MAX_STAGGER_STEPS: u64 = 25;
-
 /// The FIFO line of one request shape: a fair lock held by the head while it waits.
 #[derive(Default)]
 struct Line {
@@ -392,25 +388,14 @@ impl<L: LimiterApi> Client<L> {
             };
             // A refusal naming no ticket (a throttle before any was filed, or full lines) leaves
             // none standing: the ticket presented, if any, is no longer live.
-            let presented = std::mem::replace(&mut ticket.id, refusal.line.as_ref().map(|l| l.ticket.clone()));
-            // A ticket just filed behind others was advised as a request without one (behind a
-            // late first ticket: that ticket's lapse); asked with the ticket, the advice is the
-            // one a ticket in line gets (section 12.2), so ask again at once.
-            if let Some(line) = &refusal.line
-                && line.ahead > 0
-                && presented.as_deref() != Some(line.ticket.as_str())
-            {
-                continue;
-            }
+            ticket.id = refusal.line.as_ref().map(|l| l.ticket.clone());
+            // Asks again at its retryAt on the limiter's clock: a ticket behind others is told its
+            // own instant in the line (section 12.5), after those ahead of it.
             let now = match &refusal.line {
                 Some(line) => line.now,
                 None => self.limiter.now(),
             };
-            // A ticket with others ahead is told the first one's retryAt: it asks a little after
-            // it, a step per place, so the tickets ahead claim first (asking before the first
-            // ticket has claimed finds it late, and the advice is then a recheck away).
-            let behind = refusal.line.as_ref().map_or(0, |l| l.ahead.min(MAX_STAGGER_STEPS));
-            let wait = Duration::from_millis(refusal.retry_at.since(now).max(1) + behind * STAGGER_STEP_MS);
+            let wait = Duration::from_millis(refusal.retry_at.since(now).max(1));
             let wake = tokio::time::Instant::now() + wait;
             if deadline.is_some_and(|d| wake > d) {
                 ticket.leave().await;

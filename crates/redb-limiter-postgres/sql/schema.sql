@@ -1025,9 +1025,13 @@ COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
 -- request raises RL400 naming ticket, and nothing changes; a lapsed one ends, then counts as
 -- unknown). Then per limit, in request order, the first live ticket older than the request's
 -- own (every one, for a request without a ticket) holds it back until that ticket's retryAt;
--- once that is past (the ticket is late), until its lapse for a request without a ticket, and
--- the sooner of its lapse and now + recheck_ms for a ticket behind it. Held back, the request's
--- own refusal (a peek of _acquire_plain, which writes nothing) and the line's are merged as
+-- while that passed 50 ms ago or less (the ticket is due: its host is on its way) until a
+-- millisecond on; once the ticket is late, until its lapse for a request that does not queue,
+-- and the sooner of its lapse and now + recheck_ms for one that does. A window limit waits
+-- too for its own instant in the line: when its window has room for its cost and the costs
+-- of the live tickets ahead of it (the request's own refusal is read with those costs added).
+-- Held back, the request's own refusal (a peek of _acquire_plain, which writes nothing) and
+-- the line's are merged as
 -- rule 6 merges refusals (the latest; on a tie the throttle, else the first limit, and within
 -- one limit the window, then the line, then concurrency), and its retention is lengthened as
 -- any refusal's (rule 3). Otherwise _acquire_plain decides. A grant ends the request's ticket;
@@ -1062,6 +1066,8 @@ DECLARE
   v_retry bigint;
   v_lapse bigint;
   v_figs jsonb;
+  v_ahead bigint;
+  v_in_line jsonb := req;
 BEGIN
   SELECT greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), coalesce(max(bk.floor_ms), 0)) INTO v_now
     FROM __SCHEMA__.buckets bk
@@ -1090,12 +1096,27 @@ BEGIN
      ORDER BY q.num LIMIT 1;
     IF FOUND THEN
       v_at := CASE WHEN h.retry_at > v_now THEN h.retry_at
-                   WHEN v_mine IS NULL THEN h.lapse_at
-                   ELSE least(h.lapse_at, v_now + recheck_ms) END;
+                   WHEN v_now - h.retry_at <= 50 THEN v_now + 1
+                   WHEN v_inline THEN least(h.lapse_at, v_now + recheck_ms)
+                   ELSE h.lapse_at END;
       IF v_lat IS NULL OR v_at > v_lat THEN
         v_lat := v_at;
         v_lidx := i;
         v_lreason := CASE WHEN l ? 'calls' THEN 'rate' ELSE 'concurrency' END;
+      END IF;
+      IF l ? 'calls' THEN
+        -- Its own instant in the line: its window must have room for the costs of the live
+        -- tickets ahead of it here too.
+        SELECT coalesce(sum(least((b->>'cost')::bigint, (b->>'calls')::bigint)), 0) INTO v_ahead
+          FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets tk ON tk.num = q.num
+          CROSS JOIN LATERAL jsonb_array_elements(tk.bound) AS b
+         WHERE q.bucket = l->>'key' AND q.num < coalesce(v_mine, 9223372036854775807) AND tk.lapse_at > v_now
+           AND b->>'key' = l->>'key' AND b ? 'calls';
+        IF v_ahead > 0 THEN
+          v_in_line := jsonb_set(v_in_line, ARRAY['limits', i::text, 'cost'],
+            to_jsonb(least(coalesce((l->>'cost')::bigint, (req->>'cost')::bigint, 1) + v_ahead,
+                           (l->>'calls')::bigint)));
+        END IF;
       END IF;
     END IF;
     i := i + 1;
@@ -1104,7 +1125,7 @@ BEGIN
   IF v_lat IS NULL THEN
     v_reply := __SCHEMA__._acquire_plain(req, mode, recheck_ms, permit_id, at_ms);
   ELSE
-    v_own := __SCHEMA__._acquire_plain(req, 'peek', recheck_ms, permit_id, at_ms);
+    v_own := __SCHEMA__._acquire_plain(v_in_line, 'peek', recheck_ms, permit_id, at_ms);
     IF (v_own->>'fits')::boolean THEN
       v_line_wins := true;
     ELSE

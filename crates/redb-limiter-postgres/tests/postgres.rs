@@ -1614,8 +1614,8 @@ fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
         let small = AcquireRequest::new("x", vec![window("w\u{1}a", 5, 60_000)]).unwrap();
         assert_eq!(
             pg.acquire(small).await.unwrap().decision,
-            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w\u{1}a".into() },
-            "it would fit, but the ticket waits first"
+            Decision::Refused { retry_at: T0.plus(60_001), reason: Reason::Rate, limit: "w\u{1}a".into() },
+            "it would fit, but the ticket waits first: told when the ticket's 3 and its 1 fit"
         );
     });
 }

@@ -16,6 +16,12 @@ use crate::time::Millis;
 /// At most this many live tickets wait in one bucket's line (section 12.1).
 pub const MAX_LINE: usize = 10_000;
 
+/// The first ticket of a line counts as late (section 12.2) only this long after its
+/// `retryAt`: a host that asks again at its `retryAt` reaches the limiter a round trip later,
+/// and the tickets behind it, told the same instant or one close to it, must not be sent to
+/// sleep for a recheck meanwhile. While it is due they are told to ask again a millisecond on.
+pub const LATE_AFTER_MS: u64 = 50;
+
 /// A ticket's id: its number in the one counter (the low 64 bits: its place in every line) and
 /// a random part of its own (the high 64 bits: SipHash-2-4 of the number under a key drawn when
 /// the engine starts, `ticket_id`), so that the tickets a host was given tell nothing of
@@ -119,6 +125,18 @@ impl TicketState {
         limits.iter().all(|l| {
             self.limits.binary_search_by(|bound| bound.key.as_str().cmp(&l.key)).is_ok_and(|i| self.limits[i] == *l)
         })
+    }
+}
+
+impl TicketState {
+    /// The cost it asks of the window of bucket `key` (capped at its `calls`), 0 when it names
+    /// no window there.
+    pub(crate) fn cost_in(&self, key: &str) -> u64 {
+        self.limits
+            .binary_search_by(|bound| bound.key.as_str().cmp(key))
+            .ok()
+            .and_then(|i| self.limits[i].window.map(|w| self.limits[i].cost.min(w.calls)))
+            .unwrap_or(0)
     }
 }
 

@@ -44,7 +44,7 @@ mod window;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-pub use line::{LineAnswer, MAX_LINE, TicketEnd, TicketId, TicketNote, TicketState};
+pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, TicketEnd, TicketId, TicketNote, TicketState};
 use line::{bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
@@ -534,7 +534,7 @@ impl Engine {
         for limit in &req.limits {
             self.prune_bucket(&limit.key, now);
         }
-        match self.refusal(req, now, None) {
+        match self.refusal(req, now, None, false) {
             Some(refusal) => {
                 self.refused(req, effects);
                 refusal.into()
@@ -564,7 +564,7 @@ impl Engine {
         for limit in &req.limits {
             self.prune_bucket(&limit.key, now);
         }
-        match self.refusal(req, now, mine) {
+        match self.refusal(req, now, mine, true) {
             None => {
                 let decision = self.grant(req, now, effects);
                 if let Some(number) = mine {
@@ -809,7 +809,7 @@ impl Engine {
     /// would be granted.
     #[must_use]
     pub fn peek(&self, req: &AcquireRequest, now: Millis) -> Option<Refusal> {
-        self.refusal(req, now, None)
+        self.refusal(req, now, None, false)
     }
 
     /// Decides `req` at `now` as [`Engine::acquire_in_line`] would, changing nothing: with the
@@ -824,7 +824,7 @@ impl Engine {
             }
             _ => None,
         };
-        Ok(self.refusal(req, now, mine))
+        Ok(self.refusal(req, now, mine, req.in_line()))
     }
 
     /// The figures of each limit of `req` at `now` (section 9.1), in the request's order.
@@ -874,9 +874,10 @@ impl Engine {
     /// The refusal that stands for `req` at `now`, if any (rule 6): the latest `retryAt`; on a
     /// tie the throttle, else the first tied limit in request order, and within one limit its
     /// window, then its line, then its concurrency. `mine` is the number of the live ticket the
-    /// request presents (`None`: it has none, so every live ticket is older). Read-only, and
+    /// request presents (`None`: it has none, so every live ticket is older); `queues`: it
+    /// takes part in the line (it presents a ticket or files one if refused). Read-only, and
     /// the same whether or not the named buckets were pruned at `now`.
-    fn refusal(&self, req: &AcquireRequest, now: Millis, mine: Option<u64>) -> Option<Refusal> {
+    fn refusal(&self, req: &AcquireRequest, now: Millis, mine: Option<u64>, queues: bool) -> Option<Refusal> {
         // Where nobody queues, rule Q costs this one test.
         let lines = !self.tickets.is_empty();
         let mut worst: Option<(Millis, Reason, Option<usize>)> = None;
@@ -905,7 +906,7 @@ impl Engine {
             {
                 consider(at, Reason::Rate, Some(i));
             }
-            if lines && let Some(at) = self.line_refusal(bucket, now, mine) {
+            if lines && let Some(at) = self.line_refusal(bucket, limit, now, mine, queues) {
                 consider(at, if limit.window.is_some() { Reason::Rate } else { Reason::Concurrency }, Some(i));
             }
             if let Some(c) = limit.concurrent {
@@ -928,22 +929,48 @@ impl Engine {
     }
 
     /// Rule Q in one bucket (section 12.2): when a live ticket older than `mine` waits in its
-    /// line, the instant its first ticket leaves the way: that ticket's `retryAt`; once it is
-    /// late (its `retryAt` is not after now), its lapse for a request without a ticket, and the
-    /// sooner of its lapse and the next recheck for a ticket behind it.
-    fn line_refusal(&self, bucket: &Bucket, now: Millis, mine: Option<u64>) -> Option<Millis> {
+    /// line, the instant the line may let `limit` through, the later of two:
+    /// - when its first ticket leaves the way: that ticket's `retryAt`; while it is due (its
+    ///   `retryAt` passed less than [`LATE_AFTER_MS`] ago, so its host is on its way) a
+    ///   millisecond on; once it is late, its lapse for a request that does not queue, and the
+    ///   sooner of its lapse and the next recheck for one that does;
+    /// - its own instant in the line (12.5): when the window has room for its cost and the
+    ///   costs of every live ticket ahead of it here, as if they were all granted first. So the
+    ///   tickets behind the first ask again one after the other as room comes back, each when
+    ///   it may fit, not all at the first one's instant.
+    fn line_refusal(
+        &self,
+        bucket: &Bucket,
+        limit: &crate::request::Limit,
+        now: Millis,
+        mine: Option<u64>,
+        queues: bool,
+    ) -> Option<Millis> {
         if bucket.line.is_empty() {
             return None;
         }
-        let (head, lapse_at) = bucket.head(now, mine.unwrap_or(u64::MAX))?;
+        let before = mine.unwrap_or(u64::MAX);
+        let (head, lapse_at) = bucket.head(now, before)?;
         let retry_at = self.tickets.get(&head).map_or(lapse_at, |t| t.state.retry_at);
-        Some(if retry_at > now {
+        let first = if retry_at > now {
             retry_at
-        } else if mine.is_none() {
-            lapse_at
-        } else {
+        } else if now.since(retry_at) <= LATE_AFTER_MS {
+            now.plus(1)
+        } else if queues {
             lapse_at.min(now.plus(self.config.recheck_ms))
-        })
+        } else {
+            lapse_at
+        };
+        let Some(w) = limit.window else { return Some(first) };
+        let mut cost = limit.cost.min(w.calls);
+        for (number, _) in bucket.line.range(..before).filter(|(_, lapse)| **lapse > now) {
+            if cost >= w.calls {
+                break;
+            }
+            cost += self.tickets.get(number).map_or(0, |t| t.state.cost_in(&bucket.key));
+        }
+        let own = bucket.window.refused_until(now, w.calls, bucket.count_ms(w.per_ms), w.per_ms, cost.min(w.calls));
+        Some(first.max(own.unwrap_or(first)))
     }
 
     /// Settles a permit's grant (section 9.3): in each named window bucket its cost becomes the

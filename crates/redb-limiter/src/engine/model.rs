@@ -17,7 +17,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, PermitId, PermitState, Reason, TicketId, TicketState,
+    BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId, PermitState, Reason, TicketId,
+    TicketState,
 };
 use crate::request::{AcquireRequest, Cost};
 use crate::time::Millis;
@@ -98,6 +99,25 @@ impl Reference {
             .unwrap_or_default()
     }
 
+    /// When the window `calls`/`per_ms` of `key` has room for `cost` (capped at `calls`), or
+    /// `None` when it has room at `now`: the first grant whose leaving makes room.
+    fn room_at(&self, key: &str, calls: u64, per_ms: u64, cost: u64, now: Millis) -> Option<Millis> {
+        let live = self.live(key, per_ms, now);
+        let used: u64 = live.iter().map(|(_, c)| c).sum();
+        if cost == 0 || used + cost <= calls {
+            return None;
+        }
+        let mut left = used;
+        let at = live
+            .iter()
+            .find_map(|(t, c)| {
+                left -= c;
+                (left + cost <= calls).then_some(t.plus(per_ms))
+            })
+            .expect("a cost capped at calls fits in an empty window");
+        Some(at)
+    }
+
     /// The refusal that stands for `r` at `now` as (retryAt, reason, key), or `None` to grant,
     /// for a request without a live ticket.
     #[must_use]
@@ -138,34 +158,41 @@ impl Reference {
             consider(until, Reason::Throttle, &r.key);
         }
         for l in &r.limits {
-            if let Some(w) = l.window {
-                let cost = l.cost.min(w.calls);
-                let live = self.live(&l.key, w.per_ms, now);
-                let used: u64 = live.iter().map(|(_, c)| c).sum();
-                if cost > 0 && used + cost > w.calls {
-                    // The first grant whose leaving makes room.
-                    let mut left = used;
-                    let at = live
-                        .iter()
-                        .find_map(|(t, c)| {
-                            left -= c;
-                            (left + cost <= w.calls).then_some(t.plus(w.per_ms))
-                        })
-                        .expect("a cost capped at calls fits in an empty window");
-                    consider(at, Reason::Rate, &l.key);
-                }
+            if let Some(w) = l.window
+                && let Some(at) = self.room_at(&l.key, w.calls, w.per_ms, l.cost.min(w.calls), now)
+            {
+                consider(at, Reason::Rate, &l.key);
             }
-            // Rule Q: the first live ticket of the line, when older than the request's own.
+            // Rule Q: the first live ticket of the line, when older than the request's own; on
+            // time until LATE_AFTER_MS past its retryAt, then late.
             if let Some(mine) = mine
                 && let Some((_, head)) = self.line(&l.key).find(|(n, _)| mine.is_none_or(|m| *n < m))
             {
-                let at = if head.state.retry_at > now {
-                    head.state.retry_at
-                } else if mine.is_none() {
-                    head.state.lapse_at
-                } else {
+                let retry_at = head.state.retry_at;
+                let mut at = if retry_at > now {
+                    retry_at
+                } else if now.0 - retry_at.0 <= LATE_AFTER_MS {
+                    now.plus(1)
+                } else if r.in_line() {
                     head.state.lapse_at.min(now.plus(recheck_ms))
+                } else {
+                    head.state.lapse_at
                 };
+                // Its own instant in the line: room for its cost and every live ticket's ahead.
+                if let Some(w) = l.window {
+                    let ahead: u64 = self
+                        .line(&l.key)
+                        .filter(|(n, _)| mine.is_none_or(|m| *n < m))
+                        .map(|(_, t)| {
+                            let bound = t.state.limits.iter().find(|b| b.key == l.key).expect("in its line");
+                            bound.window.map_or(0, |bw| bound.cost.min(bw.calls))
+                        })
+                        .sum();
+                    let cost = (l.cost + ahead).min(w.calls);
+                    if let Some(room) = self.room_at(&l.key, w.calls, w.per_ms, cost, now) {
+                        at = at.max(room);
+                    }
+                }
                 consider(at, if l.window.is_some() { Reason::Rate } else { Reason::Concurrency }, &l.key);
             }
             if let Some(c) = l.concurrent {

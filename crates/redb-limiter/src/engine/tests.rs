@@ -437,6 +437,65 @@ fn rule_q_refuses_behind_a_waiting_ticket_with_its_retry_at() {
     assert_eq!(e.tickets(), 0);
 }
 
+/// Each ticket behind the first is told its own instant in the line (12.5): when the window
+/// has room for its cost and the costs of the tickets ahead of it, so they ask again one after
+/// the other as room comes back, not all at the first one's instant.
+#[test]
+fn each_ticket_behind_the_first_is_told_its_own_instant_in_the_line() {
+    let mut e = engine();
+    for (ms, cost) in [(0, 4), (100, 3), (200, 3)] {
+        assert!(acquire(&mut e, &req(vec![Limit::window("w", 10, 1000).with_cost(cost)]), T0.plus(ms)).is_granted());
+    }
+    let queued = |cost| req(vec![Limit::window("w", 10, 1000).with_cost(cost)]).with_queue();
+    let a = line(&mut e, &queued(4), T0.plus(300));
+    let b = line(&mut e, &queued(3), T0.plus(310));
+    let c = line(&mut e, &queued(3), T0.plus(320));
+    // A fits when the grant of 0 leaves; B needs 4 + 3 free (100 leaves too); C 4 + 3 + 3.
+    assert_eq!(a.decision, refused(T0.plus(1000), Reason::Rate, "w"));
+    assert_eq!(b.decision, refused(T0.plus(1100), Reason::Rate, "w"));
+    assert_eq!(c.decision, refused(T0.plus(1200), Reason::Rate, "w"));
+    assert_eq!([a.clone(), b.clone(), c.clone()].map(|x| ticket_of(&x).ahead), [0, 1, 2]);
+    // A plain request is told the instant after the whole line.
+    let plain = req(vec![Limit::window("w", 10, 1000).with_cost(1)]);
+    assert_eq!(acquire(&mut e, &plain, T0.plus(330)), refused(T0.plus(1200), Reason::Rate, "w"));
+    // B asks at 1000 before A has claimed: still its own instant.
+    let (b_again, c_again) = (asking_again(&queued(3), ticket_of(&b)), asking_again(&queued(3), ticket_of(&c)));
+    assert_eq!(line(&mut e, &b_again, T0.plus(1000)).decision, refused(T0.plus(1100), Reason::Rate, "w"));
+    assert!(line(&mut e, &asking_again(&queued(4), ticket_of(&a)), T0.plus(1000)).decision.is_granted());
+    assert!(line(&mut e, &b_again, T0.plus(1100)).decision.is_granted());
+    assert!(line(&mut e, &c_again, T0.plus(1200)).decision.is_granted());
+    assert_eq!(e.tickets(), 0);
+}
+
+/// The first ticket is due, not late, until [`LATE_AFTER_MS`] past its `retryAt`: those behind
+/// it are told a millisecond on (its host is on its way). Once late, a request that does not
+/// queue is told its lapse, and one that queues (a ticket, or one about to be filed) the sooner
+/// of that lapse and the next recheck.
+#[test]
+fn the_first_ticket_is_due_for_a_round_trip_before_it_is_late() {
+    let mut e = engine();
+    assert!(acquire(&mut e, &req(vec![Limit::window("w", 1, 1000)]), T0).is_granted());
+    let first = req(vec![Limit::window("w", 1, 1000)]).with_queue();
+    let a = ticket_of(&line(&mut e, &first, T0.plus(10)));
+    let free = req(vec![Limit::window("w", 1, 1000).with_cost(0)]).with_queue();
+    let b = line(&mut e, &free, T0.plus(20));
+    assert_eq!(b.decision, refused(T0.plus(1000), Reason::Rate, "w"));
+    let b_again = asking_again(&free, ticket_of(&b));
+    for ms in [1000, 1020, 1000 + LATE_AFTER_MS] {
+        let told = line(&mut e, &b_again, T0.plus(ms)).decision;
+        assert_eq!(told, refused(T0.plus(ms + 1), Reason::Rate, "w"), "at {ms}");
+    }
+    let late = T0.plus(1001 + LATE_AFTER_MS);
+    let plain = req(vec![Limit::window("w", 1, 1000).with_cost(0)]);
+    assert_eq!(acquire(&mut e, &plain, late), refused(a.lapse_at, Reason::Rate, "w"));
+    assert_eq!(line(&mut e, &b_again, late).decision, refused(late.plus(250), Reason::Rate, "w"));
+    let filed = line(&mut e, &free, late);
+    assert_eq!(filed.decision, refused(late.plus(250), Reason::Rate, "w"), "filed: a ticket's advice");
+    assert_eq!(ticket_of(&filed).ahead, 2);
+    // The late ticket still claims its place when its host comes.
+    assert!(line(&mut e, &asking_again(&first, a), late.plus(5)).decision.is_granted());
+}
+
 #[test]
 fn a_late_first_ticket_holds_the_line_until_its_lapse_and_then_leaves_it() {
     let mut e = engine();

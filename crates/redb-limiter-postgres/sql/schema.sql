@@ -1162,6 +1162,11 @@ BEGIN
       v_retry := (v_reply->>'retryAt')::bigint;
       v_lapse := v_retry + v_grace;
       IF v_mine IS NOT NULL THEN
+        IF pg_current_xact_id_if_assigned() IS NULL THEN
+          -- Nothing else written: a renewal may be lost in a crash (12.6), so its commit does
+          -- not wait for the WAL flush. A host asking again while it waits costs no fsync.
+          PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
         UPDATE __SCHEMA__.tickets SET retry_at = v_retry, lapse_at = v_lapse, grace_ms = v_grace
          WHERE num = v_mine;
         v_num := v_mine;

@@ -1025,7 +1025,8 @@ COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
 -- request raises RL400 naming ticket, and nothing changes; a lapsed one ends, then counts as
 -- unknown). Then per limit, in request order, the first live ticket older than the request's
 -- own (every one, for a request without a ticket) holds it back until that ticket's retryAt;
--- while that passed 50 ms ago or less (the ticket is due: its host is on its way) until a
+-- while that passed 50 ms ago or less (the ticket is due: its host is on its way; the engine's
+-- LATE_AFTER_MS) until a
 -- millisecond on; once the ticket is late, until its lapse for a request that does not queue,
 -- and the sooner of its lapse and now + recheck_ms for one that does. A window limit waits
 -- too for its own instant in the line: when its window has room for its cost and the costs

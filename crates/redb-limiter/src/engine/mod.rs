@@ -931,7 +931,7 @@ impl Engine {
     /// Rule Q in one bucket (section 12.2): when a live ticket older than `mine` waits in its
     /// line, the instant the line may let `limit` through, the later of two:
     /// - when its first ticket leaves the way: that ticket's `retryAt`; while it is due (its
-    ///   `retryAt` passed less than [`LATE_AFTER_MS`] ago, so its host is on its way) a
+    ///   `retryAt` passed at most [`LATE_AFTER_MS`] ago, so its host is on its way) a
     ///   millisecond on; once it is late, its lapse for a request that does not queue, and the
     ///   sooner of its lapse and the next recheck for one that does;
     /// - its own instant in the line (12.5): when the window has room for its cost and the

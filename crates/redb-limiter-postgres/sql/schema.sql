@@ -1039,7 +1039,9 @@ COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
 -- a refusal renews it, or files one (queue, or an unknown ticket) when refused for rate or
 -- concurrency and no line it names holds 10,000 live tickets. The reply adds "ticket",
 -- "lapseAt", "ahead" and "now" when it names a ticket, and "queued" to each figure when the
--- request takes part in the line or that line is not empty.
+-- request takes part in the line or that line is not empty; for the server's metrics,
+-- "waitedMs" (filing to grant) when a grant ended a ticket, and "lapsedTicket" when the
+-- ticket presented had lapsed.
 CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_line(req jsonb, mode text, recheck_ms bigint,
                                                     permit_id text, at_ms bigint DEFAULT NULL)
 RETURNS jsonb
@@ -1069,6 +1071,7 @@ DECLARE
   v_figs jsonb;
   v_ahead bigint;
   v_in_line jsonb := req;
+  v_lapsed boolean := false;
 BEGIN
   SELECT greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), coalesce(max(bk.floor_ms), 0)) INTO v_now
     FROM __SCHEMA__.buckets bk
@@ -1079,6 +1082,7 @@ BEGIN
       IF t.lapse_at <= v_now THEN
         IF NOT v_peek THEN
           PERFORM __SCHEMA__._end_ticket(t.num);
+          v_lapsed := true;
         END IF;
       ELSIF t.caller IS DISTINCT FROM req->>'key' OR t.bound <> __SCHEMA__._bound(req) THEN
         RAISE EXCEPTION 'ticket was filed for another request: the caller key and the limits (key, calls, perMs, cost, concurrent, holdMs) must be the ones it was filed with'
@@ -1158,6 +1162,7 @@ BEGIN
     IF (v_reply->>'granted')::boolean THEN
       IF v_mine IS NOT NULL THEN
         PERFORM __SCHEMA__._end_ticket(v_mine);
+        v_reply := v_reply || jsonb_build_object('waitedMs', (v_reply->>'at')::bigint - t.filed_at);
       END IF;
     ELSE
       v_retry := (v_reply->>'retryAt')::bigint;
@@ -1191,6 +1196,9 @@ BEGIN
     END IF;
   END IF;
 
+  IF v_lapsed THEN
+    v_reply := v_reply || jsonb_build_object('lapsedTicket', true);
+  END IF;
   IF v_reply ? 'limits' THEN
     SELECT jsonb_agg(CASE WHEN v_inline OR x.n > 0 THEN x.f || jsonb_build_object('queued', x.n) ELSE x.f END
                      ORDER BY x.ord) INTO v_figs
@@ -1630,16 +1638,7 @@ BEGIN
   SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM places) INTO v_k;
   v_done := v_done + v_k;
 
-  -- Passed throttles.
-  -- Tickets lapsed before v_now leave their lines (until then every reader skips them).
-  WITH gone AS (
-    DELETE FROM __SCHEMA__.tickets t
-     WHERE t.num IN (SELECT t2.num FROM __SCHEMA__.tickets t2 WHERE t2.lapse_at <= v_now LIMIT batch)
-    RETURNING t.num, t.keys
-  )
-  DELETE FROM __SCHEMA__.line q USING gone WHERE q.bucket = ANY (gone.keys) AND q.num = gone.num;
-  GET DIAGNOSTICS v_k = ROW_COUNT;
-  v_done := v_done + v_k;
+  -- Passed throttles. (Lapsed tickets: sweep_tickets(), which counts them.)
   DELETE FROM __SCHEMA__.throttles t
    WHERE t.key IN (SELECT x.key FROM __SCHEMA__.throttles x WHERE x.until <= v_now
                     ORDER BY x.until LIMIT batch FOR UPDATE SKIP LOCKED);
@@ -1713,7 +1712,31 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint, bigint) IS
-  'delete lapsed permits and tickets, passed throttles, grants past retention and idle buckets, in batches';
+  'delete lapsed permits, passed throttles, grants past retention and idle buckets, in batches';
+
+-- Tickets that lapsed margin_ms before at_ms leave their lines (until then every reader skips
+-- them), at most batch of them; how many lapsed tickets went. The sweeper calls it beside
+-- sweep() and counts them in /metrics.
+CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_tickets(batch integer DEFAULT 1000, at_ms bigint DEFAULT NULL,
+                                                    margin_ms bigint DEFAULT 60000)
+RETURNS integer
+LANGUAGE sql VOLATILE AS
+$$
+  WITH gone AS (
+    DELETE FROM __SCHEMA__.tickets t
+     WHERE t.num IN (SELECT t2.num FROM __SCHEMA__.tickets t2
+                      WHERE t2.lapse_at <= coalesce(at_ms, __SCHEMA__._clock_ms()) - margin_ms
+                      ORDER BY t2.lapse_at LIMIT batch FOR UPDATE SKIP LOCKED)
+    RETURNING t.num, t.keys
+  ), lines AS (
+    DELETE FROM __SCHEMA__.line q USING gone WHERE q.bucket = ANY (gone.keys) AND q.num = gone.num
+    RETURNING 1
+  )
+  -- (lines runs whether read or not, as every data-modifying WITH does)
+  SELECT count(*)::integer FROM gone
+$$;
+COMMENT ON FUNCTION __SCHEMA__.sweep_tickets(integer, bigint, bigint) IS
+  'delete tickets lapsed before at_ms - margin_ms from their lines, in batches; how many';
 
 -- The format version this schema carries.
 CREATE OR REPLACE FUNCTION __SCHEMA__.version() RETURNS integer

@@ -227,6 +227,7 @@ struct Statements {
     leave: String,
     state: String,
     sweep: String,
+    sweep_tickets: String,
 }
 
 impl Statements {
@@ -257,6 +258,7 @@ impl Statements {
             leave: call("SELECT S.leave($1, $2)"),
             state: call("SELECT * FROM S.state_rows($1, $2, $3, $4)"),
             sweep: call("SELECT S.sweep($1, $2)"),
+            sweep_tickets: call("SELECT S.sweep_tickets($1, $2)"),
         }
     }
 }
@@ -503,7 +505,25 @@ impl PgLimiter {
         self.count(&decision);
         let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
         let ticket = ticket_from(&reply).ok_or_else(|| protocol(&reply))?;
+        self.count_line(&req, &reply, ticket.as_ref());
         Ok(Acquired { decision, report, ticket })
+    }
+
+    /// Counts in the metrics what an acquire did to the line, as the file counts its effects: a
+    /// ticket lapsed at the ask, a ticket filed (the reply names one the request did not
+    /// present), a ticket granted with its wait.
+    fn count_line(&self, req: &AcquireRequest, reply: &Value, ticket: Option<&TicketNote>) {
+        if reply.get("lapsedTicket").and_then(Value::as_bool) == Some(true) {
+            self.metrics.ticket("lapsed");
+        }
+        if let Some(note) = ticket
+            && req.ticket.as_deref().is_none_or(|presented| presented.parse::<TicketId>() != Ok(note.id))
+        {
+            self.metrics.ticket("filed");
+        }
+        if let Some(waited) = reply.get("waitedMs").and_then(Value::as_u64) {
+            self.metrics.ticket_granted(waited);
+        }
     }
 
     /// An acquire of one window limit: in a batch with those of concurrent requests when others
@@ -705,6 +725,9 @@ impl PgLimiter {
             false
         };
         self.metrics.decided("release", if left { "left" } else { "unknown" }, "");
+        if left {
+            self.metrics.ticket("left");
+        }
         Ok(left)
     }
 
@@ -740,10 +763,16 @@ impl PgLimiter {
         Ok(self.state_page(prefix, "", limit).await?.snapshot)
     }
 
-    /// Deletes lapsed places, grants past their bucket's retention, idle buckets and ended
-    /// throttles, at most `batch` rows of each; how many rows went.
+    /// Deletes lapsed places, lapsed tickets (counted in the metrics), grants past their
+    /// bucket's retention, idle buckets and ended throttles, at most `batch` rows of each; how
+    /// many rows went.
     pub async fn sweep(&self, batch: i32) -> Result<i32, LimiterError> {
-        self.call(&self.sql.sweep, &[&batch, &self.at()]).await
+        let lapsed: i32 = self.call(&self.sql.sweep_tickets, &[&batch, &self.at()]).await?;
+        for _ in 0..lapsed {
+            self.metrics.ticket("lapsed");
+        }
+        let rows: i32 = self.call(&self.sql.sweep, &[&batch, &self.at()]).await?;
+        Ok(rows + lapsed)
     }
 
     /// Sweeps `batch` rows at a time until a call deletes nothing or `max_batches` calls ran:

@@ -1425,6 +1425,45 @@ fn hostile_permit_strings_and_keys_release_settle_throttle_and_lift_as_the_engin
     });
 }
 
+/// `/metrics` counts the line in PostgreSQL mode as the file does (12.7): tickets filed,
+/// granted (with the wait from filing to grant), left, and lapsed, whether found lapsed when
+/// asked with or swept.
+#[test]
+fn the_line_is_counted_in_the_metrics() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "linemetrics", clock.clone()).await;
+        let req = |caller: &str| AcquireRequest::new(caller, vec![window("w", 1, 1000)]).unwrap();
+        let ticket_of = |acquired: &redb_limiter::limiter::Acquired| acquired.ticket.expect("a ticket").id.to_string();
+        assert!(pg.acquire(req("filler")).await.unwrap().decision.is_granted());
+        let a = ticket_of(&pg.acquire(req("a").with_queue()).await.unwrap());
+        let b = ticket_of(&pg.acquire(req("b").with_queue()).await.unwrap());
+        assert!(pg.leave(redb_limiter::request::LeaveRequest::new(b).unwrap()).await.unwrap());
+        clock.advance(1000);
+        let again = pg.acquire(req("a").with_ticket(a.clone()).unwrap()).await.unwrap();
+        assert!(again.decision.is_granted(), "{again:?}");
+        // Renewed, not filed again: asked with its ticket while it waits.
+        let c = ticket_of(&pg.acquire(req("c").with_queue()).await.unwrap());
+        assert_eq!(ticket_of(&pg.acquire(req("c").with_ticket(c.clone()).unwrap()).await.unwrap()), c);
+        // Lapsed by the time it is asked with (retryAt 2000 + grace 2000): ends, then decides anew.
+        clock.advance(4000);
+        assert!(pg.acquire(req("c").with_ticket(c).unwrap()).await.unwrap().decision.is_granted());
+        let d = pg.acquire(req("d").with_queue()).await.unwrap();
+        assert!(d.ticket.is_some(), "{d:?}");
+        // Swept once its lapse is a sweeper's margin past.
+        clock.advance(4000 + 60_000);
+        assert!(pg.sweep(1000).await.unwrap() > 0);
+        let text = pg.metrics().encode();
+        for (event, n) in [("filed", 4), ("granted", 1), ("left", 1), ("lapsed", 2)] {
+            let line = format!("redb_limiter_tickets_total{{event=\"{event}\"}} {n}\n");
+            assert!(text.contains(&line), "{line:?} in\n{text}");
+        }
+        assert!(text.contains("redb_limiter_ticket_wait_seconds_sum 1.0\n"), "{text}");
+        assert!(text.contains("redb_limiter_ticket_wait_seconds_count 1\n"), "{text}");
+    });
+}
+
 /// Two servers on one schema keep one line per bucket: a ticket filed through one is first in
 /// line for the other, which holds back every request behind it (one at a time, and sent at
 /// once so that its one-window ones go through the batch statement), is granted there at its

@@ -1026,16 +1026,15 @@ COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
 -- unknown). Then per limit, in request order, the first live ticket older than the request's
 -- own (every one, for a request without a ticket) holds it back until that ticket's retryAt;
 -- while that passed 50 ms ago or less (the ticket is due: its host is on its way; the engine's
--- LATE_AFTER_MS) until a
--- millisecond on; once the ticket is late, until its lapse for a request that does not queue,
--- and the sooner of its lapse and now + recheck_ms for one that does. A window limit waits
--- too for its own instant in the line: when its window has room for its cost and the costs
--- of the live tickets ahead of it (the request's own refusal is read with those costs added).
--- Held back, the request's own refusal (a peek of _acquire_plain, which writes nothing) and
--- the line's are merged as
--- rule 6 merges refusals (the latest; on a tie the throttle, else the first limit, and within
--- one limit the window, then the line, then concurrency), and its retention is lengthened as
--- any refusal's (rule 3). Otherwise _acquire_plain decides. A grant ends the request's ticket;
+-- LATE_AFTER_MS), until a millisecond on; once the ticket is late, until its lapse for a
+-- request that does not queue, and the sooner of its lapse and now + recheck_ms for one that
+-- does. A window limit waits too for its own instant in the line: when its window has room for
+-- its cost and the costs of the live tickets ahead of it (the request's own refusal is read
+-- with those costs added). Held back, the request's own refusal (a peek of _acquire_plain,
+-- which writes nothing) and the line's are merged as rule 6 merges refusals (the latest; on a
+-- tie the throttle, else the first limit, and within one limit the window, then the line, then
+-- concurrency), and its retention is lengthened as any refusal's (rule 3). Otherwise
+-- _acquire_plain decides. A grant ends the request's ticket;
 -- a refusal renews it, or files one (queue, or an unknown ticket) when refused for rate or
 -- concurrency and no line it names holds 10,000 live tickets. The reply adds "ticket",
 -- "lapseAt", "ahead" and "now" when it names a ticket, and "queued" to each figure when the

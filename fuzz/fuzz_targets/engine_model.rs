@@ -508,12 +508,21 @@ impl Harness {
         self.rebuild_same(store);
     }
 
-    /// [`Self::rebuild`] after a crash that lost nothing: the engine must be what it was.
+    /// [`Self::rebuild`] after a crash that lost nothing: the engine must be what it was, but
+    /// that the restart gives every live ticket a lapse no sooner than now plus its grace (12.6).
     fn rebuild_same(&mut self, store: Store) {
-        let before = self.engine.facts(self.now);
+        let mut before = self.engine.facts(self.now);
         let latest = self.durable_floor;
         let floor = self.rebuild(store);
         assert_eq!(floor, latest, "the floor is the now of the latest commit");
+        let mut lapses = std::collections::HashMap::new();
+        for (id, ticket) in &mut before.tickets {
+            ticket.lapse_at = ticket.lapse_at.max(self.now.plus(ticket.grace_ms));
+            lapses.insert(id.number(), ticket.lapse_at);
+        }
+        for (number, lapse) in before.lines.values_mut().flatten() {
+            *lapse = lapses[number];
+        }
         assert_eq!(self.engine.facts(self.now), before, "every committed change is served");
         self.check_forgotten();
     }

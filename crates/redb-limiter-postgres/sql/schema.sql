@@ -1496,6 +1496,29 @@ COMMENT ON FUNCTION __SCHEMA__.lift(text, bigint) IS 'lift a throttle in force (
 -- pagination): what it reads grows with the page, never with the table beyond it, a few
 -- index probes per row.
 DROP FUNCTION IF EXISTS __SCHEMA__.state(text, text, integer, bigint);
+
+-- The least text greater than every text starting with p ("C" order is code point order): p
+-- with its last character that is not U+10FFFF moved one code point on (over the surrogates,
+-- which text cannot hold) and what follows it dropped; NULL when there is none (p empty, or
+-- only U+10FFFF).
+CREATE OR REPLACE FUNCTION __SCHEMA__._prefix_end(p text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT AS
+$$
+DECLARE
+  v text := p;
+  c integer;
+BEGIN
+  WHILE length(v) > 0 LOOP
+    c := ascii(right(v, 1));
+    v := left(v, -1);
+    IF c < 1114111 THEN
+      RETURN v || chr(CASE WHEN c + 1 = 55296 THEN 57344 ELSE c + 1 END);
+    END IF;
+  END LOOP;
+  RETURN NULL;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.state_rows(prefix text DEFAULT '', after text DEFAULT NULL,
                                                  lim integer DEFAULT 1000, at_ms bigint DEFAULT NULL)
 RETURNS TABLE (kind text, key text, now_ms bigint, window_used bigint, calls bigint, per_ms bigint,
@@ -1507,6 +1530,10 @@ DECLARE
   v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
   v_prefix text := coalesce(prefix, '');
   v_after text := coalesce(after, '');
+  -- Every key under the prefix is below this, so a walk stops at the prefix's end. With no
+  -- such text: 129 times U+10FFFF, above every key (at most 512 bytes, and an escaped key
+  -- holds U+0001 where it grew).
+  v_end text := coalesce(__SCHEMA__._prefix_end(coalesce(prefix, '')), repeat(chr(1114111), 129));
 BEGIN
   RETURN QUERY SELECT 'n'::text, NULL::text, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
                       NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[], NULL::bigint[];
@@ -1533,7 +1560,7 @@ BEGIN
            CROSS JOIN LATERAL (
                  SELECT count(*) AS held, min(p.lapse) AS next FROM __SCHEMA__.places p
                   WHERE p.bucket = bk.id AND p.lapse > v_now) pl
-           WHERE bk.key > v_after AND bk.key >= v_prefix AND starts_with(bk.key, v_prefix)
+           WHERE bk.key > v_after AND bk.key >= v_prefix AND bk.key < v_end AND starts_with(bk.key, v_prefix)
            ORDER BY bk.key) s
    WHERE s.used > 0 OR s.held > 0
    ORDER BY s.key
@@ -1541,16 +1568,21 @@ BEGIN
 
   -- Each bucket's line (section 12.7): queued (in window_used) and when its first live
   -- ticket was filed (in oldest), for every bucket with a live ticket, a bucket with only a
-  -- line included. The server merges these rows into the buckets' by key.
+  -- line included. The server merges these rows into the buckets' by key. The lines' buckets
+  -- are walked in key order and counted one at a time, so the walk stops with the page.
   RETURN QUERY
-  SELECT 'q'::text, q.bucket, v_now, q.n, NULL::bigint, NULL::bigint, NULL::bigint, q.first,
+  SELECT 'q'::text, b.bucket, v_now, q.n, NULL::bigint, NULL::bigint, NULL::bigint, q.first,
          NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[], NULL::bigint[]
-    FROM (SELECT ln.bucket, count(*) AS n, (array_agg(t.filed_at ORDER BY ln.num))[1] AS first
-            FROM __SCHEMA__.line ln JOIN __SCHEMA__.tickets t ON t.num = ln.num
-           WHERE ln.bucket > v_after AND ln.bucket >= v_prefix AND starts_with(ln.bucket, v_prefix)
-             AND t.lapse_at > v_now
-           GROUP BY ln.bucket) q
-   ORDER BY q.bucket
+    FROM (SELECT DISTINCT ln.bucket FROM __SCHEMA__.line ln
+           WHERE ln.bucket > v_after AND ln.bucket >= v_prefix AND ln.bucket < v_end
+             AND starts_with(ln.bucket, v_prefix)
+           ORDER BY ln.bucket) b
+   CROSS JOIN LATERAL (
+         SELECT count(*) AS n, (array_agg(t.filed_at ORDER BY ln.num))[1] AS first
+           FROM __SCHEMA__.line ln JOIN __SCHEMA__.tickets t ON t.num = ln.num
+          WHERE ln.bucket = b.bucket AND t.lapse_at > v_now) q
+   WHERE q.n > 0
+   ORDER BY b.bucket
    LIMIT lim + 1;
 
   RETURN QUERY
@@ -1572,7 +1604,8 @@ BEGIN
   SELECT 't'::text, th.key, v_now, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
          NULL::bigint, NULL::bigint, th.until, NULL::text[], NULL::bigint[]
     FROM __SCHEMA__.throttles th
-   WHERE th.key > v_after AND th.until > v_now AND starts_with(th.key, v_prefix)
+   WHERE th.key > v_after AND th.key >= v_prefix AND th.key < v_end AND th.until > v_now
+     AND starts_with(th.key, v_prefix)
    ORDER BY th.key
    LIMIT lim + 1;
 END

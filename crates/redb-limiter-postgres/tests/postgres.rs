@@ -1943,6 +1943,54 @@ async fn acquires_until(pg: &Arc<PgLimiter>, stop: &Arc<std::sync::atomic::Atomi
     all
 }
 
+/// A `/state` prefix bounds the walk at the least key above every key under it
+/// (`_prefix_end`), over the surrogates and past U+10FFFF, and lists exactly the keys under it:
+/// buckets, lines and throttles alike.
+#[test]
+fn a_state_prefix_ends_where_its_keys_end() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "prefixend", clock.clone()).await;
+        let client = plain_client(&url).await;
+        let end = |p: &'static str| {
+            let (client, sql) = (&client, format!("SELECT \"{}\"._prefix_end($1)", pg.schema()));
+            async move { client.query_one(&sql, &[&p]).await.unwrap().get::<_, Option<String>>(0) }
+        };
+        assert_eq!(end("a").await.as_deref(), Some("b"));
+        assert_eq!(end("a\u{D7FF}").await.as_deref(), Some("a\u{E000}"), "over the surrogates");
+        assert_eq!(end("a\u{10FFFF}").await.as_deref(), Some("b"));
+        assert_eq!(end("ab\u{10FFFF}\u{10FFFF}").await.as_deref(), Some("ac"));
+        assert_eq!(end("\u{10FFFF}").await, None);
+        assert_eq!(end("").await, None);
+
+        let keys = ["a\u{D7FF}", "a\u{D7FF}x", "a\u{E000}", "a\u{10FFFF}", "a\u{10FFFF}\u{10FFFF}z", "b", "\u{10FFFF}"];
+        let one = |key: &str| AcquireRequest::new(key, vec![window(key, 1, 60_000)]).unwrap();
+        for key in keys {
+            assert!(pg.acquire(one(key)).await.unwrap().decision.is_granted());
+            let until = T0.plus(30_000);
+            assert_eq!(pg.throttle(ThrottleRequest::new(key, until, T0).unwrap()).await.unwrap(), Some(until));
+            let queued = pg.acquire(AcquireRequest::new("q", vec![window(key, 1, 60_000)]).unwrap().with_queue());
+            assert!(queued.await.unwrap().ticket.is_some());
+        }
+        for prefix in ["a\u{D7FF}", "a\u{10FFFF}", "a", "\u{10FFFF}", "", "a\u{E000}"] {
+            let under: Vec<&str> = keys.iter().copied().filter(|k| k.starts_with(prefix)).collect();
+            let state = pg.state(prefix, 1000).await.unwrap().view;
+            assert_eq!(
+                state.buckets.iter().map(|b| b.key.as_str()).collect::<Vec<_>>(),
+                under,
+                "buckets of {prefix:?}"
+            );
+            assert!(state.buckets.iter().all(|b| b.queued == 1), "each bucket's line under {prefix:?}");
+            assert_eq!(
+                state.throttles.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(),
+                under,
+                "throttles of {prefix:?}"
+            );
+        }
+    });
+}
+
 /// `/state` pages by key over an index, at a cost that grows with the page: pages of 100,000
 /// over 200,000 live buckets come back whole, within the statement timeout, in key order, one
 /// after another from the last key, while acquires run beside them (their p99 is reported

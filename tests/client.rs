@@ -5,12 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redb_limiter::engine::{Decision, Engine, EngineConfig};
+use redb_limiter::engine::{Engine, EngineConfig};
 use redb_limiter::limiter::LimiterOptions;
 use redb_limiter::{AcquireRequest, Cost, Limit, Limiter, Millis, Reason};
 use redb_limiter_client::contract;
 use redb_limiter_client::{
-    AcquireOptions, Client, ClientError, HttpLimiter, InLine, LimiterApi, Outcome, PeekOutcome, Refusal, WaitReport,
+    AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, PeekOutcome, Refusal, WaitReport,
 };
 use redb_limiter_server::server::{ServerConfig, serve};
 
@@ -44,18 +44,7 @@ impl LimiterApi for EngineLimiter {
         let now = self.now();
         let answer = self.engine.lock().unwrap().acquire_in_line(&req, now, &mut Vec::new());
         let answer = answer.map_err(|e| ClientError::BadRequest(e.0))?;
-        Ok(match answer.decision {
-            Decision::Granted { at, permit } => Outcome::Granted { at, permit: permit.map(|p| p.to_string()) },
-            Decision::Refused { retry_at, reason, limit } => {
-                let line = answer.ticket.map(|t| InLine {
-                    ticket: t.id.to_string(),
-                    lapse_at: t.lapse_at,
-                    ahead: t.ahead,
-                    now: t.now,
-                });
-                Outcome::Refused(Refusal { retry_at, reason, limit, line })
-            }
-        })
+        Ok(Outcome::from_decision(answer.decision, answer.ticket))
     }
 
     async fn leave(&self, ticket: String) -> Result<bool, ClientError> {

@@ -39,21 +39,27 @@ fn start(database: &str, schema: &str) -> Server {
 
 fn start_with_pool(database: &str, schema: &str, pool: usize) -> Server {
     let pool = pool.to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_redb-limiter"));
+    serve
         .args(["serve", "--listen", "127.0.0.1:0", "--pg-pool", &pool, "--pg-schema", schema])
-        .env("REDB_LIMITER_POSTGRES", database)
-        .env_remove("REDB_LIMITER_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+        .env("REDB_LIMITER_POSTGRES", database);
+    let (server, line, ready) = spawn_ready(serve);
     assert_eq!(ready["ready"], true);
     assert_eq!(ready["backend"], "postgres");
     assert!(!line.contains(database), "the ready line never carries the database URL");
-    Server { child, url: ready["url"].as_str().unwrap().to_owned() }
+    server
+}
+
+/// Starts `serve` (no token, stdout piped) and reads its ready line: the server, the line and
+/// the line read as JSON.
+fn spawn_ready(mut serve: Command) -> (Server, String, Value) {
+    let mut child =
+        serve.env_remove("REDB_LIMITER_TOKEN").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
+    let url = ready["url"].as_str().unwrap().to_owned();
+    (Server { child, url }, line, ready)
 }
 
 async fn post(url: &str, path: &str, body: Value) -> (u16, Value) {
@@ -632,19 +638,9 @@ async fn killing_postgres_mid_load_loses_no_acknowledged_grant_and_fails_closed_
 fn start_file() -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limiter.redb");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_redb-limiter"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--path"])
-        .arg(&path)
-        .env_remove("REDB_LIMITER_TOKEN")
-        .env_remove("REDB_LIMITER_POSTGRES")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("ready line {line:?}: {e}"));
-    (Server { child, url: ready["url"].as_str().unwrap().to_owned() }, dir)
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_redb-limiter"));
+    serve.args(["serve", "--listen", "127.0.0.1:0", "--path"]).arg(&path).env_remove("REDB_LIMITER_POSTGRES");
+    (spawn_ready(serve).0, dir)
 }
 
 /// A reply with what depends on each server's clock or nonce left out: instants and permits;

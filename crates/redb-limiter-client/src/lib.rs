@@ -32,7 +32,7 @@ pub use http::HttpLimiter;
 pub use permit::{Permit, PermitStream};
 
 use crate::vendor::{vendor_budget, vendor_wait};
-use redb_limiter::engine::{Decision, Figures, Reason};
+use redb_limiter::engine::{Decision, Figures, Reason, TicketNote};
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{
     AcquireRequest, Cost, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest,
@@ -44,6 +44,26 @@ use redb_limiter::time::{Millis, wall_clock_now};
 pub enum Outcome {
     Granted { at: Millis, permit: Option<String> },
     Refused(Refusal),
+}
+
+impl Outcome {
+    /// An engine's (or embedded limiter's) decision, with the ticket its refusal filed or
+    /// renewed, as the waiting acquire reads it.
+    #[must_use]
+    pub fn from_decision(decision: Decision, ticket: Option<TicketNote>) -> Outcome {
+        match decision {
+            Decision::Granted { at, permit } => Outcome::Granted { at, permit: permit.map(|p| p.to_string()) },
+            Decision::Refused { retry_at, reason, limit } => {
+                let line = ticket.map(|t| InLine {
+                    ticket: t.id.to_string(),
+                    lapse_at: t.lapse_at,
+                    ahead: t.ahead,
+                    now: t.now,
+                });
+                Outcome::Refused(Refusal { retry_at, reason, limit, line })
+            }
+        }
+    }
 }
 
 /// A refusal: when to ask again, why, and which limit (or caller key, for a throttle); `line`
@@ -159,18 +179,7 @@ pub trait LimiterApi: Send + Sync + 'static {
 impl LimiterApi for Limiter {
     async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
         let acquired = Limiter::acquire_reported(self, req).await?;
-        Ok(match acquired.decision {
-            Decision::Granted { at, permit } => Outcome::Granted { at, permit: permit.map(|p| p.to_string()) },
-            Decision::Refused { retry_at, reason, limit } => {
-                let line = acquired.ticket.map(|t| InLine {
-                    ticket: t.id.to_string(),
-                    lapse_at: t.lapse_at,
-                    ahead: t.ahead,
-                    now: t.now,
-                });
-                Outcome::Refused(Refusal { retry_at, reason, limit, line })
-            }
-        })
+        Ok(Outcome::from_decision(acquired.decision, acquired.ticket))
     }
 
     async fn leave(&self, ticket: String) -> Result<bool, ClientError> {

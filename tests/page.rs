@@ -340,6 +340,14 @@ async fn page_shows_each_line_and_how_long_its_first_ticket_waited() {
     assert!(r.contains(&format!(r#"data-since="{}""#, T0.0 + 100)), "{r}");
     let waited = seconds(&texts(r, r#"class="num waited""#)[0]);
     assert!((5.0..=8.0).contains(&waited), "the first ticket of api/rpm waited {waited} s: {r}");
+    // Its first ticket is named, so an operator can release it (section 12.9).
+    let ticket = first["ticket"].as_str().unwrap();
+    assert!(
+        r.contains(&format!(
+            r#"<code class="ticket" title="release {{ticket}} takes it out of the line">{ticket}</code>"#
+        )),
+        "{r}"
+    );
     // api/streams holds no place and no grant: only the second ticket's line.
     let r = row(&dom, r#"data-key="api/streams""#);
     assert!(r.contains(r#"<td class="num queued">1</td>"#) && !r.contains(r#"role="meter""#), "{r}");

@@ -307,7 +307,7 @@ impl Harness {
             plan: FaultPlan::new(),
             store: Some(store),
             faulty: false,
-            engine: Engine::new(EngineConfig { recheck_ms: RECHECK_MS, id_seed: seed }),
+            engine: Engine::new(EngineConfig::with(RECHECK_MS, seed)),
             seed,
             reference: Reference::default(),
             now: T0,
@@ -406,7 +406,7 @@ impl Harness {
     /// clock floor the file held.
     fn rebuild(&mut self, store: Store) -> Millis {
         self.seed += 1;
-        let mut engine = Engine::new(EngineConfig { recheck_ms: RECHECK_MS, id_seed: self.seed });
+        let mut engine = Engine::new(EngineConfig::with(RECHECK_MS, self.seed));
         let floor = store.load(&mut engine).expect("load");
         assert!(floor <= self.now, "the floor {floor:?} is ahead of now {:?}", self.now);
         self.durable_floor = floor;

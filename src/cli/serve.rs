@@ -29,6 +29,11 @@ pub struct ServeArgs {
     /// A call refused for concurrency is told to retry at most this many ms later.
     #[arg(long, env = "REDB_LIMITER_RECHECK_MS", default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub recheck_ms: u64,
+    /// The line's horizon (wire section 12.9): a request joins a line only when it could be
+    /// granted within this many ms (or its own `maxWaitMs`, when shorter), and a ticket lapses
+    /// this long after it was filed at the latest.
+    #[arg(long, env = "REDB_LIMITER_LINE_HORIZON_MS", default_value_t = redb_limiter::engine::DEFAULT_LINE_HORIZON_MS, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    pub line_horizon_ms: u64,
     /// At most this many connections open at once; the rest wait to be accepted.
     #[arg(long, env = "REDB_LIMITER_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
@@ -119,7 +124,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // The runtime serves nothing else, so a request may commit in its own thread when the file
     // is idle: one at a time, that saves two thread hand-offs per request.
-    let options = LimiterOptions { recheck_ms: args.recheck_ms, caller_commits: true, ..LimiterOptions::default() };
+    let options = LimiterOptions {
+        recheck_ms: args.recheck_ms,
+        line_horizon_ms: args.line_horizon_ms,
+        caller_commits: true,
+        ..LimiterOptions::default()
+    };
     let path = args.path.clone();
     let limiter = tokio::task::spawn_blocking(move || Limiter::open_with(&path, options)).await??;
     let limiter = Arc::new(limiter);
@@ -157,6 +167,7 @@ async fn run_postgres(args: &ServeArgs, url: &str, config: ServerConfig) -> anyh
     options.pool_size = args.pg_pool as usize;
     options.batchers = args.pg_batchers as usize;
     options.recheck_ms = args.recheck_ms;
+    options.line_horizon_ms = args.line_horizon_ms;
     let limiter = Arc::new(PgLimiter::connect(options).await?);
     limiter.spawn_sweeper(std::time::Duration::from_secs(1));
     let listener =

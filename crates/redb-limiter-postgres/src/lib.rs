@@ -65,7 +65,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use redb_limiter::backend::Backend;
 use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateView, ThrottleView, Totals};
-use redb_limiter::engine::{Figures, Refusal, TicketId, TicketNote};
+use redb_limiter::engine::{Figures, NoTicket, Refusal, TicketId, TicketNote};
 use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage};
 use redb_limiter::request::{
     AcquireRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
@@ -115,6 +115,8 @@ pub struct PgOptions {
     pub pool_size: usize,
     /// A call refused for concurrency is told to retry at most this long after `now`.
     pub recheck_ms: u64,
+    /// The line's horizon (section 12.9).
+    pub line_horizon_ms: u64,
     /// Longest a statement (lock waits included) may take before the request is answered
     /// `unavailable`.
     pub statement_timeout: Duration,
@@ -142,6 +144,7 @@ impl PgOptions {
             schema: DEFAULT_SCHEMA.to_owned(),
             pool_size: 32,
             recheck_ms: redb_limiter::engine::DEFAULT_RECHECK_MS,
+            line_horizon_ms: redb_limiter::engine::DEFAULT_LINE_HORIZON_MS,
             statement_timeout: Duration::from_secs(5),
             clock: None,
             batchers: batch::DEFAULT_BATCHERS,
@@ -157,6 +160,7 @@ impl std::fmt::Debug for PgOptions {
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
             .field("recheck_ms", &self.recheck_ms)
+            .field("line_horizon_ms", &self.line_horizon_ms)
             .field("batchers", &self.batchers)
             .field("idle_session", &self.idle_session)
             .finish_non_exhaustive()
@@ -488,7 +492,7 @@ impl PgLimiter {
         self.record(&result);
         let decision = result?;
         self.count(&decision);
-        Ok(Acquired { decision, report: None, ticket: None })
+        Ok(Acquired { decision, report: None, ticket: None, no_ticket: None })
     }
 
     /// Any acquire, by a call of the schema's `acquire()`.
@@ -506,7 +510,8 @@ impl PgLimiter {
         let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
         let ticket = ticket_from(&reply).ok_or_else(|| protocol(&reply))?;
         self.count_line(&req, &reply, ticket.as_ref());
-        Ok(Acquired { decision, report, ticket })
+        let no_ticket = reply.get("noTicket").and_then(Value::as_str).and_then(NoTicket::parse);
+        Ok(Acquired { decision, report, ticket, no_ticket })
     }
 
     /// Counts in the metrics what an acquire did to the line, as the file counts its effects: a
@@ -1112,6 +1117,7 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 next_lapse: instant(9)?,
                 queued: 0,
                 first_ticket_at: None,
+                first_ticket: None,
             }),
             "p" => {
                 let keys: Vec<&str> = row.try_get(11).map_err(|e| bad(&e))?;
@@ -1152,6 +1158,7 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                         next_lapse: None,
                         queued: usize::try_from(queued).unwrap_or(usize::MAX),
                         first_ticket_at: first,
+                        first_ticket: None,
                     },
                 ),
             }

@@ -30,6 +30,8 @@ pub const MAX_TICKET_BYTES: usize = 128;
 pub const DEFAULT_GRACE_MS: u64 = 2_000;
 pub const MIN_GRACE_MS: u64 = 100;
 pub const MAX_GRACE_MS: u64 = 60_000;
+/// The longest `maxWaitMs` an acquire may give (section 12.9): a day.
+pub const MAX_WAIT_MS: u64 = 86_400_000;
 
 /// A malformed request. The message names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,6 +81,10 @@ pub struct AcquireRequest {
     pub ticket: Option<String>,
     /// A ticket lapses this long after its latest `retryAt` (section 12.4); not bound by it.
     pub grace_ms: u64,
+    /// How long this host is willing to wait (section 12.9, `maxWaitMs`): a ticket is filed only
+    /// when the request's own instant lies within it (and the server's horizon); not bound by
+    /// the ticket.
+    pub max_wait_ms: Option<u64>,
 }
 
 /// One entry of a settle's `costs`: the grant's cost in the window bucket `key` becomes `cost`.
@@ -230,6 +236,7 @@ impl AcquireRequest {
             queue: false,
             ticket: None,
             grace_ms: DEFAULT_GRACE_MS,
+            max_wait_ms: None,
         };
         req.validate()?;
         Ok(req)
@@ -252,6 +259,13 @@ impl AcquireRequest {
     /// Sets how long a ticket waits past its `retryAt` before it lapses (section 12.4).
     pub fn with_grace_ms(mut self, grace_ms: u64) -> Result<Self, BadRequest> {
         self.grace_ms = grace_ms;
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Sets how long this host is willing to wait (section 12.9).
+    pub fn with_max_wait_ms(mut self, max_wait_ms: u64) -> Result<Self, BadRequest> {
+        self.max_wait_ms = Some(max_wait_ms);
         self.validate()?;
         Ok(self)
     }
@@ -294,6 +308,9 @@ impl AcquireRequest {
         check_key("key", &self.key)?;
         check_range("holdMs", self.hold_ms, 1, MAX_HOLD_MS)?;
         check_range("graceMs", self.grace_ms, MIN_GRACE_MS, MAX_GRACE_MS)?;
+        if let Some(max_wait_ms) = self.max_wait_ms {
+            check_range("maxWaitMs", max_wait_ms, 1, MAX_WAIT_MS)?;
+        }
         if let Some(ticket) = &self.ticket {
             check_ticket(ticket)?;
         }
@@ -353,7 +370,18 @@ impl AcquireRequest {
             Some(_) => return Err(ticket_error()),
         };
         let grace_ms = optional_int(obj, "graceMs", "graceMs", MIN_GRACE_MS, MAX_GRACE_MS)?.unwrap_or(DEFAULT_GRACE_MS);
-        let req = AcquireRequest { key: key.to_owned(), limits, hold_ms, report, permit, queue, ticket, grace_ms };
+        let max_wait_ms = optional_int(obj, "maxWaitMs", "maxWaitMs", 1, MAX_WAIT_MS)?;
+        let req = AcquireRequest {
+            key: key.to_owned(),
+            limits,
+            hold_ms,
+            report,
+            permit,
+            queue,
+            ticket,
+            grace_ms,
+            max_wait_ms,
+        };
         req.validate()?;
         Ok(req)
     }
@@ -857,6 +885,9 @@ impl AcquireRequest {
         if self.grace_ms != DEFAULT_GRACE_MS {
             body["graceMs"] = Value::from(self.grace_ms);
         }
+        if let Some(max_wait_ms) = self.max_wait_ms {
+            body["maxWaitMs"] = Value::from(max_wait_ms);
+        }
         body
     }
 }
@@ -938,7 +969,15 @@ mod to_json_tests {
             assert_eq!(err(with("graceMs", serde_json::json!(99))), "graceMs must be an integer from 100 to 60000");
             assert_eq!(err(with("graceMs", serde_json::json!(60_001))), "graceMs must be an integer from 100 to 60000");
             assert_eq!(err(with("graceMs", serde_json::json!(500.0))), "graceMs must be an integer from 100 to 60000");
+            for bad in
+                [serde_json::json!(0), serde_json::json!(86_400_001), serde_json::json!("5"), serde_json::json!(1.5)]
+            {
+                assert_eq!(err(with("maxWaitMs", bad)), "maxWaitMs must be an integer from 1 to 86400000");
+            }
         }
+        let req = AcquireRequest::from_json(&with("maxWaitMs", serde_json::json!(86_400_000))).unwrap();
+        assert_eq!(req.max_wait_ms, Some(86_400_000));
+        assert_eq!(AcquireRequest::from_json(&req.to_json()), Ok(req));
         let req = AcquireRequest::from_json(&base()).unwrap();
         assert_eq!((req.queue, req.ticket.as_deref(), req.grace_ms), (false, None, DEFAULT_GRACE_MS));
         assert!(!req.in_line());

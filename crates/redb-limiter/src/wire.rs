@@ -55,6 +55,9 @@ pub enum AcquireReply {
         /// The limiter's clock at the decision (with a ticket, or a report).
         #[serde(skip_serializing_if = "Option::is_none", default)]
         now: Option<Instant>,
+        /// Why a refusal in the line filed no ticket (section 12.9): `horizon` or `full`.
+        #[serde(rename = "noTicket", skip_serializing_if = "Option::is_none", default)]
+        no_ticket: Option<String>,
     },
 }
 
@@ -101,6 +104,7 @@ impl From<&Decision> for AcquireReply {
                 lapse_at: None,
                 ahead: None,
                 now: None,
+                no_ticket: None,
             },
         }
     }
@@ -132,7 +136,11 @@ impl AcquireReply {
 
 impl From<&Acquired> for AcquireReply {
     fn from(a: &Acquired) -> Self {
-        AcquireReply::with_ticket(&a.decision, a.ticket.as_ref())
+        let mut reply = AcquireReply::with_ticket(&a.decision, a.ticket.as_ref());
+        if let (AcquireReply::Refused { no_ticket, .. }, Some(why)) = (&mut reply, a.no_ticket) {
+            *no_ticket = Some(why.as_str().to_owned());
+        }
+        reply
     }
 }
 
@@ -337,6 +345,9 @@ pub struct BucketState {
     /// When its first live ticket was filed, or `null` when its line is empty.
     #[serde(default)]
     pub first_ticket_at: Option<Instant>,
+    /// Its first live ticket (section 12.9), or `null`: an operator may `release {ticket}` it.
+    #[serde(default)]
+    pub first_ticket: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -383,6 +394,7 @@ impl StateReply {
                     next_lapse: b.next_lapse.map(Instant),
                     queued: b.queued as u64,
                     first_ticket_at: b.first_ticket_at.map(Instant),
+                    first_ticket: b.first_ticket.map(|t| t.to_string()),
                 })
                 .collect(),
             permits: view

@@ -1,15 +1,33 @@
-//! The line (section 12): tickets, their ids, and what each bucket's line holds.
+//! The line (section 12): tickets, their ids, what each bucket's line holds, and rule Q as
+//! section 12.9 bounds it.
 //!
 //! Every ticket takes a number from one counter shared by all buckets; a bucket's line is its
 //! live tickets in that order. The engine keeps one table of tickets keyed by number (what the
 //! store persists) and, per bucket, the numbers waiting there with their lapse instants (derived
-//! from the table, so a restore rebuilds it). This module only holds the types; the rules (rule
-//! Q, filing, renewal, lapse) are the engine's, in `mod.rs`, next to the rules they join.
+//! from the table, so a restore rebuilds it). Filing, renewal and lapse are the engine's, in
+//! `mod.rs`; what one bucket's line says of a request is here ([`Engine::line_refusal`]):
+//!
+//! - A ticket *holds* in a bucket while it is live and its caller is not throttled (a throttled
+//!   ticket yields: it keeps its number and holds back no one).
+//! - Each ticket that holds is *reserved* an instant in the bucket's window, in line order: the
+//!   earliest instant, no sooner than the one reserved before it, at which the window (its own
+//!   `calls` and `perMs` there) has room for its cost, counting the grants the bucket keeps and
+//!   the costs reserved ahead of it at their instants. A ticket with no window there (or a cost
+//!   of 0) reserves nothing.
+//! - A request *backfills* past the tickets ahead of it when it takes no place in the bucket and
+//!   its cost, counted at `now`, leaves every reserved ticket room at its reserved instant (so
+//!   it delays none of them). Otherwise the line refuses it until its own reserved instant
+//!   behind them (never one inherited from a ticket ahead), and for a place until the places
+//!   the tickets ahead want have come back, at most a recheck on.
+//!
+//! The walk is one pass over the tickets ahead, and over the bucket's grants once: reservations
+//! come in time order, so neither pointer ever moves back.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use super::{Bucket, Engine, Ticket};
 use crate::request::Limit;
 use crate::time::Millis;
 
@@ -129,14 +147,9 @@ impl TicketState {
 }
 
 impl TicketState {
-    /// The cost it asks of the window of bucket `key` (capped at its `calls`), 0 when it names
-    /// no window there.
-    pub(crate) fn cost_in(&self, key: &str) -> u64 {
-        self.limits
-            .binary_search_by(|bound| bound.key.as_str().cmp(key))
-            .ok()
-            .and_then(|i| self.limits[i].window.map(|w| self.limits[i].cost.min(w.calls)))
-            .unwrap_or(0)
+    /// The limit it binds on bucket `key`, if it names that bucket.
+    pub(crate) fn bound(&self, key: &str) -> Option<&Limit> {
+        self.limits.binary_search_by(|bound| bound.key.as_str().cmp(key)).ok().map(|i| &self.limits[i])
     }
 }
 
@@ -158,11 +171,38 @@ pub struct TicketNote {
     pub now: Millis,
 }
 
-/// An acquire's answer in the line: the decision, and on a refusal the ticket it names, if any.
+/// Why a refusal in the line filed no ticket (section 12.9, `noTicket`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoTicket {
+    /// The request's own instant lies beyond its horizon.
+    Horizon,
+    /// A line it names holds [`MAX_LINE`] live tickets.
+    Full,
+}
+
+impl NoTicket {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoTicket::Horizon => "horizon",
+            NoTicket::Full => "full",
+        }
+    }
+
+    /// The reason a wire string names, the inverse of [`NoTicket::as_str`].
+    #[must_use]
+    pub fn parse(s: &str) -> Option<NoTicket> {
+        [NoTicket::Horizon, NoTicket::Full].into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// An acquire's answer in the line: the decision, and on a refusal the ticket it names, if any,
+/// or why it filed none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LineAnswer {
     pub decision: super::Decision,
     pub ticket: Option<TicketNote>,
+    pub no_ticket: Option<NoTicket>,
 }
 
 /// How a ticket ended, for the store (its record goes) and the metrics.
@@ -172,6 +212,159 @@ pub enum TicketEnd {
     Granted { waited_ms: u64 },
     /// Its host left the line (`release {ticket}`).
     Left,
+}
+
+impl Engine {
+    /// Whether ticket `t` yields at `now`: its caller is throttled (section 12.9).
+    fn yields(&self, t: &Ticket, now: Millis) -> bool {
+        self.throttles.get(&*t.state.key).is_some_and(|until| *until > now)
+    }
+
+    /// Rule Q in one bucket, as section 12.9 bounds it (see the module docs): `None` when the
+    /// line lets `limit` through at `now` (no ticket older than `mine` holds here, or the
+    /// request backfills), else the instant the request is told for this line.
+    pub(super) fn line_refusal(
+        &self,
+        bucket: &Bucket,
+        limit: &Limit,
+        now: Millis,
+        mine: Option<u64>,
+    ) -> Option<Millis> {
+        if bucket.line.is_empty() {
+            return None;
+        }
+        let mut holding = bucket
+            .line
+            .range(..mine.unwrap_or(u64::MAX))
+            .filter(|(_, lapse)| **lapse > now)
+            .filter_map(|(n, _)| self.tickets.get(n))
+            .filter(|t| !self.yields(t, now))
+            .peekable();
+        let first = *holding.peek()?;
+        let cost = limit.window.map_or(0, |w| limit.cost.min(w.calls));
+        let mut schedule = Schedule::new(bucket, now);
+        // A place may be held until it lapses: a request that takes one never backfills.
+        let mut backfills = limit.concurrent.is_none();
+        let mut wanting_places = 0u64;
+        for t in holding {
+            let Some(bound) = t.state.bound(&bucket.key) else { continue };
+            wanting_places += u64::from(bound.concurrent.is_some());
+            let Some(w) = bound.window else { continue };
+            let c = bound.cost.min(w.calls);
+            if c == 0 {
+                continue;
+            }
+            let (at, used) = schedule.reserve(w.calls, w.per_ms, c);
+            // This request's cost, granted now, still counts there at `at`: it must leave room.
+            if backfills && cost > 0 && now.plus(w.per_ms) > at && used + c + cost > w.calls {
+                backfills = false;
+            }
+        }
+        if backfills {
+            return None;
+        }
+        let mut at = now.plus(1);
+        if let Some(w) = limit.window
+            && cost > 0
+        {
+            at = at.max(schedule.earliest(w.calls, w.per_ms, cost).0);
+        }
+        if let Some(c) = limit.concurrent {
+            at = at.max(self.place_instant(bucket, c, wanting_places, first, now));
+        }
+        Some(at)
+    }
+
+    /// When a request for one of `concurrent` places may find one behind `wanting` tickets that
+    /// want a place here too: once enough held places have lapsed for all of them, or else as
+    /// the first ticket that holds is told (a millisecond on while it is due, a recheck once it
+    /// is late); never more than a recheck on.
+    fn place_instant(&self, bucket: &Bucket, concurrent: u64, wanting: u64, first: &Ticket, now: Millis) -> Millis {
+        let recheck = now.plus(self.config.recheck_ms);
+        let held = bucket.held(now);
+        let need = held + wanting + 1;
+        let at = if need > concurrent && need - concurrent <= held {
+            let nth = (need - concurrent - 1) as usize;
+            bucket.live_places(now).nth(nth).expect("nth < held")
+        } else {
+            let retry_at = first.state.retry_at;
+            if retry_at > now {
+                retry_at
+            } else if now.since(retry_at) <= LATE_AFTER_MS {
+                now.plus(1)
+            } else {
+                recheck
+            }
+        };
+        at.min(recheck)
+    }
+}
+
+/// The reservations of one bucket's line at `now` (see the module docs): the costs reserved so
+/// far at their instants (in time order), over the grants the bucket keeps.
+struct Schedule<'a> {
+    bucket: &'a Bucket,
+    now: Millis,
+    reserved: Vec<(Millis, u64)>,
+    /// `sums[i]`: the costs of `reserved[..i]`.
+    sums: Vec<u64>,
+}
+
+impl<'a> Schedule<'a> {
+    fn new(bucket: &'a Bucket, now: Millis) -> Self {
+        Schedule { bucket, now, reserved: Vec::new(), sums: vec![0] }
+    }
+
+    /// The earliest instant no sooner than the last reservation (or `now`) at which a window of
+    /// `calls` per `per_ms` has room for `cost`, and the cost that counts there then (the
+    /// bucket's grants and the reservations).
+    fn earliest(&self, calls: u64, per_ms: u64, cost: u64) -> (Millis, u64) {
+        let window = &self.bucket.window;
+        let from = self.reserved.last().map_or(self.now, |(at, _)| *at);
+        // The grants that count at `now` (the bucket may keep them less long than `per_ms`,
+        // rule 3) and still count at `from`; each leaves `per_ms` after its instant.
+        let mut g =
+            window.first_counting(self.now, self.bucket.count_ms(per_ms)).max(window.first_counting(from, per_ms));
+        let mut r = self.reserved.partition_point(|(at, _)| at.plus(per_ms) <= from);
+        let total = self.sums[self.reserved.len()];
+        let mut used = window.sum_from(g) + (total - self.sums[r]);
+        let mut t = from;
+        let leaves = |g: usize, r: usize| {
+            let grant = (g < window.len()).then(|| window.at(g));
+            let reserved = self.reserved.get(r).copied();
+            match (grant, reserved) {
+                (Some(a), Some(b)) if a.0 <= b.0 => Some((a, true)),
+                (_, Some(b)) => Some((b, false)),
+                (Some(a), None) => Some((a, true)),
+                (None, None) => None,
+            }
+        };
+        // Leave in order until it fits, then let every other that leaves at that instant go too.
+        while let Some(((at, c), is_grant)) = leaves(g, r) {
+            let leave = at.plus(per_ms);
+            if used + cost <= calls && leave > t {
+                break;
+            }
+            t = t.max(leave);
+            used -= c;
+            if is_grant {
+                g += 1;
+            } else {
+                r += 1;
+            }
+        }
+        debug_assert!(used + cost <= calls, "a cost capped at calls fits once all has left");
+        (t, used)
+    }
+
+    /// Reserves `cost` at its earliest instant (see [`Schedule::earliest`]): returns that instant
+    /// and the cost that counts there before this one.
+    fn reserve(&mut self, calls: u64, per_ms: u64, cost: u64) -> (Millis, u64) {
+        let (at, used) = self.earliest(calls, per_ms, cost);
+        self.reserved.push((at, cost));
+        self.sums.push(self.sums[self.reserved.len() - 1] + cost);
+        (at, used)
+    }
 }
 
 #[cfg(test)]

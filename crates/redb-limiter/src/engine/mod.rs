@@ -44,7 +44,7 @@ mod window;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, TicketEnd, TicketId, TicketNote, TicketState};
+pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketId, TicketNote, TicketState};
 use line::{bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
@@ -60,17 +60,31 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// Default interval after which a call refused for concurrency may ask again.
 pub const DEFAULT_RECHECK_MS: u64 = 250;
 
+/// Default line horizon (section 12.9, `--line-horizon-ms`): a ticket is filed only for a request
+/// whose own instant lies within it, and lapses this long after its filing at the latest.
+pub const DEFAULT_LINE_HORIZON_MS: u64 = 300_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {
     /// A call refused for concurrency is told to retry at most this long after `now`.
     pub recheck_ms: u64,
     /// Seeds the permit ids; give each engine start a fresh one so ids are never reused.
     pub id_seed: u64,
+    /// The line's horizon (section 12.9).
+    pub line_horizon_ms: u64,
+}
+
+impl EngineConfig {
+    /// The defaults with `recheck_ms` and `id_seed` given (what most tests build).
+    #[must_use]
+    pub fn with(recheck_ms: u64, id_seed: u64) -> Self {
+        EngineConfig { recheck_ms, id_seed, ..EngineConfig::default() }
+    }
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { recheck_ms: DEFAULT_RECHECK_MS, id_seed: 0 }
+        EngineConfig { recheck_ms: DEFAULT_RECHECK_MS, id_seed: 0, line_horizon_ms: DEFAULT_LINE_HORIZON_MS }
     }
 }
 
@@ -290,6 +304,7 @@ struct Bucket {
 impl Bucket {
     /// How the bucket stands at `now`, for `/state`; `None` when nothing in it counts.
     fn view(&self, key: &str, now: Millis, tickets: &Map<u64, Ticket>) -> Option<BucketView> {
+        let first = self.head(now, u64::MAX).and_then(|(n, _)| tickets.get(&n));
         let live = self.places.range((now.plus(1), PermitId(0))..);
         let view = BucketView {
             key: key.to_string(),
@@ -300,7 +315,8 @@ impl Bucket {
             places_held: live.clone().count(),
             next_lapse: live.map(|(lapse, _)| *lapse).next(),
             queued: self.queued(now) as usize,
-            first_ticket_at: self.head(now, u64::MAX).and_then(|(n, _)| tickets.get(&n)).map(|t| t.state.filed_at),
+            first_ticket_at: first.map(|t| t.state.filed_at),
+            first_ticket: first.map(|t| t.id),
         };
         (view.window_used > 0 || view.places_held > 0 || view.queued > 0).then_some(view)
     }
@@ -413,6 +429,10 @@ pub struct Engine {
 struct Ticket {
     id: TicketId,
     state: TicketState,
+    /// It never lapses later than this (section 12.9): its filing plus the horizon it was filed
+    /// under; after a restart, its filing plus the server's horizon, or its resumed lapse if later
+    /// (the file keeps no horizon of its own).
+    deadline: Millis,
     /// The instant of its one live timer (never after its lapse): a renewal that moves the lapse
     /// later arms no timer; the one armed re-arms itself when it fires early.
     timer_at: Millis,
@@ -433,6 +453,8 @@ pub struct BucketView {
     pub queued: usize,
     /// When its first live ticket was filed.
     pub first_ticket_at: Option<Millis>,
+    /// Its first live ticket (section 12.9), so an operator can release it.
+    pub first_ticket: Option<TicketId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -534,7 +556,7 @@ impl Engine {
         for limit in &req.limits {
             self.prune_bucket(&limit.key, now);
         }
-        match self.refusal(req, now, None, false) {
+        match self.refusal(req, now, None, true) {
             Some(refusal) => {
                 self.refused(req, effects);
                 refusal.into()
@@ -557,7 +579,7 @@ impl Engine {
     ) -> Result<LineAnswer, BadRequest> {
         if !req.in_line() {
             // A host that never queues: the decision of before (rule Q included).
-            return Ok(LineAnswer { decision: self.acquire(req, now, effects), ticket: None });
+            return Ok(LineAnswer { decision: self.acquire(req, now, effects), ticket: None, no_ticket: None });
         }
         // The binding check first: a request that errs changes nothing.
         let mine = self.presented(req, now, effects)?;
@@ -572,18 +594,29 @@ impl Engine {
                     let end = TicketEnd::Granted { waited_ms: now.since(ticket.state.filed_at) };
                     self.end_ticket(number, Effect::TicketEnded { id: ticket.id, end }, now, effects);
                 }
-                Ok(LineAnswer { decision, ticket: None })
+                Ok(LineAnswer { decision, ticket: None, no_ticket: None })
             }
             Some(refusal) => {
                 self.refused(req, effects);
-                let ticket = match mine {
-                    Some(number) => Some(self.renew(number, refusal.retry_at, req.grace_ms, now, effects)),
-                    None if req.in_line() && refusal.reason != Reason::Throttle => {
-                        self.file(req, refusal.retry_at, now, effects)
+                let (ticket, no_ticket) = match mine {
+                    Some(number) => (Some(self.renew(number, refusal.retry_at, req.grace_ms, now, effects)), None),
+                    None if refusal.reason != Reason::Throttle => {
+                        // The horizon (12.9): only a request whose own instant lies within it
+                        // may hold a place in a line.
+                        let horizon = self.horizon_of(req);
+                        let own = self.refusal(req, now, None, false).map_or(now, |r| r.retry_at);
+                        if own > now.plus(horizon) {
+                            (None, Some(NoTicket::Horizon))
+                        } else {
+                            match self.file(req, refusal.retry_at, now.plus(horizon), now, effects) {
+                                Some(note) => (Some(note), None),
+                                None => (None, Some(NoTicket::Full)),
+                            }
+                        }
                     }
-                    None => None,
+                    None => (None, None),
                 };
-                Ok(LineAnswer { decision: refusal.into(), ticket })
+                Ok(LineAnswer { decision: refusal.into(), ticket, no_ticket })
             }
         }
     }
@@ -624,12 +657,20 @@ impl Engine {
         Ok(Some(number))
     }
 
-    /// Files a ticket for `req`, refused until `retry_at`, at the back of every line it names;
-    /// `None` when one of them holds [`MAX_LINE`] live tickets already (section 12.1).
+    /// The horizon a ticket of `req` is filed under (section 12.9): the server's, or the host's
+    /// `maxWaitMs` when shorter.
+    fn horizon_of(&self, req: &AcquireRequest) -> u64 {
+        req.max_wait_ms.map_or(self.config.line_horizon_ms, |m| m.min(self.config.line_horizon_ms))
+    }
+
+    /// Files a ticket for `req`, refused until `retry_at`, at the back of every line it names,
+    /// never to lapse after `deadline`; `None` when one of them holds [`MAX_LINE`] live tickets
+    /// already (section 12.1).
     fn file(
         &mut self,
         req: &AcquireRequest,
         retry_at: Millis,
+        deadline: Millis,
         now: Millis,
         effects: &mut Vec<Effect>,
     ) -> Option<TicketNote> {
@@ -640,7 +681,7 @@ impl Engine {
         let number = self.next_ticket;
         self.next_ticket += 1;
         let id = ticket_id(self.ticket_key, number);
-        let lapse_at = retry_at.plus(req.grace_ms);
+        let lapse_at = retry_at.plus(req.grace_ms).min(deadline);
         let state = TicketState {
             filed_at: now,
             retry_at,
@@ -654,7 +695,7 @@ impl Engine {
         }
         self.timers.push(lapse_at, Due::Ticket(number));
         effects.push(Effect::TicketFiled { id, ticket: state.clone() });
-        self.tickets.insert(number, Ticket { id, state, timer_at: lapse_at });
+        self.tickets.insert(number, Ticket { id, state, deadline, timer_at: lapse_at });
         Some(TicketNote { id, lapse_at, ahead: self.ahead(number, now), now })
     }
 
@@ -669,7 +710,8 @@ impl Engine {
         effects: &mut Vec<Effect>,
     ) -> TicketNote {
         let ticket = self.tickets.get_mut(&number).expect("a live ticket");
-        let lapse_at = retry_at.plus(grace_ms);
+        // Never past its horizon (12.9), and never before now: it was live when presented.
+        let lapse_at = retry_at.plus(grace_ms).min(ticket.deadline).max(now.plus(1));
         ticket.state.retry_at = retry_at;
         ticket.state.lapse_at = lapse_at;
         ticket.state.grace_ms = grace_ms;
@@ -809,7 +851,7 @@ impl Engine {
     /// would be granted.
     #[must_use]
     pub fn peek(&self, req: &AcquireRequest, now: Millis) -> Option<Refusal> {
-        self.refusal(req, now, None, false)
+        self.refusal(req, now, None, true)
     }
 
     /// Decides `req` at `now` as [`Engine::acquire_in_line`] would, changing nothing: with the
@@ -824,7 +866,7 @@ impl Engine {
             }
             _ => None,
         };
-        Ok(self.refusal(req, now, mine, req.in_line()))
+        Ok(self.refusal(req, now, mine, true))
     }
 
     /// The figures of each limit of `req` at `now` (section 9.1), in the request's order.
@@ -874,12 +916,13 @@ impl Engine {
     /// The refusal that stands for `req` at `now`, if any (rule 6): the latest `retryAt`; on a
     /// tie the throttle, else the first tied limit in request order, and within one limit its
     /// window, then its line, then its concurrency. `mine` is the number of the live ticket the
-    /// request presents (`None`: it has none, so every live ticket is older); `queues`: it
-    /// takes part in the line (it presents a ticket or files one if refused). Read-only, and
-    /// the same whether or not the named buckets were pruned at `now`.
-    fn refusal(&self, req: &AcquireRequest, now: Millis, mine: Option<u64>, queues: bool) -> Option<Refusal> {
+    /// request presents (`None`: it has none, so every live ticket is older); `line`: rule Q
+    /// (with section 12.9) holds, else the request is judged alone (its own instant, the
+    /// horizon's measure). Read-only, and the same whether or not the named buckets were pruned
+    /// at `now`.
+    fn refusal(&self, req: &AcquireRequest, now: Millis, mine: Option<u64>, line: bool) -> Option<Refusal> {
         // Where nobody queues, rule Q costs this one test.
-        let lines = !self.tickets.is_empty();
+        let lines = line && !self.tickets.is_empty();
         let mut worst: Option<(Millis, Reason, Option<usize>)> = None;
         let mut consider = |retry_at: Millis, reason: Reason, limit: Option<usize>| {
             if worst.is_none_or(|(at, _, _)| retry_at > at) {
@@ -906,7 +949,7 @@ impl Engine {
             {
                 consider(at, Reason::Rate, Some(i));
             }
-            if lines && let Some(at) = self.line_refusal(bucket, limit, now, mine, queues) {
+            if lines && let Some(at) = self.line_refusal(bucket, limit, now, mine) {
                 consider(at, if limit.window.is_some() { Reason::Rate } else { Reason::Concurrency }, Some(i));
             }
             if let Some(c) = limit.concurrent {
@@ -926,51 +969,6 @@ impl Engine {
                 None => req.key.clone(),
             },
         })
-    }
-
-    /// Rule Q in one bucket (section 12.2): when a live ticket older than `mine` waits in its
-    /// line, the instant the line may let `limit` through, the later of two:
-    /// - when its first ticket leaves the way: that ticket's `retryAt`; while it is due (its
-    ///   `retryAt` passed at most [`LATE_AFTER_MS`] ago, so its host is on its way) a
-    ///   millisecond on; once it is late, its lapse for a request that does not queue, and the
-    ///   sooner of its lapse and the next recheck for one that does;
-    /// - its own instant in the line (12.5): when the window has room for its cost and the
-    ///   costs of every live ticket ahead of it here, as if they were all granted first. So the
-    ///   tickets behind the first ask again one after the other as room comes back, each when
-    ///   it may fit, not all at the first one's instant.
-    fn line_refusal(
-        &self,
-        bucket: &Bucket,
-        limit: &crate::request::Limit,
-        now: Millis,
-        mine: Option<u64>,
-        queues: bool,
-    ) -> Option<Millis> {
-        if bucket.line.is_empty() {
-            return None;
-        }
-        let before = mine.unwrap_or(u64::MAX);
-        let (head, lapse_at) = bucket.head(now, before)?;
-        let retry_at = self.tickets.get(&head).map_or(lapse_at, |t| t.state.retry_at);
-        let first = if retry_at > now {
-            retry_at
-        } else if now.since(retry_at) <= LATE_AFTER_MS {
-            now.plus(1)
-        } else if queues {
-            lapse_at.min(now.plus(self.config.recheck_ms))
-        } else {
-            lapse_at
-        };
-        let Some(w) = limit.window else { return Some(first) };
-        let mut cost = limit.cost.min(w.calls);
-        for (number, _) in bucket.line.range(..before).filter(|(_, lapse)| **lapse > now) {
-            if cost >= w.calls {
-                break;
-            }
-            cost += self.tickets.get(number).map_or(0, |t| t.state.cost_in(&bucket.key));
-        }
-        let own = bucket.window.refused_until(now, w.calls, bucket.count_ms(w.per_ms), w.per_ms, cost.min(w.calls));
-        Some(first.max(own.unwrap_or(first)))
     }
 
     /// Settles a permit's grant (section 9.3): in each named window bucket its cost becomes the
@@ -1208,7 +1206,8 @@ impl Engine {
         }
         self.next_ticket = self.next_ticket.max(number.saturating_add(1));
         let timer_at = state.lapse_at;
-        self.tickets.insert(number, Ticket { id, state, timer_at });
+        let deadline = state.filed_at.plus(self.config.line_horizon_ms).max(state.lapse_at);
+        self.tickets.insert(number, Ticket { id, state, deadline, timer_at });
     }
 
     /// After the `restore_*` calls and before [`Engine::finish_restore`], when the engine starts
@@ -1231,6 +1230,7 @@ impl Engine {
                 let (retry_at, grace_ms) = (state.retry_at, state.grace_ms);
                 let ticket = self.tickets.get_mut(&number).expect("listed");
                 ticket.state.lapse_at = earliest;
+                ticket.deadline = ticket.deadline.max(earliest);
                 for limit in &ticket.state.limits {
                     if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
                         bucket.line.insert(number, earliest);

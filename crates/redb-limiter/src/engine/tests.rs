@@ -10,7 +10,7 @@ use crate::request::{AcquireRequest, Cost, Limit};
 const T0: Millis = Millis(1_000_000);
 
 fn engine() -> Engine {
-    Engine::new(EngineConfig { recheck_ms: 250, id_seed: 1 })
+    Engine::new(EngineConfig::with(250, 1))
 }
 
 fn req(limits: Vec<Limit>) -> AcquireRequest {
@@ -640,7 +640,7 @@ fn after_a_restart_a_ticket_lapses_no_sooner_than_the_restart_plus_its_grace() {
     log.apply(&effects);
     // The file's latest instant is 1050; the limiter starts again at 9000. The short ticket
     // lapsed at 1100, after the floor: it keeps its place, as does the long one.
-    let mut e = log.clone().restart(EngineConfig { recheck_ms: 250, id_seed: 2 }, T0.plus(1050), T0.plus(9000));
+    let mut e = log.clone().restart(EngineConfig::with(250, 2), T0.plus(1050), T0.plus(9000));
     let facts = e.facts(T0.plus(9000));
     assert_eq!(facts.tickets[&ticket_of(&short).id].lapse_at, T0.plus(9100));
     assert_eq!(facts.tickets[&ticket_of(&long).id].lapse_at, T0.plus(14_000));
@@ -649,7 +649,7 @@ fn after_a_restart_a_ticket_lapses_no_sooner_than_the_restart_plus_its_grace() {
     assert!(third.id.number() > ticket_of(&long).id.number());
     assert_eq!(third.ahead, 2);
     // A ticket that had lapsed by the file's latest instant lapses.
-    let e = log.restart(EngineConfig { recheck_ms: 250, id_seed: 3 }, T0.plus(1100), T0.plus(9000));
+    let e = log.restart(EngineConfig::with(250, 3), T0.plus(1100), T0.plus(9000));
     assert_eq!(e.facts(T0.plus(9000)).tickets.len(), 1);
 }
 
@@ -938,7 +938,7 @@ impl Model {
         Model {
             recheck_ms,
             seed: 1,
-            e: Engine::new(EngineConfig { recheck_ms, id_seed: 1 }),
+            e: Engine::new(EngineConfig::with(recheck_ms, 1)),
             reference: Reference::default(),
             log: EffectLog::default(),
             now: T0,
@@ -1187,7 +1187,7 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
                 m.seed += 1;
                 let before = m.e.facts(now);
                 m.reference.restart(now, now);
-                m.e = m.log.rebuild(EngineConfig { recheck_ms, id_seed: m.seed }, now);
+                m.e = m.log.rebuild(EngineConfig::with(recheck_ms, m.seed), now);
                 let after = m.e.facts(now);
                 prop_assert_eq!(
                     (&after.buckets, &after.permits, &after.throttles),
@@ -1205,7 +1205,7 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
                 m.now = now.plus(*gap);
                 m.reference.restart(floor, m.now);
                 m.reference.advance(m.now);
-                m.e = m.log.restart(EngineConfig { recheck_ms, id_seed: m.seed }, floor, m.now);
+                m.e = m.log.restart(EngineConfig::with(recheck_ms, m.seed), floor, m.now);
                 for t in m.e.facts(m.now).tickets.values() {
                     prop_assert!(
                         t.lapse_at >= m.now.plus(t.grace_ms),

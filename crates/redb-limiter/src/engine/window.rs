@@ -50,9 +50,21 @@ impl Window {
     }
 
     /// Index of the first grant that still counts in a window of `per_ms` at `now`.
-    fn first_counting(&self, now: Millis, per_ms: u64) -> usize {
+    pub(crate) fn first_counting(&self, now: Millis, per_ms: u64) -> usize {
         // A grant at `t` counts while `now < t + per_ms`.
         self.entries.partition_point(|e| e.at.plus(per_ms) <= now)
+    }
+
+    /// The grant at index `i` (oldest first): its instant and the cost recorded then.
+    pub(crate) fn at(&self, i: usize) -> (Millis, u64) {
+        let e = &self.entries[i];
+        (e.at, e.cost)
+    }
+
+    /// The cost recorded from the grant at index `i` on.
+    pub(crate) fn sum_from(&self, i: usize) -> u64 {
+        let before = if i == 0 { self.pruned_cum } else { self.entries[i - 1].cum };
+        self.last_cum().wrapping_sub(before)
     }
 
     /// The cost counted in a window of `per_ms` ending at `now`.

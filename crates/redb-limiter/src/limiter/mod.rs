@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::engine::{
-    DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, Figures, Refusal, StateView, TicketNote, Totals,
+    DEFAULT_LINE_HORIZON_MS, DEFAULT_RECHECK_MS, Decision, Engine, EngineConfig, Figures, NoTicket, Refusal, StateView,
+    TicketNote, Totals,
 };
 use crate::metrics::Metrics;
 use crate::request::{
@@ -58,6 +59,8 @@ pub enum LimiterError {
 pub struct LimiterOptions {
     /// A call refused for concurrency is told to retry at most this long after `now`.
     pub recheck_ms: u64,
+    /// The line's horizon (section 12.9, `--line-horizon-ms`).
+    pub line_horizon_ms: u64,
     /// Seed for permit ids; `None` draws one from the OS at every open.
     pub id_seed: Option<u64>,
     /// The clock; `None` is the system clock floored at the file's last commit.
@@ -80,6 +83,7 @@ impl Default for LimiterOptions {
     fn default() -> Self {
         LimiterOptions {
             recheck_ms: DEFAULT_RECHECK_MS,
+            line_horizon_ms: DEFAULT_LINE_HORIZON_MS,
             id_seed: None,
             clock: None,
             opener: file_opener(),
@@ -93,6 +97,7 @@ impl std::fmt::Debug for LimiterOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LimiterOptions")
             .field("recheck_ms", &self.recheck_ms)
+            .field("line_horizon_ms", &self.line_horizon_ms)
             .field("caller_commits", &self.caller_commits)
             .finish_non_exhaustive()
     }
@@ -113,6 +118,8 @@ pub struct Acquired {
     pub decision: Decision,
     pub report: Option<Report>,
     pub ticket: Option<TicketNote>,
+    /// Why a refusal in the line filed no ticket (section 12.9).
+    pub no_ticket: Option<NoTicket>,
 }
 
 /// A peek's answer: `refusal` is `None` exactly when an acquire at `report.now` would be granted.
@@ -179,8 +186,11 @@ impl Limiter {
     pub fn open_with(path: impl AsRef<Path>, options: LimiterOptions) -> Result<Limiter, StoreError> {
         let path = std::path::absolute(path.as_ref()).unwrap_or_else(|_| path.as_ref().to_path_buf());
         let mut store = Store::open(&path, &options.opener)?;
-        let config =
-            EngineConfig { recheck_ms: options.recheck_ms, id_seed: options.id_seed.unwrap_or_else(random_seed) };
+        let config = EngineConfig {
+            recheck_ms: options.recheck_ms,
+            id_seed: options.id_seed.unwrap_or_else(random_seed),
+            line_horizon_ms: options.line_horizon_ms,
+        };
         let mut engine = Engine::new(config);
         if options.id_seed.is_none() {
             engine.draw_permit_key().map_err(|cause| StoreError::Io { path: path.clone(), cause })?;

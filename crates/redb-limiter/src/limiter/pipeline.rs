@@ -458,7 +458,12 @@ pub(super) fn decided_nothing(cmd: Command) -> Answer {
     match cmd {
         Command::Acquire(_, reply) => Answer::Acquire(
             reply,
-            Ok(Acquired { decision: Decision::Granted { at: Millis::ZERO, permit: None }, report: None, ticket: None }),
+            Ok(Acquired {
+                decision: Decision::Granted { at: Millis::ZERO, permit: None },
+                report: None,
+                ticket: None,
+                no_ticket: None,
+            }),
         ),
         Command::Release(_, reply) => Answer::Release(reply, Ok(false)),
         Command::Leave(_, reply) => Answer::Leave(reply, false),
@@ -480,6 +485,7 @@ pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
                 decision: answer.decision,
                 report: req.report.then(|| Report { now, limits: engine.figures(&req, now) }),
                 ticket: answer.ticket,
+                no_ticket: answer.no_ticket,
             });
             Answer::Acquire(reply, acquired)
         }

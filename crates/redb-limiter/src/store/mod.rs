@@ -1580,7 +1580,7 @@ mod tests {
         let mut renewed_one = ticket_state(3_000);
         (renewed_one.retry_at, renewed_one.lapse_at, renewed_one.grace_ms) = (Millis(4_000), Millis(4_800), 800);
         assert_eq!(tickets(&store), vec![(one.0, renewed_one.clone())]);
-        let mut engine = Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 });
+        let mut engine = Engine::new(crate::engine::EngineConfig::with(1000, 1));
         assert_eq!(store.load(&mut engine).unwrap(), Millis(1_700));
         assert_eq!(engine.facts(Millis(1_700)).tickets.into_iter().collect::<Vec<_>>(), vec![(one, renewed_one)]);
         // As redb commits (a tidying one is never a note): lapsed deletes.
@@ -1684,7 +1684,7 @@ mod tests {
             store.commit(effects, Millis(floor)).unwrap();
             drop(store);
             let store = Store::open(&path, &file_opener()).unwrap();
-            store.load(&mut Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 })).unwrap()
+            store.load(&mut Engine::new(crate::engine::EngineConfig::with(1000, 1))).unwrap()
         };
         let recorded = || {
             let store = Store::open(&path, &file_opener()).unwrap();
@@ -1719,7 +1719,7 @@ mod tests {
         store.commit(&[grant("b", 10_999, 1), forgotten], Millis(11_000)).unwrap();
         drop(store);
         let store = Store::open(&path, &file_opener()).unwrap();
-        let floor = store.load(&mut Engine::new(crate::engine::EngineConfig { recheck_ms: 1000, id_seed: 1 })).unwrap();
+        let floor = store.load(&mut Engine::new(crate::engine::EngineConfig::with(1000, 1))).unwrap();
         assert_eq!(floor, Millis(11_000));
     }
 }

@@ -229,8 +229,29 @@ pub trait LimiterApi: Send + Sync + 'static {
 
 impl LimiterApi for Limiter {
     async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
+        self.acquire_within(req, None).await
+    }
+
+    async fn acquire_within(
+        &self,
+        mut req: AcquireRequest,
+        max_wait: Option<Duration>,
+    ) -> Result<Outcome, ClientError> {
+        if req.in_line()
+            && let Some(wait) = max_wait
+        {
+            let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+            req.max_wait_ms = Some(ms.clamp(1, redb_limiter::request::MAX_WAIT_MS));
+        }
         let acquired = Limiter::acquire_reported(self, req).await?;
-        Ok(Outcome::from_decision(acquired.decision, acquired.ticket))
+        let mut outcome = Outcome::from_decision(acquired.decision, acquired.ticket);
+        if let Outcome::Refused(refusal) = &mut outcome {
+            refusal.no_ticket = acquired.no_ticket.map(|why| match why {
+                redb_limiter::engine::NoTicket::Horizon => NoTicket::Horizon,
+                redb_limiter::engine::NoTicket::Full => NoTicket::Full,
+            });
+        }
+        Ok(outcome)
     }
 
     async fn leave(&self, ticket: String) -> Result<bool, ClientError> {

@@ -1,8 +1,7 @@
 // The line holds no host hostage (section 12.9 of the wire): every ask in the line carries what
 // remains of the caller's `maxWaitMs`, and a refusal that files no ticket says why (`noTicket`).
 // First against a scripted `fetch` (no server): the bodies sent and the replies read. Then against
-// the real server, in the "12.9" block: those need a server of section 12.9 and are skipped only
-// when REDB_LIMITER_NO_12_9=1.
+// the real server, in the "12.9" block.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { LimitedError, LimiterClient } from '../dist/index.mjs';
@@ -113,9 +112,7 @@ describe('maxWaitMs and noTicket on the wire (no server)', () => {
   });
 });
 
-const skip12_9 = process.env.REDB_LIMITER_NO_12_9 === '1' && 'REDB_LIMITER_NO_12_9=1: the server predates section 12.9 of the wire';
-
-describe('12.9: the line files no ticket beyond a host\'s horizon (real server)', { skip: skip12_9 }, () => {
+describe('12.9: the line files no ticket beyond a host\'s horizon (real server)', () => {
   let server;
   before(async () => {
     server = await startServer();

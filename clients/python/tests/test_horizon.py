@@ -3,14 +3,12 @@ of ``max_wait`` as ``maxWaitMs``, and a refusal that files no ticket says why (`
 
 First both twins against a scripted transport (no server): the bodies sent, the replies read.
 Then against the real server: the tests marked ``wire_12_9`` (each named ``*horizon*`` or
-``*no_ticket*``) need a server of section 12.9 and are skipped only when
-``REDB_LIMITER_NO_12_9=1``.
+``*no_ticket*``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -146,12 +144,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def needs_12_9(test: F) -> F:
-    """Marks a test ``wire_12_9`` (``pytest -m wire_12_9`` runs them all), skipped only when
-    ``REDB_LIMITER_NO_12_9=1``."""
-    skip = pytest.mark.skipif(
-        os.environ.get("REDB_LIMITER_NO_12_9") == "1", reason="REDB_LIMITER_NO_12_9=1: the server predates wire section 12.9"
-    )
-    marked: F = pytest.mark.wire_12_9(skip(test))
+    """Marks a test ``wire_12_9`` (``pytest -m wire_12_9`` runs them all)."""
+    marked: F = pytest.mark.wire_12_9(test)
     return marked
 
 

@@ -1,8 +1,6 @@
-//! The line holds no host hostage (section 12.9 of the wire), against the real server binary:
-//! `$REDB_LIMITER_BIN`, else `target/release/redb-limiter` at the repository root (build it with
-//! `cargo build --release`). Each test starts a server of its own on a temporary file and a free
-//! port. These need a server of section 12.9; they are skipped only when
-//! `REDB_LIMITER_NO_12_9=1`.
+//! The Rust client and the line's horizon (section 12.9 of the wire), against the real server
+//! binary this package builds. Each test starts a server of its own on a temporary file and a
+//! free port.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -28,15 +26,7 @@ impl Drop for Server {
 }
 
 fn binary() -> PathBuf {
-    let bin = std::env::var_os("REDB_LIMITER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/redb-limiter"));
-    assert!(
-        bin.exists(),
-        "no server at {}: build it with `cargo build --release`, or name one in REDB_LIMITER_BIN",
-        bin.display()
-    );
-    bin
+    PathBuf::from(env!("CARGO_BIN_EXE_redb-limiter"))
 }
 
 fn start_server() -> Server {
@@ -60,15 +50,6 @@ fn start_server() -> Server {
     Server { child, url: ready["url"].as_str().unwrap().to_owned(), _dir: dir }
 }
 
-/// Skipped, saying so, only when the environment says the server predates section 12.9.
-fn skip_12_9() -> bool {
-    let skip = std::env::var("REDB_LIMITER_NO_12_9").as_deref() == Ok("1");
-    if skip {
-        eprintln!("skipped: REDB_LIMITER_NO_12_9=1 (the server predates section 12.9 of the wire)");
-    }
-    skip
-}
-
 fn window(bucket: &str, per_ms: u64) -> AcquireRequest {
     AcquireRequest::new("me", vec![Limit::window(bucket, 1, per_ms)]).unwrap()
 }
@@ -79,9 +60,6 @@ async fn queued(limiter: &HttpLimiter, req: &AcquireRequest) -> u64 {
 
 #[tokio::test]
 async fn horizon_a_call_beyond_its_max_wait_gets_no_ticket_and_times_out_at_once() {
-    if skip_12_9() {
-        return;
-    }
     let server = start_server();
     let limiter = Arc::new(HttpLimiter::new(&server.url, None));
     let client = Client::new(limiter.clone());
@@ -102,9 +80,6 @@ async fn horizon_a_call_beyond_its_max_wait_gets_no_ticket_and_times_out_at_once
 
 #[tokio::test]
 async fn horizon_without_max_wait_the_servers_own_files_no_ticket() {
-    if skip_12_9() {
-        return;
-    }
     let server = start_server();
     let limiter = HttpLimiter::new(&server.url, None);
     // Ten minutes out: beyond the server's horizon (300 s by default), and no maxWaitMs sent.
@@ -122,9 +97,6 @@ async fn horizon_without_max_wait_the_servers_own_files_no_ticket() {
 
 #[tokio::test]
 async fn horizon_a_call_within_its_max_wait_still_takes_a_ticket_and_is_served_with_it() {
-    if skip_12_9() {
-        return;
-    }
     let server = start_server();
     let limiter = HttpLimiter::new(&server.url, None);
     let req = window("rps", 500);

@@ -186,7 +186,7 @@ pub struct TicketNote {
 }
 
 /// Why a refusal in the line filed no ticket (section 12.9, `noTicket`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NoTicket {
     /// The request's own instant lies beyond its horizon.
     Horizon,

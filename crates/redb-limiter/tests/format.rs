@@ -237,8 +237,11 @@ fn notes_left_by_a_kill_of_the_previous_release_are_redone_and_the_file_is_marke
     assert_eq!(buckets, vec![("fixture/tpd".to_owned(), 6)]);
     assert_throttled_until(&limiter, at("2026-12-01T23:00:00.000Z"));
     assert_tpd_waits_for(&limiter, 5, at("2026-12-01T14:06:11.193Z"));
-    // A request that queues files a ticket, kept in the file from now on.
-    let queued = tpd(5).with_queue();
+    // A request that queues files a ticket, kept in the file from now on. (Not in `tpd`: its
+    // 31-day window lies beyond the line's horizon, section 12.9.)
+    let rpm = AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/rpm", 1, 60_000)]).unwrap();
+    assert!(limiter.acquire_blocking(rpm.clone()).unwrap().is_granted());
+    let queued = rpm.with_queue();
     let ticket = limiter.acquire_reported_blocking(queued.clone()).unwrap().ticket.expect("a ticket").id;
     drop(limiter);
     let store = Store::open(&path, &file_opener()).unwrap();

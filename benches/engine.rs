@@ -7,6 +7,10 @@
 //! The line (section 12): the same decisions through `acquire_in_line` (what the limiter calls)
 //! for a host that never queues, and a queued refusal: a host asking again with its ticket,
 //! refused and renewed, next to a plain refusal and a grant.
+//!
+//! Wide lines (section 12.9's cost): 600 live tickets of 64 limits each stand in the same 64
+//! buckets; a request naming all of them (refused, the walk of every line), and, beside it, a
+//! grant on a bucket of its own, which the line must not slow down.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -117,5 +121,46 @@ fn decisions(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decisions);
+fn wide_lines(c: &mut Criterion) {
+    const WIDTH: usize = 64;
+    const TICKETS: usize = 600;
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut effects = Vec::with_capacity(1024);
+    let mut now = Millis(1_000_000);
+    let wide = |caller: String| {
+        let limits = (0..WIDTH).map(|b| Limit::window(format!("wide/{b}"), 100, 60_000)).collect();
+        AcquireRequest::new(caller, limits).unwrap()
+    };
+    // Fill every window, then file the tickets.
+    for i in 0..100 {
+        assert!(engine.acquire(&wide(format!("filler/{i}")), now, &mut effects).is_granted());
+    }
+    for i in 0..TICKETS {
+        let answer = engine.acquire_in_line(&wide(format!("host/{i}")).with_queue(), now, &mut effects).unwrap();
+        assert!(answer.ticket.is_some(), "filed");
+    }
+    effects.clear();
+    let refused = wide("late".into());
+    c.bench_function("engine refused behind 600 tickets of 64 limits (every line walked)", |b| {
+        b.iter(|| {
+            now = now.plus(1);
+            let d = engine.acquire(black_box(&refused), now, &mut effects);
+            effects.clear();
+            black_box(d)
+        })
+    });
+    let others = requests(|i| vec![Limit::window(format!("other/{i}"), 1_000_000_000, 60_000)]);
+    let mut i = 0;
+    c.bench_function("engine granted, 1 limit, beside 600 wide tickets", |b| {
+        b.iter(|| {
+            now = now.plus(1);
+            i = (i + 1) % others.len();
+            let d = engine.acquire_in_line(black_box(&others[i]), now, &mut effects).expect("well formed").decision;
+            effects.clear();
+            black_box(d)
+        })
+    });
+}
+
+criterion_group!(benches, decisions, wide_lines);
 criterion_main!(benches);

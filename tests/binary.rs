@@ -114,7 +114,8 @@ async fn tickets_keep_their_place_and_order_across_kill_9_and_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limiter.redb");
     let mut server = start(&path);
-    let limits = json!([{"key": "rph", "calls": 1, "perMs": 3_600_000}]);
+    // A window of 4 minutes: within the line's horizon (5 minutes, section 12.9).
+    let limits = json!([{"key": "rp4m", "calls": 1, "perMs": 240_000}]);
     assert_eq!(post(&server.url, "/acquire", json!({"key": "caller", "limits": limits})).await["granted"], true);
     let ask = |ticket: Option<&str>| match ticket {
         Some(t) => json!({"key": "caller", "limits": limits, "ticket": t, "graceMs": 1000}),

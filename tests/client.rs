@@ -10,7 +10,7 @@ use redb_limiter::limiter::LimiterOptions;
 use redb_limiter::{AcquireRequest, Cost, Limit, Limiter, Millis, Reason};
 use redb_limiter_client::contract;
 use redb_limiter_client::{
-    AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, PeekOutcome, Refusal, WaitReport,
+    AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, NoTicket, Outcome, PeekOutcome, Refusal, WaitReport,
 };
 use redb_limiter_server::server::{ServerConfig, serve};
 
@@ -347,14 +347,16 @@ async fn the_waiting_acquire_queues_and_asks_again_with_its_ticket() {
     };
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(limiter.engine.lock().unwrap().tickets(), 1, "the refused acquire took a ticket");
-    // The room that frees first would fit a small call, but the ticket stands before it.
-    match other.try_acquire(tpm("other", 2)).await {
-        Err(ClientError::Refused(r)) => assert_eq!(r.line, None, "a host that does not queue takes no ticket"),
-        other => panic!("expected a refusal by the line, got {other:?}"),
-    }
+    // A small call that leaves the ticket room at its instant (T0 + 1400: 2 + 8 = 10) is
+    // granted at once, ahead of it (backfill, section 12.9).
+    other.try_acquire(tpm("other", 2)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await; // T0 + 1101: the first 4 left
+    // Two more would fit now, but not beside the ticket then: told its own instant behind it
+    // (when the 2 of T0 + 401 leave).
     match other.try_acquire(tpm("other", 2)).await {
-        Err(ClientError::Refused(r)) => assert_eq!((r.reason, r.retry_at), (Reason::Rate, T0.plus(1400))),
+        Err(ClientError::Refused(r)) => {
+            assert_eq!((r.reason, r.retry_at, r.line), (Reason::Rate, T0.plus(1401), None));
+        }
         other => panic!("the ticket still stands first: {other:?}"),
     }
     // Asked again with its ticket at its retryAt (T0 + 1400, when 8 fit), it is granted then.
@@ -394,19 +396,25 @@ async fn queue_and_leave_through<L: LimiterApi>(limiter: Arc<L>) {
         AcquireRequest::new(key, vec![Limit::window(bucket, 10, 60_000).with_cost(cost)]).unwrap()
     };
     client.try_acquire(req("filler", "lh/a", 10)).await.unwrap();
-    // max_wait: the refusal's retryAt (a minute away) lies past it, so it gives up at once and
-    // leaves the line before answering.
+    // max_wait: the refusal's retryAt (a minute away) lies past it, so the limiter files no
+    // ticket (section 12.9) and the host gives up at once.
     let short = AcquireOptions { max_wait: Some(Duration::from_millis(200)), ..AcquireOptions::default() };
     let last = match client.acquire(req("host", "lh/a", 1), short).await {
         Err(ClientError::QueueTimeout { last: Some(last), .. }) => last,
         other => panic!("expected QueueTimeout, got {other:?}"),
     };
-    let line = last.line.clone().expect("the waiting acquire queues by default");
-    assert!(line.ticket.starts_with("t-"), "{line:?}");
-    assert_eq!(line.ahead, 0);
-    assert!(line.lapse_at > last.retry_at && last.retry_at > line.now, "{line:?} {last:?}");
-    assert_eq!(queued(&*limiter, "lh/a").await, 0, "it left the line");
-    assert!(!limiter.leave(line.ticket).await.unwrap(), "the ticket had already left");
+    assert_eq!((last.line.clone(), last.no_ticket), (None, Some(NoTicket::Horizon)), "{last:?}");
+    assert_eq!(queued(&*limiter, "lh/a").await, 0, "it never joined the line");
+    // Within its max_wait it queues (by default), and leaves the line when it gives up.
+    let minute = AcquireOptions { max_wait: Some(Duration::from_secs(61)), ..AcquireOptions::default() };
+    let waiting = {
+        let (client, req) = (client.clone(), req("host", "lh/a", 1));
+        tokio::spawn(async move { client.acquire(req, minute).await })
+    };
+    until_queued(&*limiter, "lh/a", 1).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    until_queued(&*limiter, "lh/a", 0).await;
     // The line turned off: no ticket.
     let off = AcquireOptions { no_queue: true, ..short };
     match client.acquire(req("host", "lh/a", 1), off).await {

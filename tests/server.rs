@@ -454,27 +454,30 @@ async fn the_line_in_state_and_metrics() {
     s.clock.advance(100);
     let b = s.post("/acquire", line("b", 60_000)).await.1["ticket"].as_str().unwrap().to_owned();
     let c = s.post("/acquire", line("c", 100)).await.1;
-    assert_eq!(c["lapseAt"], at(1100), "{c}");
+    // Its own reserved instant behind `a` (1000) and `b` (2000), section 12.9.
+    assert_eq!((&c["retryAt"], &c["lapseAt"]), (&json!(at(3000)), &json!(at(3100))), "{c}");
 
     let state = s.state().await;
     assert_eq!(bucket(&state, "w")["queued"], 3);
     assert_eq!(bucket(&state, "w")["firstTicketAt"], at(100));
+    assert_eq!(bucket(&state, "w")["firstTicket"], json!(a), "an operator can release the first ticket");
     // `l` holds no grant and no place: only a line.
     assert_eq!(
         bucket(&state, "l"),
         json!({"key": "l", "windowUsed": 0, "calls": 0, "perMs": 0, "concurrent": 0, "oldestGrant": null,
-            "placesHeld": 0, "nextLapse": null, "queued": 2, "firstTicketAt": at(200)})
+            "placesHeld": 0, "nextLapse": null, "queued": 2, "firstTicketAt": at(200), "firstTicket": b})
     );
 
     assert_eq!(s.post("/release", json!({"ticket": b})).await.1, json!({"released": true}));
     s.clock.set(T0.plus(1000));
     first["ticket"] = json!(a);
     assert_eq!(s.post("/acquire", first).await.1, json!({"granted": true, "at": at(1000)}));
-    // `c` lapses at +1100 without asking again; the next grant's commit carries the lapse.
-    s.clock.set(T0.plus(1900));
+    // `c` lapses at +3100 without asking again; the next grant's commit carries the lapse.
+    s.clock.set(T0.plus(3200));
     assert_eq!(s.post("/acquire", window("x", 1, 1000)).await.1["granted"], true);
     let state = s.state().await;
-    assert_eq!((&bucket(&state, "w")["queued"], &bucket(&state, "w")["firstTicketAt"]), (&json!(0), &Value::Null));
+    // `w`'s last grant (+1000) has left too: both buckets are forgotten with their lines.
+    assert_eq!(bucket(&state, "w"), Value::Null, "{state}");
     assert_eq!(bucket(&state, "l"), Value::Null, "a bucket whose line emptied is forgotten: {state}");
 
     let (_, metrics) = s.get("/metrics").await;

@@ -35,7 +35,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::engine::model::Reference;
-use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, Facts, PermitId, TicketId};
+use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, Facts, NoTicket, PermitId, TicketId};
 use redb_limiter::request::Cost as SettledCost;
 use redb_limiter::request::{AcquireRequest, Limit, ThrottleRequest, WindowLimit};
 use redb_limiter::store::faulty::{FaultPlan, faulty_journal_opener};
@@ -45,6 +45,12 @@ use redb_limiter::store::{Store, file_opener};
 const SHAPES: [(u64, [u64; 2]); 4] = [(3, [100, 100]), (5, [250, 900]), (2, [40, 400]), (8, [1000, 1000])];
 const CALLERS: [&str; 2] = ["c0", "c1"];
 const RECHECK_MS: u64 = 250;
+/// The line's horizon here: short, so that requests beyond it are common.
+const HORIZON_MS: u64 = 2_500;
+
+fn config(seed: u64) -> EngineConfig {
+    EngineConfig { line_horizon_ms: HORIZON_MS, ..EngineConfig::with(RECHECK_MS, seed) }
+}
 const T0: Millis = Millis(1_800_000_000_000);
 /// Operations per run beyond this are ignored, to keep runs fast.
 const MAX_OPS: usize = 64;
@@ -94,6 +100,8 @@ struct AcquireOp {
     hold_ms: Between<1, 2000>,
     line: LineChoice,
     grace_ms: Between<100, 3000>,
+    /// `maxWaitMs` (section 12.9), when given.
+    max_wait_ms: Option<Between<1, 6000>>,
 }
 
 /// How an acquire takes part in the line.
@@ -238,6 +246,7 @@ fn to_request(op: &AcquireOp) -> AcquireRequest {
     req.permit = op.permit;
     req.report = op.report;
     req.grace_ms = op.grace_ms.0;
+    req.max_wait_ms = op.max_wait_ms.map(|w| w.0);
     req
 }
 
@@ -307,7 +316,7 @@ impl Harness {
             plan: FaultPlan::new(),
             store: Some(store),
             faulty: false,
-            engine: Engine::new(EngineConfig::with(RECHECK_MS, seed)),
+            engine: Engine::new(config(seed)),
             seed,
             reference: Reference::default(),
             now: T0,
@@ -406,7 +415,7 @@ impl Harness {
     /// clock floor the file held.
     fn rebuild(&mut self, store: Store) -> Millis {
         self.seed += 1;
-        let mut engine = Engine::new(EngineConfig::with(RECHECK_MS, self.seed));
+        let mut engine = Engine::new(config(self.seed));
         let floor = store.load(&mut engine).expect("load");
         assert!(floor <= self.now, "the floor {floor:?} is ahead of now {:?}", self.now);
         self.durable_floor = floor;
@@ -416,7 +425,7 @@ impl Harness {
         self.engine = engine;
         self.store = Some(store);
         // The file keeps the tickets: each one live at `floor` resumes its place.
-        self.reference.restart(floor, self.now);
+        self.reference.restart(floor, self.now, HORIZON_MS);
         self.commit_and_tidy(&effects);
         // The restore pruned the file too: it keeps exactly the grants that still count.
         let live: usize = self.engine.facts(self.now).buckets.values().map(|(grants, _)| grants.len()).sum();
@@ -461,7 +470,7 @@ impl Harness {
         // leaves none of it. Nothing in between.
         // (The reference was restarted at `floor` by the rebuild; the state before, likewise.)
         let mut before = before;
-        before.restart(floor, now);
+        before.restart(floor, now, HORIZON_MS);
         let facts = self.engine.facts(now);
         let landed = facts == self.reference.facts(now);
         let lost = facts == before.facts(now);
@@ -518,6 +527,7 @@ impl Harness {
         let mut lapses = std::collections::HashMap::new();
         for (id, ticket) in &mut before.tickets {
             ticket.lapse_at = ticket.lapse_at.max(self.now.plus(ticket.grace_ms));
+            // (the file keeps no horizon of its own: the reference's restart bounds it anew)
             lapses.insert(id.number(), ticket.lapse_at);
         }
         for (number, lapse) in before.lines.values_mut().flatten() {
@@ -626,6 +636,9 @@ impl Harness {
         {
             assert_eq!(expected, self.reference.decide_as(r, now, RECHECK_MS, None), "the oldest ticket waited");
         }
+        let mine_or_all = Some(mine.unwrap_or(u64::MAX));
+        let reserved_before: Vec<_> =
+            r.limits.iter().map(|l| self.reference.reservations(&l.key, now, mine_or_all)).collect();
         let got = self.engine.acquire_in_line(r, now, effects).expect("bound");
         let peeked = peeked.expect("bound");
         assert_eq!(
@@ -637,9 +650,14 @@ impl Harness {
             (Decision::Granted { at, permit }, None) => {
                 assert_eq!(*at, now);
                 assert_eq!(permit.is_some(), r.wants_permit());
-                for l in &r.limits {
-                    let older = self.reference.line(&l.key).find(|(n, _)| mine.is_none_or(|m| *n < m));
-                    assert!(older.is_none(), "granted over ticket {:?} in {}", older.map(|o| o.0), l.key);
+                // A place is never granted over a ticket that holds (12.9).
+                for l in r.limits.iter().filter(|l| l.concurrent.is_some()) {
+                    let holds = self
+                        .reference
+                        .line(&l.key)
+                        .filter(|(n, _)| mine.is_none_or(|m| *n < m))
+                        .any(|(_, t)| self.reference.throttles.get(&*t.state.key).is_none_or(|u| *u <= now));
+                    assert!(!holds, "a place was granted over a ticket in {}", l.key);
                 }
                 if let Some(p) = permit {
                     assert!(!self.issued.contains(p), "permit id {p} reused");
@@ -648,6 +666,12 @@ impl Harness {
                 self.reference.grant(r, now, *permit);
                 if let Some(number) = mine {
                     self.reference.tickets.remove(&number);
+                }
+                // A backfill delays no older ticket: their reserved instants stand.
+                let instants = |v: &[(u64, Millis, u64)]| v.iter().map(|(n, at, _)| (*n, *at)).collect::<Vec<_>>();
+                for (l, before) in r.limits.iter().zip(&reserved_before) {
+                    let after = self.reference.reservations(&l.key, now, mine_or_all);
+                    assert_eq!(instants(&after), instants(before), "a grant delayed a ticket in {}", l.key);
                 }
             }
             (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
@@ -663,19 +687,35 @@ impl Harness {
                     (Some(number), Some(note)) => {
                         assert_eq!(note.id.number(), number);
                         self.reference.renew(number, *retry_at, r.grace_ms);
+                        assert_eq!(note.lapse_at, self.reference.tickets[&number].state.lapse_at, "renewed lapse");
                         assert_eq!(note.ahead, self.reference.ahead(number));
                     }
                     (None, Some(note)) => {
                         assert!(r.in_line() && *reason != redb_limiter::Reason::Throttle);
                         assert!(self.tickets.iter().all(|(t, _)| *t != note.id), "ticket id reused");
                         assert!(self.reference.tickets.keys().all(|n| *n < note.id.number()), "filed ahead");
-                        self.reference.file(note.id, r, *retry_at, now);
+                        let horizon = r.max_wait_ms.map_or(HORIZON_MS, |w| w.min(HORIZON_MS));
+                        let own = self.reference.decide_as(r, now, RECHECK_MS, None).map_or(now, |d| d.0);
+                        assert!(own <= now.plus(horizon), "filed beyond its horizon");
+                        self.reference.file(note.id, r, *retry_at, now, horizon);
+                        assert_eq!(note.lapse_at, self.reference.tickets[&note.id.number()].state.lapse_at, "filed lapse");
                         assert_eq!(note.ahead, self.reference.ahead(note.id.number()));
                         let mut bound = r.clone();
                         bound.ticket = Some(note.id.to_string());
                         self.tickets.push((note.id, bound));
                     }
-                    (None, None) => assert!(!r.in_line() || *reason == redb_limiter::Reason::Throttle),
+                    (None, None) => {
+                        let horizon = r.max_wait_ms.map_or(HORIZON_MS, |w| w.min(HORIZON_MS));
+                        let own = self.reference.decide_as(r, now, RECHECK_MS, None).map_or(now, |d| d.0);
+                        let expected = if !r.in_line() || *reason == redb_limiter::Reason::Throttle {
+                            None
+                        } else if own > now.plus(horizon) {
+                            Some(NoTicket::Horizon)
+                        } else {
+                            Some(NoTicket::Full)
+                        };
+                        assert_eq!(got.no_ticket, expected, "why no ticket");
+                    }
                     (Some(_), None) => panic!("a live ticket refused was not renewed"),
                 }
             }

@@ -1,8 +1,9 @@
 // The client: every method of the wire over `fetch`, and the waiting `acquire`. The limiter never
 // waits; the host does. `acquire` sleeps to each refusal's `retryAt` (sized on the limiter's
 // clock), holds a ticket in the limiter's line (section 12 of the wire) when the server gives one,
-// and keeps its own first-in-first-out line per request shape in front of it, so only the head of
-// each shape asks and a large call is never overtaken by smaller ones behind it.
+// tells the line how much of its `maxWaitMs` remains (`maxWaitMs`, section 12.9), and keeps its
+// own first-in-first-out line per request shape in front of it, so only the head of each shape
+// asks and a large call is never overtaken by smaller ones behind it.
 
 import {
   ApiError,
@@ -10,6 +11,7 @@ import {
   ConnectionError,
   InvalidArgumentError,
   LimitedError,
+  type NoTicket,
   NotFoundError,
   ProtocolError,
   QueueFullError,
@@ -79,6 +81,8 @@ export interface Refused {
   ticket?: string;
   lapseAt?: Date;
   ahead?: number;
+  /** Why a queued refusal filed no ticket (wire version 4); absent when the server did not say. */
+  noTicket?: NoTicket;
 }
 
 /** The wire's answer to one `acquire`, with instants as `Date`s. */
@@ -96,7 +100,11 @@ export interface PeekReply {
 export interface AcquireOptions {
   /** Stop waiting (leaving the line) when aborted; rejects with a `LimitedError`. */
   signal?: AbortSignal;
-  /** Give up after this long, or at once when the next `retryAt` lies beyond it. */
+  /**
+   * Give up after this long, or at once when the next `retryAt` lies beyond it. Each ask in the
+   * line carries what remains of it as `maxWaitMs`, so the limiter files no ticket for a call it
+   * could not serve in time (it answers `noTicket: 'horizon'`, and this rejects at once).
+   */
   maxWaitMs?: number;
   /** Hold a ticket in the limiter's line while waiting (default true). */
   queue?: boolean;
@@ -138,6 +146,7 @@ interface Refusal {
   reason: Reason;
   limit: string;
   retryAt: Date;
+  noTicket?: NoTicket;
 }
 
 /** The local first-in-first-out line of one request shape: a fair lock its head holds. */
@@ -176,6 +185,14 @@ class Line {
 }
 
 const REASONS: readonly string[] = ['rate', 'concurrency', 'throttle'];
+const NO_TICKETS: readonly string[] = ['horizon', 'full'];
+/** The wire's bound on `maxWaitMs` (24 hours). */
+const LINE_MAX_WAIT_MS = 86_400_000;
+
+/** What remains of a caller's wait, as the wire's `maxWaitMs`: whole ms rounded up, 1 to 24 h. */
+function lineWaitMs(remainingMs: number): number {
+  return Math.min(Math.max(Math.ceil(remainingMs), 1), LINE_MAX_WAIT_MS);
+}
 
 /** Waiters queue per shape: the caller key and the buckets named, whatever the costs. */
 function shapeOf(req: AcquireRequest): string {
@@ -330,6 +347,8 @@ export class LimiterClient {
       const body: Record<string, unknown> = { ...request, report: true };
       if (queue) body.queue = true;
       if (ticket !== undefined) body.ticket = ticket;
+      // In the line, the limiter files a ticket only for a call it can serve within this wait.
+      if (queue && deadline !== undefined) body.maxWaitMs = lineWaitMs(deadline - performance.now());
       const asked = this.#acquireOnce(body);
       const outcome = await this.#until(asked, signal, deadline);
       if (outcome !== 'done') {
@@ -353,7 +372,10 @@ export class LimiterClient {
         return new Permit(this, reply.at, reply.permit, reply.limits, waitedMs, last);
       }
       last = { reason: reply.reason, limit: reply.limit, retryAt: reply.retryAt };
+      if (reply.noTicket !== undefined) last.noTicket = reply.noTicket;
       line.last = last;
+      // A refusal that names no ticket (a throttle, `noTicket`, a lapsed one) leaves none standing:
+      // the next ask joins the line afresh, presenting nothing stale.
       ticket = queue ? reply.ticket : undefined;
       const serverNow = reply.now ? reply.now.getTime() : this.serverNow();
       const waitMs = Math.max(1, reply.retryAt.getTime() - serverNow);
@@ -525,6 +547,8 @@ export class LimiterClient {
     const lapseAt = optionalInstant(r.lapseAt, 'acquire: lapseAt');
     if (lapseAt) reply.lapseAt = lapseAt;
     if (typeof r.ahead === 'number') reply.ahead = r.ahead;
+    // A cause this client does not know (a later wire) reads as unsaid: no ticket is no ticket.
+    if (typeof r.noTicket === 'string' && NO_TICKETS.includes(r.noTicket)) reply.noTicket = r.noTicket as NoTicket;
     return reply;
   }
 

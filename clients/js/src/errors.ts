@@ -5,6 +5,13 @@
 /** Why a limit refused: a rolling window, concurrency places, or a throttle on the caller. */
 export type Reason = 'rate' | 'concurrency' | 'throttle';
 
+/**
+ * Why a queued refusal filed no ticket (section 12.9 of the wire): `horizon` when the request's
+ * own `retryAt` lies beyond its `maxWaitMs` (or the server's horizon, 300 s by default), `full`
+ * when the line already holds 10,000 tickets. The caller then waits on `retryAt` alone.
+ */
+export type NoTicket = 'horizon' | 'full';
+
 /** The base of every error this package throws. */
 export class LimiterError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -50,8 +57,9 @@ export class InvalidArgumentError extends LimiterError {
 
 /**
  * A waiting `acquire` gave up: its `maxWaitMs` ran out (or the next `retryAt` lies beyond it),
- * or its signal was aborted. It has left the line. `reason`, `limit` and `retryAt` are those of
- * the refusal that stood then (undefined only when it gave up before any answer came).
+ * or its signal was aborted. It has left the line. `reason`, `limit`, `retryAt` and `noTicket`
+ * are those of the refusal that stood then (undefined only when it gave up before any answer
+ * came; `noTicket` only when the limiter said why it filed no ticket).
  */
 export class LimitedError extends LimiterError {
   /** `maxWaitMs` for a deadline, `aborted` for a signal. */
@@ -59,22 +67,26 @@ export class LimitedError extends LimiterError {
   readonly reason: Reason | undefined;
   readonly limit: string | undefined;
   readonly retryAt: Date | undefined;
+  /** Why the last refusal filed no ticket, when it said (`horizon`: it could not be served in time). */
+  readonly noTicket: NoTicket | undefined;
   readonly waitedMs: number;
   constructor(
     trigger: 'maxWait' | 'aborted',
-    refusal: { reason: Reason; limit: string; retryAt: Date } | undefined,
+    refusal: { reason: Reason; limit: string; retryAt: Date; noTicket?: NoTicket } | undefined,
     waitedMs: number,
     cause?: unknown,
   ) {
     const why = trigger === 'maxWait' ? 'no grant within maxWaitMs' : 'the wait was aborted';
     const last = refusal
-      ? `: refused (${refusal.reason}) by ${refusal.limit} until ${refusal.retryAt.toISOString()}`
+      ? `: refused (${refusal.reason}) by ${refusal.limit} until ${refusal.retryAt.toISOString()}` +
+        (refusal.noTicket ? `, no ticket (${refusal.noTicket})` : '')
       : '';
     super(`${why} after ${waitedMs} ms${last}`, cause === undefined ? undefined : { cause });
     this.trigger = trigger;
     this.reason = refusal?.reason;
     this.limit = refusal?.limit;
     this.retryAt = refusal?.retryAt;
+    this.noTicket = refusal?.noTicket;
     this.waitedMs = waitedMs;
   }
 }

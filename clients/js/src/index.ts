@@ -29,6 +29,7 @@ export {
   QueueFullError,
   UnauthorizedError,
   UnavailableError,
+  type NoTicket,
   type Reason,
 } from './errors.js';
 export { MAX_WAIT_MS, MIN_WAIT_MS, vendorBudget, vendorWaitMs, type HeadersLike, type Instant } from './vendor.js';

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from redb_limiter import BadRequest, Limit, ProtocolError, QueueTimeout, Unauthorized, Unavailable
+from redb_limiter import BadRequest, Limit, NoTicket, ProtocolError, QueueTimeout, Unauthorized, Unavailable
 from redb_limiter._base import ServerClock, Wait
 from redb_limiter._request import AcquireRequest
 from redb_limiter._time import parse_instant
@@ -47,15 +47,15 @@ def test_the_shape_is_the_caller_and_its_buckets_whatever_the_costs() -> None:
     assert a.shape != AcquireRequest.build("me", [Limit.window("a/rpm2", 5, 60_000)]).shape
 
 
-def refusal(retry_at: int, ticket: str | None = None, reason: str = "rate") -> Refusal:
-    return Refusal(retry_at_ms=retry_at, reason=reason, limit="a/rpm", ticket=ticket)
+def refusal(retry_at: int, ticket: str | None = None, reason: str = "rate", no_ticket: NoTicket | None = None) -> Refusal:
+    return Refusal(retry_at_ms=retry_at, reason=reason, limit="a/rpm", ticket=ticket, no_ticket=no_ticket)
 
 
 def test_a_wait_asks_with_the_ticket_it_was_given_and_drops_a_lapsed_one() -> None:
     wait = Wait(request(), True, started=100.0, deadline=None)
-    assert wait.body()["queue"] is True and "ticket" not in wait.body()
+    assert wait.body(100.0)["queue"] is True and "ticket" not in wait.body(100.0)
     assert wait.refused(refusal(10_500, "t-1"), 10_000.0, 100.0) == 0.5
-    assert wait.ticket == "t-1" and wait.body()["ticket"] == "t-1"
+    assert wait.ticket == "t-1" and wait.body(100.5)["ticket"] == "t-1"
     # Refused by a throttle the ticket keeps its place, even when the reply does not repeat it.
     wait.refused(refusal(12_000, None, "throttle"), 10_500.0, 100.5)
     assert wait.ticket == "t-1"
@@ -63,12 +63,12 @@ def test_a_wait_asks_with_the_ticket_it_was_given_and_drops_a_lapsed_one() -> No
     wait.refused(refusal(13_000, "t-9"), 12_000.0, 102.0)
     assert wait.ticket == "t-9"
     wait.refused(refusal(14_000), 13_000.0, 103.0)
-    assert wait.ticket is None and wait.body()["queue"] is True
+    assert wait.ticket is None and wait.body(103.0)["queue"] is True
     wait.refused(refusal(15_000, "t-10"), 14_000.0, 104.0)
     wait.granted()
     assert wait.ticket is None  # a grant ends it: nothing to leave
     # Without `queue`, no ticket is asked for.
-    assert "queue" not in Wait(request(), False, 0.0, None).body()
+    assert "queue" not in Wait(request(), False, 0.0, None).body(0.0)
 
 
 def test_a_wait_sleeps_on_the_limiters_clock_and_gives_up_before_its_deadline() -> None:
@@ -80,6 +80,37 @@ def test_a_wait_sleeps_on_the_limiters_clock_and_gives_up_before_its_deadline() 
     assert timeout.value.last is not None and timeout.value.last.retry_after == 3.0
     assert timeout.value.waited == 1.0
     assert wait.ticket == "t-2"  # still held: the caller leaves the line with it
+
+
+def test_in_the_line_a_wait_sends_what_remains_of_max_wait_as_max_wait_ms() -> None:
+    wait = Wait(request(), True, started=100.0, deadline=105.0)
+    assert wait.body(100.0)["maxWaitMs"] == 5_000
+    assert wait.body(101.25)["maxWaitMs"] == 3_750
+    assert wait.body(101.0004)["maxWaitMs"] == 4_000  # 3999.6 ms: rounded up to the millisecond
+    wait.refused(refusal(10_500, "t-1"), 10_000.0, 102.0)
+    asked = wait.body(102.0)  # asking again with the ticket, on what is left
+    assert (asked["ticket"], asked["maxWaitMs"]) == ("t-1", 3_000)
+    # Past the deadline, or far beyond the wire's 24 hours, it stays within 1 to 86,400,000.
+    assert wait.body(106.0)["maxWaitMs"] == 1
+    assert Wait(request(), True, 0.0, 10.0**7).body(0.0)["maxWaitMs"] == 86_400_000
+    # No maximum wait, or no line: no maxWaitMs (the server's own horizon stands).
+    assert "maxWaitMs" not in Wait(request(), True, 0.0, None).body(0.0)
+    assert "maxWaitMs" not in Wait(request(), False, 0.0, 5.0).body(0.0)
+    assert "maxWaitMs" not in AcquireRequest.build("me", WINDOW).body(max_wait=5.0)
+
+
+def test_a_no_ticket_refusal_leaves_no_ticket_standing_and_is_named_on_the_timeout() -> None:
+    wait = Wait(request(), True, started=100.0, deadline=110.0)
+    wait.refused(refusal(10_500, "t-1"), 10_000.0, 100.0)
+    # Even refused by a throttle: a refusal that says it filed no ticket holds none.
+    wait.refused(refusal(11_000, None, "throttle", no_ticket="full"), 10_500.0, 100.5)
+    assert wait.ticket is None and wait.body(100.5)["queue"] is True and "ticket" not in wait.body(100.5)
+    assert wait.last is not None and wait.last.no_ticket == "full"
+    with pytest.raises(QueueTimeout) as timeout:
+        wait.refused(refusal(70_000, None, no_ticket="horizon"), 11_000.0, 101.0)  # 59 s > 9 s left
+    assert timeout.value.last is not None and timeout.value.last.no_ticket == "horizon"
+    assert "no ticket (horizon)" in str(timeout.value)
+    assert wait.ticket is None  # nothing to leave
 
 
 def test_the_server_clock_follows_the_replies_now_to_the_millisecond() -> None:
@@ -113,6 +144,11 @@ def test_replies_are_read_strictly() -> None:
     )
     assert isinstance(refused, Refusal)
     assert (refused.ticket, refused.ahead, refused.lapse_at_ms) == ("t-1", 2, parse_instant("2026-11-30T03:11:12Z"))
+    assert refused.no_ticket is None
+    base = {"granted": False, "retryAt": "2026-11-30T03:11:10.000Z", "reason": "rate", "limit": "a/rpm"}
+    for said, read in [("horizon", "horizon"), ("full", "full"), ("weather", None), (7, None)]:
+        no_ticket = parse_acquire({**base, "noTicket": said})
+        assert isinstance(no_ticket, Refusal) and no_ticket.no_ticket == read and no_ticket.ticket is None
     for bad in [
         {"granted": "yes"},
         {"granted": True},

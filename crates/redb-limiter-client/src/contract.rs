@@ -48,15 +48,18 @@ pub const CASES: &[&str] = &[
     "lift: ends a throttle in force, and only then says lifted",
     "rule 3: a refusal naming a longer window keeps the grants that long",
     "line: a queued refusal files a ticket with lapseAt, ahead and now; an unqueued one does not",
-    "line: rule Q: a request that would fit waits behind a live ticket, told the ticket's retryAt",
+    "line: backfill: a call that leaves a live ticket room at its instant is granted; one that would delay it waits behind it",
     "line: tickets are served in filing order, and a granted ticket has ended",
-    "line: a late first ticket: a newcomer is told its lapseAt, the ticket behind it sooner",
+    "line: a late first ticket keeps its reservation: those behind are told their own instants, never its lapseAt",
     "line: release {ticket} leaves the line once",
     "line: a ticket lapses at retryAt + graceMs, and then joins the back",
     "line: a ticket binds its caller and limits; a mismatch is a 400 naming ticket",
     "line: a throttle refusal files no ticket",
     "line: peek decides by rule Q and shows queued, filing nothing",
-    "line: every bad queue, ticket and graceMs field is a 400 naming it",
+    "line: every bad queue, ticket, graceMs and maxWaitMs field is a 400 naming it",
+    "line: beyond min(maxWaitMs, the horizon) a refusal files no ticket and says noTicket horizon",
+    "line: a throttled ticket holds back no one and keeps its place",
+    "state: each line names its first ticket, which an operator can release",
 ];
 
 #[derive(Clone)]
@@ -492,16 +495,21 @@ async fn run_case(c: &Contract, case: usize) -> Check {
                 json!({"key": c.key("caller"), "cost": n, "queue": queue,
                     "limits": [{"key": c.key("q27"), "calls": 10, "perMs": 60_000}]})
             };
-            granted(&c.acquire(cost(8, false)).await?)?;
-            let (ticket, retry, _, _) = ticketed(&c.acquire(cost(5, true)).await?, "rate", &c.key("q27"))?;
-            let small = c.acquire(cost(1, false)).await?;
+            let at = granted(&c.acquire(cost(4, false)).await?)?;
+            // 8 fits once the grant of 4 leaves: the ticket is reserved that instant.
+            let (ticket, retry, _, _) = ticketed(&c.acquire(cost(8, true)).await?, "rate", &c.key("q27"))?;
+            ensure!(retry == at.plus(60_000), "the ticket is told {retry}, not when the grant {at} leaves");
+            // 3 fits now but would still count then, beside the 8: it waits behind the ticket.
+            let small = c.acquire(cost(3, false)).await?;
             let told = refused(&small, "rate", &c.key("q27"))?;
-            ensure!(told == retry, "a call behind the line is told {told}, not the first ticket's retryAt {retry}");
+            ensure!(told == retry.plus(60_000), "a call behind the ticket is told {told}, not its own instant");
             unticketed(&small)?;
+            // 2 leaves it room (2 + 8 = 10): granted at once, ahead of the ticket.
+            granted(&c.acquire(cost(2, false)).await?)?;
             // A request of another bucket is not held back by this line.
             granted(&c.acquire(c.window("q27b", 1, 60_000)).await?)?;
             ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": true}), "leave");
-            granted(&c.acquire(cost(1, false)).await?)?;
+            granted(&c.acquire(cost(3, false)).await?)?;
             Ok(())
         }
         28 => {
@@ -539,15 +547,22 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             let (_, retry, lapse, _) = ticketed(&c.acquire(body(true)).await?, "rate", &c.key("q29"))?;
             let (second, _, _, _) = ticketed(&c.acquire(body(true)).await?, "rate", &c.key("q29"))?;
             // The first ticket is late: it has not asked again since its retryAt, well past it (a
-            // limiter lets its host a round trip first: 50 ms in ours).
+            // limiter lets its host a round trip first: 50 ms in ours). It keeps its reservation
+            // at now; the ticket behind it is reserved a window later, a newcomer two.
             sleep_past(retry.plus(200)).await;
-            let told = refused(&c.acquire(body(false)).await?, "rate", &c.key("q29"))?;
-            ensure!(told == lapse, "a newcomer behind a late ticket is told {told}, not its lapseAt {lapse}");
+            let mut newcomer = body(false);
+            newcomer["report"] = json!(true);
+            let r = c.acquire(newcomer).await?;
+            let told = refused(&r, "rate", &c.key("q29"))?;
+            let now = instant(&r, "now")?;
+            ensure!(told == now.plus(600) && told < lapse, "a newcomer behind two tickets is told {told} at {now}");
             let mut behind = body(true);
             behind["ticket"] = json!(second);
-            let (_, told, _, ahead) = ticketed(&c.acquire(behind).await?, "rate", &c.key("q29"))?;
+            let r = c.acquire(behind).await?;
+            let (_, told, _, ahead) = ticketed(&r, "rate", &c.key("q29"))?;
+            let now = instant(&r, "now")?;
             ensure!(ahead == 1, "the ticket behind has {ahead} ahead");
-            ensure!(told < lapse, "the ticket behind a late one is told {told}, not sooner than its lapseAt {lapse}");
+            ensure!(told == now.plus(300), "the ticket behind a late one is told {told} at {now}, not its own instant");
             Ok(())
         }
         30 => {
@@ -635,10 +650,13 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             granted(&c.acquire(body(8, false)).await?)?;
             let (ticket, retry, _, _) = ticketed(&c.acquire(body(5, true)).await?, "rate", &c.key("q34"))?;
             ticketed(&c.acquire(body(4, true)).await?, "rate", &c.key("q34"))?;
+            // 1 leaves both tickets room (5 + 4 + 1 = 10): it would backfill; 2 would not.
+            ensure!(c.post("/peek", body(1, false)).await?["fits"] == true, "a backfill is peeked as refused");
             for _ in 0..2 {
-                let peek = c.post("/peek", body(1, false)).await?;
+                let peek = c.post("/peek", body(2, false)).await?;
                 ensure!(peek["fits"] == false && peek["reason"] == "rate", "peek behind a line fits: {peek}");
-                ensure!(instant(&peek, "retryAt")? == retry, "peek {peek} is not told the first ticket's retryAt");
+                let told = instant(&peek, "retryAt")?;
+                ensure!(told == retry.plus(60_000), "peek {peek} is not told its own instant behind the line");
                 ensure!(peek["limits"][0]["queued"] == 2, "peek shows {} queued, not 2", peek["limits"][0]);
             }
             let mut first = body(5, false);
@@ -660,6 +678,9 @@ async fn run_case(c: &Contract, case: usize) -> Check {
                 (json!({"key": caller, "limits": limits, "queue": true, "graceMs": 99}), "graceMs"),
                 (json!({"key": caller, "limits": limits, "queue": true, "graceMs": 60_001}), "graceMs"),
                 (json!({"key": caller, "limits": limits, "queue": true, "graceMs": 500.0}), "graceMs"),
+                (json!({"key": caller, "limits": limits, "queue": true, "maxWaitMs": 0}), "maxWaitMs"),
+                (json!({"key": caller, "limits": limits, "queue": true, "maxWaitMs": 86_400_001}), "maxWaitMs"),
+                (json!({"key": caller, "limits": limits, "queue": true, "maxWaitMs": "5"}), "maxWaitMs"),
             ];
             for (body, field) in bad {
                 for path in ["/acquire", "/peek"] {
@@ -680,6 +701,64 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             }
             // None of them filed a ticket or counted: the window is empty and its line too.
             granted(&c.acquire(json!({"key": caller, "limits": limits})).await?)?;
+            Ok(())
+        }
+        36 => {
+            let body = |bucket: &str, per_ms: u64, max_wait: Option<u64>| {
+                let mut b = json!({"key": c.key("caller"), "queue": true,
+                    "limits": [{"key": c.key(bucket), "calls": 1, "perMs": per_ms}]});
+                if let Some(ms) = max_wait {
+                    b["maxWaitMs"] = json!(ms);
+                }
+                b
+            };
+            // A 31-day window: its own instant is beyond any horizon.
+            granted(&c.acquire(c.window("q36", 1, 2_678_400_000)).await?)?;
+            let r = c.acquire(body("q36", 2_678_400_000, None)).await?;
+            refused(&r, "rate", &c.key("q36"))?;
+            ensure!(r["noTicket"] == "horizon" && r.get("ticket").is_none(), "a 31-day wait joined the line: {r}");
+            // A minute is within the default horizon, but not within a host's 5 s.
+            granted(&c.acquire(c.window("q36m", 1, 60_000)).await?)?;
+            let r = c.acquire(body("q36m", 60_000, Some(5_000))).await?;
+            ensure!(r["noTicket"] == "horizon" && r.get("ticket").is_none(), "beyond maxWaitMs: {r}");
+            let (ticket, _, lapse, _) =
+                ticketed(&c.acquire(body("q36m", 60_000, None)).await?, "rate", &c.key("q36m"))?;
+            ensure!(c.post("/release", json!({"ticket": ticket})).await?["released"] == true, "leave at {lapse}");
+            // Others are not held back: the shared window of 31 days has no line.
+            let other = json!({"key": c.key("other"), "limits": [{"key": c.key("q36s"), "calls": 2, "perMs": 2_678_400_000_u64}]});
+            granted(&c.acquire(other.clone()).await?)?;
+            granted(&c.acquire(other).await?)?;
+            Ok(())
+        }
+        37 => {
+            let ask = |caller: &str, queue: bool| {
+                json!({"key": c.key(caller), "queue": queue,
+                    "limits": [{"key": c.key("q37"), "calls": 1, "perMs": 300}]})
+            };
+            granted(&c.acquire(ask("a", false)).await?)?;
+            let (ticket, retry, _, _) = ticketed(&c.acquire(ask("a", true)).await?, "rate", &c.key("q37"))?;
+            let until = format_instant(wall_clock_now().plus(60_000));
+            c.post("/throttle", json!({"key": c.key("a"), "until": until})).await?;
+            // Past the ticket's instant, another caller is granted: the throttled ticket yields.
+            sleep_past(retry).await;
+            granted(&c.acquire(ask("b", false)).await?)?;
+            let mut again = ask("a", true);
+            again["ticket"] = json!(ticket.clone());
+            let r = c.acquire(again).await?;
+            refused(&r, "throttle", &c.key("a"))?;
+            ensure!(r["ticket"] == json!(ticket), "the throttled ticket lost its place: {r}");
+            Ok(())
+        }
+        38 => {
+            let body = json!({"key": c.key("caller"), "queue": true,
+                "limits": [{"key": c.key("q38"), "calls": 1, "perMs": 60_000}]});
+            granted(&c.acquire(c.window("q38", 1, 60_000)).await?)?;
+            let (ticket, _, _, _) = ticketed(&c.acquire(body.clone()).await?, "rate", &c.key("q38"))?;
+            ticketed(&c.acquire(body).await?, "rate", &c.key("q38"))?;
+            let state = c.send(reqwest::Method::GET, &format!("/state?prefix={}", c.key("q38")), None).await?.1;
+            let bucket = &state["buckets"][0];
+            ensure!(bucket["queued"] == 2 && bucket["firstTicket"] == json!(ticket), "/state names {bucket}");
+            ensure!(c.post("/release", json!({"ticket": ticket})).await?["released"] == true, "release it");
             Ok(())
         }
         _ => Err(format!("no case {case}")),

@@ -1,15 +1,66 @@
 //! [`HttpLimiter`]: the methods of the wire over HTTP, against any limiter that serves it.
 
-use reqwest::StatusCode;
-use serde::de::DeserializeOwned;
+use std::time::Duration;
 
-use crate::{ClientError, InLine, LimiterApi, Outcome, PeekOutcome, Refusal};
+use reqwest::StatusCode;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::{ClientError, InLine, LimiterApi, NoTicket, Outcome, PeekOutcome, Refusal};
 use redb_limiter::engine::Figures;
 use redb_limiter::request::{AcquireRequest, Cost, LeaveRequest, ReleaseRequest, SettleRequest};
 use redb_limiter::time::{Millis, format_instant};
 use redb_limiter::wire::{
     AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply,
 };
+
+/// The wire's bound on `maxWaitMs` (24 hours).
+const MAX_WAIT_MS: u64 = 86_400_000;
+
+/// `max_wait` as the wire's `maxWaitMs`: whole milliseconds rounded up, within 1 to 86,400,000.
+fn max_wait_ms(max_wait: Duration) -> u64 {
+    u64::try_from(max_wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX).clamp(1, MAX_WAIT_MS)
+}
+
+/// An acquire's body: in the line (`queue` or a `ticket`), with what remains of the host's wait
+/// as `maxWaitMs` (section 12.9); outside it, or with no `max_wait`, without.
+fn acquire_body(req: &AcquireRequest, max_wait: Option<Duration>) -> Value {
+    let mut body = req.to_json();
+    if let Some(max_wait) = max_wait
+        && (req.queue || req.ticket.is_some())
+    {
+        body["maxWaitMs"] = Value::from(max_wait_ms(max_wait));
+    }
+    body
+}
+
+/// An acquire's reply as the client's [`Outcome`], `noTicket` included.
+fn acquire_outcome(reply: Value) -> Result<Outcome, ClientError> {
+    let no_ticket = reply.get("noTicket").and_then(Value::as_str).and_then(NoTicket::from_wire);
+    let reply = AcquireReply::deserialize(reply).map_err(|e| ClientError::Protocol(format!("acquire: {e}")))?;
+    Ok(match reply {
+        AcquireReply::Granted { at, permit, .. } => Outcome::Granted { at: at.0, permit },
+        reply @ AcquireReply::Refused { .. } => {
+            let reason = reply.reason();
+            let AcquireReply::Refused { retry_at, limit, reason: named, ticket, lapse_at, ahead, now, .. } = reply
+            else {
+                unreachable!("matched above")
+            };
+            let reason = reason.ok_or_else(|| ClientError::Protocol(format!("acquire: unknown reason {named:?}")))?;
+            let line = match (ticket, lapse_at, ahead, now) {
+                (None, ..) => None,
+                (Some(ticket), Some(lapse_at), Some(ahead), Some(now)) => {
+                    Some(InLine { ticket, lapse_at: lapse_at.0, ahead, now: now.0 })
+                }
+                (Some(_), ..) => {
+                    return Err(ClientError::Protocol("acquire: a ticket without lapseAt, ahead and now".into()));
+                }
+            };
+            Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit, line, no_ticket })
+        }
+    })
+}
 
 /// One limit's figures as the wire gave them.
 fn figures(f: LimitFigures) -> Figures {
@@ -67,28 +118,11 @@ impl HttpLimiter {
 
 impl LimiterApi for HttpLimiter {
     async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
-        Ok(match self.post::<AcquireReply>("acquire", req.to_json()).await? {
-            AcquireReply::Granted { at, permit, .. } => Outcome::Granted { at: at.0, permit },
-            reply @ AcquireReply::Refused { .. } => {
-                let reason = reply.reason();
-                let AcquireReply::Refused { retry_at, limit, reason: named, ticket, lapse_at, ahead, now, .. } = reply
-                else {
-                    unreachable!("matched above")
-                };
-                let reason =
-                    reason.ok_or_else(|| ClientError::Protocol(format!("acquire: unknown reason {named:?}")))?;
-                let line = match (ticket, lapse_at, ahead, now) {
-                    (None, ..) => None,
-                    (Some(ticket), Some(lapse_at), Some(ahead), Some(now)) => {
-                        Some(InLine { ticket, lapse_at: lapse_at.0, ahead, now: now.0 })
-                    }
-                    (Some(_), ..) => {
-                        return Err(ClientError::Protocol("acquire: a ticket without lapseAt, ahead and now".into()));
-                    }
-                };
-                Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit, line })
-            }
-        })
+        self.acquire_within(req, None).await
+    }
+
+    async fn acquire_within(&self, req: AcquireRequest, max_wait: Option<Duration>) -> Result<Outcome, ClientError> {
+        acquire_outcome(self.post::<Value>("acquire", acquire_body(&req, max_wait)).await?)
     }
 
     async fn release(&self, permit: String) -> Result<bool, ClientError> {
@@ -129,5 +163,79 @@ impl LimiterApi for HttpLimiter {
 
     async fn lift(&self, key: String) -> Result<bool, ClientError> {
         Ok(self.post::<LiftReply>("lift", serde_json::json!({ "key": key })).await?.lifted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb_limiter::{Limit, Reason};
+
+    fn req() -> AcquireRequest {
+        AcquireRequest::new("me", vec![Limit::window("a/rpm", 1, 60_000)]).unwrap()
+    }
+
+    fn queued() -> AcquireRequest {
+        AcquireRequest { queue: true, ..req() }
+    }
+
+    #[test]
+    fn in_the_line_max_wait_is_sent_as_max_wait_ms_rounded_up_and_clamped() {
+        let sent = |req: &AcquireRequest, max_wait| acquire_body(req, max_wait).get("maxWaitMs").cloned();
+        assert_eq!(sent(&queued(), Some(Duration::from_millis(1_500))), Some(Value::from(1_500)));
+        assert_eq!(sent(&queued(), Some(Duration::from_micros(1_499_001))), Some(Value::from(1_500)));
+        assert_eq!(sent(&queued(), Some(Duration::ZERO)), Some(Value::from(1)), "at least 1 ms");
+        assert_eq!(sent(&queued(), Some(Duration::from_secs(30 * 86_400))), Some(Value::from(86_400_000)));
+        assert_eq!(sent(&queued(), Some(Duration::MAX)), Some(Value::from(86_400_000)));
+        let with_ticket = AcquireRequest { ticket: Some("t-1".into()), ..req() };
+        assert_eq!(sent(&with_ticket, Some(Duration::from_secs(2))), Some(Value::from(2_000)));
+        // No maximum wait (the limiter's horizon stands), or no line: no maxWaitMs.
+        assert_eq!(sent(&queued(), None), None);
+        assert_eq!(sent(&req(), Some(Duration::from_secs(2))), None);
+        assert_eq!(acquire_body(&queued(), None), queued().to_json());
+    }
+
+    fn refused(extra: Value) -> Value {
+        let mut reply = serde_json::json!({
+            "granted": false, "retryAt": "2026-11-30T03:11:10.000Z", "reason": "rate", "limit": "a/rpm",
+        });
+        reply.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        reply
+    }
+
+    #[test]
+    fn a_refusals_no_ticket_is_read_as_horizon_or_full_and_nothing_else() {
+        let no_ticket = |extra| match acquire_outcome(refused(extra)).unwrap() {
+            Outcome::Refused(r) => {
+                assert_eq!((r.reason, r.line), (Reason::Rate, None));
+                r.no_ticket
+            }
+            granted => panic!("{granted:?}"),
+        };
+        assert_eq!(no_ticket(serde_json::json!({ "noTicket": "horizon" })), Some(NoTicket::Horizon));
+        assert_eq!(no_ticket(serde_json::json!({ "noTicket": "full" })), Some(NoTicket::Full));
+        assert_eq!(no_ticket(serde_json::json!({})), None);
+        // A cause this client does not know (a later wire) reads as unsaid.
+        assert_eq!(no_ticket(serde_json::json!({ "noTicket": "weather" })), None);
+        assert_eq!(no_ticket(serde_json::json!({ "noTicket": 7 })), None);
+        assert_eq!(NoTicket::Horizon.as_str(), "horizon");
+        assert_eq!(NoTicket::from_wire(NoTicket::Full.as_str()), Some(NoTicket::Full));
+    }
+
+    #[test]
+    fn a_ticketed_refusal_and_a_grant_read_as_before() {
+        let ticketed = serde_json::json!({
+            "ticket": "t-1", "lapseAt": "2026-11-30T03:11:12.000Z", "ahead": 2, "now": "2026-11-30T03:11:09.500Z",
+        });
+        match acquire_outcome(refused(ticketed)).unwrap() {
+            Outcome::Refused(Refusal { line: Some(line), no_ticket: None, .. }) => {
+                assert_eq!((line.ticket.as_str(), line.ahead), ("t-1", 2));
+            }
+            other => panic!("{other:?}"),
+        }
+        let granted = serde_json::json!({ "granted": true, "at": "2026-11-30T03:11:09.123Z", "permit": "p-1" });
+        assert!(matches!(acquire_outcome(granted).unwrap(), Outcome::Granted { permit: Some(p), .. } if p == "p-1"));
+        let garbled = serde_json::json!({ "granted": "maybe" });
+        assert!(matches!(acquire_outcome(garbled), Err(ClientError::Protocol(_))));
     }
 }

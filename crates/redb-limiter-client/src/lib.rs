@@ -8,7 +8,9 @@
 //!   starved by smaller ones behind it), and by default the head of each shape also queues in
 //!   the limiter's own line (section 12), so neither are smaller calls from other hosts;
 //!   `max_wait`, `max_waiters` and cancellation by drop are honoured, a grant that arrives
-//!   after cancellation is released, never leaked, and a ticket is left, never abandoned.
+//!   after cancellation is released, never leaked, and a ticket is left, never abandoned. Each
+//!   ask in the line tells the limiter what remains of `max_wait` (section 12.9), so it files no
+//!   ticket for a call it could not grant in time ([`NoTicket`]).
 //! - [`Permit`]: the grant as a guard that holds its places until it is dropped or released;
 //!   [`Permit::settle`] sets its grant's real costs after the call.
 //! - [`Client::peek`]: would a call fit now, and how full is each limit; nothing changes.
@@ -60,27 +62,63 @@ impl Outcome {
                     ahead: t.ahead,
                     now: t.now,
                 });
-                Outcome::Refused(Refusal { retry_at, reason, limit, line })
+                Outcome::Refused(Refusal { retry_at, reason, limit, line, no_ticket: None })
             }
         }
     }
 }
 
 /// A refusal: when to ask again, why, and which limit (or caller key, for a throttle); `line`
-/// is the ticket it filed or renewed when the request queued (section 12).
+/// is the ticket it filed or renewed when the request queued (section 12), `no_ticket` why a
+/// queued request got none, when the limiter said (section 12.9).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub retry_at: Millis,
     pub reason: Reason,
     pub limit: String,
     pub line: Option<InLine>,
+    pub no_ticket: Option<NoTicket>,
 }
 
 impl Refusal {
     /// A refusal that names no ticket.
     #[must_use]
     pub fn new(retry_at: Millis, reason: Reason, limit: impl Into<String>) -> Self {
-        Refusal { retry_at, reason, limit: limit.into(), line: None }
+        Refusal { retry_at, reason, limit: limit.into(), line: None, no_ticket: None }
+    }
+}
+
+/// Why a refusal in the line filed no ticket (`noTicket`, section 12.9); the host then waits on
+/// `retryAt` alone, asking to join the line again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NoTicket {
+    /// The request's own `retryAt` lies beyond the host's `maxWaitMs` (or the limiter's horizon,
+    /// 300 s by default): it could not be granted in time, so it holds no place in the line.
+    Horizon,
+    /// The line already holds its 10,000 tickets.
+    Full,
+}
+
+impl NoTicket {
+    /// The wire's name: `horizon` or `full`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoTicket::Horizon => "horizon",
+            NoTicket::Full => "full",
+        }
+    }
+
+    /// The cause the wire names, `None` for one this client does not know (a later wire): no
+    /// ticket is no ticket, whatever the cause.
+    #[must_use]
+    pub fn from_wire(name: &str) -> Option<NoTicket> {
+        match name {
+            "horizon" => Some(NoTicket::Horizon),
+            "full" => Some(NoTicket::Full),
+            _ => None,
+        }
     }
 }
 
@@ -152,6 +190,19 @@ impl From<LimiterError> for ClientError {
 /// The methods of the wire, whoever serves them.
 pub trait LimiterApi: Send + Sync + 'static {
     fn acquire(&self, req: AcquireRequest) -> impl Future<Output = Result<Outcome, ClientError>> + Send;
+    /// An `acquire` from a host that waits at most `max_wait` more for it (section 12.9): in the
+    /// line (`queue` or a `ticket`) a remote limiter is sent it as `maxWaitMs`, and files no
+    /// ticket for a request it could not grant within it (the refusal says
+    /// [`NoTicket::Horizon`]). `None`: the limiter's own horizon stands. The default ignores it
+    /// and asks as [`LimiterApi::acquire`] does.
+    fn acquire_within(
+        &self,
+        req: AcquireRequest,
+        max_wait: Option<Duration>,
+    ) -> impl Future<Output = Result<Outcome, ClientError>> + Send {
+        let _ = max_wait;
+        self.acquire(req)
+    }
     /// `true` when the permit was live (its places, if any, are freed).
     fn release(&self, permit: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// The throttle in force for `key` afterwards.
@@ -178,8 +229,29 @@ pub trait LimiterApi: Send + Sync + 'static {
 
 impl LimiterApi for Limiter {
     async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
+        self.acquire_within(req, None).await
+    }
+
+    async fn acquire_within(
+        &self,
+        mut req: AcquireRequest,
+        max_wait: Option<Duration>,
+    ) -> Result<Outcome, ClientError> {
+        if req.in_line()
+            && let Some(wait) = max_wait
+        {
+            let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+            req.max_wait_ms = Some(ms.clamp(1, redb_limiter::request::MAX_WAIT_MS));
+        }
         let acquired = Limiter::acquire_reported(self, req).await?;
-        Ok(Outcome::from_decision(acquired.decision, acquired.ticket))
+        let mut outcome = Outcome::from_decision(acquired.decision, acquired.ticket);
+        if let Outcome::Refused(refusal) = &mut outcome {
+            refusal.no_ticket = acquired.no_ticket.map(|why| match why {
+                redb_limiter::engine::NoTicket::Horizon => NoTicket::Horizon,
+                redb_limiter::engine::NoTicket::Full => NoTicket::Full,
+            });
+        }
+        Ok(outcome)
     }
 
     async fn leave(&self, ticket: String) -> Result<bool, ClientError> {
@@ -230,7 +302,9 @@ impl LimiterApi for Limiter {
 /// it takes a place in the limiter's line.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AcquireOptions {
-    /// Give up with `QueueTimeout` after this long; `None` waits as long as it takes.
+    /// Give up with `QueueTimeout` after this long (at once when the next `retryAt` lies beyond
+    /// it); `None` waits as long as it takes. Each ask in the line sends what remains of it
+    /// ([`LimiterApi::acquire_within`]).
     pub max_wait: Option<Duration>,
     /// Refuse at once with `QueueFull` when this many already wait for the same shape.
     pub max_waiters: Option<usize>,
@@ -321,19 +395,19 @@ impl<L: LimiterApi> Client<L> {
 
     /// Asks once; never waits.
     pub async fn try_acquire(&self, req: AcquireRequest) -> Result<Permit<L>, ClientError> {
-        match self.ask(req).await? {
+        match self.ask(req, None).await? {
             Outcome::Granted { at, permit } => Ok(Permit::new(self.limiter.clone(), at, permit)),
             Outcome::Refused(refusal) => Err(ClientError::Refused(refusal)),
         }
     }
 
-    /// One acquire whose grant is released, and whose new ticket leaves the line, if the caller
-    /// is gone by the time the answer arrives.
-    async fn ask(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
+    /// One acquire (from a host that waits at most `max_wait` more) whose grant is released, and
+    /// whose new ticket leaves the line, if the caller is gone by the time the answer arrives.
+    async fn ask(&self, req: AcquireRequest, max_wait: Option<Duration>) -> Result<Outcome, ClientError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let limiter = self.limiter.clone();
         tokio::spawn(async move {
-            let outcome = limiter.acquire(req).await;
+            let outcome = limiter.acquire_within(req, max_wait).await;
             match tx.send(outcome) {
                 // The caller was cancelled while the answer was on its way: give the places back,
                 // or leave the line the refusal put it in.
@@ -356,7 +430,9 @@ impl<L: LimiterApi> Client<L> {
     /// (section 12): its first refusal files a ticket, it asks again with that ticket at each
     /// `retryAt` (sleeping `retryAt - now` on the limiter's clock), and it leaves the line
     /// (`release {ticket}`) when it gives up: at `max_wait`, on an error, or when the future is
-    /// dropped (then from a spawned task).
+    /// dropped (then from a spawned task). Each ask in the line sends what remains of `max_wait`
+    /// (section 12.9); a refusal that files no ticket ([`Refusal::no_ticket`]) is waited out on
+    /// its `retryAt` alone, or ends the wait at once when that lies past `max_wait`.
     pub async fn acquire(&self, req: AcquireRequest, options: AcquireOptions) -> Result<Permit<L>, ClientError> {
         let shape = shape_of(&req);
         let (line, waiting) = {
@@ -388,15 +464,17 @@ impl<L: LimiterApi> Client<L> {
         let mut ticket = Ticket { limiter: self.limiter.clone(), id: req.ticket.clone() };
         loop {
             req.ticket.clone_from(&ticket.id);
-            let refusal = match self.ask(req.clone()).await? {
+            let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            let refusal = match self.ask(req.clone(), left).await? {
                 Outcome::Granted { at, permit } => {
                     ticket.id = None; // a grant ends the ticket
                     return Ok(Permit::new(self.limiter.clone(), at, permit));
                 }
                 Outcome::Refused(refusal) => refusal,
             };
-            // A refusal naming no ticket (a throttle before any was filed, or full lines) leaves
-            // none standing: the ticket presented, if any, is no longer live.
+            // A refusal naming no ticket (a throttle before any was filed, or `no_ticket`: beyond
+            // the horizon, or full lines) leaves none standing: the ticket presented, if any, is
+            // no longer live, and the next ask joins the line afresh.
             ticket.id = refusal.line.as_ref().map(|l| l.ticket.clone());
             // Asks again at its retryAt on the limiter's clock: a ticket behind others is told its
             // own instant in the line (section 12.5), after those ahead of it.

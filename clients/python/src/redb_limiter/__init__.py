@@ -22,6 +22,7 @@ from ._base import Clock, WaitReport
 from ._errors import (
     BadRequest,
     LimiterError,
+    NoTicket,
     ProtocolError,
     QueueFull,
     QueueTimeout,
@@ -50,6 +51,7 @@ __all__ = [
     "Limiter",
     "LimiterError",
     "Limits",
+    "NoTicket",
     "Peek",
     "Permit",
     "ProtocolError",

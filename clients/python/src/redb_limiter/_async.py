@@ -252,7 +252,7 @@ class AsyncLimiter(LimiterBase):
         wait = Wait(request, queue, started, deadline)
         try:
             while True:
-                outcome, now_ms = await self._ask(wait.body())
+                outcome, now_ms = await self._ask(wait.body(self.clock.monotonic()))
                 if isinstance(outcome, Grant):
                     wait.granted()
                     return AsyncPermit(self, outcome)

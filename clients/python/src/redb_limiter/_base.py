@@ -107,14 +107,15 @@ def refused(refusal: Refusal, server_now_ms: float, received_at: float) -> Refus
         ms_to_datetime(refusal.retry_at_ms),
         max(refusal.retry_at_ms - server_now_ms, 0.0) / 1000,
         received_at=received_at,
+        no_ticket=refusal.no_ticket,
     )
 
 
 class Wait:
     """The rules of one waiting acquire, apart from any I/O: what to send next (with the ticket
-    once the limiter filed one), and after each refusal, how long to sleep on the limiter's
-    clock, or that ``max_wait`` cannot be met (then :class:`QueueTimeout` at once, rather than
-    a sleep past the deadline)."""
+    once the limiter filed one, and what remains of ``max_wait`` as ``maxWaitMs``), and after
+    each refusal, how long to sleep on the limiter's clock, or that ``max_wait`` cannot be met
+    (then :class:`QueueTimeout` at once, rather than a sleep past the deadline)."""
 
     def __init__(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> None:
         self.request = request
@@ -124,9 +125,11 @@ class Wait:
         self.ticket: str | None = None
         self.last: Refused | None = None
 
-    def body(self) -> dict[str, Any]:
+    def body(self, monotonic: float) -> dict[str, Any]:
+        """The next ask, at ``monotonic`` on the host's clock."""
         # `report` makes every answer carry the limiter's `now`, to size sleeps on its clock.
-        return self.request.body(queue=self.queue, ticket=self.ticket, report=True)
+        left = None if self.deadline is None else self.deadline - monotonic
+        return self.request.body(queue=self.queue, ticket=self.ticket, report=True, max_wait=left)
 
     def granted(self) -> None:
         self.ticket = None  # a grant ends the ticket
@@ -135,8 +138,10 @@ class Wait:
         """The seconds to sleep before asking again; raises :class:`QueueTimeout`."""
         if refusal.ticket is not None:
             self.ticket = refusal.ticket
-        elif refusal.reason != "throttle":
-            self.ticket = None  # lapsed, or the line was full: wait as plain hosts do
+        elif refusal.no_ticket is not None or refusal.reason != "throttle":
+            # Lapsed, or none filed (`no_ticket`: beyond the horizon, or the line is full): hold
+            # nothing stale, and wait as plain hosts do, asking to join the line again.
+            self.ticket = None
         self.last = refused(refusal, server_now_ms, monotonic)
         seconds = max(refusal.retry_at_ms - server_now_ms, 1.0) / 1000
         if self.deadline is not None and monotonic + seconds > self.deadline:

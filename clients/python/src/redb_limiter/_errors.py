@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Literal
 
 __all__ = [
     "BadRequest",
     "LimiterError",
+    "NoTicket",
     "ProtocolError",
     "QueueFull",
     "QueueTimeout",
@@ -19,6 +21,12 @@ __all__ = [
 ]
 
 _FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?(?:\.[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?)*)\b")
+
+
+#: Why a refusal in the limiter's line filed no ticket (wire section 12.9): ``"horizon"`` when
+#: the request's own ``retryAt`` lies beyond the host's ``max_wait`` (or the server's horizon,
+#: 300 s by default), ``"full"`` when the line already holds 10,000 tickets.
+NoTicket = Literal["horizon", "full"]
 
 
 class LimiterError(Exception):
@@ -32,7 +40,9 @@ class Refused(LimiterError):
     ``reason`` is ``"rate"``, ``"concurrency"`` or ``"throttle"``; ``limit`` the bucket key
     (for a throttle, the caller key); ``retry_at`` an aware UTC ``datetime``, the earliest
     instant a new ask could be granted; ``retry_after`` the seconds until then as measured on
-    the limiter's clock when it answered.
+    the limiter's clock when it answered. ``no_ticket`` (a refusal in the line, as
+    :class:`QueueTimeout`'s ``last``) says why the limiter filed no ticket, ``None`` when it did
+    not say.
     """
 
     def __init__(
@@ -43,19 +53,23 @@ class Refused(LimiterError):
         retry_after: float,
         *,
         received_at: float = 0.0,
+        no_ticket: NoTicket | None = None,
     ) -> None:
-        super().__init__(f"refused ({reason}) by {limit} until {retry_at.isoformat()}")
+        why = "" if no_ticket is None else f", no ticket ({no_ticket})"
+        super().__init__(f"refused ({reason}) by {limit} until {retry_at.isoformat()}{why}")
         self.reason = reason
         self.limit = limit
         self.retry_at = retry_at
         self.retry_after = retry_after
+        self.no_ticket: NoTicket | None = no_ticket
         #: The host's monotonic clock when the refusal arrived (``time.monotonic()``).
         self.received_at = received_at
 
 
 class QueueTimeout(LimiterError):
     """No grant within ``max_wait``. ``last`` is the refusal that stood then (``None`` when the
-    time ran out in line behind earlier callers of the same request shape)."""
+    time ran out in line behind earlier callers of the same request shape); its ``no_ticket`` is
+    ``"horizon"`` when the limiter would not queue a call it could not grant within the wait."""
 
     def __init__(self, waited: float, last: Refused | None) -> None:
         standing = f"; last refusal: {last}" if last is not None else " in line behind earlier callers"

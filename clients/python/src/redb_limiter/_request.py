@@ -6,6 +6,7 @@ that a bad value fails here with an error naming the field, and nothing reaches 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Dict, Union
@@ -23,6 +24,7 @@ MAX_CONCURRENT = 10**6
 MAX_COST = 10**9
 MAX_HOLD_MS = 86_400_000
 MIN_GRACE_MS, MAX_GRACE_MS = 100, 60_000
+MAX_WAIT_MS = 86_400_000
 
 #: Real costs after a call: bucket key -> cost in that bucket's window.
 Costs = Mapping[str, int]
@@ -157,7 +159,17 @@ class AcquireRequest:
         so a large call at the head of the line is never overtaken by smaller ones."""
         return "\0".join([self.key, *(limit.key for limit in self.limits)])
 
-    def body(self, *, queue: bool = False, ticket: str | None = None, report: bool = False) -> dict[str, Any]:
+    def body(
+        self,
+        *,
+        queue: bool = False,
+        ticket: str | None = None,
+        report: bool = False,
+        max_wait: float | None = None,
+    ) -> dict[str, Any]:
+        """The wire's body. In the line (``queue`` or a ``ticket``), ``max_wait`` is the seconds
+        left of the caller's wait, sent as ``maxWaitMs`` so that the limiter files no ticket for
+        a call it could not grant in time (wire section 12.9)."""
         body: dict[str, Any] = {"key": self.key, "limits": [limit.to_wire() for limit in self.limits]}
         if self.cost != 1:
             body["cost"] = self.cost
@@ -173,7 +185,15 @@ class AcquireRequest:
             body["queue"] = True
         if (queue or ticket is not None) and self.grace_ms is not None:
             body["graceMs"] = self.grace_ms
+        if (queue or ticket is not None) and max_wait is not None:
+            body["maxWaitMs"] = wait_ms(max_wait)
         return body
+
+
+def wait_ms(seconds: float) -> int:
+    """Seconds of waiting as the wire's ``maxWaitMs``: whole milliseconds rounded up (a float's
+    last bits aside), within 1 to 86,400,000."""
+    return min(max(math.ceil(round(seconds * 1000, 6)), 1), MAX_WAIT_MS)
 
 
 def permit_id(field: str, value: object) -> str:

@@ -171,7 +171,10 @@ class Limiter(LimiterBase):
         the same shape (caller key and buckets) go first in, first out. With ``queue`` it
         takes a ticket in the limiter's line, so callers in other processes that come later
         do not overtake it, and leaves the line when it gives up. ``max_wait`` (seconds) ends
-        the wait with :class:`QueueTimeout`; ``max_waiters`` overrides the limiter's."""
+        the wait with :class:`QueueTimeout`, at once when the next ``retryAt`` lies beyond it;
+        each ask in the line sends what remains of it (``maxWaitMs``), so the limiter files no
+        ticket for a call it could not grant in time (``QueueTimeout.last.no_ticket`` is then
+        ``"horizon"``). ``max_waiters`` overrides the limiter's."""
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, grace_ms=grace_ms, permit=permit)
         waited = check_seconds("max_wait", max_wait)
         bound = check_max_waiters(max_waiters) or self.max_waiters
@@ -193,7 +196,7 @@ class Limiter(LimiterBase):
         wait = Wait(request, queue, started, deadline)
         try:
             while True:
-                outcome, now_ms = self._ask(wait.body())
+                outcome, now_ms = self._ask(wait.body(self.clock.monotonic()))
                 if isinstance(outcome, Grant):
                     wait.granted()
                     return Permit(self, outcome)

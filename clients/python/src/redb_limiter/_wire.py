@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, List, Optional, Union
 
-from ._errors import BadRequest, LimiterError, ProtocolError, Unauthorized, Unavailable
+from ._errors import BadRequest, LimiterError, NoTicket, ProtocolError, Unauthorized, Unavailable
 from ._time import ms_to_datetime, parse_instant, parse_http_date
 
 __all__ = ["Grant", "LimitFigures", "Peek", "Refusal"]
@@ -27,7 +27,8 @@ class Grant:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refusal as the wire gives it, with the line's fields when a ticket was filed."""
+    """A refusal as the wire gives it, with the line's fields when a ticket was filed, and
+    ``no_ticket`` when the limiter says why it filed none."""
 
     retry_at_ms: int
     reason: str
@@ -36,6 +37,7 @@ class Refusal:
     ticket: str | None = None
     lapse_at_ms: int | None = None
     ahead: int | None = None
+    no_ticket: NoTicket | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,15 @@ def _bool(data: dict[str, Any], name: str, method: str) -> bool:
 _REASONS = ("rate", "concurrency", "throttle")
 
 
+def _no_ticket(value: object) -> NoTicket | None:
+    # A cause this client does not know (a later wire) reads as unsaid: no ticket is no ticket.
+    if value == "horizon":
+        return "horizon"
+    if value == "full":
+        return "full"
+    return None
+
+
 def parse_refusal(data: dict[str, Any], method: str) -> Refusal:
     reason = _str(data, "reason", method)
     if reason not in _REASONS:
@@ -116,6 +127,7 @@ def parse_refusal(data: dict[str, Any], method: str) -> Refusal:
         ticket=ticket if isinstance(ticket, str) and ticket else None,
         lapse_at_ms=_opt_instant(data, "lapseAt", method),
         ahead=_opt_int(data, "ahead"),
+        no_ticket=_no_ticket(data.get("noTicket")),
     )
 
 

@@ -7,7 +7,9 @@
 //!   redb's fuzzer keeps a `BTreeMap` beside the real table), and an engine rebuilt from it.
 //!
 //! The line in the reference (section 12): every live ticket with the request it binds; a
-//! bucket's line is recomputed from them at each decision, oldest number first.
+//! bucket's line is recomputed from them at each decision, oldest number first. Section 12.9's
+//! reserved instants are found by trying every instant at which something leaves a window, one
+//! after the other, from scratch for each ticket (the engine walks once).
 //!
 //! Rule 3 in the reference: a bucket keeps its grants for the longest `perMs` any acquire
 //! (granted or refused, whatever its cost; never a peek) named for it while it was not idle; a
@@ -28,6 +30,8 @@ use crate::time::Millis;
 pub struct RefTicket {
     pub id: TicketId,
     pub state: TicketState,
+    /// It never lapses after this (section 12.9), but for a restart's grace.
+    pub deadline: Millis,
 }
 
 /// A permit in the reference.
@@ -163,36 +167,10 @@ impl Reference {
             {
                 consider(at, Reason::Rate, &l.key);
             }
-            // Rule Q: the first live ticket of the line, when older than the request's own; on
-            // time until LATE_AFTER_MS past its retryAt, then late.
+            // Rule Q as section 12.9 bounds it.
             if let Some(mine) = mine
-                && let Some((_, head)) = self.line(&l.key).find(|(n, _)| mine.is_none_or(|m| *n < m))
+                && let Some(at) = self.line_says(l, now, recheck_ms, mine)
             {
-                let retry_at = head.state.retry_at;
-                let mut at = if retry_at > now {
-                    retry_at
-                } else if now.0 - retry_at.0 <= LATE_AFTER_MS {
-                    now.plus(1)
-                } else if r.in_line() {
-                    head.state.lapse_at.min(now.plus(recheck_ms))
-                } else {
-                    head.state.lapse_at
-                };
-                // Its own instant in the line: room for its cost and every live ticket's ahead.
-                if let Some(w) = l.window {
-                    let ahead: u64 = self
-                        .line(&l.key)
-                        .filter(|(n, _)| mine.is_none_or(|m| *n < m))
-                        .map(|(_, t)| {
-                            let bound = t.state.limits.iter().find(|b| b.key == l.key).expect("in its line");
-                            bound.window.map_or(0, |bw| bound.cost.min(bw.calls))
-                        })
-                        .sum();
-                    let cost = (l.cost + ahead).min(w.calls);
-                    if let Some(room) = self.room_at(&l.key, w.calls, w.per_ms, cost, now) {
-                        at = at.max(room);
-                    }
-                }
                 consider(at, if l.window.is_some() { Reason::Rate } else { Reason::Concurrency }, &l.key);
             }
             if let Some(c) = l.concurrent {
@@ -205,6 +183,128 @@ impl Reference {
             }
         }
         worst
+    }
+
+    /// The tickets of `bucket`'s line that hold at `now` (live, their caller not throttled),
+    /// older than `mine` (`None`: every one), oldest first.
+    fn holding<'a>(
+        &'a self,
+        bucket: &'a str,
+        now: Millis,
+        mine: Option<u64>,
+    ) -> impl Iterator<Item = &'a RefTicket> + 'a {
+        self.line(bucket)
+            .filter(move |(n, _)| mine.is_none_or(|m| *n < m))
+            .map(|(_, t)| t)
+            .filter(move |t| self.throttles.get(&*t.state.key).is_none_or(|u| *u <= now))
+    }
+
+    /// The cost counting at `t` in a window of `per_ms` of `bucket`: the grants that count at
+    /// `now` and still do at `t`, and the `reserved` costs at their instants.
+    fn use_at(&self, bucket: &str, per_ms: u64, now: Millis, t: Millis, reserved: &[(Millis, u64)]) -> u64 {
+        let kept: u64 =
+            self.live(bucket, per_ms, now).iter().filter(|(at, _)| at.plus(per_ms) > t).map(|(_, c)| c).sum();
+        kept + reserved.iter().filter(|(at, _)| *at <= t && at.plus(per_ms) > t).map(|(_, c)| c).sum::<u64>()
+    }
+
+    /// The first instant from `from` on at which a window `calls`/`per_ms` of `bucket` has room
+    /// for `cost` beside the `reserved` costs, tried at `from` and every later instant something
+    /// leaves; with the cost counting there then.
+    fn first_room(
+        &self,
+        bucket: &str,
+        (calls, per_ms, cost): (u64, u64, u64),
+        now: Millis,
+        from: Millis,
+        reserved: &[(Millis, u64)],
+    ) -> (Millis, u64) {
+        let mut tries: Vec<Millis> = self
+            .live(bucket, per_ms, now)
+            .iter()
+            .map(|(at, _)| at.plus(per_ms))
+            .chain(reserved.iter().map(|(at, _)| at.plus(per_ms)))
+            .filter(|t| *t > from)
+            .collect();
+        tries.push(from);
+        tries.sort();
+        tries
+            .into_iter()
+            .map(|t| (t, self.use_at(bucket, per_ms, now, t, reserved)))
+            .find(|(_, used)| used + cost <= calls)
+            .expect("a cost capped at calls fits once everything has left")
+    }
+
+    /// The reserved instants of the tickets that hold in `bucket`'s line (section 12.9), by
+    /// number, each with the cost counting there before it: those with a window of a cost there.
+    #[must_use]
+    pub fn reservations(&self, bucket: &str, now: Millis, mine: Option<u64>) -> Vec<(u64, Millis, u64)> {
+        let mut reserved: Vec<(Millis, u64)> = Vec::new();
+        let mut out = Vec::new();
+        for t in self.holding(bucket, now, mine) {
+            let bound = t.state.limits.iter().find(|b| b.key == bucket).expect("in its line");
+            let Some(w) = bound.window else { continue };
+            let c = bound.cost.min(w.calls);
+            if c == 0 {
+                continue;
+            }
+            let from = reserved.last().map_or(now, |(at, _)| *at);
+            let (at, used) = self.first_room(bucket, (w.calls, w.per_ms, c), now, from, &reserved);
+            reserved.push((at, c));
+            out.push((t.id.number(), at, used));
+        }
+        out
+    }
+
+    /// Rule Q in the bucket of limit `l` for a request presenting ticket `mine`: `None` when
+    /// the line lets it through (nobody older holds, or it backfills), else its instant.
+    fn line_says(&self, l: &crate::request::Limit, now: Millis, recheck_ms: u64, mine: Option<u64>) -> Option<Millis> {
+        let first = self.holding(&l.key, now, mine).next()?;
+        let cost = l.window.map_or(0, |w| l.cost.min(w.calls));
+        let reservations = self.reservations(&l.key, now, mine);
+        let backfills = l.concurrent.is_none()
+            && reservations.iter().all(|(n, at, used)| {
+                let bound = self.tickets[n].state.limits.iter().find(|b| b.key == l.key).expect("in its line");
+                let w = bound.window.expect("reserved");
+                now.plus(w.per_ms) <= *at || used + bound.cost.min(w.calls) + cost <= w.calls
+            });
+        if backfills {
+            return None;
+        }
+        let mut at = now.plus(1);
+        if let Some(w) = l.window
+            && cost > 0
+        {
+            let reserved: Vec<(Millis, u64)> = reservations
+                .iter()
+                .map(|(n, at, _)| {
+                    let bound = self.tickets[n].state.limits.iter().find(|b| b.key == l.key).expect("in its line");
+                    (*at, bound.cost.min(bound.window.expect("reserved").calls))
+                })
+                .collect();
+            let from = reserved.last().map_or(now, |(at, _)| *at);
+            at = at.max(self.first_room(&l.key, (w.calls, w.per_ms, cost), now, from, &reserved).0);
+        }
+        if let Some(c) = l.concurrent {
+            let mut lapses: Vec<Millis> = self.live_places(&l.key, now).collect();
+            lapses.sort();
+            let held = lapses.len() as u64;
+            let wanting = self
+                .holding(&l.key, now, mine)
+                .filter(|t| t.state.limits.iter().any(|b| b.key == l.key && b.concurrent.is_some()))
+                .count() as u64;
+            let need = held + wanting + 1;
+            let place = if need > c && need - c <= held {
+                lapses[(need - c - 1) as usize]
+            } else if first.state.retry_at > now {
+                first.state.retry_at
+            } else if now.0 - first.state.retry_at.0 <= LATE_AFTER_MS {
+                now.plus(1)
+            } else {
+                now.plus(recheck_ms)
+            };
+            at = at.max(place.min(now.plus(recheck_ms)));
+        }
+        Some(at)
     }
 
     /// The figures of section 9.1 for `r` at `now`.
@@ -245,27 +345,29 @@ impl Reference {
         }
     }
 
-    /// Files ticket `id` for `r`, refused at `now` until `retry_at`.
-    pub fn file(&mut self, id: TicketId, r: &AcquireRequest, retry_at: Millis, now: Millis) {
+    /// Files ticket `id` for `r`, refused at `now` until `retry_at`, under a horizon of
+    /// `horizon_ms` (section 12.9).
+    pub fn file(&mut self, id: TicketId, r: &AcquireRequest, retry_at: Millis, now: Millis, horizon_ms: u64) {
+        let deadline = now.plus(horizon_ms);
         let mut limits = r.limits.clone();
         limits.sort_by(|a, b| a.key.cmp(&b.key));
         let state = TicketState {
             filed_at: now,
             retry_at,
-            lapse_at: retry_at.plus(r.grace_ms),
+            lapse_at: retry_at.plus(r.grace_ms).min(deadline),
             grace_ms: r.grace_ms,
             key: r.key.as_str().into(),
             limits,
         };
-        self.tickets.insert(id.number(), RefTicket { id, state });
+        self.tickets.insert(id.number(), RefTicket { id, state, deadline });
     }
 
     /// Ticket `number` asked again and refused until `retry_at`.
     pub fn renew(&mut self, number: u64, retry_at: Millis, grace_ms: u64) {
-        let t = &mut self.tickets.get_mut(&number).expect("live").state;
-        t.retry_at = retry_at;
-        t.lapse_at = retry_at.plus(grace_ms);
-        t.grace_ms = grace_ms;
+        let t = self.tickets.get_mut(&number).expect("live");
+        t.state.retry_at = retry_at;
+        t.state.lapse_at = retry_at.plus(grace_ms).min(t.deadline);
+        t.state.grace_ms = grace_ms;
     }
 
     /// The most live tickets ahead of ticket `number` in any one of its lines.
@@ -276,11 +378,13 @@ impl Reference {
     }
 
     /// A restart at `now` of a file whose latest instant is `floor` (section 12.6): every
-    /// ticket live at `floor` lapses no sooner than `now` plus its grace.
-    pub fn restart(&mut self, floor: Millis, now: Millis) {
+    /// ticket live at `floor` lapses no sooner than `now` plus its grace; the file keeps no
+    /// horizon of a ticket's, so each is bounded by the server's (`horizon_ms`) from its filing.
+    pub fn restart(&mut self, floor: Millis, now: Millis, horizon_ms: u64) {
         self.tickets.retain(|_, t| t.state.lapse_at > floor);
         for t in self.tickets.values_mut() {
             t.state.lapse_at = t.state.lapse_at.max(now.plus(t.state.grace_ms));
+            t.deadline = t.state.filed_at.plus(horizon_ms).max(t.state.lapse_at);
         }
     }
 

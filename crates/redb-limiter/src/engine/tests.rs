@@ -406,35 +406,150 @@ fn a_large_call_in_line_is_not_starved_by_small_ones() {
 }
 
 #[test]
-fn rule_q_refuses_behind_a_waiting_ticket_with_its_retry_at() {
+fn rule_q_refuses_what_would_delay_a_waiting_ticket_and_backfills_the_rest() {
     let mut e = engine();
     let full = req(vec![Limit::window("w", 2, 1000), Limit::concurrent("c", 1).with_hold_ms(5000)]);
     assert!(acquire(&mut e, &full, T0).is_granted());
-    // A queued request refused for rate files a ticket, first in both its lines.
+    // A queued request refused for rate files a ticket, first in both its lines: reserved at
+    // 1000, when the grant of T0 leaves.
     let big = req(vec![Limit::window("w", 2, 1000).with_cost(2)]).with_queue();
     let first = line(&mut e, &big, T0.plus(10));
     assert_eq!(first.decision, refused(T0.plus(1000), Reason::Rate, "w"));
     let note = ticket_of(&first);
     assert_eq!((note.ahead, note.lapse_at, note.now), (0, T0.plus(3000), T0.plus(10)));
-    // A request that would fit (cost 0 included) is refused by rule Q, told the first ticket's
-    // retryAt, in the bucket's window terms.
+    // A cost of 0 delays nobody: it backfills (12.9).
     let free = req(vec![Limit::window("w", 2, 1000).with_cost(0)]);
-    assert_eq!(acquire(&mut e, &free, T0.plus(20)), refused(T0.plus(1000), Reason::Rate, "w"));
+    assert!(acquire(&mut e, &free, T0.plus(20)).is_granted());
+    // A cost of 1 would fit now, but would still count at 1000 and leave the ticket no room:
+    // refused by rule Q, told its own reserved instant behind the ticket (when the ticket's
+    // grant of 1000 leaves), in the bucket's window terms.
+    let one = req(vec![Limit::window("w", 2, 1000)]);
+    assert_eq!(acquire(&mut e, &one, T0.plus(20)), refused(T0.plus(2000), Reason::Rate, "w"));
     assert_eq!(
-        e.peek(&free, T0.plus(20)),
-        Some(Refusal { retry_at: T0.plus(1000), reason: Reason::Rate, limit: "w".into() })
+        e.peek(&one, T0.plus(20)),
+        Some(Refusal { retry_at: T0.plus(2000), reason: Reason::Rate, limit: "w".into() })
     );
     // A second ticket waits behind the first: ahead 1.
-    let second = line(&mut e, &free.clone().with_queue(), T0.plus(30));
-    assert_eq!(second.decision, refused(T0.plus(1000), Reason::Rate, "w"));
+    let second = line(&mut e, &one.clone().with_queue(), T0.plus(30));
+    assert_eq!(second.decision, refused(T0.plus(2000), Reason::Rate, "w"));
     assert_eq!(ticket_of(&second).ahead, 1);
     // Other buckets are not held up.
     assert!(acquire(&mut e, &req(vec![Limit::window("other", 1, 1000)]), T0.plus(40)).is_granted());
-    // At its retryAt the first is granted; the second is first now.
+    // At its retryAt the first is granted; the second, first now, at its own.
     assert!(line(&mut e, &asking_again(&big, note), T0.plus(1000)).decision.is_granted());
-    let again = line(&mut e, &asking_again(&free.clone().with_queue(), ticket_of(&second)), T0.plus(1000));
-    assert!(again.decision.is_granted(), "{again:?}");
+    let again = asking_again(&one.clone().with_queue(), ticket_of(&second));
+    assert_eq!(line(&mut e, &again, T0.plus(1000)).decision, refused(T0.plus(2000), Reason::Rate, "w"));
+    assert!(line(&mut e, &again, T0.plus(2000)).decision.is_granted());
     assert_eq!(e.tickets(), 0);
+}
+
+/// Backfill (12.9): while a large ticket waits for its reserved instant, small calls that
+/// leave it room there are granted at once, and it is still granted at that instant.
+#[test]
+fn small_calls_backfill_while_a_large_ticket_waits_and_it_keeps_its_instant() {
+    let mut e = engine();
+    let tpm = |cost| req(vec![Limit::window("tpm", 100, 1000).with_cost(cost)]);
+    assert!(acquire(&mut e, &tpm(60), T0).is_granted());
+    assert!(acquire(&mut e, &tpm(30), T0.plus(500)).is_granted());
+    // 80 fits only once both have left: at 1000 the 30 of 500 still counts.
+    let large = tpm(80).with_queue();
+    let filed = line(&mut e, &large, T0.plus(600));
+    assert_eq!(filed.decision, refused(T0.plus(1500), Reason::Rate, "tpm"));
+    let large = asking_again(&large, ticket_of(&filed));
+    // 10 at 700 still counts at 1500, beside the 80: 90 <= 100, granted at once.
+    assert!(acquire(&mut e, &tpm(10), T0.plus(700)).is_granted());
+    // The window itself is full until 1000; then 10 more fit beside the large one, 5 more not:
+    // that one is told its own instant behind it (when the 10 of 700 leaves).
+    assert_eq!(acquire(&mut e, &tpm(10), T0.plus(800)), refused(T0.plus(1000), Reason::Rate, "tpm"));
+    assert!(acquire(&mut e, &tpm(10), T0.plus(1000)).is_granted());
+    assert_eq!(acquire(&mut e, &tpm(5), T0.plus(1000)), refused(T0.plus(1700), Reason::Rate, "tpm"));
+    // The large ticket is granted at the instant it was told, as if nothing had backfilled.
+    assert_eq!(line(&mut e, &large, T0.plus(1499)).decision, refused(T0.plus(1500), Reason::Rate, "tpm"));
+    assert!(line(&mut e, &large, T0.plus(1500)).decision.is_granted());
+}
+
+/// A throttled ticket yields (12.9): while its caller is throttled it holds back no one, and it
+/// keeps its number for when the throttle ends.
+#[test]
+fn a_throttled_ticket_holds_back_no_one() {
+    let mut e = engine();
+    let shared = |caller: &str| AcquireRequest::new(caller, vec![Limit::window("shared", 1, 1000)]).unwrap();
+    assert!(acquire(&mut e, &shared("a"), T0).is_granted());
+    let filed = line(&mut e, &shared("a").with_queue(), T0.plus(10));
+    let note = ticket_of(&filed);
+    e.throttle("a", T0.plus(60_000), T0.plus(20), &mut Vec::new());
+    // Other callers are served as the window allows, as if the line were empty.
+    assert_eq!(acquire(&mut e, &shared("b"), T0.plus(500)), refused(T0.plus(1000), Reason::Rate, "shared"));
+    assert!(acquire(&mut e, &shared("b"), T0.plus(1000)).is_granted());
+    // The ticket keeps its place: refused for its throttle, renewed, still first.
+    let again = line(&mut e, &asking_again(&shared("a"), note), T0.plus(1100));
+    assert_eq!(again.decision, refused(T0.plus(60_000), Reason::Throttle, "a"));
+    assert_eq!(ticket_of(&again).id, note.id);
+    assert_eq!(e.figures(&shared("b"), T0.plus(1100))[0].queued, Some(1));
+    // Once the throttle is lifted it holds again.
+    e.lift("a", T0.plus(1200), &mut Vec::new());
+    assert_eq!(acquire(&mut e, &shared("b"), T0.plus(2000)), refused(T0.plus(3000), Reason::Rate, "shared"));
+}
+
+/// The horizon (12.9): a request whose own instant lies beyond min(maxWaitMs, the server's
+/// horizon) files no ticket and says why; a filed ticket never lapses after its filing plus
+/// its horizon, however often it is renewed.
+#[test]
+fn a_request_beyond_the_horizon_files_no_ticket_and_a_ticket_lapses_by_it() {
+    let mut e = Engine::new(EngineConfig { line_horizon_ms: 10_000, ..EngineConfig::with(250, 1) });
+    let month = req(vec![Limit::window("shared", 1, 2_678_400_000)]);
+    assert!(acquire(&mut e, &month, T0).is_granted());
+    let hostile = line(&mut e, &month.clone().with_queue(), T0.plus(1));
+    assert_eq!(hostile.decision, refused(T0.plus(2_678_400_000), Reason::Rate, "shared"));
+    assert_eq!((hostile.ticket, hostile.no_ticket), (None, Some(NoTicket::Horizon)));
+    assert_eq!(e.tickets(), 0);
+    // The host's own maxWaitMs shortens it.
+    let minute = req(vec![Limit::window("m", 1, 60_000)]);
+    assert!(acquire(&mut e, &minute, T0).is_granted());
+    let impatient = line(&mut e, &minute.clone().with_queue().with_max_wait_ms(5_000).unwrap(), T0.plus(1));
+    assert_eq!(impatient.no_ticket, Some(NoTicket::Horizon));
+    // Within it: filed, lapsing at its filing plus the horizon at the latest.
+    let second = req(vec![Limit::window("s", 1, 8_000)]).with_grace_ms(5_000).unwrap();
+    assert!(acquire(&mut e, &second, T0).is_granted());
+    let filed = line(&mut e, &second.clone().with_queue(), T0.plus(1000));
+    let note = ticket_of(&filed);
+    assert_eq!((filed.no_ticket, note.lapse_at), (None, T0.plus(11_000)), "min(8000 + 5000, 1000 + 10000)");
+    // A place held for long keeps the ticket renewing: it still lapses at its horizon.
+    let held = req(vec![Limit::concurrent("p", 1).with_hold_ms(900_000)]);
+    assert!(acquire(&mut e, &held, T0).is_granted());
+    let waiting = held.clone().with_queue().with_grace_ms(60_000).unwrap();
+    let note = ticket_of(&line(&mut e, &waiting, T0.plus(1)));
+    assert_eq!(note.lapse_at, T0.plus(10_001));
+    let mut ask = asking_again(&waiting, note);
+    for ms in (2..10_000).step_by(997) {
+        let again = line(&mut e, &ask, T0.plus(ms));
+        assert!(ticket_of(&again).lapse_at <= T0.plus(10_001), "at {ms}");
+        ask = asking_again(&waiting, ticket_of(&again));
+    }
+    // Past it the ticket is gone: asking with it files a new one.
+    let later = line(&mut e, &ask, T0.plus(10_001));
+    assert_ne!(ticket_of(&later).id, note.id);
+}
+
+/// A request that names the shared bucket and a bucket of its own that stays full never holds
+/// the shared line: its own instant is beyond the horizon. One whose own instant is near but
+/// whose private bucket then fills again still lapses by its horizon.
+#[test]
+fn a_private_full_bucket_does_not_hold_a_shared_line() {
+    let mut e = engine();
+    let private = Limit::concurrent("mine", 1).with_hold_ms(86_400_000);
+    assert!(acquire(&mut e, &req(vec![private.clone()]), T0).is_granted());
+    let shared = Limit::window("shared", 100, 1000);
+    let both = req(vec![shared.clone(), private]).with_queue().with_max_wait_ms(1000).unwrap();
+    // Its place lapses a day on; the recheck says 250 ms: within the horizon, so it is filed...
+    let filed = line(&mut e, &both, T0.plus(1));
+    let note = ticket_of(&filed);
+    assert!(note.lapse_at <= T0.plus(1001));
+    // ...and a window-only call on the shared bucket backfills past it (it takes no place).
+    let other = AcquireRequest::new("other", vec![shared]).unwrap();
+    for ms in (2..1000).step_by(100) {
+        assert!(acquire(&mut e, &other, T0.plus(ms)).is_granted(), "at {ms}");
+    }
 }
 
 /// Each ticket behind the first is told its own instant in the line (12.5): when the window
@@ -455,9 +570,10 @@ fn each_ticket_behind_the_first_is_told_its_own_instant_in_the_line() {
     assert_eq!(b.decision, refused(T0.plus(1100), Reason::Rate, "w"));
     assert_eq!(c.decision, refused(T0.plus(1200), Reason::Rate, "w"));
     assert_eq!([a.clone(), b.clone(), c.clone()].map(|x| ticket_of(&x).ahead), [0, 1, 2]);
-    // A plain request is told the instant after the whole line.
+    // A plain request is told its instant behind the whole line: A, B and C fill the window
+    // from 1200 until A's grant of 1000 leaves.
     let plain = req(vec![Limit::window("w", 10, 1000).with_cost(1)]);
-    assert_eq!(acquire(&mut e, &plain, T0.plus(330)), refused(T0.plus(1200), Reason::Rate, "w"));
+    assert_eq!(acquire(&mut e, &plain, T0.plus(330)), refused(T0.plus(2000), Reason::Rate, "w"));
     // B asks at 1000 before A has claimed: still its own instant.
     let (b_again, c_again) = (asking_again(&queued(3), ticket_of(&b)), asking_again(&queued(3), ticket_of(&c)));
     assert_eq!(line(&mut e, &b_again, T0.plus(1000)).decision, refused(T0.plus(1100), Reason::Rate, "w"));
@@ -467,33 +583,50 @@ fn each_ticket_behind_the_first_is_told_its_own_instant_in_the_line() {
     assert_eq!(e.tickets(), 0);
 }
 
-/// The first ticket is due, not late, until [`LATE_AFTER_MS`] past its `retryAt`: those behind
-/// it are told a millisecond on (its host is on its way). Once late, a request that does not
-/// queue is told its lapse, and one that queues (a ticket, or one about to be filed) the sooner
-/// of that lapse and the next recheck.
+/// A late first ticket keeps its reservation at `now` until it claims or lapses: those behind
+/// it are told their own instants behind it (12.9), which move on with it, never its lapse.
 #[test]
-fn the_first_ticket_is_due_for_a_round_trip_before_it_is_late() {
+fn a_late_ticket_keeps_its_reservation_and_those_behind_are_told_their_own_instants() {
     let mut e = engine();
-    assert!(acquire(&mut e, &req(vec![Limit::window("w", 1, 1000)]), T0).is_granted());
-    let first = req(vec![Limit::window("w", 1, 1000)]).with_queue();
+    let one = req(vec![Limit::window("w", 1, 1000)]);
+    assert!(acquire(&mut e, &one, T0).is_granted());
+    let first = one.clone().with_queue();
     let a = ticket_of(&line(&mut e, &first, T0.plus(10)));
-    let free = req(vec![Limit::window("w", 1, 1000).with_cost(0)]).with_queue();
-    let b = line(&mut e, &free, T0.plus(20));
-    assert_eq!(b.decision, refused(T0.plus(1000), Reason::Rate, "w"));
-    let b_again = asking_again(&free, ticket_of(&b));
-    for ms in [1000, 1020, 1000 + LATE_AFTER_MS] {
-        let told = line(&mut e, &b_again, T0.plus(ms)).decision;
-        assert_eq!(told, refused(T0.plus(ms + 1), Reason::Rate, "w"), "at {ms}");
-    }
+    let b = line(&mut e, &first, T0.plus(20));
+    assert_eq!(b.decision, refused(T0.plus(2000), Reason::Rate, "w"));
+    let b_again = asking_again(&first, ticket_of(&b));
     let late = T0.plus(1001 + LATE_AFTER_MS);
-    let plain = req(vec![Limit::window("w", 1, 1000).with_cost(0)]);
-    assert_eq!(acquire(&mut e, &plain, late), refused(a.lapse_at, Reason::Rate, "w"));
-    assert_eq!(line(&mut e, &b_again, late).decision, refused(late.plus(250), Reason::Rate, "w"));
-    let filed = line(&mut e, &free, late);
-    assert_eq!(filed.decision, refused(late.plus(250), Reason::Rate, "w"), "filed: a ticket's advice");
+    assert_eq!(acquire(&mut e, &one, late), refused(late.plus(2000), Reason::Rate, "w"), "behind A and B");
+    assert_eq!(line(&mut e, &b_again, late).decision, refused(late.plus(1000), Reason::Rate, "w"));
+    let filed = line(&mut e, &first, late);
+    assert_eq!(filed.decision, refused(late.plus(2000), Reason::Rate, "w"));
     assert_eq!(ticket_of(&filed).ahead, 2);
     // The late ticket still claims its place when its host comes.
     assert!(line(&mut e, &asking_again(&first, a), late.plus(5)).decision.is_granted());
+    assert_eq!(line(&mut e, &b_again, late.plus(6)).decision, refused(late.plus(1005), Reason::Rate, "w"));
+}
+
+/// For a place, the first ticket is due, not late, until [`LATE_AFTER_MS`] past its `retryAt`:
+/// those behind it are told a millisecond on (its host is on its way); once late, the next
+/// recheck.
+#[test]
+fn the_first_ticket_is_due_for_a_round_trip_before_it_is_late() {
+    let mut e = engine();
+    let one = req(vec![Limit::concurrent("c", 1).with_hold_ms(100)]);
+    assert!(acquire(&mut e, &one, T0).is_granted());
+    let queued = one.clone().with_queue();
+    let a = ticket_of(&line(&mut e, &queued, T0.plus(10)));
+    let b = ticket_of(&line(&mut e, &queued, T0.plus(20)));
+    let b_again = asking_again(&queued, b);
+    // Its place came back at 100, its retryAt: due until 150.
+    for ms in [100, 120, 100 + LATE_AFTER_MS] {
+        let told = line(&mut e, &b_again, T0.plus(ms)).decision;
+        assert_eq!(told, refused(T0.plus(ms + 1), Reason::Concurrency, "c"), "at {ms}");
+    }
+    let late = T0.plus(101 + LATE_AFTER_MS);
+    assert_eq!(acquire(&mut e, &one, late), refused(late.plus(250), Reason::Concurrency, "c"));
+    assert_eq!(line(&mut e, &b_again, late).decision, refused(late.plus(250), Reason::Concurrency, "c"));
+    assert!(line(&mut e, &asking_again(&queued, a), late.plus(5)).decision.is_granted());
 }
 
 #[test]
@@ -505,9 +638,9 @@ fn a_late_first_ticket_holds_the_line_until_its_lapse_and_then_leaves_it() {
     let first = ticket_of(&line(&mut e, &queued, T0.plus(10)));
     assert_eq!(first.lapse_at, T0.plus(260 + 1000), "retryAt is the recheck, lapse a grace later");
     let behind = ticket_of(&line(&mut e, &queued, T0.plus(20)));
-    // The first ticket is late at 300 (its retryAt was 260): a request without a ticket is told
-    // its lapse; the ticket behind it the sooner of that lapse and the next recheck.
-    assert_eq!(acquire(&mut e, &one, T0.plus(500)), refused(T0.plus(1260), Reason::Concurrency, "c"));
+    // The first ticket is late at 300 (its retryAt was 260): a request without a ticket and the
+    // ticket behind it are told the next recheck, never its lapse (12.9).
+    assert_eq!(acquire(&mut e, &one, T0.plus(500)), refused(T0.plus(750), Reason::Concurrency, "c"));
     let told = line(&mut e, &asking_again(&queued, behind), T0.plus(500));
     assert_eq!(told.decision, refused(T0.plus(750), Reason::Concurrency, "c"));
     // At its lapse instant itself it has lapsed: the line moves on, and asking with it again
@@ -667,10 +800,10 @@ fn figures_name_the_line_only_where_it_matters() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
-    /// Progress (section 12.5) under random traffic: small calls from several hosts keep a
-    /// window full; one large call queues and its host asks again at every retryAt it is told.
-    /// Once it is the oldest ticket nothing is granted in its bucket before it, so it is granted
-    /// at the first retryAt it was given: the instant its request alone fits.
+    /// Progress (sections 12.5 and 12.9) under random traffic: small calls from several hosts
+    /// keep a window full; one large call queues and its host asks again at every retryAt it is
+    /// told. Small calls still backfill while it waits, but never one that would delay it, so it
+    /// is granted at the first retryAt it was given: the instant its request alone fits.
     #[test]
     fn the_oldest_ticket_is_granted_at_its_first_retry_at(
         smalls in prop::collection::vec((0u64..20, 1u64..=10), 20..200),
@@ -686,6 +819,7 @@ proptest! {
         let mut first_retry: Option<Millis> = None;
         let mut next_ask = T0.plus(arrives);
         let mut granted = None;
+        let mut backfilled = 0u32;
         let mut now = T0;
         for (gap, cost) in smalls.iter().cycle().take(2000) {
             now = now.plus(*gap);
@@ -707,9 +841,11 @@ proptest! {
             }
             let small = acquire(&mut e, &window(&format!("small-{}", cost % 8), *cost), now);
             if let (Decision::Granted { .. }, Some(_), None) = (&small, first_retry, granted) {
-                prop_assert!(false, "a small call was granted over the waiting large one at {:?}", now);
+                backfilled += 1;
             }
         }
+        // (How many backfilled varies with the traffic; the instant below is what must hold.)
+        let _ = backfilled;
         if let Some(first) = first_retry {
             prop_assert_eq!(granted, Some(first), "granted at its first retryAt");
         } else {
@@ -760,6 +896,7 @@ enum Op {
         hold_ms: u64,
         line: LineOp,
         grace: u64,
+        max_wait: Option<u64>,
     },
     /// The nth ticket's host asks again with the request it binds.
     AskAgain {
@@ -861,8 +998,8 @@ fn grace() -> impl Strategy<Value = u64> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..CALLERS.len(), limits(), any::<bool>(), any::<bool>(), 1u64..=900, line_op(), grace()).prop_map(
-            |(caller, limits, permit, report, hold_ms, line, grace)| Op::Acquire { caller, limits, permit, report, hold_ms, line, grace }
+        6 => (0..CALLERS.len(), limits(), any::<bool>(), any::<bool>(), 1u64..=900, line_op(), grace(), prop::option::weighted(0.3, 1u64..=4000)).prop_map(
+            |(caller, limits, permit, report, hold_ms, line, grace, max_wait)| Op::Acquire { caller, limits, permit, report, hold_ms, line, grace, max_wait }
         ),
         4 => (any::<usize>(), grace()).prop_map(|(nth, grace)| Op::AskAgain { nth, grace }),
         1 => any::<usize>().prop_map(|nth| Op::PeekAgain { nth }),
@@ -932,13 +1069,20 @@ struct Model {
     effects: Vec<Effect>,
 }
 
+/// The model's line horizon: short, so that requests beyond it are common.
+const HORIZON_MS: u64 = 2_500;
+
+fn model_config(recheck_ms: u64, seed: u64) -> EngineConfig {
+    EngineConfig { line_horizon_ms: HORIZON_MS, ..EngineConfig::with(recheck_ms, seed) }
+}
+
 impl Model {
     fn new() -> Self {
         let recheck_ms = 250;
         Model {
             recheck_ms,
             seed: 1,
-            e: Engine::new(EngineConfig::with(recheck_ms, 1)),
+            e: Engine::new(model_config(recheck_ms, 1)),
             reference: Reference::default(),
             log: EffectLog::default(),
             now: T0,
@@ -976,6 +1120,9 @@ impl Model {
         {
             prop_assert_eq!(&expected, &self.reference.decide_as(r, now, recheck_ms, None), "the oldest ticket waited");
         }
+        // What the tickets older than the request's own are reserved in its buckets (12.9).
+        let reserved_before: Vec<_> =
+            r.limits.iter().map(|l| self.reference.reservations(&l.key, now, Some(mine.unwrap_or(u64::MAX)))).collect();
         let got = self.e.acquire_in_line(r, now, &mut self.effects).expect("bound");
         prop_assert_eq!(peeked.map(Decision::from), (!got.decision.is_granted()).then(|| got.decision.clone()));
         match (&got.decision, expected) {
@@ -983,10 +1130,16 @@ impl Model {
                 prop_assert_eq!(*at, now);
                 prop_assert_eq!(permit.is_some(), r.wants_permit());
                 prop_assert_eq!(got.ticket, None);
-                // No overtaking: no older live ticket waits in any of its buckets.
-                for l in &r.limits {
-                    let older = self.reference.line(&l.key).find(|(n, _)| mine.is_none_or(|m| *n < m));
-                    prop_assert!(older.is_none(), "granted over ticket {:?} in {}", older.map(|o| o.0), l.key);
+                // Backfill only: a grant that takes a place passes no older ticket that holds,
+                // and no grant moves an older ticket's reserved instant.
+                for l in r.limits.iter().filter(|l| l.concurrent.is_some()) {
+                    let older = self.reference.reservations(&l.key, now, mine).len();
+                    let holds = self
+                        .reference
+                        .line(&l.key)
+                        .filter(|(n, _)| mine.is_none_or(|m| *n < m))
+                        .any(|(_, t)| self.reference.throttles.get(&*t.state.key).is_none_or(|u| *u <= now));
+                    prop_assert!(!holds, "a place was granted over a ticket in {} ({} reserved)", l.key, older);
                 }
                 if let Some(p) = permit {
                     prop_assert!(!self.issued.contains(p), "permit id reused");
@@ -995,6 +1148,11 @@ impl Model {
                 self.reference.grant(r, now, *permit);
                 if let Some(number) = mine {
                     self.reference.tickets.remove(&number);
+                }
+                for (l, before) in r.limits.iter().zip(&reserved_before) {
+                    let after = self.reference.reservations(&l.key, now, Some(mine.unwrap_or(u64::MAX)));
+                    let instants = |v: &[(u64, Millis, u64)]| v.iter().map(|(n, at, _)| (*n, *at)).collect::<Vec<_>>();
+                    prop_assert_eq!(instants(&after), instants(before), "a backfill delayed a ticket in {}", l.key);
                 }
                 // Safety: no bucket holds more than `concurrent` places.
                 for l in &r.limits {
@@ -1022,7 +1180,8 @@ impl Model {
                     (Some(number), Some(note)) => {
                         prop_assert_eq!(note.id.number(), number);
                         self.reference.renew(number, *retry_at, r.grace_ms);
-                        prop_assert_eq!(note.lapse_at, retry_at.plus(r.grace_ms));
+                        prop_assert_eq!(note.lapse_at, self.reference.tickets[&number].state.lapse_at);
+                        prop_assert!(note.lapse_at <= retry_at.plus(r.grace_ms) && note.lapse_at > now);
                         prop_assert_eq!(note.ahead, self.reference.ahead(number));
                     }
                     (None, Some(note)) => {
@@ -1032,14 +1191,29 @@ impl Model {
                             self.reference.tickets.keys().all(|n| *n < note.id.number()),
                             "filed ahead of a live ticket"
                         );
-                        self.reference.file(note.id, r, *retry_at, now);
-                        prop_assert_eq!(note.lapse_at, retry_at.plus(r.grace_ms));
+                        let horizon = r.max_wait_ms.map_or(HORIZON_MS, |w| w.min(HORIZON_MS));
+                        let own = self.reference.decide_as(r, now, recheck_ms, None).map_or(now, |d| d.0);
+                        prop_assert!(own <= now.plus(horizon), "filed beyond the horizon");
+                        self.reference.file(note.id, r, *retry_at, now, horizon);
+                        prop_assert_eq!(note.lapse_at, retry_at.plus(r.grace_ms).min(now.plus(horizon)));
+                        prop_assert_eq!(got.no_ticket, None);
                         prop_assert_eq!(note.ahead, self.reference.ahead(note.id.number()));
                         let mut bound = r.clone();
                         bound.ticket = Some(note.id.to_string());
                         self.tickets.push((note.id, bound));
                     }
-                    (None, None) => prop_assert!(!r.in_line() || *reason == Reason::Throttle),
+                    (None, None) => {
+                        let horizon = r.max_wait_ms.map_or(HORIZON_MS, |w| w.min(HORIZON_MS));
+                        let own = self.reference.decide_as(r, now, recheck_ms, None).map_or(now, |d| d.0);
+                        let expected = if !r.in_line() || *reason == Reason::Throttle {
+                            None
+                        } else if own > now.plus(horizon) {
+                            Some(NoTicket::Horizon)
+                        } else {
+                            Some(NoTicket::Full)
+                        };
+                        prop_assert_eq!(got.no_ticket, expected);
+                    }
                     (Some(_), None) => prop_assert!(false, "a live ticket refused must be renewed"),
                 }
             }
@@ -1067,8 +1241,9 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
         m.reference.advance(m.now);
         let now = m.now;
         match op {
-            Op::Acquire { caller, limits, permit, report, hold_ms, line, grace } => {
+            Op::Acquire { caller, limits, permit, report, hold_ms, line, grace, max_wait } => {
                 let mut r = to_request(*caller, limits).with_hold_ms(*hold_ms).unwrap().with_grace_ms(*grace).unwrap();
+                r.max_wait_ms = *max_wait;
                 r.permit = *permit;
                 r.report = *report;
                 match line {
@@ -1186,8 +1361,8 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Rebuild => {
                 m.seed += 1;
                 let before = m.e.facts(now);
-                m.reference.restart(now, now);
-                m.e = m.log.rebuild(EngineConfig::with(recheck_ms, m.seed), now);
+                m.reference.restart(now, now, HORIZON_MS);
+                m.e = m.log.rebuild(model_config(recheck_ms, m.seed), now);
                 let after = m.e.facts(now);
                 prop_assert_eq!(
                     (&after.buckets, &after.permits, &after.throttles),
@@ -1203,9 +1378,9 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
                 m.seed += 1;
                 let floor = now;
                 m.now = now.plus(*gap);
-                m.reference.restart(floor, m.now);
+                m.reference.restart(floor, m.now, HORIZON_MS);
                 m.reference.advance(m.now);
-                m.e = m.log.restart(EngineConfig::with(recheck_ms, m.seed), floor, m.now);
+                m.e = m.log.restart(model_config(recheck_ms, m.seed), floor, m.now);
                 for t in m.e.facts(m.now).tickets.values() {
                     prop_assert!(
                         t.lapse_at >= m.now.plus(t.grace_ms),

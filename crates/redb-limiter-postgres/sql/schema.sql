@@ -1028,13 +1028,23 @@ $$
          - (SELECT count(*) FROM __SCHEMA__.line q WHERE q.bucket = p_key AND q.lapse_at <= p_now)
 $$;
 
+-- Whether a line of the buckets p_keys holds 10,000 live tickets at p_now (12.1): its count
+-- first, then (only at the bound) its lapsed rows not yet swept.
+CREATE OR REPLACE FUNCTION __SCHEMA__._line_full(p_keys text[], p_now bigint) RETURNS boolean
+LANGUAGE sql STABLE AS
+$$
+  SELECT EXISTS (SELECT 1 FROM __SCHEMA__.buckets bk
+                  WHERE bk.key = ANY (p_keys) AND bk.queued >= 10000
+                    AND __SCHEMA__._queued(bk.key, p_now) >= 10000)
+$$;
+
 -- The most live tickets ahead of ticket p_num in any one of its lines.
 CREATE OR REPLACE FUNCTION __SCHEMA__._ahead(p_num bigint, p_now bigint) RETURNS bigint
 LANGUAGE sql STABLE AS
 $$
   SELECT coalesce(max(c.n), 0) FROM (
     SELECT (SELECT count(*) FROM __SCHEMA__.line q
-             WHERE q.bucket = k.key AND q.num < p_num AND q.lapse_at > p_now) AS n
+             WHERE q.bucket = k.key AND q.num < p_num AND q.lapse_at + 0 > p_now) AS n
       FROM __SCHEMA__.tickets me CROSS JOIN LATERAL unnest(me.keys) AS k(key)
      WHERE me.num = p_num) c
 $$;
@@ -1099,23 +1109,22 @@ LANGUAGE plpgsql STABLE AS
 $$
 DECLARE
   b record;
-  c refcursor;
+  q record;
   v_cost bigint := CASE WHEN p_calls IS NULL THEN 0 ELSE least(coalesce(p_cost, 0), p_calls) END;
   v_backfills boolean := p_conc IS NULL;
   v_wanting bigint := 0;
   v_first bigint;
-  v_me boolean := false;
-  v_num bigint; v_calls bigint; v_per bigint; v_c bigint; v_conc bigint;
   -- the bucket's kept grants (instant, cost as settled), oldest first; gs: running sums
   ga bigint[]; gc bigint[]; gs bigint[]; ng integer := -1;  -- -1: not read yet
   -- the reservations in order; rs: running sums
   ra bigint[] := '{}'; rc bigint[] := '{}'; rs bigint[] := '{0}'; nr integer := 0;
-  v_from bigint; v_cut bigint; v_t bigint; v_used bigint; v_leave bigint; v_lc bigint;
-  v_isg boolean;
-  gi integer; ri integer; lo integer; hi integer; mid integer;
+  v_from bigint; v_cut bigint; v_t bigint; v_used bigint; v_leave bigint;
+  -- gi, ri: the first grant and reservation still counting at v_from. Both move forward as
+  -- the reservations do (back only where tickets' windows differ in length).
+  gi integer := 1; ri integer := 1;
+  i integer; j integer;
   v_at bigint;
   v_held bigint; v_need bigint; v_retry bigint; v_x bigint; v_recheck bigint;
-  k integer;
 BEGIN
   SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.fen, bk.queued INTO b
     FROM __SCHEMA__.buckets bk WHERE bk.key = p_key;
@@ -1125,26 +1134,29 @@ BEGIN
   IF v_backfills AND v_cost = 0 THEN
     RETURN NULL;  -- no place and no cost: it delays no one
   END IF;
-  OPEN c FOR
-    SELECT q.num, q.calls, q.per_ms, q.cost, q.conc FROM __SCHEMA__.line q
-     WHERE q.bucket = p_key AND q.num < coalesce(p_mine, 9223372036854775807) AND q.lapse_at > p_now
-       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.throttles th WHERE th.key = q.caller AND th.until > p_now)
-     ORDER BY q.num;
+  -- The tickets that hold, in order, then (me) the request itself: its own reserved instant
+  -- behind them is found by the same steps.
+  FOR q IN
+    SELECT * FROM (
+      SELECT * FROM (
+        SELECT false AS me, l.num, l.calls, l.per_ms, l.cost, l.conc FROM __SCHEMA__.line l
+         WHERE l.bucket = p_key AND l.num < coalesce(p_mine, 9223372036854775807)
+           AND l.lapse_at + 0 > p_now  -- (read in number order: on the primary key, not line_lapse)
+           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.throttles th WHERE th.key = l.caller AND th.until > p_now)
+         ORDER BY l.num) h
+      UNION ALL
+      SELECT true, NULL, coalesce(p_calls, 0), coalesce(p_per, 0), v_cost, coalesce(p_conc, 0)) x
   LOOP
-    FETCH c INTO v_num, v_calls, v_per, v_c, v_conc;
-    IF NOT FOUND THEN
-      EXIT WHEN v_first IS NULL OR v_backfills OR p_calls IS NULL OR v_cost = 0;
-      -- its own reserved instant behind them all
-      v_me := true;
-      v_calls := p_calls; v_per := p_per; v_c := v_cost;
+    IF q.me THEN
+      EXIT WHEN v_first IS NULL OR v_backfills OR v_cost = 0;
     ELSE
-      v_first := coalesce(v_first, v_num);
-      IF v_conc > 0 THEN
+      v_first := coalesce(v_first, q.num);
+      IF q.conc > 0 THEN
         v_wanting := v_wanting + 1;
       END IF;
-      CONTINUE WHEN v_calls = 0 OR v_c = 0;
+      CONTINUE WHEN q.calls = 0 OR q.cost = 0;
       -- reservations matter only to a backfill, or to a reserved instant of its own
-      CONTINUE WHEN NOT v_backfills AND (p_calls IS NULL OR v_cost = 0);
+      CONTINUE WHEN NOT v_backfills AND v_cost = 0;
     END IF;
     IF ng < 0 THEN
       SELECT coalesce(array_agg(g.at ORDER BY g.at), '{}'),
@@ -1156,55 +1168,50 @@ BEGIN
        WHERE g.bucket = b.id AND g.at > greatest(b.pruned_to, p_now - b.retain_ms);
       ng := coalesce(array_length(ga, 1), 0);
       gs := '{0}';
-      FOR k IN 1 .. ng LOOP
-        gs[k + 1] := gs[k] + gc[k];
+      FOR i IN 1 .. ng LOOP
+        gs[i + 1] := gs[i] + gc[i];
       END LOOP;
     END IF;
-    -- The earliest instant from the last reservation (or now) at which calls per v_per has
-    -- room for v_c: the grants counting at now (under min(perMs, retention)) and still at
-    -- v_from, and the reservations still counting at v_from, leave in time order until it
+    -- The earliest instant from the last reservation (or now) at which q.calls per q.per_ms
+    -- has room for q.cost: the grants counting at now (under min(perMs, retention)) and still
+    -- at v_from, and the reservations still counting at v_from, leave in time order until it
     -- fits; then every other that leaves at that instant goes too.
     v_from := CASE WHEN nr > 0 THEN ra[nr] ELSE p_now END;
-    v_cut := greatest(p_now - least(v_per, b.retain_ms), v_from - v_per);
-    lo := 1; hi := ng + 1;
-    WHILE lo < hi LOOP
-      mid := (lo + hi) / 2;
-      IF ga[mid] > v_cut THEN hi := mid; ELSE lo := mid + 1; END IF;
-    END LOOP;
-    gi := lo;
-    lo := 1; hi := nr + 1;
-    WHILE lo < hi LOOP
-      mid := (lo + hi) / 2;
-      IF ra[mid] + v_per > v_from THEN hi := mid; ELSE lo := mid + 1; END IF;
-    END LOOP;
-    ri := lo;
-    v_used := (gs[ng + 1] - gs[gi]) + (rs[nr + 1] - rs[ri]);
+    v_cut := greatest(p_now - least(q.per_ms, b.retain_ms), v_from - q.per_ms);
+    WHILE gi <= ng AND ga[gi] <= v_cut LOOP gi := gi + 1; END LOOP;
+    WHILE gi > 1 AND ga[gi - 1] > v_cut LOOP gi := gi - 1; END LOOP;
+    WHILE ri <= nr AND ra[ri] + q.per_ms <= v_from LOOP ri := ri + 1; END LOOP;
+    WHILE ri > 1 AND ra[ri - 1] + q.per_ms > v_from LOOP ri := ri - 1; END LOOP;
+    i := gi; j := ri;
+    v_used := (gs[ng + 1] - gs[i]) + (rs[nr + 1] - rs[j]);
     v_t := v_from;
     LOOP
-      IF gi <= ng AND (ri > nr OR ga[gi] <= ra[ri]) THEN
-        v_leave := ga[gi] + v_per; v_lc := gc[gi]; v_isg := true;
-      ELSIF ri <= nr THEN
-        v_leave := ra[ri] + v_per; v_lc := rc[ri]; v_isg := false;
+      IF i <= ng AND (j > nr OR ga[i] <= ra[j]) THEN
+        v_leave := ga[i] + q.per_ms;
+        EXIT WHEN v_used + q.cost <= q.calls AND v_leave > v_t;
+        v_used := v_used - gc[i];
+        i := i + 1;
+      ELSIF j <= nr THEN
+        v_leave := ra[j] + q.per_ms;
+        EXIT WHEN v_used + q.cost <= q.calls AND v_leave > v_t;
+        v_used := v_used - rc[j];
+        j := j + 1;
       ELSE
         EXIT;
       END IF;
-      EXIT WHEN v_used + v_c <= v_calls AND v_leave > v_t;
       v_t := greatest(v_t, v_leave);
-      v_used := v_used - v_lc;
-      IF v_isg THEN gi := gi + 1; ELSE ri := ri + 1; END IF;
     END LOOP;
-    IF v_me THEN
+    IF q.me THEN
       v_at := v_t;
       EXIT;
     END IF;
     nr := nr + 1;
-    ra[nr] := v_t; rc[nr] := v_c; rs[nr + 1] := rs[nr] + v_c;
+    ra[nr] := v_t; rc[nr] := q.cost; rs[nr + 1] := rs[nr] + q.cost;
     -- This request's cost, granted now, still counts there at v_t: it must leave room.
-    IF v_backfills AND v_cost > 0 AND p_now + v_per > v_t AND v_used + v_c + v_cost > v_calls THEN
+    IF v_backfills AND v_cost > 0 AND p_now + q.per_ms > v_t AND v_used + q.cost + v_cost > q.calls THEN
       v_backfills := false;
     END IF;
   END LOOP;
-  CLOSE c;
   IF v_first IS NULL OR v_backfills THEN
     RETURN NULL;
   END IF;
@@ -1375,9 +1382,11 @@ BEGIN
       END IF;
     END IF;
     EXIT WHEN v_peek OR v_locked;
-    -- What writes more than a renewal is decided again under the locks.
+    -- What writes more than a renewal is decided again under the locks; a line full on the
+    -- snapshot (rare, and a refusal either way) files nothing and needs no lock.
     EXIT WHEN v_refused AND NOT (v_mine IS NULL AND v_inline AND v_reason <> 'throttle'
-                                 AND v_own_at <= v_now + v_horizon);
+                                 AND v_own_at <= v_now + v_horizon
+                                 AND NOT __SCHEMA__._line_full(lk, v_now));
     v_locked := true;
   END LOOP;
 
@@ -1432,9 +1441,7 @@ BEGIN
       ELSIF v_inline AND v_reason <> 'throttle' THEN
         IF v_own_at > v_now + v_horizon THEN
           v_no := 'horizon';
-        ELSIF EXISTS (SELECT 1 FROM __SCHEMA__.buckets bk
-                       WHERE bk.key = ANY (lk) AND bk.queued >= 10000
-                         AND __SCHEMA__._queued(bk.key, v_now) >= 10000) THEN
+        ELSIF __SCHEMA__._line_full(lk, v_now) THEN
           v_no := 'full';
         ELSE
           -- Filed under every bucket's lock (pass 2): its number, its instant and its place in
@@ -1889,7 +1896,7 @@ BEGIN
                    ORDER BY ln.bucket) l) b
    CROSS JOIN LATERAL (
          SELECT t.filed_at, t.ticket FROM __SCHEMA__.line ln JOIN __SCHEMA__.tickets t ON t.num = ln.num
-          WHERE ln.bucket = b.key AND ln.lapse_at > v_now
+          WHERE ln.bucket = b.key AND ln.lapse_at + 0 > v_now
           ORDER BY ln.num LIMIT 1) f
    WHERE b.n > 0
    ORDER BY b.key

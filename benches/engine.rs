@@ -97,7 +97,8 @@ fn decisions(c: &mut Criterion) {
     // the plain refusal of the same limits.
     let full = requests(|i| vec![Limit::window(format!("bench/b:{i}"), 1, 2_678_400_000)]);
     run(c, "engine refused in line (no queue, full window), 1 limit, 10k buckets", &full, true);
-    let mut engine = Engine::new(EngineConfig::default());
+    // A horizon past the run's 31 days, so that the tickets are filed and never lapse.
+    let mut engine = Engine::new(EngineConfig { line_horizon_ms: 1 << 40, ..EngineConfig::default() });
     let mut effects = Vec::with_capacity(16);
     let mut now = Millis(1_000_000);
     let mut asks = Vec::with_capacity(full.len());

@@ -37,7 +37,7 @@ fn acquire_body(req: &AcquireRequest, max_wait: Option<Duration>) -> Value {
 
 /// An acquire's reply as the client's [`Outcome`], `noTicket` included.
 fn acquire_outcome(reply: Value) -> Result<Outcome, ClientError> {
-    let no_ticket = reply.get("noTicket").and_then(Value::as_str).and_then(NoTicket::from_wire);
+    let no_ticket = reply.get("noTicket").and_then(Value::as_str).and_then(NoTicket::parse);
     let reply = AcquireReply::deserialize(reply).map_err(|e| ClientError::Protocol(format!("acquire: {e}")))?;
     Ok(match reply {
         AcquireReply::Granted { at, permit, .. } => Outcome::Granted { at: at.0, permit },
@@ -217,9 +217,13 @@ mod tests {
         assert_eq!(no_ticket(serde_json::json!({})), None);
         // A cause this client does not know (a later wire) reads as unsaid.
         assert_eq!(no_ticket(serde_json::json!({ "noTicket": "weather" })), None);
-        assert_eq!(no_ticket(serde_json::json!({ "noTicket": 7 })), None);
+        // Not a string at all: the reply is not the wire's.
+        assert!(matches!(
+            acquire_outcome(refused(serde_json::json!({ "noTicket": 7 }))),
+            Err(ClientError::Protocol(_))
+        ));
         assert_eq!(NoTicket::Horizon.as_str(), "horizon");
-        assert_eq!(NoTicket::from_wire(NoTicket::Full.as_str()), Some(NoTicket::Full));
+        assert_eq!(NoTicket::parse(NoTicket::Full.as_str()), Some(NoTicket::Full));
     }
 
     #[test]

@@ -88,39 +88,10 @@ impl Refusal {
     }
 }
 
-/// Why a refusal in the line filed no ticket (`noTicket`, section 12.9); the host then waits on
-/// `retryAt` alone, asking to join the line again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum NoTicket {
-    /// The request's own `retryAt` lies beyond the host's `maxWaitMs` (or the limiter's horizon,
-    /// 300 s by default): it could not be granted in time, so it holds no place in the line.
-    Horizon,
-    /// The line already holds its 10,000 tickets.
-    Full,
-}
-
-impl NoTicket {
-    /// The wire's name: `horizon` or `full`.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NoTicket::Horizon => "horizon",
-            NoTicket::Full => "full",
-        }
-    }
-
-    /// The cause the wire names, `None` for one this client does not know (a later wire): no
-    /// ticket is no ticket, whatever the cause.
-    #[must_use]
-    pub fn from_wire(name: &str) -> Option<NoTicket> {
-        match name {
-            "horizon" => Some(NoTicket::Horizon),
-            "full" => Some(NoTicket::Full),
-            _ => None,
-        }
-    }
-}
+/// Why a refusal in the line filed no ticket (`noTicket`, section 12.9): the engine's own type.
+/// The host then waits on `retryAt` alone, asking to join the line again; a cause this client
+/// does not know (a later wire) reads as none.
+pub use redb_limiter::engine::NoTicket;
 
 /// A place in the limiter's line (section 12.1): the ticket to ask again with, when it lapses
 /// unless asked again, how many live tickets stand ahead of it, and the limiter's clock at the
@@ -246,10 +217,7 @@ impl LimiterApi for Limiter {
         let acquired = Limiter::acquire_reported(self, req).await?;
         let mut outcome = Outcome::from_decision(acquired.decision, acquired.ticket);
         if let Outcome::Refused(refusal) = &mut outcome {
-            refusal.no_ticket = acquired.no_ticket.map(|why| match why {
-                redb_limiter::engine::NoTicket::Horizon => NoTicket::Horizon,
-                redb_limiter::engine::NoTicket::Full => NoTicket::Full,
-            });
+            refusal.no_ticket = acquired.no_ticket;
         }
         Ok(outcome)
     }

@@ -7,8 +7,11 @@
 //! rests half a window, and asks again. Every host is a [`Client`] of its own (its own
 //! in-process FIFO) over one limiter: the server at `--url`, or with `--in-process` an embedded
 //! [`Limiter`] on a fresh file. Each of `--runs` runs lasts one window of warm-up and
-//! `--windows` measured windows, with the line (the client's default) and then without it
-//! (`no_queue`). Per mode it reports:
+//! `--windows` measured windows, with the line (the client's default), without it (`no_queue`),
+//! and a third mode where the large call also waits on a limit of its own (its cost per two
+//! windows) and only it queues: its ticket then stands in the shared line while it waits for its
+//! own bucket, and section 12.9's backfill is what lets the small hosts use the shared window
+//! meanwhile. Per mode it reports:
 //!
 //! - the large call's wait (its first ask to its grant, on the limiter's clock), the longest
 //!   over every run, in windows, and how many large calls were never granted before their run
@@ -35,7 +38,10 @@ use crate::BenchArgs;
 /// The figures of one mode (with or without the line) over every run.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModeFigures {
+    /// The large host queues.
     pub queue: bool,
+    /// The small hosts queue.
+    pub smalls_queue: bool,
     /// Large calls that asked in the measured windows.
     pub large_calls: u64,
     /// Of those, still waiting when their run ended (their wait is counted up to the end).
@@ -72,6 +78,8 @@ pub struct FairReport {
     pub windows: u64,
     pub with_queue: ModeFigures,
     pub without_queue: ModeFigures,
+    /// The large host also waits on a limit of its own, and only it queues.
+    pub large_only_queues: ModeFigures,
     pub costs: AnswerCosts,
     pub seconds: f64,
 }
@@ -98,29 +106,39 @@ impl fmt::Display for FairReport {
             "fair mix on {}: {} small hosts (cost 1-100) + 1 large (cost {}), window {} per {} ms, {} runs of {} windows, {:.1} s",
             self.target, self.hosts, self.large_cost, self.calls, self.per_ms, self.runs, self.windows, self.seconds
         )?;
-        writeln!(f, "{:<40} {:>14} {:>14}", "", "with queue", "without queue")?;
-        let (q, n) = (&self.with_queue, &self.without_queue);
+        writeln!(f, "{:<40} {:>14} {:>14} {:>14}", "", "with queue", "without queue", "large + own")?;
+        let (q, n, l) = (&self.with_queue, &self.without_queue, &self.large_only_queues);
         writeln!(
             f,
-            "{:<40} {:>14} {:>14}",
+            "{:<40} {:>14} {:>14} {:>14}",
             "large calls (still waiting at the end)",
             format!("{} ({})", q.large_calls, q.large_starved),
-            format!("{} ({})", n.large_calls, n.large_starved)
+            format!("{} ({})", n.large_calls, n.large_starved),
+            format!("{} ({})", l.large_calls, l.large_starved)
         )?;
         writeln!(
             f,
-            "{:<40} {:>14.2} {:>14.2}",
+            "{:<40} {:>14.2} {:>14.2} {:>14.2}",
             "large call's wait, max over runs (windows)",
             max(&q.large_max_wait_windows),
-            max(&n.large_max_wait_windows)
+            max(&n.large_max_wait_windows),
+            max(&l.large_max_wait_windows)
         )?;
-        writeln!(f, "{:<40} {:>14.4} {:>14.4}", "Jain's index, min over runs", min(&q.jain), min(&n.jain))?;
         writeln!(
             f,
-            "{:<40} {:>13.1}% {:>13.1}%",
+            "{:<40} {:>14.4} {:>14.4} {:>14.4}",
+            "Jain's index, min over runs",
+            min(&q.jain),
+            min(&n.jain),
+            min(&l.jain)
+        )?;
+        writeln!(
+            f,
+            "{:<40} {:>13.1}% {:>13.1}% {:>13.1}%",
             "efficiency, min over runs",
             100.0 * min(&q.efficiency),
-            100.0 * min(&n.efficiency)
+            100.0 * min(&n.efficiency),
+            100.0 * min(&l.efficiency)
         )?;
         let c = &self.costs;
         writeln!(f, "cost of one answer, mean of {} asked one at a time:", c.samples)?;
@@ -208,11 +226,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<FairReport> {
 async fn measure<L: LimiterApi>(limiter: Arc<L>, shape: &Shape, target: String) -> anyhow::Result<FairReport> {
     let started = Instant::now();
     let nonce = limiter.now().0;
-    let mut with_queue = ModeFigures::new(true);
-    let mut without_queue = ModeFigures::new(false);
+    let mut with_queue = ModeFigures::new(true, true);
+    let mut without_queue = ModeFigures::new(false, false);
+    let mut large_only_queues = ModeFigures::new(true, false);
     for run in 0..shape.runs {
-        for figures in [&mut with_queue, &mut without_queue] {
-            let bucket = format!("bench/fair/{nonce}/{run}/{}", if figures.queue { "queue" } else { "plain" });
+        for figures in [&mut with_queue, &mut without_queue, &mut large_only_queues] {
+            let mode = match (figures.queue, figures.smalls_queue) {
+                (true, true) => "queue",
+                (true, false) => "large",
+                _ => "plain",
+            };
+            let bucket = format!("bench/fair/{nonce}/{run}/{mode}");
             one_run(&limiter, shape, &bucket, run as u64, figures).await?;
         }
     }
@@ -227,15 +251,17 @@ async fn measure<L: LimiterApi>(limiter: Arc<L>, shape: &Shape, target: String) 
         windows: shape.windows,
         with_queue,
         without_queue,
+        large_only_queues,
         costs,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
 
 impl ModeFigures {
-    fn new(queue: bool) -> Self {
+    fn new(queue: bool, smalls_queue: bool) -> Self {
         ModeFigures {
             queue,
+            smalls_queue,
             large_calls: 0,
             large_starved: 0,
             large_max_wait_windows: Vec::new(),
@@ -258,12 +284,19 @@ async fn one_run<L: LimiterApi>(
     let from = t0.plus(per);
     let end = from.plus(shape.windows * per);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(end.since(t0));
-    let (bucket, calls, no_queue) = (bucket.to_owned(), shape.calls, !figures.queue);
-    let request = move |key: String, cost: u64| {
-        AcquireRequest::new(key, vec![Limit::window(bucket.clone(), calls, per).with_cost(cost)])
+    let (bucket, calls) = (bucket.to_owned(), shape.calls);
+    let request = {
+        let bucket = bucket.clone();
+        move |key: String, cost: u64| {
+            AcquireRequest::new(key, vec![Limit::window(bucket.clone(), calls, per).with_cost(cost)])
+        }
     };
+    // In the third mode the large call also needs room in a bucket of its own.
+    let own = (figures.queue && !figures.smalls_queue)
+        .then(|| Limit::window(format!("{bucket}/own"), shape.large_cost(), 2 * per).with_cost(shape.large_cost()));
     // Every wait is cut off at the run's end (dropped: it leaves the line).
-    let options = AcquireOptions { no_queue, ..AcquireOptions::default() };
+    let small_options = AcquireOptions { no_queue: !figures.smalls_queue, ..AcquireOptions::default() };
+    let options = AcquireOptions { no_queue: !figures.queue, ..AcquireOptions::default() };
     let mut smalls = Vec::with_capacity(shape.hosts);
     for host in 0..shape.hosts {
         let client = Client::new(limiter.clone());
@@ -274,7 +307,7 @@ async fn one_run<L: LimiterApi>(
             let mut grants = Vec::new();
             loop {
                 let cost = rng.u64(1..=100);
-                let wait = client.acquire(request(format!("small-{host}"), cost)?, options);
+                let wait = client.acquire(request(format!("small-{host}"), cost)?, small_options);
                 match tokio::time::timeout_at(deadline, wait).await {
                     Ok(Ok(permit)) => grants.push((permit.at(), cost)),
                     Ok(Err(e)) => return Err(anyhow::Error::from(e)),
@@ -291,7 +324,9 @@ async fn one_run<L: LimiterApi>(
     let mut large_granted = 0;
     while tokio::time::Instant::now() < deadline {
         let asked = limiter.now();
-        let wait = client.acquire(request("large".into(), shape.large_cost())?, options);
+        let mut large = request("large".into(), shape.large_cost())?;
+        large.limits.extend(own.clone());
+        let wait = client.acquire(large, options);
         match tokio::time::timeout_at(deadline, wait).await {
             Ok(Ok(permit)) => {
                 waits.push(permit.at().since(asked));

@@ -146,10 +146,24 @@ impl TicketState {
     }
 }
 
-impl TicketState {
-    /// The limit it binds on bucket `key`, if it names that bucket.
-    pub(crate) fn bound(&self, key: &str) -> Option<&Limit> {
-        self.limits.binary_search_by(|bound| bound.key.as_str().cmp(key)).ok().map(|i| &self.limits[i])
+/// A ticket's place in one bucket's line: its lapse, and what it asks of that bucket, so that a
+/// walk of the line reads no ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Waiting {
+    pub(crate) lapse: Millis,
+    /// `(calls, perMs, cost)` of its window here (cost capped at calls), if it names one.
+    window: Option<(u64, u64, u64)>,
+    /// It asks for a place here.
+    wants_place: bool,
+}
+
+impl Waiting {
+    pub(crate) fn new(limit: &Limit, lapse: Millis) -> Self {
+        Waiting {
+            lapse,
+            window: limit.window.map(|w| (w.calls, w.per_ms, limit.cost.min(w.calls))),
+            wants_place: limit.concurrent.is_some(),
+        }
     }
 }
 
@@ -172,7 +186,7 @@ pub struct TicketNote {
 }
 
 /// Why a refusal in the line filed no ticket (section 12.9, `noTicket`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NoTicket {
     /// The request's own instant lies beyond its horizon.
     Horizon,
@@ -233,30 +247,25 @@ impl Engine {
         if bucket.line.is_empty() {
             return None;
         }
+        // Only a throttled caller's ticket yields: where none is, no ticket is read.
+        let throttles = !self.throttles.is_empty();
         let mut holding = bucket
             .line
             .range(..mine.unwrap_or(u64::MAX))
-            .filter(|(_, lapse)| **lapse > now)
-            .filter_map(|(n, _)| self.tickets.get(n))
-            .filter(|t| !self.yields(t, now))
+            .filter(|(n, w)| w.lapse > now && !(throttles && self.tickets.get(n).is_some_and(|t| self.yields(t, now))))
             .peekable();
-        let first = *holding.peek()?;
+        let first = *holding.peek()?.0;
         let cost = limit.window.map_or(0, |w| limit.cost.min(w.calls));
         let mut schedule = Schedule::new(bucket, now);
         // A place may be held until it lapses: a request that takes one never backfills.
         let mut backfills = limit.concurrent.is_none();
         let mut wanting_places = 0u64;
-        for t in holding {
-            let Some(bound) = t.state.bound(&bucket.key) else { continue };
-            wanting_places += u64::from(bound.concurrent.is_some());
-            let Some(w) = bound.window else { continue };
-            let c = bound.cost.min(w.calls);
-            if c == 0 {
-                continue;
-            }
-            let (at, used) = schedule.reserve(w.calls, w.per_ms, c);
+        for (_, waiting) in holding {
+            wanting_places += u64::from(waiting.wants_place);
+            let Some((calls, per_ms, c)) = waiting.window.filter(|w| w.2 > 0) else { continue };
+            let (at, used) = schedule.reserve(calls, per_ms, c);
             // This request's cost, granted now, still counts there at `at`: it must leave room.
-            if backfills && cost > 0 && now.plus(w.per_ms) > at && used + c + cost > w.calls {
+            if backfills && cost > 0 && now.plus(per_ms) > at && used + c + cost > calls {
                 backfills = false;
             }
         }
@@ -270,6 +279,7 @@ impl Engine {
             at = at.max(schedule.earliest(w.calls, w.per_ms, cost).0);
         }
         if let Some(c) = limit.concurrent {
+            let first = &self.tickets[&first];
             at = at.max(self.place_instant(bucket, c, wanting_places, first, now));
         }
         Some(at)
@@ -308,45 +318,57 @@ struct Schedule<'a> {
     reserved: Vec<(Millis, u64)>,
     /// `sums[i]`: the costs of `reserved[..i]`.
     sums: Vec<u64>,
+    /// Where the last walk for a window of this `perMs` stopped: the first grant and the first
+    /// reservation that still count at the last reserved instant. Reservations only move later,
+    /// so the next walk of the same length starts there.
+    cursor: Option<(u64, usize, usize)>,
 }
 
 impl<'a> Schedule<'a> {
     fn new(bucket: &'a Bucket, now: Millis) -> Self {
-        Schedule { bucket, now, reserved: Vec::new(), sums: vec![0] }
+        Schedule { bucket, now, reserved: Vec::new(), sums: vec![0], cursor: None }
     }
 
     /// The earliest instant no sooner than the last reservation (or `now`) at which a window of
     /// `calls` per `per_ms` has room for `cost`, and the cost that counts there then (the
     /// bucket's grants and the reservations).
-    fn earliest(&self, calls: u64, per_ms: u64, cost: u64) -> (Millis, u64) {
+    fn earliest(&mut self, calls: u64, per_ms: u64, cost: u64) -> (Millis, u64) {
         let window = &self.bucket.window;
         let from = self.reserved.last().map_or(self.now, |(at, _)| *at);
         // The grants that count at `now` (the bucket may keep them less long than `per_ms`,
         // rule 3) and still count at `from`; each leaves `per_ms` after its instant.
-        let mut g =
-            window.first_counting(self.now, self.bucket.count_ms(per_ms)).max(window.first_counting(from, per_ms));
-        let mut r = self.reserved.partition_point(|(at, _)| at.plus(per_ms) <= from);
+        let (mut g, mut r) = match self.cursor {
+            Some((per, g, r)) if per == per_ms => (g, r),
+            _ => (
+                window.first_counting(self.now, self.bucket.count_ms(per_ms)).max(window.first_counting(from, per_ms)),
+                self.reserved.partition_point(|(at, _)| at.plus(per_ms) <= from),
+            ),
+        };
+        while g < window.len() && window.at(g).0.plus(per_ms) <= from {
+            g += 1;
+        }
+        while r < self.reserved.len() && self.reserved[r].0.plus(per_ms) <= from {
+            r += 1;
+        }
         let total = self.sums[self.reserved.len()];
         let mut used = window.sum_from(g) + (total - self.sums[r]);
         let mut t = from;
-        let leaves = |g: usize, r: usize| {
+        // Leave in order until it fits, then let every other that leaves at that instant go too.
+        loop {
             let grant = (g < window.len()).then(|| window.at(g));
             let reserved = self.reserved.get(r).copied();
-            match (grant, reserved) {
-                (Some(a), Some(b)) if a.0 <= b.0 => Some((a, true)),
-                (_, Some(b)) => Some((b, false)),
-                (Some(a), None) => Some((a, true)),
-                (None, None) => None,
-            }
-        };
-        // Leave in order until it fits, then let every other that leaves at that instant go too.
-        while let Some(((at, c), is_grant)) = leaves(g, r) {
-            let leave = at.plus(per_ms);
+            let (next, is_grant) = match (grant, reserved) {
+                (Some(a), Some(b)) if a.0 <= b.0 => (a, true),
+                (_, Some(b)) => (b, false),
+                (Some(a), None) => (a, true),
+                (None, None) => break,
+            };
+            let leave = next.0.plus(per_ms);
             if used + cost <= calls && leave > t {
                 break;
             }
             t = t.max(leave);
-            used -= c;
+            used -= next.1;
             if is_grant {
                 g += 1;
             } else {
@@ -354,6 +376,7 @@ impl<'a> Schedule<'a> {
             }
         }
         debug_assert!(used + cost <= calls, "a cost capped at calls fits once all has left");
+        self.cursor = Some((per_ms, g, r));
         (t, used)
     }
 

@@ -45,7 +45,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketId, TicketNote, TicketState};
-use line::{bound_limits, random_ticket_key, ticket_id, ticket_key};
+use line::{Waiting, bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
 use timers::{Due, Timers};
@@ -298,7 +298,7 @@ struct Bucket {
     unpersisted_prune: Vec<Millis>,
     /// The line (section 12): the numbers of the tickets waiting here, oldest first, each with
     /// its lapse instant. Lapsed tickets leave it at their timers; until then they are skipped.
-    line: BTreeMap<u64, Millis>,
+    line: BTreeMap<u64, Waiting>,
 }
 
 impl Bucket {
@@ -326,13 +326,13 @@ impl Bucket {
         if self.line.is_empty() {
             return 0;
         }
-        self.line.values().filter(|&&lapse| lapse > now).count() as u64
+        self.line.values().filter(|w| w.lapse > now).count() as u64
     }
 
     /// The first live ticket of the line at `now` (its number and lapse), when it is older than
     /// the ticket numbered `before`.
     fn head(&self, now: Millis, before: u64) -> Option<(u64, Millis)> {
-        self.line.range(..before).find(|(_, lapse)| **lapse > now).map(|(n, l)| (*n, *l))
+        self.line.range(..before).find(|(_, w)| w.lapse > now).map(|(n, w)| (*n, w.lapse))
     }
 
     fn new(key: Arc<str>) -> Self {
@@ -691,7 +691,9 @@ impl Engine {
             limits: bound_limits(&req.limits),
         };
         for limit in &req.limits {
-            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key).line.insert(number, lapse_at);
+            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key)
+                .line
+                .insert(number, Waiting::new(limit, lapse_at));
         }
         self.timers.push(lapse_at, Due::Ticket(number));
         effects.push(Effect::TicketFiled { id, ticket: state.clone() });
@@ -716,8 +718,8 @@ impl Engine {
         ticket.state.lapse_at = lapse_at;
         ticket.state.grace_ms = grace_ms;
         for limit in &ticket.state.limits {
-            if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
-                bucket.line.insert(number, lapse_at);
+            if let Some(waiting) = self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number)) {
+                waiting.lapse = lapse_at;
             }
         }
         let id = ticket.id;
@@ -737,7 +739,7 @@ impl Engine {
             .limits
             .iter()
             .filter_map(|l| self.buckets.get(l.key.as_str()))
-            .map(|b| b.line.range(..number).filter(|(_, lapse)| **lapse > now).count() as u64)
+            .map(|b| b.line.range(..number).filter(|(_, w)| w.lapse > now).count() as u64)
             .max()
             .unwrap_or(0)
     }
@@ -1202,7 +1204,9 @@ impl Engine {
     pub fn restore_ticket(&mut self, id: TicketId, state: TicketState) {
         let number = id.number();
         for limit in &state.limits {
-            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key).line.insert(number, state.lapse_at);
+            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key)
+                .line
+                .insert(number, Waiting::new(limit, state.lapse_at));
         }
         self.next_ticket = self.next_ticket.max(number.saturating_add(1));
         let timer_at = state.lapse_at;
@@ -1232,8 +1236,10 @@ impl Engine {
                 ticket.state.lapse_at = earliest;
                 ticket.deadline = ticket.deadline.max(earliest);
                 for limit in &ticket.state.limits {
-                    if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
-                        bucket.line.insert(number, earliest);
+                    if let Some(waiting) =
+                        self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number))
+                    {
+                        waiting.lapse = earliest;
                     }
                 }
                 effects.push(Effect::TicketRenewed { id, retry_at, lapse_at: earliest, grace_ms });
@@ -1456,7 +1462,8 @@ impl Engine {
             facts.tickets.insert(t.id, t.state.clone());
         }
         for (key, b) in &self.buckets {
-            let line: Vec<(u64, Millis)> = b.line.iter().filter(|(_, l)| **l > now).map(|(n, l)| (*n, *l)).collect();
+            let line: Vec<(u64, Millis)> =
+                b.line.iter().filter(|(_, w)| w.lapse > now).map(|(n, w)| (*n, w.lapse)).collect();
             if !line.is_empty() {
                 facts.lines.insert(key.to_string(), line);
             }

@@ -752,3 +752,137 @@ fn url_encode(s: &str) -> String {
         })
         .collect()
 }
+
+/// Section 12.9 in PostgreSQL mode: the line's order agrees with the filing instants reported,
+/// and no grant reports an instant after an older live ticket's acknowledged filing in its
+/// bucket. Two servers, hosts queueing for places in two buckets (a grant that takes a place
+/// never backfills, and no caller is throttled, so rule Q lets no grant past an older live
+/// ticket), asking again with their tickets at each `retryAt` and releasing soon after a grant,
+/// some without queueing; every reply's ticket, filing instant (`now`) and grant instant is
+/// checked offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_keeps_the_order_of_its_filings_across_two_servers() {
+    let Some(db) = database_url() else { return };
+    let schema = schema("order");
+    let servers = [start(&db, &schema), start(&db, &schema)];
+    let instant = |v: &Value| redb_limiter::time::parse_instant(v.as_str().unwrap()).unwrap().0;
+    let number = |ticket: &str| u64::from_str_radix(&ticket[ticket.len() - 16..], 16).unwrap();
+    /// A ticket filed (bucket, number, filing instant) or a grant (bucket, instant, the number of
+    /// the ticket it ended).
+    enum Seen {
+        Filed(String, u64, u64),
+        Granted(String, u64, Option<u64>),
+        /// A ticket left (bucket, number, the wall-clock instant its leave was sent: it was in
+        /// the line until then at least).
+        Left(String, u64, u64),
+    }
+    // Every session of both pools compiles the schema's functions at its first call: warm
+    // them up first.
+    for server in &servers {
+        let warm: Vec<_> = (0..8)
+            .map(|i| {
+                let body =
+                    json!({"key": "warm", "queue": true, "limits": [{"key": format!("warm{i}"), "concurrent": 1}]});
+                post(&server.url, "/acquire", body)
+            })
+            .collect();
+        for w in warm {
+            w.await;
+        }
+    }
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut tasks = Vec::new();
+    for task in 0..16u64 {
+        let url = servers[(task % 2) as usize].url.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut seen = Vec::new();
+            let mut i = 0u64;
+            while std::time::Instant::now() < end {
+                i += 1;
+                let bucket = format!("q{}", (task + i) % 2);
+                let mut body = json!({"key": format!("h{task}"), "graceMs": 60000,
+                                      "limits": [{"key": bucket, "concurrent": 1, "holdMs": 30}]});
+                if task % 4 != 0 {
+                    body["queue"] = json!(true);
+                }
+                let mut mine: Option<String> = None;
+                loop {
+                    if let Some(ticket) = &mine {
+                        body["ticket"] = json!(ticket);
+                    }
+                    let reply: Value =
+                        client.post(format!("{url}/acquire")).json(&body).send().await.unwrap().json().await.unwrap();
+                    assert!(reply.get("error").is_none(), "{reply}");
+                    if reply["granted"] == true {
+                        seen.push(Seen::Granted(bucket.clone(), instant(&reply["at"]), mine.as_deref().map(number)));
+                        tokio::time::sleep(std::time::Duration::from_millis(i % 3)).await;
+                        release(&client, &url, reply["permit"].as_str().unwrap()).await;
+                        break;
+                    }
+                    let Some(ticket) = reply["ticket"].as_str() else { break };
+                    if mine.as_deref() != Some(ticket) {
+                        seen.push(Seen::Filed(bucket.clone(), number(ticket), instant(&reply["now"])));
+                        mine = Some(ticket.to_owned());
+                    }
+                    if std::time::Instant::now() >= end {
+                        // Leave the line: nobody waits behind a host that stopped.
+                        seen.push(Seen::Left(bucket.clone(), number(ticket), redb_limiter::time::wall_clock_now().0));
+                        post(&url, "/release", json!({"ticket": ticket})).await;
+                        break;
+                    }
+                    let wait = instant(&reply["retryAt"]).saturating_sub(instant(&reply["now"])).min(20);
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
+            }
+            seen
+        }));
+    }
+    // Per bucket: tickets by number (filing instant, the instant a grant ended it), and grants.
+    let mut filed: BTreeMap<String, BTreeMap<u64, (u64, u64)>> = BTreeMap::new();
+    let mut grants: Vec<(String, u64, Option<u64>)> = Vec::new();
+    let mut left: Vec<(String, u64, u64)> = Vec::new();
+    for task in tasks {
+        for s in task.await.unwrap() {
+            match s {
+                Seen::Filed(b, n, at) => {
+                    filed.entry(b).or_default().entry(n).or_insert((at, u64::MAX)).0 = at;
+                }
+                Seen::Granted(b, at, n) => grants.push((b, at, n)),
+                Seen::Left(b, n, at) => left.push((b, n, at)),
+            }
+        }
+    }
+    for (b, at, n) in &grants {
+        if let Some(n) = n {
+            filed.entry(b.clone()).or_default().entry(*n).or_insert((0, u64::MAX)).1 = *at;
+        }
+    }
+    for (b, n, at) in &left {
+        filed.entry(b.clone()).or_default().entry(*n).or_insert((0, u64::MAX)).1 = *at;
+    }
+    let mut bad = Vec::new();
+    for (b, line) in &filed {
+        let instants: Vec<u64> = line.values().map(|(at, _)| *at).collect();
+        for pair in instants.windows(2) {
+            if pair[1] < pair[0] {
+                bad.push(format!("{b}: a later number filed earlier: {} then {}", pair[0], pair[1]));
+            }
+        }
+    }
+    for (b, at, mine) in &grants {
+        let Some(line) = filed.get(b) else { continue };
+        for (n, (filed_at, ended)) in line.range(..mine.unwrap_or(u64::MAX)) {
+            if filed_at < at && ended > at {
+                bad.push(format!("{b}: granted at {at} ({mine:?}) past ticket {n} filed at {filed_at}, ended {ended}"));
+            }
+        }
+    }
+    let tickets: usize = filed.values().map(BTreeMap::len).sum();
+    eprintln!("{} grants, {tickets} tickets, {} violations", grants.len(), bad.len());
+    for v in bad.iter().take(8) {
+        eprintln!("  {v}");
+    }
+    assert!(grants.len() > 30 && tickets > 10, "the run queued: {} grants, {tickets} tickets", grants.len());
+    assert!(bad.is_empty(), "{} violations, the first: {:?}", bad.len(), &bad[..bad.len().min(8)]);
+}

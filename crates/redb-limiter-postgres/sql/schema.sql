@@ -1,12 +1,13 @@
 -- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
 --
--- Format version 3. Every object lives in one schema, written __SCHEMA__ below; the server
+-- Format version 4. Every object lives in one schema, written __SCHEMA__ below; the server
 -- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
 -- running this script, which it does on first use and on `check`. The script is idempotent:
 -- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
 -- version) a schema that carries another format version or that holds objects but no meta.
 -- A schema of an earlier version is first brought to this one by the steps in migrate/
--- (version 1 to 2: migrate/1-2.sql; 2 to 3, the line: migrate/2-3.sql).
+-- (version 1 to 2: migrate/1-2.sql; 2 to 3, the line: migrate/2-3.sql; 3 to 4, the line's
+-- bounds of section 12.9: migrate/3-4.sql).
 --
 -- Keys and permit strings are stored escaped (the server's src/keys.rs): U+0000 as U+0001
 -- U+0001 and U+0001 as U+0001 U+0002, so that every UTF-8 string a key may be is stored
@@ -109,8 +110,8 @@ BEGIN
     RETURN;
   END IF;
   EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
-  IF v_version IS DISTINCT FROM 3 THEN
-    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 3',
+  IF v_version IS DISTINCT FROM 4 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 4',
       coalesce(v_version::text, 'none')
       USING ERRCODE = 'RL001';
   END IF;
@@ -123,10 +124,13 @@ CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   one boolean PRIMARY KEY DEFAULT true CHECK (one),
   version integer NOT NULL,
-  sweep_cursor text COLLATE "C" NOT NULL DEFAULT ''
+  sweep_cursor text COLLATE "C" NOT NULL DEFAULT '',
+  -- the latest instant a server was seen at (its sweeper's ticks): a server's start is a
+  -- restart for the line (12.6) from here, or from the buckets' floors when later
+  alive_at bigint NOT NULL DEFAULT 0
 );
-INSERT INTO __SCHEMA__.meta (version) VALUES (3) ON CONFLICT DO NOTHING;
-COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row) and the sweep cursor';
+INSERT INTO __SCHEMA__.meta (version) VALUES (4) ON CONFLICT DO NOTHING;
+COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row), the sweep cursor and the latest instant seen';
 
 -- A bucket: the row every grant into it locks, its retention and its running totals.
 CREATE TABLE IF NOT EXISTS __SCHEMA__.buckets (
@@ -142,7 +146,10 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.buckets (
   total bigint NOT NULL DEFAULT 0,             -- cum of the newest grant row: all costs recorded
   last_seq bigint NOT NULL DEFAULT 0,          -- sequence number of the newest grant row
   last_at bigint,                              -- instant of the newest grant row
-  floor_ms bigint NOT NULL DEFAULT 0           -- the latest instant written: the clock floor
+  floor_ms bigint NOT NULL DEFAULT 0,          -- the latest instant written: the clock floor
+  queued bigint NOT NULL DEFAULT 0             -- rows of its line (tickets not yet ended, some
+                                               -- perhaps lapsed): filing and ending a ticket
+                                               -- change it under this row's lock
 )
 -- Every grant updates its bucket row: a few rows per page keep those updates HOT (no index
 -- writes) and spread concurrent writers over many pages.
@@ -218,18 +225,30 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.tickets (
   retry_at bigint NOT NULL,          -- the retryAt last given to it
   lapse_at bigint NOT NULL,          -- it lapses at this instant unless asked again before
   grace_ms bigint NOT NULL,          -- the graceMs it was last given
-  filed_at bigint NOT NULL           -- when it was filed
+  filed_at bigint NOT NULL,          -- when it was filed
+  deadline bigint NOT NULL,          -- it never lapses later (12.9): filed_at + its horizon, or
+                                     -- a restart's lapse when later
+  counted boolean NOT NULL DEFAULT false -- its lapse was counted (presented after it), so the
+                                     -- sweeper that ends it does not count it again
 );
 CREATE INDEX IF NOT EXISTS tickets_lapse ON __SCHEMA__.tickets (lapse_at);
 COMMENT ON TABLE __SCHEMA__.tickets IS 'live tickets of the line (section 12), one counter for all buckets';
 
--- Each bucket's line in order: one row per ticket and bucket it names. A bucket's line may
--- exist with no bucket row (a bucket with only a line).
+-- Each bucket's line in order: one row per ticket and bucket it names, carrying what the
+-- line's walk reads of the ticket (so the walk reads one index in order and nothing else). A
+-- bucket with a line has a bucket row (its lock, and its line's count: buckets.queued).
 CREATE TABLE IF NOT EXISTS __SCHEMA__.line (
   bucket text COLLATE "C" NOT NULL,  -- the bucket key
   num bigint NOT NULL,               -- tickets.num
+  lapse_at bigint NOT NULL,          -- tickets.lapse_at
+  caller text COLLATE "C" NOT NULL,  -- tickets.caller (a throttled ticket yields)
+  calls bigint NOT NULL,             -- its limit here: calls (0: no window), perMs (0: none),
+  per_ms bigint NOT NULL,            -- its cost capped at calls (0 without a window) and
+  cost bigint NOT NULL,              -- concurrent (0: none)
+  conc bigint NOT NULL,
   PRIMARY KEY (bucket, num)
 );
+CREATE INDEX IF NOT EXISTS line_lapse ON __SCHEMA__.line (bucket, lapse_at);
 COMMENT ON TABLE __SCHEMA__.line IS 'each bucket''s line: its tickets by number, oldest first';
 
 ---------------------------------------------------------------------------------------------
@@ -465,6 +484,7 @@ $$
 DECLARE
   v_caller text := req->>'key';
   v_figures boolean := mode <> 'acquire';
+  v_line_decided boolean := req ? 'lineDecided';
   v_limits jsonb := req->'limits';
   n integer;
   i integer;
@@ -528,8 +548,13 @@ BEGIN
     v_now := v_clock;
     FOR i IN 1 .. n LOOP
       SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.dtotal, bk.fen, bk.last_seq,
-             bk.last_at, bk.last_calls, bk.last_concurrent, bk.floor_ms, bk.xmin::text AS xm
+             bk.last_at, bk.last_calls, bk.last_concurrent, bk.floor_ms, bk.queued, bk.xmin::text AS xm
         INTO b FROM __SCHEMA__.buckets bk WHERE bk.key = lk[i];
+      IF FOUND AND b.queued > 0 AND NOT v_line_decided THEN
+        -- A bucket with a line (read with the row, so a grant written only if the row is
+        -- unchanged, or under its lock, never misses a ticket filed before it): rule Q decides.
+        RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
+      END IF;
       IF FOUND THEN
         bid[i] := b.id; br[i] := b.retain_ms; bw[i] := b.pruned_to; btot[i] := b.total;
         bdtot[i] := b.dtotal; bfen[i] := b.fen; bseq[i] := b.last_seq; blast[i] := b.last_at;
@@ -832,7 +857,7 @@ BEGIN
     -- index probes, and no second statement to start.
     v_clock := coalesce(at_ms, __SCHEMA__._clock_ms());
     SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.fen, bk.last_seq, bk.last_at,
-           bk.last_calls, bk.last_concurrent, bk.xmin::text AS xm,
+           bk.last_calls, bk.last_concurrent, bk.queued, bk.xmin::text AS xm,
            greatest(v_clock, bk.floor_ms) AS now,
            (SELECT th.until FROM __SCHEMA__.throttles th WHERE th.key = req->>'key') AS until,
            w.at AS first_at, w.cum AS first_cum, w.cost AS first_cost
@@ -845,6 +870,10 @@ BEGIN
                                greatest(v_clock, bk.floor_ms) - v_per)
          ORDER BY g.at LIMIT 1) w ON true
      WHERE bk.key = v_k;
+    IF FOUND AND b.queued > 0 AND NOT req ? 'lineDecided' THEN
+      -- a bucket with a line: rule Q decides (see _acquire_any)
+      RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
+    END IF;
     IF NOT FOUND OR b.fen OR v_per > b.retain_ms THEN
       -- a new bucket, a settled one, or a window longer than the retention (rule 3)
       RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
@@ -961,12 +990,26 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_plain(jsonb, text, bigint, text, bigint)
   'acquire, report or peek (wire sections 3 and 9.1-9.2) of a request no line holds back';
 
 ---------------------------------------------------------------------------------------------
--- The line (wire section 12). acquire() is the entry of every acquire, report and peek: a
--- request that neither queues nor presents a ticket, naming no bucket with a line, goes to
--- _acquire_plain() at the cost of one index probe of the line per limit (an empty table where
--- nobody queues); every other one to _acquire_line(), which applies rule Q (12.2) and files,
--- renews and ends tickets. req may carry "queue": true, "ticket": "t-…" (a string of ours:
--- the server passes no other) and "graceMs" (default 2000).
+-- The line (wire section 12, bounded by 12.9). acquire() is the entry of every acquire, report
+-- and peek: a request that neither queues nor presents a ticket goes to _acquire_plain(), which
+-- reads each bucket's line count (buckets.queued) with the bucket row and hands the request to
+-- _acquire_line() when one of its buckets has a line; every other request goes to
+-- _acquire_line(), which applies rule Q (12.2, as 12.9 bounds it) and files, renews and ends
+-- tickets. req may carry "queue": true, "ticket": "t-…" (a string of ours: the server passes no
+-- other), "graceMs" (default 2000), "maxWaitMs" and "lineHorizonMs" (the server's horizon,
+-- default 300000). _acquire_line() hands a request it lets through back with "lineDecided":
+-- true, which _acquire_plain() and _acquire_any() then decide without looking at the line.
+--
+-- Order (12.9, once): a bucket's line changes only under its bucket row's lock: filing a ticket
+-- locks the rows of every bucket it names (in key order, creating missing ones), counts it in
+-- buckets.queued and raises their floor_ms to its filing instant; ending one locks them too and
+-- counts it out. A grant writes the same rows. So filings and grants of one bucket are decided
+-- one after another, each at an instant no earlier than the one before it (the floor), and a
+-- ticket's number, filing instant and place in every line it joins agree. A one-statement or
+-- plain grant decided on a row read before a filing finds the row changed (its xmin) and
+-- decides again, seeing the line. A ticket is locked (FOR UPDATE) before its buckets, and only
+-- by the one request that ends it or by leave() and sweep_tickets(), so a ticket presented
+-- from many sessions at once is granted once: the others find it ended.
 
 -- The limits a ticket binds (12.3): the request's, defaults resolved, sorted by key.
 CREATE OR REPLACE FUNCTION __SCHEMA__._bound(req jsonb) RETURNS jsonb
@@ -976,12 +1019,23 @@ $$
     FROM jsonb_array_elements(req->'limits') AS x
 $$;
 
--- The live tickets in bucket p_key's line at p_now.
+-- The live tickets in bucket p_key's line at p_now: its count less the lapsed rows not yet
+-- swept (a few: the sweeper ends lapsed tickets every second).
 CREATE OR REPLACE FUNCTION __SCHEMA__._queued(p_key text, p_now bigint) RETURNS bigint
 LANGUAGE sql STABLE AS
 $$
-  SELECT count(*) FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets t ON t.num = q.num
-   WHERE q.bucket = p_key AND t.lapse_at > p_now
+  SELECT coalesce((SELECT bk.queued FROM __SCHEMA__.buckets bk WHERE bk.key = p_key), 0)
+         - (SELECT count(*) FROM __SCHEMA__.line q WHERE q.bucket = p_key AND q.lapse_at <= p_now)
+$$;
+
+-- Whether a line of the buckets p_keys holds 10,000 live tickets at p_now (12.1): its count
+-- first, then (only at the bound) its lapsed rows not yet swept.
+CREATE OR REPLACE FUNCTION __SCHEMA__._line_full(p_keys text[], p_now bigint) RETURNS boolean
+LANGUAGE sql STABLE AS
+$$
+  SELECT EXISTS (SELECT 1 FROM __SCHEMA__.buckets bk
+                  WHERE bk.key = ANY (p_keys) AND bk.queued >= 10000
+                    AND __SCHEMA__._queued(bk.key, p_now) >= 10000)
 $$;
 
 -- The most live tickets ahead of ticket p_num in any one of its lines.
@@ -989,19 +1043,31 @@ CREATE OR REPLACE FUNCTION __SCHEMA__._ahead(p_num bigint, p_now bigint) RETURNS
 LANGUAGE sql STABLE AS
 $$
   SELECT coalesce(max(c.n), 0) FROM (
-    SELECT (SELECT count(*) FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets t ON t.num = q.num
-             WHERE q.bucket = k.key AND q.num < p_num AND t.lapse_at > p_now) AS n
+    SELECT (SELECT count(*) FROM __SCHEMA__.line q
+             WHERE q.bucket = k.key AND q.num < p_num AND q.lapse_at + 0 > p_now) AS n
       FROM __SCHEMA__.tickets me CROSS JOIN LATERAL unnest(me.keys) AS k(key)
      WHERE me.num = p_num) c
 $$;
 
--- Ends ticket p_num (granted, left or lapsed): it leaves every line.
+-- Ends ticket p_num (granted, left or lapsed): it leaves every line, counted out of each under
+-- its bucket row's lock (taken in key order). The caller holds the ticket's row lock.
 CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint) RETURNS void
-LANGUAGE sql VOLATILE AS
+LANGUAGE plpgsql VOLATILE AS
 $$
-  DELETE FROM __SCHEMA__.line q USING __SCHEMA__.tickets t
-   WHERE t.num = p_num AND q.bucket = ANY (t.keys) AND q.num = p_num;
+DECLARE
+  v_keys text[];
+  v_key text;
+BEGIN
+  SELECT t.keys INTO v_keys FROM __SCHEMA__.tickets t WHERE t.num = p_num;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  FOR v_key IN SELECT k FROM unnest(v_keys) AS k ORDER BY k COLLATE "C" LOOP
+    UPDATE __SCHEMA__.buckets SET queued = queued - 1 WHERE key = v_key;
+  END LOOP;
+  DELETE FROM __SCHEMA__.line q WHERE q.bucket = ANY (v_keys) AND q.num = p_num;
   DELETE FROM __SCHEMA__.tickets WHERE num = p_num;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(req jsonb, mode text, recheck_ms bigint,
@@ -1010,37 +1076,187 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE AS
 $$
 BEGIN
-  IF NOT (req ? 'queue' OR req ? 'ticket')
-     AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(req->'limits') AS x
-                      WHERE EXISTS (SELECT 1 FROM __SCHEMA__.line q WHERE q.bucket = x->>'key')) THEN
-    RETURN __SCHEMA__._acquire_plain(req, mode, recheck_ms, permit_id, at_ms);
+  IF req ? 'queue' OR req ? 'ticket' THEN
+    RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
   END IF;
-  RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
+  RETURN __SCHEMA__._acquire_plain(req, mode, recheck_ms, permit_id, at_ms);
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
   'acquire, report or peek (wire sections 3, 9.1-9.2 and 12); refusals and peeks write nothing but a ticket';
 
--- Rule Q and the tickets. The presented ticket is checked first (a live one bound to another
--- request raises RL400 naming ticket, and nothing changes; a lapsed one ends, then counts as
--- unknown). Then per limit, in request order, the first live ticket older than the request's
--- own (every one, for a request without a ticket) holds it back until that ticket's retryAt;
--- while that passed 50 ms ago or less (the ticket is due: its host is on its way; the engine's
--- LATE_AFTER_MS), until a millisecond on; once the ticket is late, until its lapse for a
--- request that does not queue, and the sooner of its lapse and now + recheck_ms for one that
--- does. A window limit waits too for its own instant in the line: when its window has room for
--- its cost and the costs of the live tickets ahead of it (the request's own refusal is read
--- with those costs added). Held back, the request's own refusal (a peek of _acquire_plain,
--- which writes nothing) and the line's are merged as rule 6 merges refusals (the latest; on a
--- tie the throttle, else the first limit, and within one limit the window, then the line, then
--- concurrency), and its retention is lengthened as any refusal's (rule 3). Otherwise
--- _acquire_plain decides. A grant ends the request's ticket;
--- a refusal renews it, or files one (queue, or an unknown ticket) when refused for rate or
--- concurrency and no line it names holds 10,000 live tickets. The reply adds "ticket",
--- "lapseAt", "ahead" and "now" when it names a ticket, and "queued" to each figure when the
--- request takes part in the line or that line is not empty; for the server's metrics,
--- "waitedMs" (filing to grant) when a grant ended a ticket, and "lapsedTicket" when the
--- ticket presented had lapsed.
+-- Rule Q in bucket p_key as section 12.9 bounds it, for a limit (p_calls, p_per, p_cost capped
+-- at calls, p_conc; NULL where the limit has none) of a request presenting live ticket p_mine
+-- (NULL: none, every ticket is older) at p_now: NULL when the line lets it through, else the
+-- instant it is told for this line. The engine's Engine::line_refusal, step for step:
+--   The tickets older than p_mine that hold (live, their caller not throttled: a throttled
+--   ticket yields) are walked in number order. Each with a window here and a cost is reserved
+--   the earliest instant, no sooner than the one reserved before it (or now), at which its own
+--   window (calls per perMs) has room for its cost, counting the bucket's kept grants (those
+--   counting at now) and the reservations ahead of it at their instants. The request backfills
+--   (the line lets it through) when its limit has no concurrent and its cost, counted at now,
+--   leaves every reserved ticket room at its reserved instant (where the ticket's window still
+--   counts a grant made now). Otherwise it is told the latest of now + 1, its own reserved
+--   instant behind them all (a window with a cost), and for a place the instant the places the
+--   tickets ahead want come back (or as the first ticket that holds is told: its retryAt; a
+--   millisecond on while it is due; a recheck on once it is late), at most a recheck on.
+-- One pass over the tickets ahead (one index read in order) and over the bucket's grants.
+CREATE OR REPLACE FUNCTION __SCHEMA__._line_refusal(p_key text, p_now bigint, p_mine bigint,
+                                                    p_calls bigint, p_per bigint, p_cost bigint,
+                                                    p_conc bigint, p_recheck bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+  b record;
+  q record;
+  v_cost bigint := CASE WHEN p_calls IS NULL THEN 0 ELSE least(coalesce(p_cost, 0), p_calls) END;
+  v_backfills boolean := p_conc IS NULL;
+  v_wanting bigint := 0;
+  v_first bigint;
+  -- the bucket's kept grants (instant, cost as settled), oldest first; gs: running sums
+  ga bigint[]; gc bigint[]; gs bigint[]; ng integer := -1;  -- -1: not read yet
+  -- the reservations in order; rs: running sums
+  ra bigint[] := '{}'; rc bigint[] := '{}'; rs bigint[] := '{0}'; nr integer := 0;
+  v_from bigint; v_cut bigint; v_t bigint; v_used bigint; v_leave bigint;
+  -- gi, ri: the first grant and reservation still counting at v_from. Both move forward as
+  -- the reservations do (back only where tickets' windows differ in length).
+  gi integer := 1; ri integer := 1;
+  i integer; j integer;
+  v_at bigint;
+  v_held bigint; v_need bigint; v_retry bigint; v_x bigint; v_recheck bigint;
+BEGIN
+  SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.fen, bk.queued INTO b
+    FROM __SCHEMA__.buckets bk WHERE bk.key = p_key;
+  IF NOT FOUND OR b.queued <= 0 THEN
+    RETURN NULL;
+  END IF;
+  IF v_backfills AND v_cost = 0 THEN
+    RETURN NULL;  -- no place and no cost: it delays no one
+  END IF;
+  -- The tickets that hold, in order, then (me) the request itself: its own reserved instant
+  -- behind them is found by the same steps.
+  FOR q IN
+    SELECT * FROM (
+      SELECT * FROM (
+        SELECT false AS me, l.num, l.calls, l.per_ms, l.cost, l.conc FROM __SCHEMA__.line l
+         WHERE l.bucket = p_key AND l.num < coalesce(p_mine, 9223372036854775807)
+           AND l.lapse_at + 0 > p_now  -- (read in number order: on the primary key, not line_lapse)
+           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.throttles th WHERE th.key = l.caller AND th.until > p_now)
+         ORDER BY l.num) h
+      UNION ALL
+      SELECT true, NULL, coalesce(p_calls, 0), coalesce(p_per, 0), v_cost, coalesce(p_conc, 0)) x
+  LOOP
+    IF q.me THEN
+      EXIT WHEN v_first IS NULL OR v_backfills OR v_cost = 0;
+    ELSE
+      v_first := coalesce(v_first, q.num);
+      IF q.conc > 0 THEN
+        v_wanting := v_wanting + 1;
+      END IF;
+      CONTINUE WHEN q.calls = 0 OR q.cost = 0;
+      -- reservations matter only to a backfill, or to a reserved instant of its own
+      CONTINUE WHEN NOT v_backfills AND v_cost = 0;
+    END IF;
+    IF ng < 0 THEN
+      SELECT coalesce(array_agg(g.at ORDER BY g.at), '{}'),
+             coalesce(array_agg(g.cost + CASE WHEN b.fen
+                                 THEN __SCHEMA__._fen_sum(b.id, g.seq) - __SCHEMA__._fen_sum(b.id, g.seq - 1)
+                                 ELSE 0 END ORDER BY g.at), '{}')
+        INTO ga, gc
+        FROM __SCHEMA__.grants g
+       WHERE g.bucket = b.id AND g.at > greatest(b.pruned_to, p_now - b.retain_ms);
+      ng := coalesce(array_length(ga, 1), 0);
+      gs := '{0}';
+      FOR i IN 1 .. ng LOOP
+        gs[i + 1] := gs[i] + gc[i];
+      END LOOP;
+    END IF;
+    -- The earliest instant from the last reservation (or now) at which q.calls per q.per_ms
+    -- has room for q.cost: the grants counting at now (under min(perMs, retention)) and still
+    -- at v_from, and the reservations still counting at v_from, leave in time order until it
+    -- fits; then every other that leaves at that instant goes too.
+    v_from := CASE WHEN nr > 0 THEN ra[nr] ELSE p_now END;
+    v_cut := greatest(p_now - least(q.per_ms, b.retain_ms), v_from - q.per_ms);
+    WHILE gi <= ng AND ga[gi] <= v_cut LOOP gi := gi + 1; END LOOP;
+    WHILE gi > 1 AND ga[gi - 1] > v_cut LOOP gi := gi - 1; END LOOP;
+    WHILE ri <= nr AND ra[ri] + q.per_ms <= v_from LOOP ri := ri + 1; END LOOP;
+    WHILE ri > 1 AND ra[ri - 1] + q.per_ms > v_from LOOP ri := ri - 1; END LOOP;
+    i := gi; j := ri;
+    v_used := (gs[ng + 1] - gs[i]) + (rs[nr + 1] - rs[j]);
+    v_t := v_from;
+    LOOP
+      IF i <= ng AND (j > nr OR ga[i] <= ra[j]) THEN
+        v_leave := ga[i] + q.per_ms;
+        EXIT WHEN v_used + q.cost <= q.calls AND v_leave > v_t;
+        v_used := v_used - gc[i];
+        i := i + 1;
+      ELSIF j <= nr THEN
+        v_leave := ra[j] + q.per_ms;
+        EXIT WHEN v_used + q.cost <= q.calls AND v_leave > v_t;
+        v_used := v_used - rc[j];
+        j := j + 1;
+      ELSE
+        EXIT;
+      END IF;
+      v_t := greatest(v_t, v_leave);
+    END LOOP;
+    IF q.me THEN
+      v_at := v_t;
+      EXIT;
+    END IF;
+    nr := nr + 1;
+    ra[nr] := v_t; rc[nr] := q.cost; rs[nr + 1] := rs[nr] + q.cost;
+    -- This request's cost, granted now, still counts there at v_t: it must leave room.
+    IF v_backfills AND v_cost > 0 AND p_now + q.per_ms > v_t AND v_used + q.cost + v_cost > q.calls THEN
+      v_backfills := false;
+    END IF;
+  END LOOP;
+  IF v_first IS NULL OR v_backfills THEN
+    RETURN NULL;
+  END IF;
+  v_at := greatest(p_now + 1, coalesce(v_at, p_now + 1));
+  IF p_conc IS NOT NULL THEN
+    -- Once enough held places have lapsed for every ticket ahead that wants one and for it,
+    -- or else as the first ticket that holds is told; at most a recheck on.
+    v_recheck := p_now + p_recheck;
+    SELECT count(*) INTO v_held FROM __SCHEMA__.places p WHERE p.bucket = b.id AND p.lapse > p_now;
+    v_need := v_held + v_wanting + 1;
+    IF v_need > p_conc AND v_need - p_conc <= v_held THEN
+      SELECT p.lapse INTO v_x FROM __SCHEMA__.places p
+       WHERE p.bucket = b.id AND p.lapse > p_now
+       ORDER BY p.lapse OFFSET v_need - p_conc - 1 LIMIT 1;
+    ELSE
+      SELECT t.retry_at INTO v_retry FROM __SCHEMA__.tickets t WHERE t.num = v_first;
+      v_x := CASE WHEN v_retry > p_now THEN v_retry
+                  WHEN p_now - v_retry <= 50 THEN p_now + 1
+                  ELSE v_recheck END;
+    END IF;
+    v_at := greatest(v_at, least(v_x, v_recheck));
+  END IF;
+  RETURN v_at;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._line_refusal(text, bigint, bigint, bigint, bigint, bigint, bigint, bigint) IS
+  'rule Q in one bucket as section 12.9 bounds it: NULL when the line lets the limit through, else its instant';
+
+-- Rule Q and the tickets. The ticket presented is read first (a live one bound to another
+-- request raises RL400 naming ticket, and nothing changes; a lapsed one counts as unknown, its
+-- lapse counted once). Then, per limit in request order, the line's refusal (_line_refusal) and
+-- the request's own (a peek of _acquire_plain at the same instant, which writes nothing) are
+-- merged as rule 6 merges refusals (the latest; on a tie the throttle, else the first limit,
+-- and within one limit the window, then the line, then concurrency). Pass 1 decides on
+-- snapshots with no lock: a peek, a refusal that files nothing and a renewal answer from
+-- there. A grant, and a refusal that files a ticket, lock the ticket (FOR UPDATE) and then
+-- every bucket row (in key order, creating missing ones) and decide again (pass 2) at an
+-- instant read after the locks. A grant ends the request's ticket; a refusal renews it (its
+-- lapse: retryAt + grace, never after its deadline nor before now + 1), or files one (queue,
+-- or an unknown ticket) when refused for rate or concurrency, unless the request's own instant
+-- lies beyond its horizon (min(maxWaitMs, the server's); "noTicket": "horizon") or a line it
+-- names holds 10,000 live tickets ("noTicket": "full"). The reply adds "ticket", "lapseAt",
+-- "ahead" and "now" when it names a ticket, and "queued" to each figure when the request takes
+-- part in the line or that line is not empty; for the server's metrics, "waitedMs" (filing to
+-- grant) when a grant ended a ticket, and "lapsedTicket" when the ticket presented had lapsed.
 CREATE OR REPLACE FUNCTION __SCHEMA__._acquire_line(req jsonb, mode text, recheck_ms bigint,
                                                     permit_id text, at_ms bigint DEFAULT NULL)
 RETURNS jsonb
@@ -1049,39 +1265,79 @@ $$
 DECLARE
   v_inline boolean := coalesce((req->>'queue')::boolean, false) OR req ? 'ticket';
   v_grace bigint := coalesce((req->>'graceMs')::bigint, 2000);
+  v_server bigint := coalesce((req->>'lineHorizonMs')::bigint, 300000);
+  v_horizon bigint;
   v_peek boolean := mode = 'peek';
+  v_decided jsonb := req || '{"lineDecided": true}'::jsonb;
+  v_limits jsonb := req->'limits';
+  n integer;
+  i integer;
+  e jsonb;
+  lk text[]; lcalls bigint[]; lper bigint[]; lcost bigint[]; lconc bigint[];
+  v_key text;
   v_now bigint;
-  v_mine bigint;
   t record;
-  h record;
-  l jsonb;
-  i integer := 0;
+  v_have boolean := false;
+  v_mine bigint;
+  v_locked boolean := false;
+  v_lapsed boolean := false;
   v_at bigint;
   v_lat bigint;
   v_lidx integer;
-  v_lreason text;
-  v_reply jsonb;
   v_own jsonb;
+  v_own_at bigint;
   v_oidx integer;
-  v_line_wins boolean;
-  v_num bigint;
+  v_refused boolean;
   v_retry bigint;
+  v_reason text;
+  v_limit text;
+  v_reply jsonb;
+  v_num bigint;
   v_lapse bigint;
+  v_no text;
+  v_rows integer;
   v_figs jsonb;
-  v_ahead bigint;
-  v_in_line jsonb := req;
-  v_lapsed boolean := false;
+  v_ticket text;
 BEGIN
-  SELECT greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), coalesce(max(bk.floor_ms), 0)) INTO v_now
-    FROM __SCHEMA__.buckets bk
-   WHERE bk.key IN (SELECT x->>'key' FROM jsonb_array_elements(req->'limits') AS x);
+  v_horizon := least(v_server, coalesce((req->>'maxWaitMs')::bigint, v_server));
+  n := coalesce(jsonb_array_length(v_limits), 0);
+  FOR i IN 1 .. n LOOP
+    e := v_limits->(i - 1);
+    lk[i] := e->>'key';
+    lcalls[i] := (e->>'calls')::bigint;
+    lper[i] := (e->>'perMs')::bigint;
+    lconc[i] := (e->>'concurrent')::bigint;
+    lcost[i] := CASE WHEN lcalls[i] IS NULL THEN 0
+                     ELSE least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lcalls[i]) END;
+  END LOOP;
   IF req ? 'ticket' THEN
     SELECT * INTO t FROM __SCHEMA__.tickets WHERE ticket = req->>'ticket';
-    IF FOUND THEN
+    v_have := FOUND;
+  END IF;
+
+  LOOP
+    IF v_locked THEN
+      -- Pass 2: the ticket, then every bucket in key order (a missing row is created: the lock
+      -- of a line with no grant yet). Ended meanwhile, the ticket is unknown.
+      IF v_have THEN
+        SELECT * INTO t FROM __SCHEMA__.tickets WHERE num = t.num FOR UPDATE;
+        v_have := FOUND;
+      END IF;
+      FOR v_key IN SELECT k FROM unnest(lk) AS k ORDER BY k COLLATE "C" LOOP
+        INSERT INTO __SCHEMA__.buckets AS bk (key) VALUES (v_key)
+        ON CONFLICT (key) DO UPDATE SET key = excluded.key WHERE false;
+      END LOOP;
+    END IF;
+    SELECT greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), coalesce(max(bk.floor_ms), 0)) INTO v_now
+      FROM __SCHEMA__.buckets bk WHERE bk.key = ANY (lk);
+    v_mine := NULL;
+    IF v_have THEN
       IF t.lapse_at <= v_now THEN
-        IF NOT v_peek THEN
-          PERFORM __SCHEMA__._end_ticket(t.num);
-          v_lapsed := true;
+        IF NOT v_peek AND NOT t.counted THEN
+          UPDATE __SCHEMA__.tickets SET counted = true WHERE num = t.num AND NOT counted;
+          GET DIAGNOSTICS v_rows = ROW_COUNT;
+          v_lapsed := v_lapsed OR v_rows > 0;
+          t.counted := true;
         END IF;
       ELSIF t.caller IS DISTINCT FROM req->>'key' OR t.bound <> __SCHEMA__._bound(req) THEN
         RAISE EXCEPTION 'ticket was filed for another request: the caller key and the limits (key, calls, perMs, cost, concurrent, holdMs) must be the ones it was filed with'
@@ -1090,83 +1346,84 @@ BEGIN
         v_mine := t.num;
       END IF;
     END IF;
-  END IF;
 
-  -- Rule Q: the line refusal that stands, per limit in request order (strictly later wins).
-  FOR l IN SELECT x FROM jsonb_array_elements(req->'limits') AS x LOOP
-    SELECT tk.retry_at, tk.lapse_at INTO h
-      FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets tk ON tk.num = q.num
-     WHERE q.bucket = l->>'key' AND q.num < coalesce(v_mine, 9223372036854775807) AND tk.lapse_at > v_now
-     ORDER BY q.num LIMIT 1;
-    IF FOUND THEN
-      v_at := CASE WHEN h.retry_at > v_now THEN h.retry_at
-                   WHEN v_now - h.retry_at <= 50 THEN v_now + 1
-                   WHEN v_inline THEN least(h.lapse_at, v_now + recheck_ms)
-                   ELSE h.lapse_at END;
-      IF v_lat IS NULL OR v_at > v_lat THEN
+    -- Rule Q: the line refusal that stands, per limit in request order (strictly later wins).
+    v_lat := NULL;
+    v_lidx := NULL;
+    FOR i IN 1 .. n LOOP
+      v_at := __SCHEMA__._line_refusal(lk[i], v_now, v_mine, lcalls[i], lper[i], lcost[i], lconc[i], recheck_ms);
+      IF v_at IS NOT NULL AND (v_lat IS NULL OR v_at > v_lat) THEN
         v_lat := v_at;
-        v_lidx := i;
-        v_lreason := CASE WHEN l ? 'calls' THEN 'rate' ELSE 'concurrency' END;
+        v_lidx := i - 1;
       END IF;
-      IF l ? 'calls' THEN
-        -- Its own instant in the line: its window must have room for the costs of the live
-        -- tickets ahead of it here too.
-        SELECT coalesce(sum(least((b->>'cost')::bigint, (b->>'calls')::bigint)), 0) INTO v_ahead
-          FROM __SCHEMA__.line q JOIN __SCHEMA__.tickets tk ON tk.num = q.num
-          CROSS JOIN LATERAL jsonb_array_elements(tk.bound) AS b
-         WHERE q.bucket = l->>'key' AND q.num < coalesce(v_mine, 9223372036854775807) AND tk.lapse_at > v_now
-           AND b->>'key' = l->>'key' AND b ? 'calls';
-        IF v_ahead > 0 THEN
-          v_in_line := jsonb_set(v_in_line, ARRAY['limits', i::text, 'cost'],
-            to_jsonb(least(coalesce((l->>'cost')::bigint, (req->>'cost')::bigint, 1) + v_ahead,
-                           (l->>'calls')::bigint)));
-        END IF;
+    END LOOP;
+    -- The request's own refusal at the same instant (the horizon's measure too).
+    v_own := __SCHEMA__._acquire_plain(v_decided, 'peek', recheck_ms, permit_id, v_now);
+    v_refused := NOT (v_own->>'fits')::boolean;
+    v_own_at := CASE WHEN v_refused THEN (v_own->>'retryAt')::bigint ELSE v_now END;
+    v_retry := (v_own->>'retryAt')::bigint;
+    v_reason := v_own->>'reason';
+    v_limit := v_own->>'limit';
+    IF v_lat IS NOT NULL THEN
+      v_oidx := NULL;
+      IF v_refused AND v_reason <> 'throttle' THEN
+        SELECT x.ord - 1 INTO v_oidx
+          FROM jsonb_array_elements(v_limits) WITH ORDINALITY AS x(v, ord)
+         WHERE x.v->>'key' = v_limit
+         ORDER BY x.ord LIMIT 1;
+      END IF;
+      IF NOT v_refused OR v_lat > v_retry
+         OR (v_lat = v_retry AND v_reason <> 'throttle'
+             AND (v_lidx < v_oidx OR (v_lidx = v_oidx AND v_reason = 'concurrency'))) THEN
+        v_refused := true;
+        v_retry := v_lat;
+        v_reason := CASE WHEN lcalls[v_lidx + 1] IS NOT NULL THEN 'rate' ELSE 'concurrency' END;
+        v_limit := lk[v_lidx + 1];
       END IF;
     END IF;
-    i := i + 1;
+    EXIT WHEN v_peek OR v_locked;
+    -- What writes more than a renewal is decided again under the locks; a line full on the
+    -- snapshot (rare, and a refusal either way) files nothing and needs no lock.
+    EXIT WHEN v_refused AND NOT (v_mine IS NULL AND v_inline AND v_reason <> 'throttle'
+                                 AND v_own_at <= v_now + v_horizon
+                                 AND NOT __SCHEMA__._line_full(lk, v_now));
+    v_locked := true;
   END LOOP;
 
-  IF v_lat IS NULL THEN
-    v_reply := __SCHEMA__._acquire_plain(req, mode, recheck_ms, permit_id, at_ms);
+  IF v_peek THEN
+    v_reply := v_own;
+    IF v_refused THEN
+      v_reply := v_reply || jsonb_build_object('fits', false, 'retryAt', v_retry, 'reason', v_reason,
+                                               'limit', v_limit);
+    END IF;
   ELSE
-    v_own := __SCHEMA__._acquire_plain(v_in_line, 'peek', recheck_ms, permit_id, at_ms);
-    IF (v_own->>'fits')::boolean THEN
-      v_line_wins := true;
-    ELSE
-      SELECT x.ord - 1 INTO v_oidx
-        FROM jsonb_array_elements(req->'limits') WITH ORDINALITY AS x(v, ord)
-       WHERE v_own->>'reason' <> 'throttle' AND x.v->>'key' = v_own->>'limit';
-      v_line_wins := v_lat > (v_own->>'retryAt')::bigint
-        OR (v_lat = (v_own->>'retryAt')::bigint AND v_own->>'reason' <> 'throttle'
-            AND (v_lidx < v_oidx OR (v_lidx = v_oidx AND v_own->>'reason' = 'concurrency')));
-    END IF;
-    IF v_line_wins THEN
-      v_own := v_own || jsonb_build_object('fits', false, 'retryAt', v_lat, 'reason', v_lreason,
-                                           'limit', req->'limits'->v_lidx->>'key');
-    END IF;
-    IF v_peek THEN
-      v_reply := v_own;
-    ELSE
-      PERFORM __SCHEMA__._lengthen(req, v_now, at_ms);
-      v_reply := jsonb_build_object('granted', false, 'retryAt', v_own->'retryAt', 'reason', v_own->'reason',
-                                    'limit', v_own->'limit', 'now', v_own->'now');
-      IF mode = 'report' THEN
-        v_reply := v_reply || jsonb_build_object('limits', v_own->'limits');
+    IF NOT v_refused THEN
+      v_reply := __SCHEMA__._acquire_plain(v_decided, mode, recheck_ms, permit_id, at_ms);
+      IF (v_reply->>'granted')::boolean THEN
+        v_now := greatest(v_now, (v_reply->>'now')::bigint);
+        IF v_mine IS NOT NULL THEN
+          PERFORM __SCHEMA__._end_ticket(v_mine);
+          v_reply := v_reply || jsonb_build_object('waitedMs', (v_reply->>'at')::bigint - t.filed_at);
+        END IF;
+      ELSE
+        -- refused after all (a throttle set meanwhile): as any refusal below
+        v_refused := true;
+        v_retry := (v_reply->>'retryAt')::bigint;
+        v_reason := v_reply->>'reason';
+        v_limit := v_reply->>'limit';
       END IF;
     END IF;
-  END IF;
-  v_now := greatest(v_now, coalesce((v_reply->>'now')::bigint, v_now));
-
-  IF NOT v_peek THEN
-    IF (v_reply->>'granted')::boolean THEN
-      IF v_mine IS NOT NULL THEN
-        PERFORM __SCHEMA__._end_ticket(v_mine);
-        v_reply := v_reply || jsonb_build_object('waitedMs', (v_reply->>'at')::bigint - t.filed_at);
+    IF v_refused THEN
+      IF v_reply IS NULL THEN
+        v_reply := jsonb_build_object('granted', false, 'retryAt', v_retry, 'reason', v_reason,
+                                      'limit', v_limit, 'now', v_now);
+        IF mode = 'report' THEN
+          v_reply := v_reply || jsonb_build_object('limits', v_own->'limits');
+        END IF;
       END IF;
-    ELSE
-      v_retry := (v_reply->>'retryAt')::bigint;
-      v_lapse := v_retry + v_grace;
       IF v_mine IS NOT NULL THEN
+        -- Renewed: it keeps its place (the ticket first, then any bucket: the lock order).
+        v_lapse := greatest(least(v_retry + v_grace, t.deadline), v_now + 1);
         IF pg_current_xact_id_if_assigned() IS NULL THEN
           -- Nothing else written: a renewal may be lost in a crash (12.6), so its commit does
           -- not wait for the WAL flush. A host asking again while it waits costs no fsync.
@@ -1174,23 +1431,47 @@ BEGIN
         END IF;
         UPDATE __SCHEMA__.tickets SET retry_at = v_retry, lapse_at = v_lapse, grace_ms = v_grace
          WHERE num = v_mine;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows = 0 THEN
+          -- Ended meanwhile (granted or left through another session): now unknown.
+          RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
+        END IF;
+        UPDATE __SCHEMA__.line q SET lapse_at = v_lapse WHERE q.bucket = ANY (t.keys) AND q.num = v_mine;
         v_num := v_mine;
-      ELSIF v_inline AND v_reply->>'reason' <> 'throttle'
-            AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(req->'limits') AS x
-                             WHERE __SCHEMA__._queued(x->>'key', v_now) >= 10000) THEN
-        v_num := nextval('__SCHEMA__.ticket_numbers');
-        INSERT INTO __SCHEMA__.tickets (num, ticket, caller, bound, keys, retry_at, lapse_at, grace_ms, filed_at)
-        VALUES (v_num, 't-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 16) || lpad(to_hex(v_num), 16, '0'),
-                req->>'key', __SCHEMA__._bound(req),
-                ARRAY(SELECT x->>'key' FROM jsonb_array_elements(req->'limits') AS x),
-                v_retry, v_lapse, v_grace, v_now);
-        INSERT INTO __SCHEMA__.line (bucket, num)
-        SELECT x->>'key', v_num FROM jsonb_array_elements(req->'limits') AS x;
+      ELSIF v_inline AND v_reason <> 'throttle' THEN
+        IF v_own_at > v_now + v_horizon THEN
+          v_no := 'horizon';
+        ELSIF __SCHEMA__._line_full(lk, v_now) THEN
+          v_no := 'full';
+        ELSE
+          -- Filed under every bucket's lock (pass 2): its number, its instant and its place in
+          -- each line agree.
+          v_num := nextval('__SCHEMA__.ticket_numbers');
+          v_ticket := replace(gen_random_uuid()::text, '-', '');
+          -- 64 random bits: the uuid's hex digits but its version and variant digits
+          v_ticket := 't-' || substr(v_ticket, 1, 12) || substr(v_ticket, 14, 3) || substr(v_ticket, 18, 1)
+                      || lpad(to_hex(v_num), 16, '0');
+          v_lapse := least(v_retry + v_grace, v_now + v_horizon);
+          INSERT INTO __SCHEMA__.tickets (num, ticket, caller, bound, keys, retry_at, lapse_at, grace_ms,
+                                          filed_at, deadline)
+          VALUES (v_num, v_ticket, req->>'key', __SCHEMA__._bound(req), lk, v_retry, v_lapse, v_grace,
+                  v_now, v_now + v_horizon);
+          FOR i IN 1 .. n LOOP
+            INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc)
+            VALUES (lk[i], v_num, v_lapse, req->>'key', coalesce(lcalls[i], 0), coalesce(lper[i], 0),
+                    lcost[i], coalesce(lconc[i], 0));
+          END LOOP;
+          UPDATE __SCHEMA__.buckets SET queued = queued + 1, floor_ms = greatest(floor_ms, v_now)
+           WHERE key = ANY (lk);
+        END IF;
       END IF;
+      PERFORM __SCHEMA__._lengthen(req, v_now, at_ms);
       IF v_num IS NOT NULL THEN
         v_reply := v_reply || jsonb_build_object(
-          'ticket', (SELECT ticket FROM __SCHEMA__.tickets WHERE num = v_num),
+          'ticket', (SELECT tk.ticket FROM __SCHEMA__.tickets tk WHERE tk.num = v_num),
           'lapseAt', v_lapse, 'ahead', __SCHEMA__._ahead(v_num, v_now), 'now', v_now);
+      ELSIF v_no IS NOT NULL THEN
+        v_reply := v_reply || jsonb_build_object('noTicket', v_no);
       END IF;
     END IF;
   END IF;
@@ -1209,7 +1490,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__._acquire_line(jsonb, text, bigint, text, bigint) IS
-  'acquire, report or peek under rule Q (wire section 12): files, renews and ends tickets';
+  'acquire, report or peek under rule Q (wire sections 12 and 12.9): files, renews and ends tickets';
 
 -- release {ticket} (12.4): true when a live ticket left its lines; a lapsed one ends too.
 CREATE OR REPLACE FUNCTION __SCHEMA__.leave(p_ticket text, at_ms bigint DEFAULT NULL) RETURNS boolean
@@ -1227,6 +1508,39 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.leave(text, bigint) IS 'release {ticket}: leave every line (section 12.4)';
+
+-- A server's start is a restart for the line (12.6): every ticket that had not lapsed at the
+-- database's latest instant (the latest a server was seen at, or a bucket's floor) keeps its
+-- place and lapses no sooner than now plus its grace (its deadline moved as far), so hosts
+-- whose places would have lapsed while every server was down reach a server again in time.
+-- How many tickets it kept so.
+CREATE OR REPLACE FUNCTION __SCHEMA__.resume_line(at_ms bigint DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  v_latest bigint;
+  v_n integer;
+BEGIN
+  SELECT greatest(m.alive_at, coalesce((SELECT max(bk.floor_ms) FROM __SCHEMA__.buckets bk), 0))
+    INTO v_latest FROM __SCHEMA__.meta m;
+  WITH kept AS (
+    UPDATE __SCHEMA__.tickets t
+       SET lapse_at = v_now + t.grace_ms, deadline = greatest(t.deadline, v_now + t.grace_ms)
+     WHERE t.lapse_at > v_latest AND t.lapse_at < v_now + t.grace_ms AND NOT t.counted
+    RETURNING t.num, t.keys, t.lapse_at
+  ), lines AS (
+    UPDATE __SCHEMA__.line q SET lapse_at = kept.lapse_at FROM kept
+     WHERE q.bucket = ANY (kept.keys) AND q.num = kept.num
+    RETURNING 1
+  )
+  SELECT count(*)::integer INTO v_n FROM kept;
+  UPDATE __SCHEMA__.meta SET alive_at = greatest(alive_at, v_now);
+  RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.resume_line(bigint) IS
+  'a server''s start: tickets live at the latest instant keep their place, lapsing no sooner than now + grace (12.6)';
 
 -- The writing half of the server's one-statement acquire of one window limit
 -- (acquire_window.sql, beside this script), called by that statement only when it does not
@@ -1566,23 +1880,26 @@ BEGIN
    ORDER BY s.key
    LIMIT lim + 1;
 
-  -- Each bucket's line (section 12.7): queued (in window_used) and when its first live
-  -- ticket was filed (in oldest), for every bucket with a live ticket, a bucket with only a
-  -- line included. The server merges these rows into the buckets' by key. The lines' buckets
-  -- are walked in key order and counted one at a time, so the walk stops with the page.
+  -- Each bucket's line (sections 12.7 and 12.9): queued (in window_used), when its first
+  -- live ticket was filed (in oldest) and that ticket (the one element of place_keys), for
+  -- every bucket with a live ticket, a bucket with only a line included. The server merges
+  -- these rows into the buckets' by key. The lines' buckets are walked in key order and
+  -- counted from their rows (less the lapsed tickets not yet swept), so the walk stops with
+  -- the page.
   RETURN QUERY
-  SELECT 'q'::text, b.bucket, v_now, q.n, NULL::bigint, NULL::bigint, NULL::bigint, q.first,
-         NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[], NULL::bigint[]
-    FROM (SELECT DISTINCT ln.bucket FROM __SCHEMA__.line ln
-           WHERE ln.bucket > v_after AND ln.bucket >= v_prefix AND ln.bucket < v_end
-             AND starts_with(ln.bucket, v_prefix)
-           ORDER BY ln.bucket) b
+  SELECT 'q'::text, b.key, v_now, b.n, NULL::bigint, NULL::bigint, NULL::bigint, f.filed_at,
+         NULL::bigint, NULL::bigint, NULL::bigint, ARRAY[f.ticket::text], NULL::bigint[]
+    FROM (SELECT l.bucket AS key, __SCHEMA__._queued(l.bucket, v_now) AS n
+            FROM (SELECT DISTINCT ln.bucket FROM __SCHEMA__.line ln
+                   WHERE ln.bucket > v_after AND ln.bucket >= v_prefix AND ln.bucket < v_end
+                     AND starts_with(ln.bucket, v_prefix)
+                   ORDER BY ln.bucket) l) b
    CROSS JOIN LATERAL (
-         SELECT count(*) AS n, (array_agg(t.filed_at ORDER BY ln.num))[1] AS first
-           FROM __SCHEMA__.line ln JOIN __SCHEMA__.tickets t ON t.num = ln.num
-          WHERE ln.bucket = b.bucket AND t.lapse_at > v_now) q
-   WHERE q.n > 0
-   ORDER BY b.bucket
+         SELECT t.filed_at, t.ticket FROM __SCHEMA__.line ln JOIN __SCHEMA__.tickets t ON t.num = ln.num
+          WHERE ln.bucket = b.key AND ln.lapse_at + 0 > v_now
+          ORDER BY ln.num LIMIT 1) f
+   WHERE b.n > 0
+   ORDER BY b.key
    LIMIT lim + 1;
 
   RETURN QUERY
@@ -1680,7 +1997,7 @@ BEGIN
   -- Buckets, from the cursor.
   SELECT m.sweep_cursor INTO v_cursor FROM __SCHEMA__.meta m;
   v_last := v_cursor;
-  FOR c IN SELECT bk.key, bk.id, bk.retain_ms, bk.pruned_to FROM __SCHEMA__.buckets bk
+  FOR c IN SELECT bk.key, bk.id, bk.retain_ms, bk.pruned_to, bk.queued FROM __SCHEMA__.buckets bk
             WHERE bk.key > v_cursor ORDER BY bk.key LIMIT batch LOOP
     IF v_budget <= 0 THEN
       v_end := false;
@@ -1692,7 +2009,8 @@ BEGIN
     v_cut := greatest(c.pruned_to, v_now - c.retain_ms);
     -- Work here? Grants past retention, or an idle bucket to forget. Checked without a lock.
     IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.grants g WHERE g.bucket = c.id AND g.at <= v_cut) THEN
-      CONTINUE WHEN EXISTS (SELECT 1 FROM __SCHEMA__.grants g WHERE g.bucket = c.id)
+      CONTINUE WHEN c.queued > 0
+                 OR EXISTS (SELECT 1 FROM __SCHEMA__.grants g WHERE g.bucket = c.id)
                  OR EXISTS (SELECT 1 FROM __SCHEMA__.places pl
                              WHERE pl.bucket = c.id AND pl.lapse > v_now);
     END IF;
@@ -1714,9 +2032,10 @@ BEGIN
       EXIT;
     END IF;
     SELECT min(g.seq) INTO v_first FROM __SCHEMA__.grants g WHERE g.bucket = b.id;
-    IF v_first IS NULL
+    IF v_first IS NULL AND b.queued = 0
        AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.places pl WHERE pl.bucket = b.id AND pl.lapse > v_now) THEN
-      -- Idle: no grant kept, no place held. Forget it (lapsed places go with their permits).
+      -- Idle: no grant kept, no place held, no line (its row is the line's lock and count).
+      -- Forget it (lapsed places go with their permits).
       DELETE FROM __SCHEMA__.fen f WHERE f.bucket = b.id;
       GET DIAGNOSTICS v_k = ROW_COUNT;
       DELETE FROM __SCHEMA__.buckets bk WHERE bk.id = b.id;
@@ -1746,29 +2065,46 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint, bigint) IS
   'delete lapsed permits, passed throttles, grants past retention and idle buckets, in batches';
 
--- Tickets that lapsed margin_ms before at_ms leave their lines (until then every reader skips
--- them), at most batch of them; how many lapsed tickets went. The sweeper calls it beside
--- sweep() and counts them in /metrics.
+-- Tickets lapsed by at_ms (less margin_ms) leave their lines, at most batch of them: counted
+-- out of each line under its bucket row's lock, the buckets taken in key order once for the
+-- whole batch (the lock order of every request), the tickets skipped while a request holds
+-- them. How many lapses it counted (those not counted when presented after their lapse): the
+-- sweeper calls it every second beside sweep() and counts them in /metrics, so a lapse is
+-- counted about when it happens. It also records the instant as the latest a server was seen
+-- at (resume_line()).
 CREATE OR REPLACE FUNCTION __SCHEMA__.sweep_tickets(batch integer DEFAULT 1000, at_ms bigint DEFAULT NULL,
-                                                    margin_ms bigint DEFAULT 60000)
+                                                    margin_ms bigint DEFAULT 0)
 RETURNS integer
-LANGUAGE sql VOLATILE AS
+LANGUAGE plpgsql VOLATILE AS
 $$
-  WITH gone AS (
-    DELETE FROM __SCHEMA__.tickets t
-     WHERE t.num IN (SELECT t2.num FROM __SCHEMA__.tickets t2
-                      WHERE t2.lapse_at <= coalesce(at_ms, __SCHEMA__._clock_ms()) - margin_ms
-                      ORDER BY t2.lapse_at LIMIT batch FOR UPDATE SKIP LOCKED)
-    RETURNING t.num, t.keys
-  ), lines AS (
-    DELETE FROM __SCHEMA__.line q USING gone WHERE q.bucket = ANY (gone.keys) AND q.num = gone.num
-    RETURNING 1
-  )
-  -- (lines runs whether read or not, as every data-modifying WITH does)
-  SELECT count(*)::integer FROM gone
+DECLARE
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  v_nums bigint[];
+  v_counted integer;
+  r record;
+BEGIN
+  UPDATE __SCHEMA__.meta SET alive_at = v_now WHERE alive_at < v_now;
+  SELECT array_agg(s.num), count(*) FILTER (WHERE NOT s.counted) INTO v_nums, v_counted
+    FROM (SELECT t.num, t.counted FROM __SCHEMA__.tickets t
+           WHERE t.lapse_at <= v_now - margin_ms
+           ORDER BY t.lapse_at LIMIT batch FOR UPDATE SKIP LOCKED) s;
+  IF v_nums IS NULL THEN
+    RETURN 0;
+  END IF;
+  FOR r IN SELECT k.key, count(*) AS c
+             FROM __SCHEMA__.tickets t CROSS JOIN LATERAL unnest(t.keys) AS k(key)
+            WHERE t.num = ANY (v_nums)
+            GROUP BY k.key ORDER BY k.key COLLATE "C" LOOP
+    UPDATE __SCHEMA__.buckets SET queued = queued - r.c WHERE key = r.key;
+  END LOOP;
+  DELETE FROM __SCHEMA__.line q USING __SCHEMA__.tickets t
+   WHERE t.num = ANY (v_nums) AND q.bucket = ANY (t.keys) AND q.num = t.num;
+  DELETE FROM __SCHEMA__.tickets t WHERE t.num = ANY (v_nums);
+  RETURN v_counted;
+END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.sweep_tickets(integer, bigint, bigint) IS
-  'delete tickets lapsed before at_ms - margin_ms from their lines, in batches; how many';
+  'end tickets lapsed by at_ms - margin_ms, in batches; how many lapses it counted';
 
 -- The format version this schema carries.
 CREATE OR REPLACE FUNCTION __SCHEMA__.version() RETURNS integer

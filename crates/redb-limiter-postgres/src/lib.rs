@@ -87,13 +87,16 @@ const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// [`batch`]); `__SCHEMA__` as above.
 const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 /// The steps from each earlier format version to the next: `MIGRATIONS[i]` takes a schema of
 /// version `i + 1` to version `i + 2` (`sql/migrate/N-M.sql`; `__SCHEMA__` as above). Each
 /// runs in its own transaction under the schema's advisory lock and does nothing unless the
 /// schema still carries its starting version, so servers starting at once migrate once.
-const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] =
-    [include_str!("../sql/migrate/1-2.sql"), include_str!("../sql/migrate/2-3.sql")];
+const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [
+    include_str!("../sql/migrate/1-2.sql"),
+    include_str!("../sql/migrate/2-3.sql"),
+    include_str!("../sql/migrate/3-4.sql"),
+];
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
 /// Rows of each kind one `sweep` call deletes at most.
@@ -378,6 +381,11 @@ impl PgLimiter {
         migrate(&client, &options.schema).await.map_err(schema_error)?;
         let script = SCHEMA_SQL.replace("__SCHEMA__", &format!("\"{}\"", options.schema));
         client.batch_execute(&script).await.map_err(schema_error)?;
+        // A server's start is a restart for the line (section 12.6): tickets live at the
+        // database's latest instant keep their place for at least their grace from now.
+        let at = options.clock.as_ref().map(|c| millis_to_sql(c.now()));
+        let resume = format!("SELECT \"{}\".resume_line($1)", options.schema);
+        client.query_one(&resume, &[&at]).await?;
         drop(client);
         let batch_sql = Statements::file(ACQUIRE_WINDOW_BATCH_SQL, &options.schema);
         let faults = Arc::new(faults::Faults::new(options.clock.clone()));
@@ -502,7 +510,13 @@ impl PgLimiter {
         let reply: Value = self
             .call(
                 &self.sql.acquire,
-                &[&request_json(&req), &mode, &to_i64(self.options.recheck_ms), &permit, &self.at()],
+                &[
+                    &request_json(&req, self.options.line_horizon_ms),
+                    &mode,
+                    &to_i64(self.options.recheck_ms),
+                    &permit,
+                    &self.at(),
+                ],
             )
             .await?;
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
@@ -671,7 +685,10 @@ impl PgLimiter {
     /// Decides as an acquire would at the same instant and changes nothing.
     pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
         let reply: Value = self
-            .call(&self.sql.peek, &[&request_json(&req), &to_i64(self.options.recheck_ms), &"", &self.at()])
+            .call(
+                &self.sql.peek,
+                &[&request_json(&req, self.options.line_horizon_ms), &to_i64(self.options.recheck_ms), &"", &self.at()],
+            )
             .await?;
         let peeked = peeked_from(&reply).ok_or_else(|| protocol(&reply))?;
         match &peeked.refusal {
@@ -952,9 +969,15 @@ fn costs_json(costs: &[Cost]) -> Value {
     Value::Array(costs.iter().map(|c| json!({ "key": escape(&c.key), "cost": c.cost })).collect())
 }
 
-/// An acquire's JSON as `acquire()` takes it: the caller and limit keys escaped.
-fn request_json(req: &AcquireRequest) -> Value {
+/// An acquire's JSON as `acquire()` takes it: the caller and limit keys escaped, and for a
+/// request in the line the server's horizon (section 12.9) as `lineHorizonMs`.
+fn request_json(req: &AcquireRequest, line_horizon_ms: u64) -> Value {
     let mut body = req.to_json();
+    if req.in_line()
+        && let Some(obj) = body.as_object_mut()
+    {
+        obj.insert("lineHorizonMs".into(), Value::from(line_horizon_ms));
+    }
     let escape_key = |v: &mut Value| {
         if let Some(Value::String(s)) = v.get_mut("key")
             && let std::borrow::Cow::Owned(escaped) = escape(s)
@@ -1086,8 +1109,8 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
     let mut now = None;
     let mut view = StateView::default();
     let mut truncated = false;
-    // Each bucket's line ('q' rows: queued, first ticket filed), merged by key below.
-    let mut lines: Vec<(String, u64, Option<Millis>)> = Vec::new();
+    // Each bucket's line ('q' rows: queued, first ticket filed, first ticket), merged by key below.
+    let mut lines: Vec<(String, u64, Option<Millis>, Option<TicketId>)> = Vec::new();
     for row in rows {
         let number = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| bad(&e));
         let count = |i: usize| number(i).map(|v| u64::try_from(v.unwrap_or(0)).unwrap_or(0));
@@ -1131,7 +1154,14 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 view.permits.push(PermitView { id, expires: instant(10)?.unwrap_or(Millis(0)), places });
             }
             "t" => view.throttles.push(ThrottleView { key: key()?, until: instant(10)?.unwrap_or(Millis(0)) }),
-            "q" => lines.push((key()?, count(3)?, instant(7)?)),
+            "q" => {
+                let first: Vec<&str> = row.try_get(11).map_err(|e| bad(&e))?;
+                let first = match first.first() {
+                    Some(t) => Some(t.parse::<TicketId>().map_err(|()| bad(&format!("ticket {t:?}")))?),
+                    None => None,
+                };
+                lines.push((key()?, count(3)?, instant(7)?, first));
+            }
             other => return Err(bad(&format!("kind {other:?}"))),
         }
     }
@@ -1140,11 +1170,12 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
         // The first `limit` keys of both lists (each up to `limit + 1` rows), in key order: a
         // bucket with only a line is listed with nothing else counting in it.
         let mut buckets = std::mem::take(&mut view.buckets);
-        for (key, queued, first) in lines {
+        for (key, queued, first, first_ticket) in lines {
             match buckets.binary_search_by(|b| b.key.as_str().cmp(&key)) {
                 Ok(i) => {
                     buckets[i].queued = usize::try_from(queued).unwrap_or(usize::MAX);
                     buckets[i].first_ticket_at = first;
+                    buckets[i].first_ticket = first_ticket;
                 }
                 Err(i) => buckets.insert(
                     i,
@@ -1158,7 +1189,7 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                         next_lapse: None,
                         queued: usize::try_from(queued).unwrap_or(usize::MAX),
                         first_ticket_at: first,
-                        first_ticket: None,
+                        first_ticket,
                     },
                 ),
             }

@@ -942,8 +942,14 @@ enum Op {
     /// the same in any order, and the engine can decide them one after another): the one-window
     /// ones among them are decided in batches.
     Round(Vec<(u8, Vec<LimitSpec>)>),
-    /// An acquire with `queue` (and `report` when the flag is set): a refusal files a ticket.
-    Queue(u8, Vec<LimitSpec>, bool),
+    /// An acquire with `queue` (and `report` when the flag is set) and perhaps `maxWaitMs`: a
+    /// refusal files a ticket when its own instant lies within the horizon.
+    Queue(u8, Vec<LimitSpec>, bool, Option<u64>),
+    /// Throttles the caller of the n-th ticket held for this long: its ticket yields meanwhile.
+    ThrottleHeld(usize, u64),
+    /// A mix prone to backfill: a queued request taking all of one bucket's window (caller,
+    /// bucket, window), then small requests (caller, cost, queue) in the same window.
+    Backfill(u8, u8, (u64, u64), Vec<(u8, u64, bool)>),
     /// Ask again with the n-th ticket held (modulo their count), its request as filed.
     Again(usize),
     /// `release {ticket}` of the n-th ticket held.
@@ -981,9 +987,23 @@ fn line_op() -> impl Strategy<Value = Op> {
     let limit = limit_spec();
     prop_oneof![
         6 => op(),
-        4 => (0u8..3, prop::collection::btree_map(0u8..4, limit, 1..3), any::<bool>()).prop_map(|(caller, m, report)| {
-            Op::Queue(caller, m.into_iter().map(|(b, (w, cost, c))| (b, w, cost, c)).collect(), report)
-        }),
+        4 => (
+            0u8..3,
+            prop::collection::btree_map(0u8..4, limit, 1..3),
+            any::<bool>(),
+            prop::option::weighted(0.3, prop::sample::select(vec![1u64, 50, 100, 250, 1000, 2500, 5000])),
+        )
+            .prop_map(|(caller, m, report, max_wait)| {
+                Op::Queue(caller, m.into_iter().map(|(b, (w, cost, c))| (b, w, cost, c)).collect(), report, max_wait)
+            }),
+        1 => (any::<usize>(), prop::sample::select(vec![1u64, 100, 500, 1500])).prop_map(|(n, ms)| Op::ThrottleHeld(n, ms)),
+        1 => (
+            0u8..3,
+            0u8..4,
+            (2u64..6, prop::sample::select(vec![100u64, 250, 1000, 3000])),
+            prop::collection::vec((0u8..3, 0u64..3, any::<bool>()), 1..5),
+        )
+            .prop_map(|(caller, bucket, w, small)| Op::Backfill(caller, bucket, w, small)),
         4 => any::<usize>().prop_map(Op::Again),
         1 => any::<usize>().prop_map(Op::Leave),
         1 => any::<usize>().prop_map(Op::PeekLine),
@@ -1007,6 +1027,7 @@ fn compare_line(
     compare(i, req, Millis(0), &want.decision, &got.decision, permits)?;
     let note = |t: &redb_limiter::engine::TicketNote| (t.lapse_at, t.ahead, t.now);
     prop_assert_eq!(want.ticket.as_ref().map(note), got.ticket.as_ref().map(note), "op {}: ticket of {:?}", i, req);
+    prop_assert_eq!(want.no_ticket, got.no_ticket, "op {}: noTicket of {:?}", i, req);
     let figures = got.report.as_ref().map(|r| r.limits.clone());
     prop_assert_eq!(want_figures, figures, "op {}: figures of {:?}", i, req);
     if let (Some(w), Some(g)) = (&want.ticket, &got.ticket) {
@@ -1161,18 +1182,24 @@ fn compare(
 /// (a permit's id aside: each side issues its own); adds what it saw to `seen`.
 async fn differential(
     url: &str,
-    names: &Names,
+    (names, horizon): (&Names, u64),
     ops: &[Op],
     seen: &std::sync::Mutex<Seen>,
 ) -> Result<(), TestCaseError> {
     let clock = Arc::new(FakeClock::new(T0));
-    let pg = fresh_with(url, "diff", clock.clone(), 1).await;
-    let mut engine = Engine::new(EngineConfig::default());
+    let pg = fresh_options(url, "diff", clock.clone(), |options| {
+        options.batchers = 1;
+        options.line_horizon_ms = horizon;
+    })
+    .await;
+    let mut engine = Engine::new(EngineConfig { line_horizon_ms: horizon, ..EngineConfig::default() });
     let mut effects = Vec::new();
     // (engine permit, database permit) of each grant that got one.
     let mut permits: Vec<(String, String)> = Vec::new();
     // (request as filed, engine ticket, database ticket) of each ticket named so far.
     let mut held: Vec<(AcquireRequest, String, String)> = Vec::new();
+    // Every (engine ticket, database ticket) pair named so far.
+    let mut seen_ids: Vec<(String, String)> = Vec::new();
     let fail = |e: LimiterError| TestCaseError::fail(e.to_string());
     for (i, op) in ops.iter().enumerate() {
         let now = clock.now();
@@ -1202,10 +1229,13 @@ async fn differential(
                 prop_assert_eq!(want, got, "op {}: release", i);
             }
             Op::Release(_) => {}
-            Op::Queue(caller, limits, report) => {
+            Op::Queue(caller, limits, report, max_wait) => {
                 let mut req = request(names, *caller, limits).with_queue();
                 if *report {
                     req = req.with_report();
+                }
+                if let Some(ms) = max_wait {
+                    req = req.with_max_wait_ms(*ms).unwrap();
                 }
                 let want = engine.acquire_in_line(&req, now, &mut effects).expect("no ticket to bind");
                 let figures = report.then(|| engine.figures(&req, now));
@@ -1245,11 +1275,33 @@ async fn differential(
                 let got = pg.acquire(other.clone().with_ticket(p.clone()).unwrap()).await;
                 match (want, got) {
                     (Err(w), Err(LimiterError::BadRequest(g))) => prop_assert_eq!(w.0, g.0, "op {}", i),
-                    (Ok(w), Ok(g)) => compare(i, &other, now, &w.decision, &g.decision, &mut permits)?,
+                    (Ok(w), Ok(g)) => compare_line(i, &other, &w, None, &g, (&mut held, None), &mut permits)?,
                     (w, g) => prop_assert!(false, "op {}: engine {:?}, database {:?}", i, w, g),
                 }
             }
-            Op::Again(_) | Op::Leave(_) | Op::PeekLine(_) | Op::Misbound(_) => {}
+            Op::ThrottleHeld(n, ahead) if !held.is_empty() => {
+                let key = held[n % held.len()].0.key.clone();
+                let until = now.plus(*ahead);
+                let want = engine.throttle(&key, until, now, &mut effects);
+                let got = pg.throttle(ThrottleRequest::new(key, until, now).unwrap()).await.map_err(fail)?;
+                prop_assert_eq!(want, got, "op {}: throttle of a ticket's caller", i);
+            }
+            Op::Backfill(caller, bucket, (calls, per_ms), small) => {
+                let large = request(names, *caller, &[(*bucket, Some((*calls, *per_ms)), *calls, None)]).with_queue();
+                let want = engine.acquire_in_line(&large, now, &mut effects).expect("no ticket to bind");
+                let got = pg.acquire(large.clone()).await.map_err(fail)?;
+                compare_line(i, &large, &want, None, &got, (&mut held, None), &mut permits)?;
+                for (c, cost, queue) in small {
+                    let mut req = request(names, *c, &[(*bucket, Some((*calls, *per_ms)), *cost, None)]);
+                    if *queue {
+                        req = req.with_queue();
+                    }
+                    let want = engine.acquire_in_line(&req, now, &mut effects).expect("no ticket to bind");
+                    let got = pg.acquire(req.clone()).await.map_err(fail)?;
+                    compare_line(i, &req, &want, None, &got, (&mut held, None), &mut permits)?;
+                }
+            }
+            Op::Again(_) | Op::Leave(_) | Op::PeekLine(_) | Op::Misbound(_) | Op::ThrottleHeld(..) => {}
             Op::Throttle(caller, ahead) => {
                 let key = names.callers[usize::from(*caller)].clone();
                 let until = now.plus(*ahead);
@@ -1265,23 +1317,32 @@ async fn differential(
                 engine.sweep(clock.now(), &mut effects);
             }
         }
+        seen_ids.extend(held.iter().map(|(_, e, p)| (e.clone(), p.clone())));
         effects.clear();
     }
     // The state lists the same buckets (in key order), window use, places and throttles, for
     // every prefix a key of the run starts with (and none).
     let now = clock.now();
+    let ids: std::collections::HashMap<String, String> = seen_ids.into_iter().collect();
     let mut prefixes = vec![String::new()];
     prefixes.extend(names.buckets.iter().chain(&names.callers).map(|k| k.chars().take(1).collect::<String>()));
     for prefix in &prefixes {
         let want = engine.view(now, prefix);
         let got = pg.state(prefix, 1000).await.map_err(|e| TestCaseError::fail(e.to_string()))?.view;
-        let buckets = |v: &redb_limiter::engine::StateView| {
+        let buckets = |v: &redb_limiter::engine::StateView, engine_side: bool| {
             v.buckets
                 .iter()
-                .map(|b| (b.key.clone(), b.window_used, b.places_held, b.queued, b.first_ticket_at))
+                .map(|b| {
+                    // The first ticket as the database named it (each side issues its own ids).
+                    let first = b.first_ticket.map(|t| {
+                        let t = t.to_string();
+                        if engine_side { ids.get(&t).cloned().unwrap_or(t) } else { t }
+                    });
+                    (b.key.clone(), b.window_used, b.places_held, b.queued, b.first_ticket_at, first)
+                })
                 .collect::<Vec<_>>()
         };
-        prop_assert_eq!(buckets(&want), buckets(&got), "state of prefix {:?}", prefix);
+        prop_assert_eq!(buckets(&want, true), buckets(&got, false), "state of prefix {:?}", prefix);
         let throttles = |v: &redb_limiter::engine::StateView| {
             v.throttles.iter().map(|t| (t.key.clone(), t.until)).collect::<Vec<_>>()
         };
@@ -1301,11 +1362,21 @@ async fn differential(
 /// Runs `cases` generated operation lists (`REDB_LIMITER_PG_CASES` overrides) through
 /// [`differential`]; what they saw.
 fn run_differential(url: &str, names: &Names, cases: u32, ops: impl Strategy<Value = Vec<Op>>) -> Seen {
+    run_differential_with(url, (names, redb_limiter::engine::DEFAULT_LINE_HORIZON_MS), cases, ops)
+}
+
+/// [`run_differential`] with the line's horizon given (section 12.9), the same on both sides.
+fn run_differential_with(
+    url: &str,
+    (names, horizon): (&Names, u64),
+    cases: u32,
+    ops: impl Strategy<Value = Vec<Op>>,
+) -> Seen {
     let rt = runtime();
     let cases = std::env::var("REDB_LIMITER_PG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
     let seen = std::sync::Mutex::new(Seen::default());
-    runner.run(&ops, |ops| rt.block_on(differential(url, names, &ops, &seen))).unwrap();
+    runner.run(&ops, |ops| rt.block_on(differential(url, (names, horizon), &ops, &seen))).unwrap();
     seen.into_inner().unwrap()
 }
 
@@ -1330,6 +1401,15 @@ fn the_database_decides_as_the_engine_does() {
 fn the_database_keeps_the_line_as_the_engine_does() {
     let Some(url) = database_url() else { return };
     run_differential(&url, &Names::plain(), 150, prop::collection::vec(line_op(), 1..60));
+}
+
+/// The same under a short server horizon (section 12.9), so that requests beyond it file no
+/// ticket (`noTicket: horizon`) and tickets lapse at their deadline, beside `maxWaitMs`,
+/// throttled tickets that yield and large tickets that small requests backfill around.
+#[test]
+fn the_database_keeps_the_line_within_a_short_horizon_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    run_differential_with(&url, (&Names::plain(), 1500), 150, prop::collection::vec(line_op(), 1..60));
 }
 
 /// The same with rounds of acquires sent at once, so that the one-window ones among them are
@@ -1454,8 +1534,9 @@ fn the_line_is_counted_in_the_metrics() {
         assert!(pg.acquire(req("c").with_ticket(c).unwrap()).await.unwrap().decision.is_granted());
         let d = pg.acquire(req("d").with_queue()).await.unwrap();
         assert!(d.ticket.is_some(), "{d:?}");
-        // Swept once its lapse is a sweeper's margin past.
-        clock.advance(4000 + 60_000);
+        // Swept at its lapse instant (retryAt 6000 + grace 2000), and counted then: a lapse is
+        // counted when the sweeper that ticks every second finds it, not a margin later.
+        clock.advance(3000);
         assert!(pg.sweep(1000).await.unwrap() > 0);
         let text = pg.metrics().encode();
         for (event, n) in [("filed", 4), ("granted", 1), ("left", 1), ("lapsed", 2)] {
@@ -1468,9 +1549,10 @@ fn the_line_is_counted_in_the_metrics() {
 }
 
 /// Two servers on one schema keep one line per bucket: a ticket filed through one is first in
-/// line for the other, which holds back every request behind it (one at a time, and sent at
-/// once so that its one-window ones go through the batch statement), is granted there at its
-/// retryAt, and a ticket filed behind it through the second is granted through the first.
+/// line for the other, which holds back every request behind it that would delay it (one at a
+/// time, and sent at once so that its one-window ones go through the batch statement) until
+/// its own reserved instant behind it, is granted there at its retryAt, and a ticket filed
+/// behind it through the second is granted through the first at its own.
 #[test]
 fn two_servers_on_one_schema_keep_one_line_per_bucket() {
     let Some(url) = database_url() else { return };
@@ -1484,35 +1566,46 @@ fn two_servers_on_one_schema_keep_one_line_per_bucket() {
         let b = PgLimiter::connect(options).await.unwrap();
         let w = |cost: u64| vec![window("w", 10, 1000).with_cost(cost)];
         assert!(a.acquire(AcquireRequest::new("filler", w(8)).unwrap()).await.unwrap().decision.is_granted());
-        let large = AcquireRequest::new("large", w(5)).unwrap();
+        clock.advance(1);
+        // The whole window, from when the filler leaves it.
+        let large = AcquireRequest::new("large", w(10)).unwrap();
         let first = a.acquire(large.clone().with_queue()).await.unwrap();
-        let held_back = Decision::Refused { retry_at: T0.plus(1000), reason: Reason::Rate, limit: "w".into() };
-        assert_eq!(first.decision, held_back);
+        let refused = |at: u64| Decision::Refused { retry_at: T0.plus(at), reason: Reason::Rate, limit: "w".into() };
+        assert_eq!(first.decision, refused(1000));
         let first = first.ticket.expect("filed through the first server");
         assert_eq!(first.ahead, 0);
 
-        // Through the second server, a cost that fits waits behind it, alone and at once.
+        // Through the second server, a cost that fits now but would still count at the first
+        // ticket's reserved instant waits behind it, alone and at once: until its own instant
+        // behind that ticket.
         let small = AcquireRequest::new("small", w(1)).unwrap();
+        let held_back = refused(2000);
         assert_eq!(b.acquire(small.clone()).await.unwrap().decision, held_back);
         let at_once = join_all((0..6).map(|_| b.acquire(small.clone())).collect()).await;
         assert!(at_once.iter().all(|r| r.as_ref().unwrap().decision == held_back), "{at_once:?}");
         let peeked = b.peek(small.clone()).await.unwrap();
-        assert_eq!(peeked.refusal.map(|r| r.retry_at), Some(T0.plus(1000)));
+        assert_eq!(peeked.refusal.map(|r| r.retry_at), Some(T0.plus(2000)));
         assert_eq!(peeked.report.limits[0].queued, Some(1));
         let second = b.acquire(small.clone().with_queue()).await.unwrap();
         assert_eq!(second.decision, held_back);
         let second = second.ticket.expect("filed through the second server");
         assert_eq!(second.ahead, 1, "behind the first server's ticket");
+        let state = a.state("w", 10).await.unwrap();
+        assert_eq!(state.view.buckets[0].first_ticket, Some(first.id), "/state names the first ticket");
 
         // At its retryAt the first ticket is granted through the second server; the second
-        // ticket, asked first, waits for it.
-        clock.advance(1000);
+        // ticket, asked first, waits for it, then for its own instant.
+        clock.set(T0.plus(1000));
         let early = b.acquire(small.clone().with_ticket(second.id.to_string()).unwrap()).await.unwrap();
-        assert!(!early.decision.is_granted(), "{early:?}");
+        assert_eq!(early.decision, held_back);
         let granted = b.acquire(large.with_ticket(first.id.to_string()).unwrap()).await.unwrap();
         assert_eq!(granted.decision, Decision::Granted { at: T0.plus(1000), permit: None });
+        let again = a.acquire(small.clone().with_ticket(second.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(again.decision, held_back);
+        assert_eq!(again.ticket.map(|t| (t.id, t.ahead)), Some((second.id, 0)));
+        clock.set(T0.plus(2000));
         let granted = a.acquire(small.clone().with_ticket(second.id.to_string()).unwrap()).await.unwrap();
-        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(1000), permit: None });
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(2000), permit: None });
         // The line is empty on both: a plain request is decided as before.
         for pg in [&a, &b] {
             let peeked = pg.peek(small.clone()).await.unwrap();
@@ -1521,7 +1614,8 @@ fn two_servers_on_one_schema_keep_one_line_per_bucket() {
         assert!(a.state("", 10).await.unwrap().view.buckets.iter().all(|b| b.queued == 0));
 
         // A ticket nobody asks again lapses at retryAt + graceMs: it holds nobody back from
-        // then, and the sweep deletes it (and its place in each line) once past the margin.
+        // then, and the sweep at that instant ends it (and its place in each line) and counts
+        // its lapse.
         let filed = b.acquire(large_again(&small).with_queue()).await.unwrap().ticket.expect("filed");
         assert_eq!(b.peek(small.clone()).await.unwrap().report.limits[0].queued, Some(1));
         clock.set(filed.lapse_at);
@@ -1539,10 +1633,8 @@ fn two_servers_on_one_schema_keep_one_line_per_bucket() {
         };
         assert_eq!((rows("tickets").await, rows("line").await), (1, 1));
         a.sweep(1000).await.unwrap();
-        assert_eq!((rows("tickets").await, rows("line").await), (1, 1), "within the sweep's margin");
-        clock.advance(60_000);
-        a.sweep(1000).await.unwrap();
-        assert_eq!((rows("tickets").await, rows("line").await), (0, 0));
+        assert_eq!((rows("tickets").await, rows("line").await), (0, 0), "ended at its lapse");
+        assert!(a.metrics().encode().contains("redb_limiter_tickets_total{event=\"lapsed\"} 1\n"));
     });
 }
 
@@ -1698,7 +1790,7 @@ fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
 
         let clock = Arc::new(FakeClock::new(T0.plus(10)));
         let pg = open_existing(&url, &schema, &clock).await.expect("a version 2 schema opens");
-        assert_eq!(schema_version(&client, &s).await, 3);
+        assert_eq!(schema_version(&client, &s).await, redb_limiter_postgres::SCHEMA_VERSION);
         drop(open_existing(&url, &schema, &clock).await.expect("and opens again, already migrated"));
 
         // What it held is served as before.
@@ -1707,7 +1799,9 @@ fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
             pg.acquire(conc).await.unwrap().decision,
             Decision::Refused { reason: Reason::Concurrency, .. }
         ));
-        // The window holds 2 of 3: a cost of 2 queues, and a cost of 1 that fits waits behind it.
+        // The window holds 2 of 3: a cost of 2 queues; a cost of 1 that fits is granted ahead
+        // of it (backfilled: its grant leaves the ticket room at its reserved instant), and a
+        // second waits behind the ticket, until its own reserved instant there.
         let big = AcquireRequest::new("c", vec![window("w", 3, 60_000).with_cost(2)]).unwrap();
         let filed = pg.acquire(big.clone().with_queue()).await.unwrap();
         assert_eq!(
@@ -1719,7 +1813,11 @@ fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
         let small = AcquireRequest::new("d", vec![window("w", 3, 60_000)]).unwrap();
         assert_eq!(
             pg.acquire(small.clone()).await.unwrap().decision,
-            Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "w".into() }
+            Decision::Granted { at: T0.plus(10), permit: None }
+        );
+        assert_eq!(
+            pg.acquire(small.clone()).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(60_010), reason: Reason::Rate, limit: "w".into() }
         );
         let state = pg.state("", 100).await.unwrap();
         let line: Vec<_> = state.view.buckets.iter().map(|b| (b.key.as_str(), b.queued, b.first_ticket_at)).collect();
@@ -1728,8 +1826,9 @@ fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
         clock.advance(59_990);
         let again = pg.acquire(big.with_ticket(ticket.id.to_string()).unwrap()).await.unwrap();
         assert_eq!(again.decision, Decision::Granted { at: T0.plus(60_000), permit: None });
-        assert!(pg.acquire(small).await.unwrap().decision.is_granted(), "the line is empty: 2 + 1 fit in 3");
         assert_eq!(pg.state("w", 100).await.unwrap().view.buckets[0].queued, 0);
+        clock.advance(10);
+        assert!(pg.acquire(small).await.unwrap().decision.is_granted(), "the line is empty: 2 + 1 fit in 3");
     });
 }
 
@@ -2076,5 +2175,166 @@ fn state_pages_of_100000_over_200000_keys_within_the_timeout_beside_acquires() {
             alone.len(),
             beside.len()
         );
+    });
+}
+
+/// Two limiters on one fresh schema, as two servers: the first made by [`fresh`], the second
+/// connected to its schema with the same clock.
+async fn two_servers(url: &str, name: &str, clock: &Arc<FakeClock>) -> (Arc<PgLimiter>, Arc<PgLimiter>) {
+    let a = fresh(url, name, clock.clone()).await;
+    let mut options = PgOptions::new(url);
+    options.schema = a.schema().to_owned();
+    options.pool_size = 4;
+    options.clock = Some(clock.clone());
+    let b = PgLimiter::connect(options).await.unwrap();
+    (Arc::new(a), Arc::new(b))
+}
+
+/// Section 12.9, once: a ticket first in line presented from four sessions at once, through
+/// two servers on one schema, is granted once in every trial; the other three find it ended
+/// (unknown), so they queue anew behind the ticket filed after it, which wants a place too.
+#[test]
+fn a_ticket_presented_at_once_through_two_servers_is_granted_once() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let (a, b) = two_servers(&url, "once", &clock).await;
+        for trial in 0..24 {
+            let key = format!("once{trial}");
+            let places = |caller: &str| {
+                AcquireRequest::new(caller, vec![Limit::concurrent(&key, 10).with_hold_ms(1000)]).unwrap()
+            };
+            for _ in 0..10 {
+                assert!(a.acquire(places("filler")).await.unwrap().decision.is_granted());
+            }
+            let first = a.acquire(places("first").with_queue()).await.unwrap().ticket.expect("filed");
+            let behind = b.acquire(places("behind").with_queue()).await.unwrap().ticket.expect("filed");
+            assert_eq!((first.ahead, behind.ahead), (0, 1));
+            // The fillers' places lapse: the first ticket fits, and so would each copy of it.
+            clock.advance(1000);
+            let req = places("first").with_ticket(first.id.to_string()).unwrap();
+            let tasks: Vec<_> = (0..4)
+                .map(|i| {
+                    let pg = Arc::clone(if i % 2 == 0 { &a } else { &b });
+                    let req = req.clone();
+                    tokio::spawn(async move { pg.acquire(req).await.unwrap() })
+                })
+                .collect();
+            let mut granted = 0;
+            for task in tasks {
+                let got = task.await.unwrap();
+                if got.decision.is_granted() {
+                    granted += 1;
+                } else {
+                    let again = got.ticket.expect("an ended ticket queues anew");
+                    assert_ne!(again.id, first.id, "trial {trial}: {got:?}");
+                    assert!(again.ahead >= 1, "behind the second ticket: {got:?}");
+                }
+            }
+            assert_eq!(granted, 1, "trial {trial}: granted once");
+        }
+    });
+}
+
+/// Fills bucket `key`'s line with `n` tickets of caller `bulk` (a place of `concurrent`, never
+/// asked again: retried at `retry_at`, lapsing at `lapse_at`), written straight into the
+/// tables as filing writes them, so that a test reaches a long line in a moment.
+async fn bulk_line(client: &tokio_postgres::Client, schema: &str, key: &str, n: i64, at: (Millis, Millis)) {
+    let s = format!("\"{schema}\"");
+    let (retry_at, lapse_at) = (i64::try_from(at.0.0).unwrap(), i64::try_from(at.1.0).unwrap());
+    let bound = serde_json::json!([{"key": key, "concurrent": 1, "holdMs": 700}]).to_string();
+    let sql = format!(
+        "WITH n AS (SELECT nextval('{s}.ticket_numbers') AS num FROM generate_series(1, $2::bigint)),
+              t AS (INSERT INTO {s}.tickets (num, ticket, caller, bound, keys, retry_at, lapse_at, grace_ms,
+                                              filed_at, deadline)
+                    SELECT num, 't-' || lpad(to_hex(num), 16, '0') || lpad(to_hex(num), 16, '0'), 'bulk',
+                           $3::text::jsonb, ARRAY[$1::text], $4::bigint, $5::bigint, 2000, $4::bigint - 1000,
+                           $5::bigint FROM n
+                    RETURNING num)
+         INSERT INTO {s}.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc)
+         SELECT $1::text, num, $5::bigint, 'bulk', 0, 0, 0, 1 FROM t"
+    );
+    client.execute(&sql, &[&key, &n, &bound, &retry_at, &lapse_at]).await.unwrap();
+    let count = format!(
+        "INSERT INTO {s}.buckets AS bk (key, queued) VALUES ($1, $2)
+         ON CONFLICT (key) DO UPDATE SET queued = bk.queued + excluded.queued"
+    );
+    client.execute(&count, &[&key, &n]).await.unwrap();
+}
+
+/// Section 12.9: the 10,000 bound of a line is exact under concurrency. A line 10 short of
+/// it, then 40 requests queueing at once through two servers: exactly 10 file a ticket, the
+/// others are told `noTicket: full`, and the line holds 10,000.
+#[test]
+fn a_full_line_is_full_at_exactly_ten_thousand_under_concurrency() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let (a, b) = two_servers(&url, "full", &clock).await;
+        let place = |caller: &str| AcquireRequest::new(caller, vec![Limit::concurrent("full", 1)]).unwrap();
+        assert!(a.acquire(place("holder")).await.unwrap().decision.is_granted());
+        let client = plain_client(&url).await;
+        let max = i64::try_from(redb_limiter::engine::MAX_LINE).unwrap();
+        bulk_line(&client, a.schema(), "full", max - 10, (T0.plus(100_000), T0.plus(1_000_000))).await;
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let pg = Arc::clone(if i % 2 == 0 { &a } else { &b });
+                let req = place(&format!("host{i}")).with_queue();
+                tokio::spawn(async move { pg.acquire(req).await.unwrap() })
+            })
+            .collect();
+        let (mut filed, mut full) = (0, 0);
+        for task in tasks {
+            let got = task.await.unwrap();
+            assert!(!got.decision.is_granted(), "{got:?}");
+            match (got.ticket, got.no_ticket) {
+                (Some(_), None) => filed += 1,
+                (None, Some(redb_limiter::engine::NoTicket::Full)) => full += 1,
+                other => panic!("neither filed nor full: {other:?}"),
+            }
+        }
+        assert_eq!((filed, full), (10, 30));
+        let state = a.state("full", 10).await.unwrap();
+        assert_eq!(state.view.buckets[0].queued, redb_limiter::engine::MAX_LINE);
+    });
+}
+
+/// Section 12.6 in PostgreSQL mode (12.9): a server's start is a restart. A ticket whose grace
+/// passed while no server ran keeps its place and lapses no sooner than the start plus its
+/// grace; one that had lapsed while a server still ran stays lapsed.
+#[test]
+fn tickets_are_kept_through_a_restart_of_every_server() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "restart", clock.clone()).await;
+        let schema = pg.schema().to_owned();
+        let req = |caller: &str| AcquireRequest::new(caller, vec![window("w", 1, 10_000)]).unwrap();
+        assert!(pg.acquire(req("filler")).await.unwrap().decision.is_granted());
+        let gone = pg.acquire(req("gone").with_queue().with_grace_ms(100).unwrap()).await.unwrap();
+        let gone = gone.ticket.expect("filed");
+        assert_eq!(gone.lapse_at, T0.plus(10_100));
+        let kept = pg.acquire(req("kept").with_queue().with_grace_ms(5000).unwrap()).await.unwrap();
+        let kept = kept.ticket.expect("filed");
+        assert_eq!((kept.lapse_at, kept.ahead), (T0.plus(15_000), 1));
+        // The first ticket lapses while the server runs (its sweeper ticks then); then every
+        // server stops, and starts again long after the second ticket's lapse.
+        clock.set(T0.plus(10_200));
+        assert!(pg.sweep(1000).await.unwrap() > 0);
+        drop(pg);
+        clock.set(T0.plus(60_000));
+        let pg = open_existing(&url, &schema, &clock).await.unwrap();
+        let state = pg.state("w", 10).await.unwrap();
+        let line: Vec<_> = state.view.buckets.iter().map(|b| (b.queued, b.first_ticket_at, b.first_ticket)).collect();
+        assert_eq!(line, [(1, Some(T0), Some(kept.id))], "the second ticket kept its place");
+        // It holds the line (a plain request waits behind it) until the start plus its grace.
+        assert!(!pg.acquire(req("plain")).await.unwrap().decision.is_granted());
+        clock.set(T0.plus(64_999));
+        assert_eq!(pg.peek(req("plain")).await.unwrap().report.limits[0].queued, Some(1));
+        let granted = pg.acquire(req("kept").with_ticket(kept.id.to_string()).unwrap()).await.unwrap();
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(64_999), permit: None });
+        // The lapsed one is unknown: asked with, it queues anew.
+        let anew = pg.acquire(req("gone").with_ticket(gone.id.to_string()).unwrap()).await.unwrap();
+        assert_ne!(anew.ticket.map(|t| t.id), Some(gone.id));
     });
 }

@@ -17,8 +17,12 @@
 //! - A request *backfills* past the tickets ahead of it when it takes no place in the bucket and
 //!   its cost, counted at `now`, leaves every reserved ticket room at its reserved instant (so
 //!   it delays none of them). Otherwise the line refuses it until its own reserved instant
-//!   behind them (never one inherited from a ticket ahead), and for a place until the places
-//!   the tickets ahead want have come back, at most a recheck on.
+//!   behind them (not the first ticket's `retryAt`), and for a place until the places the
+//!   tickets ahead want have come back, at most a recheck on.
+//!
+//! A reservation is judged in its bucket alone: a ticket held back by another of its buckets is
+//! still reserved here at the first instant this bucket has room for it, and keeps that room
+//! until it is granted, lapses or leaves (at the latest at its horizon).
 //!
 //! The walk is one pass over the tickets ahead, and over the bucket's grants once: reservations
 //! come in time order, so neither pointer ever moves back.

@@ -1,6 +1,7 @@
 //! The engine: a pure, deterministic state machine that decides `acquire`, `release`,
 //! `throttle`, `peek`, `settle` and `lift` exactly as the wire spec's sections 3 to 5 and 9 say,
-//! and the line of section 12 (tickets, rule Q, `release {ticket}`).
+//! and the line of section 12 (tickets, rule Q as section 12.9 bounds it, `release {ticket}`;
+//! the line's own rules are in `line.rs`).
 //!
 //! There is one copy of the rules: [`Engine::peek`] and [`Engine::acquire`] (and their `_in_line`
 //! forms, which read the request's `queue` and `ticket`) all ask the same read-only decision

@@ -1832,6 +1832,83 @@ fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
     });
 }
 
+/// `sql/schema.sql` as the previous release shipped it (format version 3: the line of section
+/// 12, before 12.9 bounded it).
+const SCHEMA_V3: &str = include_str!("fixtures/schema-v3.sql");
+
+/// A schema of version 3 holding a line (two tickets, one of them in two buckets) is migrated
+/// at open: each ticket keeps its place, its id and its bucket's count, and the line is served
+/// under 12.9 from there.
+#[test]
+fn a_schema_of_version_3_with_a_line_is_migrated_and_keeps_it() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let schema = format!("t_{}_v3", std::process::id());
+        let s = format!("\"{schema}\"");
+        let client = plain_client(&url).await;
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).await.unwrap();
+        client.batch_execute(&SCHEMA_V3.replace("__SCHEMA__", &s)).await.unwrap();
+        let at = |ms: u64| i64::try_from(T0.plus(ms).0).unwrap();
+        // The bodies as a server of that release sent them (its ticket binds them as sent).
+        let one = |caller: &str| AcquireRequest::new(caller, vec![window("w", 1, 60_000)]).unwrap();
+        let two = |caller: &str| {
+            AcquireRequest::new(caller, vec![window("w", 1, 60_000), Limit::concurrent("p", 2)]).unwrap()
+        };
+        let mut replies = Vec::new();
+        for (ms, req) in [(0, one("c")), (1, one("a").with_queue()), (2, two("b").with_queue())] {
+            let body = req.to_json().to_string();
+            let reply: serde_json::Value = client
+                .query_one(
+                    &format!(
+                        "SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, 'p-00000000000000000000000000000003', $2)"
+                    ),
+                    &[&body, &at(ms)],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            replies.push(reply);
+        }
+        assert_eq!(replies[0]["granted"], serde_json::json!(true), "{}", replies[0]);
+        let ticket = |r: &serde_json::Value| r["ticket"].as_str().expect("a ticket filed").to_owned();
+        let (a, b) = (ticket(&replies[1]), ticket(&replies[2]));
+        assert_eq!(schema_version(&client, &s).await, 3);
+
+        let clock = Arc::new(FakeClock::new(T0.plus(10)));
+        let pg = open_existing(&url, &schema, &clock).await.expect("a version 3 schema opens");
+        assert_eq!(schema_version(&client, &s).await, redb_limiter_postgres::SCHEMA_VERSION);
+        drop(open_existing(&url, &schema, &clock).await.expect("and opens again, already migrated"));
+
+        // Both tickets kept their places, counted in each bucket's line.
+        let state = pg.state("", 100).await.unwrap();
+        let line: Vec<_> = state
+            .view
+            .buckets
+            .iter()
+            .map(|b| (b.key.as_str(), b.queued, b.first_ticket_at, b.first_ticket.map(|t| t.to_string())))
+            .collect();
+        assert_eq!(line, [("p", 1, Some(T0.plus(2)), Some(b.clone())), ("w", 2, Some(T0.plus(1)), Some(a.clone()))]);
+        // A newcomer waits behind both (their reservations at 60 000 and 120 000).
+        let plain = AcquireRequest::new("d", vec![window("w", 1, 60_000)]).unwrap();
+        assert_eq!(
+            pg.acquire(plain).await.unwrap().decision,
+            Decision::Refused { retry_at: T0.plus(180_000), reason: Reason::Rate, limit: "w".into() }
+        );
+        // The first is granted at its retryAt; the second is then first, told its own instant.
+        clock.set(T0.plus(60_000));
+        let ask_a = one("a").with_ticket(a).unwrap();
+        assert_eq!(pg.acquire(ask_a).await.unwrap().decision, Decision::Granted { at: T0.plus(60_000), permit: None });
+        let ask_b = two("b").with_ticket(b.clone()).unwrap();
+        let again = pg.acquire(ask_b).await.unwrap();
+        assert_eq!(
+            again.decision,
+            Decision::Refused { retry_at: T0.plus(120_000), reason: Reason::Rate, limit: "w".into() }
+        );
+        let note = again.ticket.expect("still in line");
+        assert_eq!((note.id.to_string(), note.ahead), (b, 0));
+    });
+}
+
 /// Wall-clock milliseconds since the Unix epoch, floored: the database's clock, on this machine.
 fn wall_ms() -> u64 {
     u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap()

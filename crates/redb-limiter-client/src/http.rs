@@ -15,22 +15,12 @@ use redb_limiter::wire::{
     AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply,
 };
 
-/// The wire's bound on `maxWaitMs` (24 hours).
-const MAX_WAIT_MS: u64 = 86_400_000;
-
-/// `max_wait` as the wire's `maxWaitMs`: whole milliseconds rounded up, within 1 to 86,400,000.
-fn max_wait_ms(max_wait: Duration) -> u64 {
-    u64::try_from(max_wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX).clamp(1, MAX_WAIT_MS)
-}
-
 /// An acquire's body: in the line (`queue` or a `ticket`), with what remains of the host's wait
 /// as `maxWaitMs` (section 12.9); outside it, or with no `max_wait`, without.
 fn acquire_body(req: &AcquireRequest, max_wait: Option<Duration>) -> Value {
     let mut body = req.to_json();
-    if let Some(max_wait) = max_wait
-        && (req.queue || req.ticket.is_some())
-    {
-        body["maxWaitMs"] = Value::from(max_wait_ms(max_wait));
+    if let Some(ms) = crate::max_wait_ms(req, max_wait) {
+        body["maxWaitMs"] = Value::from(ms);
     }
     body
 }

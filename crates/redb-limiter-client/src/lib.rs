@@ -198,6 +198,15 @@ pub trait LimiterApi: Send + Sync + 'static {
     }
 }
 
+/// What a host that waits at most `max_wait` more tells the limiter as `maxWaitMs` (section
+/// 12.9): only in the line (`queue` or a `ticket`), in whole milliseconds rounded up, within the
+/// wire's bounds (1 ms to 24 h).
+pub(crate) fn max_wait_ms(req: &AcquireRequest, max_wait: Option<Duration>) -> Option<u64> {
+    let wait = max_wait.filter(|_| req.in_line())?;
+    let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    Some(ms.clamp(1, redb_limiter::request::MAX_WAIT_MS))
+}
+
 impl LimiterApi for Limiter {
     async fn acquire(&self, req: AcquireRequest) -> Result<Outcome, ClientError> {
         self.acquire_within(req, None).await
@@ -208,11 +217,8 @@ impl LimiterApi for Limiter {
         mut req: AcquireRequest,
         max_wait: Option<Duration>,
     ) -> Result<Outcome, ClientError> {
-        if req.in_line()
-            && let Some(wait) = max_wait
-        {
-            let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-            req.max_wait_ms = Some(ms.clamp(1, redb_limiter::request::MAX_WAIT_MS));
+        if let Some(ms) = max_wait_ms(&req, max_wait) {
+            req.max_wait_ms = Some(ms);
         }
         let acquired = Limiter::acquire_reported(self, req).await?;
         let mut outcome = Outcome::from_decision(acquired.decision, acquired.ticket);

@@ -1754,6 +1754,29 @@ fn a_schema_written_by_the_previous_release_is_migrated_and_still_serves() {
     });
 }
 
+/// A fresh schema `t_<pid>_<name>` made by `script` (a fixture of an earlier release): its
+/// quoted name.
+async fn released_schema(client: &tokio_postgres::Client, script: &str, name: &str) -> String {
+    let s = format!("\"t_{}_{name}\"", std::process::id());
+    client.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).await.unwrap();
+    client.batch_execute(&script.replace("__SCHEMA__", &s)).await.unwrap();
+    s
+}
+
+/// An acquire through the functions of schema `s` as an earlier release called them, at `ms`
+/// after T0, with `permit` as the permit id it hands out.
+async fn released_acquire(
+    client: &tokio_postgres::Client,
+    s: &str,
+    body: &str,
+    permit: &str,
+    ms: u64,
+) -> serde_json::Value {
+    let at = i64::try_from(T0.plus(ms).0).unwrap();
+    let sql = format!("SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, $2, $3)");
+    client.query_one(&sql, &[&body, &permit, &at]).await.unwrap().get(0)
+}
+
 /// The schema script of the release before this one (format version 2), as it was released.
 const SCHEMA_V2: &str = include_str!("fixtures/schema-v2.sql");
 
@@ -1765,25 +1788,13 @@ fn a_schema_of_version_2_is_migrated_and_keeps_a_line() {
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let schema = format!("t_{}_v2", std::process::id());
-        let s = format!("\"{schema}\"");
         let client = plain_client(&url).await;
-        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).await.unwrap();
-        client.batch_execute(&SCHEMA_V2.replace("__SCHEMA__", &s)).await.unwrap();
-        let at = |ms: u64| i64::try_from(T0.plus(ms).0).unwrap();
+        let s = released_schema(&client, SCHEMA_V2, "v2").await;
         for (ms, body) in [
             (0, r#"{"key": "c", "limits": [{"key": "w", "calls": 3, "perMs": 60000, "cost": 2}]}"#),
             (1, r#"{"key": "c", "limits": [{"key": "p", "concurrent": 1, "holdMs": 600000}]}"#),
         ] {
-            let reply: serde_json::Value = client
-                .query_one(
-                    &format!(
-                        "SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, 'p-00000000000000000000000000000002', $2)"
-                    ),
-                    &[&body, &at(ms)],
-                )
-                .await
-                .unwrap()
-                .get(0);
+            let reply = released_acquire(&client, &s, body, "p-00000000000000000000000000000002", ms).await;
             assert_eq!(reply["granted"], serde_json::json!(true), "{reply}");
         }
         assert_eq!(schema_version(&client, &s).await, 2);
@@ -1844,11 +1855,8 @@ fn a_schema_of_version_3_with_a_line_is_migrated_and_keeps_it() {
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let schema = format!("t_{}_v3", std::process::id());
-        let s = format!("\"{schema}\"");
         let client = plain_client(&url).await;
-        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).await.unwrap();
-        client.batch_execute(&SCHEMA_V3.replace("__SCHEMA__", &s)).await.unwrap();
-        let at = |ms: u64| i64::try_from(T0.plus(ms).0).unwrap();
+        let s = released_schema(&client, SCHEMA_V3, "v3").await;
         // The bodies as a server of that release sent them (its ticket binds them as sent).
         let one = |caller: &str| AcquireRequest::new(caller, vec![window("w", 1, 60_000)]).unwrap();
         let two = |caller: &str| {
@@ -1857,17 +1865,7 @@ fn a_schema_of_version_3_with_a_line_is_migrated_and_keeps_it() {
         let mut replies = Vec::new();
         for (ms, req) in [(0, one("c")), (1, one("a").with_queue()), (2, two("b").with_queue())] {
             let body = req.to_json().to_string();
-            let reply: serde_json::Value = client
-                .query_one(
-                    &format!(
-                        "SELECT {s}.acquire($1::text::jsonb, 'acquire', 250, 'p-00000000000000000000000000000003', $2)"
-                    ),
-                    &[&body, &at(ms)],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            replies.push(reply);
+            replies.push(released_acquire(&client, &s, &body, "p-00000000000000000000000000000003", ms).await);
         }
         assert_eq!(replies[0]["granted"], serde_json::json!(true), "{}", replies[0]);
         let ticket = |r: &serde_json::Value| r["ticket"].as_str().expect("a ticket filed").to_owned();

@@ -500,6 +500,8 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             let (ticket, retry, _, _) = ticketed(&c.acquire(cost(8, true)).await?, "rate", &c.key("q27"))?;
             ensure!(retry == at.plus(60_000), "the ticket is told {retry}, not when the grant {at} leaves");
             // 3 fits now but would still count then, beside the 8: it waits behind the ticket.
+            // (A call in the grant's own millisecond would leave with it, so it comes later.)
+            sleep_past(at).await;
             let small = c.acquire(cost(3, false)).await?;
             let told = refused(&small, "rate", &c.key("q27"))?;
             ensure!(told == retry.plus(60_000), "a call behind the ticket is told {told}, not its own instant");
@@ -647,9 +649,11 @@ async fn run_case(c: &Contract, case: usize) -> Check {
                 json!({"key": c.key("caller"), "cost": cost, "queue": queue,
                     "limits": [{"key": c.key("q34"), "calls": 10, "perMs": 60_000}]})
             };
-            granted(&c.acquire(body(8, false)).await?)?;
+            let at = granted(&c.acquire(body(8, false)).await?)?;
             let (ticket, retry, _, _) = ticketed(&c.acquire(body(5, true)).await?, "rate", &c.key("q34"))?;
             ticketed(&c.acquire(body(4, true)).await?, "rate", &c.key("q34"))?;
+            // A call in the grant's own millisecond would leave with it: the peeks come later.
+            sleep_past(at).await;
             // 1 leaves both tickets room (5 + 4 + 1 = 10): it would backfill; 2 would not.
             ensure!(c.post("/peek", body(1, false)).await?["fits"] == true, "a backfill is peeked as refused");
             for _ in 0..2 {

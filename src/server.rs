@@ -337,6 +337,7 @@ async fn call<B: Backend>(app: &App<B>, request: Request) -> Result<Response, Fa
         }
         Request::Release(req) => json(&ReleaseReply { released: limiter.release(req).await? }),
         Request::Leave(req) => json(&ReleaseReply { released: limiter.leave(req).await? }),
+        Request::Undo(req) => json(&ReleaseReply { released: limiter.undo(req).await? }),
         Request::Peek(req) => json(&PeekReply::from(&limiter.peek(req).await?)),
         Request::Settle(req) => json(&SettleReply { settled: limiter.settle(req).await? }),
         Request::Lift(req) => {

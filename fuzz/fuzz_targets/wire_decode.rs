@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::request::{
     AcquireRequest, BadRequest, Cost, EnvelopeError, LeaveRequest, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method, Request,
-    SettleRequest,
+    SettleRequest, UndoRequest,
 };
 
 const METHODS: [Method; 6] =
@@ -75,12 +75,21 @@ fn check_request(req: &Request, now: Millis) {
             rebuilt.queue = r.queue;
             rebuilt.ticket = r.ticket.clone();
             rebuilt.grace_ms = r.grace_ms;
+            rebuilt.max_wait_ms = r.max_wait_ms;
+            rebuilt.id = r.id.clone();
             assert_eq!(&rebuilt, r);
             assert_eq!(AcquireRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
         }
         Request::Leave(r) => {
             assert!((1..=128).contains(&r.ticket.len()));
             assert_eq!(LeaveRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
+        }
+        Request::Undo(r) => {
+            assert!((1..=128).contains(&r.id.len()));
+            if !r.costs.is_empty() {
+                check_costs(&r.costs);
+            }
+            assert_eq!(UndoRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
         }
         Request::Release(r) => {
             assert!((1..=MAX_PERMIT_BYTES).contains(&r.permit.len()));

@@ -60,6 +60,10 @@ pub const CASES: &[&str] = &[
     "line: beyond min(maxWaitMs, the horizon) a refusal files no ticket and says noTicket horizon",
     "line: a throttled ticket holds back no one and keeps its place",
     "state: each line names its first ticket, which an operator can release",
+    "ids: a retried acquire is answered as the first time and counts once; other params are a 400 naming id",
+    "ids: a retried filing names the same ticket, never a second; release {id} takes it out of the line",
+    "ids: release {id} frees the places, and with costs of 0 the windows; a released id stays released",
+    "ids: release {id} of an id never seen is false, and the acquire arriving after it changes nothing",
 ];
 
 #[derive(Clone)]
@@ -763,6 +767,94 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             let bucket = &state["buckets"][0];
             ensure!(bucket["queued"] == 2 && bucket["firstTicket"] == json!(ticket), "/state names {bucket}");
             ensure!(c.post("/release", json!({"ticket": ticket})).await?["released"] == true, "release it");
+            Ok(())
+        }
+        39 => {
+            let id = c.key("ask");
+            let body = json!({"key": c.key("caller"), "id": id, "cost": 2,
+                "limits": [{"key": c.key("w39"), "calls": 3, "perMs": 60_000}, {"key": c.key("c39"), "concurrent": 2}]});
+            let first = c.acquire(body.clone()).await?;
+            granted(&first)?;
+            ensure!(first["permit"].is_string(), "a grant with a place names its permit: {first}");
+            // The retry, with report and another graceMs (neither is bound), gets the same answer.
+            let mut retry = body.clone();
+            retry["report"] = json!(true);
+            retry["graceMs"] = json!(5_000);
+            let again = c.acquire(retry).await?;
+            ensure!(
+                again["at"] == first["at"] && again["permit"] == first["permit"],
+                "the retry got {again}, not {first}"
+            );
+            let (used, held) = (&again["limits"][0]["used"], &again["limits"][1]["held"]);
+            ensure!(*used == 2 && *held == 1, "the retry counted again: used {used}, held {held}");
+            let mut other = body;
+            other["cost"] = json!(1);
+            let (status, v) = c.send(reqwest::Method::POST, "/acquire", Some(other.to_string())).await?;
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            ensure!(status == 400 && message.starts_with("id"), "the id with other params: {status} {v}");
+            ensure!(c.post("/release", json!({"permit": first["permit"]})).await?["released"] == true, "release");
+            Ok(())
+        }
+        40 => {
+            let limits = json!([{"key": c.key("q40"), "calls": 1, "perMs": 60_000}]);
+            granted(&c.acquire(c.window("q40", 1, 60_000)).await?)?;
+            let body = json!({"key": c.key("caller"), "id": c.key("ask"), "queue": true, "limits": limits});
+            let (ticket, retry, _, _) = ticketed(&c.acquire(body.clone()).await?, "rate", &c.key("q40"))?;
+            let (again, retry_again, _, _) = ticketed(&c.acquire(body).await?, "rate", &c.key("q40"))?;
+            ensure!(again == ticket && retry_again == retry, "the retry named {again} at {retry_again}");
+            let peek = c.post("/peek", c.window("q40", 1, 60_000)).await?;
+            ensure!(peek["limits"][0]["queued"] == 1, "a second ticket was filed: {peek}");
+            let undo = json!({"id": c.key("ask"), "costs": [{"key": c.key("q40"), "cost": 0}]});
+            ensure!(c.post("/release", undo.clone()).await? == json!({"released": true}), "the ticket leaves");
+            let peek = c.post("/peek", c.window("q40", 1, 60_000)).await?;
+            ensure!(peek["limits"][0].get("queued").is_none_or(|q| *q == 0), "the ticket is still in line: {peek}");
+            ensure!(c.post("/release", undo).await? == json!({"released": false}), "only once");
+            ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": false}), "gone");
+            Ok(())
+        }
+        41 => {
+            let place = json!({"key": c.key("caller"), "id": c.key("place"),
+                "limits": [{"key": c.key("c41"), "concurrent": 1}]});
+            granted(&c.acquire(place.clone()).await?)?;
+            let undo = json!({"id": c.key("place")});
+            ensure!(c.post("/release", undo.clone()).await? == json!({"released": true}), "the place is freed");
+            ensure!(c.post("/release", undo).await? == json!({"released": false}), "only once");
+            let (status, v) = c.send(reqwest::Method::POST, "/acquire", Some(place.to_string())).await?;
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            ensure!(status == 400 && message.starts_with("id"), "a released id asked again: {status} {v}");
+            let free = c
+                .post("/peek", json!({"key": c.key("caller"), "limits": [{"key": c.key("c41"), "concurrent": 1}]}))
+                .await?;
+            ensure!(free["fits"] == true && free["limits"][0]["held"] == 0, "a place is held: {free}");
+            // A grant with no place, undone with costs of 0, counts nowhere.
+            let window = json!({"key": c.key("caller"), "id": c.key("window"), "cost": 2,
+                "limits": [{"key": c.key("w41"), "calls": 2, "perMs": 60_000}]});
+            granted(&c.acquire(window).await?)?;
+            let undo = json!({"id": c.key("window"), "costs": [{"key": c.key("w41"), "cost": 0}]});
+            ensure!(c.post("/release", undo).await? == json!({"released": true}), "the window is settled");
+            granted(
+                &c.acquire(json!({"key": c.key("caller"), "cost": 2,
+                "limits": [{"key": c.key("w41"), "calls": 2, "perMs": 60_000}]}))
+                    .await?,
+            )?;
+            Ok(())
+        }
+        42 => {
+            let undo = json!({"id": c.key("early"), "costs": [{"key": c.key("w42"), "cost": 0}]});
+            ensure!(c.post("/release", undo).await? == json!({"released": false}), "an id never seen");
+            let late = json!({"key": c.key("caller"), "id": c.key("early"),
+                "limits": [{"key": c.key("w42"), "calls": 1, "perMs": 60_000}]});
+            let (status, v) = c.send(reqwest::Method::POST, "/acquire", Some(late.to_string())).await?;
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            ensure!(status == 400 && message.starts_with("id"), "the acquire after its release: {status} {v}");
+            granted(&c.acquire(c.window("w42", 1, 60_000)).await?)?;
+            for bad in
+                [json!({"id": ""}), json!({"id": "x".repeat(129)}), json!({"id": 5}), json!({"id": "a", "permit": "p"})]
+            {
+                let (status, v) = c.send(reqwest::Method::POST, "/release", Some(bad.to_string())).await?;
+                let message = v["error"]["message"].as_str().unwrap_or_default();
+                ensure!(status == 400 && message.starts_with("id"), "release {bad}: {status} {v}");
+            }
             Ok(())
         }
         _ => Err(format!("no case {case}")),

@@ -68,7 +68,7 @@ use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateVi
 use redb_limiter::engine::{Figures, NoTicket, Refusal, TicketId, TicketNote};
 use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage};
 use redb_limiter::request::{
-    AcquireRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
+    AcquireRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
 };
 use redb_limiter::time::Clock;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
@@ -753,6 +753,14 @@ impl PgLimiter {
         Ok(left)
     }
 
+    /// `release {id}` (section 16): not kept in PostgreSQL mode yet.
+    pub async fn undo(&self, req: UndoRequest) -> Result<bool, LimiterError> {
+        let _ = req;
+        Err(LimiterError::BadRequest(redb_limiter::BadRequest(
+            "id: request ids are not kept in PostgreSQL mode yet".into(),
+        )))
+    }
+
     /// Ends the throttle of a caller: `true` when one was in force.
     pub async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
         let key = escape(&req.key);
@@ -941,6 +949,9 @@ impl Backend for PgLimiter {
     }
     async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
         PgLimiter::leave(self, req).await
+    }
+    async fn undo(&self, req: UndoRequest) -> Result<bool, LimiterError> {
+        PgLimiter::undo(self, req).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
         PgLimiter::settle(self, req).await

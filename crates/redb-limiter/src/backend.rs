@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use crate::limiter::{Acquired, Limiter, LimiterError, Peeked, StatePage};
 use crate::metrics::Metrics;
-use crate::request::{AcquireRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest};
+use crate::request::{
+    AcquireRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
+};
 use crate::time::Millis;
 
 /// Every method of the wire, whoever decides it.
@@ -35,6 +37,8 @@ pub trait Backend: Send + Sync + 'static {
         let _ = req;
         async { Ok(false) }
     }
+    /// `release {id}` (section 16): undoes what the acquire named `req.id` got.
+    fn undo(&self, req: UndoRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
     fn settle(&self, req: SettleRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
     fn throttle(&self, req: ThrottleRequest) -> impl Future<Output = Result<Option<Millis>, LimiterError>> + Send;
     fn lift(&self, req: LiftRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
@@ -77,6 +81,9 @@ impl Backend for std::sync::Arc<Limiter> {
     }
     async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
         Limiter::leave(self, req).await
+    }
+    async fn undo(&self, req: UndoRequest) -> Result<bool, LimiterError> {
+        Limiter::undo(self, req).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
         Limiter::settle(self, req).await
@@ -127,6 +134,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
         B::leave(self, req).await
+    }
+    async fn undo(&self, req: UndoRequest) -> Result<bool, LimiterError> {
+        B::undo(self, req).await
     }
     async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
         B::settle(self, req).await

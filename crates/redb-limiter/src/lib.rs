@@ -53,6 +53,7 @@ pub use engine::{Decision, Figures, PermitId, Reason, Refusal, TicketId, TicketN
 pub use limiter::{Acquired, Limiter, LimiterError, LimiterOptions, Peeked, Report};
 pub use request::{
     AcquireRequest, BadRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
+    UndoRequest,
 };
 pub use time::Millis;
 

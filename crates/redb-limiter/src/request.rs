@@ -32,6 +32,8 @@ pub const MIN_GRACE_MS: u64 = 100;
 pub const MAX_GRACE_MS: u64 = 60_000;
 /// The longest `maxWaitMs` an acquire may give (section 12.9): a day.
 pub const MAX_WAIT_MS: u64 = 86_400_000;
+/// A request id (section 16) is any string of 1 to this many bytes.
+pub const MAX_ID_BYTES: usize = 128;
 
 /// A malformed request. The message names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,6 +87,9 @@ pub struct AcquireRequest {
     /// when the request's own instant lies within it (and the server's horizon); not bound by
     /// the ticket.
     pub max_wait_ms: Option<u64>,
+    /// The host's name for this ask (section 16): a retry with it after a lost answer is
+    /// answered as the first time, and `release {id}` undoes what it got.
+    pub id: Option<String>,
 }
 
 /// One entry of a settle's `costs`: the grant's cost in the window bucket `key` becomes `cost`.
@@ -99,6 +104,16 @@ pub struct Cost {
 pub struct LeaveRequest {
     /// Any string of 1 to 128 bytes.
     pub ticket: String,
+}
+
+/// A `release` of a request id (section 16): undoes what that acquire got, settling the
+/// windows of its grant to `costs` first when given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UndoRequest {
+    /// Any string of 1 to 128 bytes.
+    pub id: String,
+    /// Empty: places and ticket only.
+    pub costs: Vec<Cost>,
 }
 
 /// A `release` of a permit (any string of 1 to 128 bytes), settling `costs` first when given.
@@ -237,9 +252,18 @@ impl AcquireRequest {
             ticket: None,
             grace_ms: DEFAULT_GRACE_MS,
             max_wait_ms: None,
+            id: None,
         };
         req.validate()?;
         Ok(req)
+    }
+
+    /// Names this ask (section 16), so a retry after a lost answer counts once and
+    /// `release {id}` can undo it.
+    pub fn with_id(mut self, id: impl Into<String>) -> Result<Self, BadRequest> {
+        self.id = Some(id.into());
+        self.validate()?;
+        Ok(self)
     }
 
     /// Files a ticket when refused for `rate` or `concurrency` (section 12.1).
@@ -314,6 +338,9 @@ impl AcquireRequest {
         if let Some(ticket) = &self.ticket {
             check_ticket(ticket)?;
         }
+        if let Some(id) = &self.id {
+            check_id(id)?;
+        }
         if self.limits.len() > MAX_LIMITS {
             return Err(BadRequest::field("limits", format_args!("must have at most {MAX_LIMITS} entries")));
         }
@@ -371,6 +398,11 @@ impl AcquireRequest {
         };
         let grace_ms = optional_int(obj, "graceMs", "graceMs", MIN_GRACE_MS, MAX_GRACE_MS)?.unwrap_or(DEFAULT_GRACE_MS);
         let max_wait_ms = optional_int(obj, "maxWaitMs", "maxWaitMs", 1, MAX_WAIT_MS)?;
+        let id = match obj.get("id") {
+            None => None,
+            Some(Value::String(id)) => Some(id.clone()),
+            Some(_) => return Err(id_error()),
+        };
         let req = AcquireRequest {
             key: key.to_owned(),
             limits,
@@ -381,9 +413,65 @@ impl AcquireRequest {
             ticket,
             grace_ms,
             max_wait_ms,
+            id,
         };
         req.validate()?;
         Ok(req)
+    }
+}
+
+fn id_error() -> BadRequest {
+    BadRequest::field("id", format_args!("must be a string of 1 to {MAX_ID_BYTES} bytes"))
+}
+
+fn check_id(id: &str) -> Result<(), BadRequest> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(id_error());
+    }
+    Ok(())
+}
+
+impl UndoRequest {
+    pub fn new(id: impl Into<String>) -> Result<Self, BadRequest> {
+        let id = id.into();
+        check_id(&id)?;
+        Ok(UndoRequest { id, costs: Vec::new() })
+    }
+
+    /// An undo that settles the grant's windows to `costs` (0: never made) first.
+    pub fn with_costs(id: impl Into<String>, costs: Vec<Cost>) -> Result<Self, BadRequest> {
+        let id = id.into();
+        check_id(&id)?;
+        check_costs(&costs)?;
+        Ok(UndoRequest { id, costs })
+    }
+
+    /// Parses a `release` naming an `id`: neither `permit` nor `ticket` beside it.
+    pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
+        let obj = object(params, "params")?;
+        if obj.contains_key("permit") || obj.contains_key("ticket") {
+            return Err(BadRequest::field("id", "must not be given with permit or ticket: release one of them"));
+        }
+        let id = match obj.get("id") {
+            Some(Value::String(id)) => id,
+            _ => return Err(id_error()),
+        };
+        check_id(id)?;
+        let costs = match obj.get("costs") {
+            None => Vec::new(),
+            Some(raw) => parse_costs(raw)?,
+        };
+        Ok(UndoRequest { id: id.clone(), costs })
+    }
+
+    /// The request in the wire's JSON form.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let mut body = serde_json::json!({ "id": self.id });
+        if !self.costs.is_empty() {
+            body["costs"] = Value::from(self.costs.iter().map(Cost::to_json).collect::<Vec<_>>());
+        }
+        body
     }
 }
 
@@ -752,6 +840,8 @@ pub enum Request {
     Release(ReleaseRequest),
     /// A `release` naming a `ticket` rather than a permit (section 12.4).
     Leave(LeaveRequest),
+    /// A `release` naming a request `id` (section 16).
+    Undo(UndoRequest),
     Throttle(ThrottleRequest),
     /// A `peek` takes exactly an acquire's params.
     Peek(AcquireRequest),
@@ -778,6 +868,7 @@ impl Request {
     pub fn from_params(method: Method, params: &Value, now: Millis) -> Result<Request, BadRequest> {
         Ok(match method {
             Method::Acquire => Request::Acquire(AcquireRequest::from_json(params)?),
+            Method::Release if params.get("id").is_some() => Request::Undo(UndoRequest::from_json(params)?),
             Method::Release if params.get("ticket").is_some() => Request::Leave(LeaveRequest::from_json(params)?),
             Method::Release => Request::Release(ReleaseRequest::from_json(params)?),
             Method::Throttle => Request::Throttle(ThrottleRequest::from_json(params, now)?),
@@ -887,6 +978,9 @@ impl AcquireRequest {
         }
         if let Some(max_wait_ms) = self.max_wait_ms {
             body["maxWaitMs"] = Value::from(max_wait_ms);
+        }
+        if let Some(id) = &self.id {
+            body["id"] = Value::from(id.clone());
         }
         body
     }

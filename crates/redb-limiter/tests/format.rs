@@ -20,6 +20,13 @@
 //! release's `serve` binary (format version 4, journal version 2, notes of schema 1): three
 //! grants of cost 2 in `fixture/tpd` at 14:06:11.193, .203 and .214 on 2026-12-01, and a throttle
 //! of `fixture/cred:2` until 23:00:00.000Z that day, every one still a note in the journal.
+//!
+//! Format version 6 keeps request ids (section 16), and its journal notes have schema 3. The
+//! previous release's (format version 5, notes of schema 2) `serve` binary wrote, over HTTP,
+//! `v5-limiter.redb` (then SIGTERM) and `v5-killed-limiter.redb` with its `-journal` (then
+//! `kill -9`, every commit a note in the journal); see [`V5`] for what each holds.
+
+use redb_limiter::UndoRequest;
 
 use std::sync::Arc;
 
@@ -246,10 +253,119 @@ fn notes_left_by_a_kill_of_the_previous_release_are_redone_and_the_file_is_marke
     drop(limiter);
     let store = Store::open(&path, &file_opener()).unwrap();
     assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
-    assert_eq!(FORMAT_VERSION, 5);
     drop(store);
     let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
     let limiter = Limiter::open_with(&path, options).unwrap();
     let again = limiter.acquire_reported_blocking(queued.with_ticket(ticket.to_string()).unwrap()).unwrap();
     assert_eq!(again.ticket.map(|t| (t.id, t.ahead)), Some((ticket, 0)), "the ticket survived");
+}
+
+/// What the previous release wrote into each format-5 fixture, all on 2026-12-02: three grants of
+/// cost 2 in `fixture/tpd` (10 per 31 days); one holding a place in `fixture/conc` (2 at once,
+/// held 24 h) and counting in `fixture/rpd` (5 per day), with its permit; a throttle of
+/// `fixture/cred:2` until 2026-12-03T01:00:00.000Z; a grant in `fixture/rpm` (1 a minute), then a
+/// ticket filed behind it (`queue`, `graceMs` 60,000), told its `retryAt`.
+struct V5 {
+    file: &'static str,
+    tpd_first: &'static str,
+    permit: &'static str,
+    ticket: &'static str,
+    retry_at: &'static str,
+}
+
+const V5_CLEAN: V5 = V5 {
+    file: "v5-limiter.redb",
+    tpd_first: "2026-12-02T01:24:09.333Z",
+    permit: "p-1318841f7eaa97100000000000000000",
+    ticket: "t-a88dace7c4fa76150000000000000001",
+    retry_at: "2026-12-02T01:25:09.544Z",
+};
+
+const V5_KILLED: V5 = V5 {
+    file: "v5-killed-limiter.redb",
+    tpd_first: "2026-12-02T01:24:09.889Z",
+    permit: "p-d5fa25c1fc96340d0000000000000000",
+    ticket: "t-cdaf76f49871c8180000000000000001",
+    retry_at: "2026-12-02T01:25:10.030Z",
+};
+
+fn rpm() -> AcquireRequest {
+    AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/rpm", 1, 60_000)]).unwrap()
+}
+
+/// A format-5 fixture serves as it was left (windows, place, throttle, the ticket in its line),
+/// is marked format 6, and from then on keeps request ids across a restart.
+fn a_format_5_file_serves_as_before(fixture: &V5) {
+    let (dir, path) = fixture_copy(fixture.file);
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("{}-journal", fixture.file));
+    if source.exists() {
+        std::fs::copy(&source, redb_limiter::store::journal::journal_path(&path)).unwrap();
+    }
+    let _keep = dir;
+    let clock = Arc::new(FakeClock::new(at("2026-12-02T01:24:30.000Z")));
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    let snapshot = limiter.state_blocking("fixture/").unwrap();
+    let buckets: Vec<(String, u64, usize, usize)> =
+        snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held, b.queued)).collect();
+    assert_eq!(
+        buckets,
+        vec![
+            ("fixture/conc".to_owned(), 0, 1, 0),
+            ("fixture/rpd".to_owned(), 1, 0, 0),
+            ("fixture/rpm".to_owned(), 1, 0, 1),
+            ("fixture/tpd".to_owned(), 6, 0, 0),
+        ]
+    );
+    assert_eq!(snapshot.view.permits[0].id.to_string(), fixture.permit);
+    assert_throttled_until(&limiter, at("2026-12-03T01:00:00.000Z"));
+    assert_tpd_waits_for(&limiter, 5, at(fixture.tpd_first));
+    // The ticket kept its place: asked again before its retryAt it is refused, first in line;
+    // at its retryAt it is granted.
+    let again = rpm().with_ticket(fixture.ticket).unwrap();
+    let refused = limiter.acquire_reported_blocking(again.clone()).unwrap();
+    assert_eq!(refused.ticket.map(|t| (t.id.to_string(), t.ahead)), Some((fixture.ticket.to_owned(), 0)));
+    assert_eq!(
+        refused.decision,
+        Decision::Refused { retry_at: at(fixture.retry_at), reason: Reason::Rate, limit: "fixture/rpm".into() }
+    );
+    clock.set(at(fixture.retry_at));
+    assert!(limiter.acquire_blocking(again).unwrap().is_granted());
+    assert!(limiter.release_blocking(ReleaseRequest::new(fixture.permit).unwrap()).unwrap());
+    // A request id, from this build on.
+    let named = AcquireRequest::new("fixture/cred:1", vec![Limit::concurrent("fixture/conc", 1)])
+        .unwrap()
+        .with_id("ask-1")
+        .unwrap();
+    let granted = limiter.acquire_blocking(named.clone()).unwrap();
+    assert!(granted.is_granted());
+    assert!(!limiter.undo_blocking(UndoRequest::new("ask-2").unwrap()).unwrap(), "never seen: released");
+    drop(limiter);
+
+    let store = Store::open(&path, &file_opener()).unwrap();
+    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (6, 6));
+    drop(store);
+    let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    assert_eq!(limiter.acquire_blocking(named).unwrap(), granted, "the retry after a restart gets its first answer");
+    let late = AcquireRequest::new("fixture/cred:1", vec![Limit::concurrent("fixture/conc", 1)])
+        .unwrap()
+        .with_id("ask-2")
+        .unwrap();
+    assert!(limiter.acquire_blocking(late).is_err(), "released before it arrived, across a restart");
+    assert!(limiter.undo_blocking(UndoRequest::new("ask-1").unwrap()).unwrap(), "its place is freed");
+}
+
+#[test]
+fn a_format_5_file_of_the_previous_release_serves_with_its_line_and_keeps_request_ids_from_then_on() {
+    a_format_5_file_serves_as_before(&V5_CLEAN);
+}
+
+/// The previous release's notes (schema 2, a ticket's among them) are redone as they were, and
+/// the file is marked version 6 before the journal takes a note of this build.
+#[test]
+fn notes_of_schema_2_left_by_a_kill_of_the_previous_release_are_redone_with_their_ticket() {
+    a_format_5_file_serves_as_before(&V5_KILLED);
 }

@@ -39,6 +39,7 @@ mod line;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod permit;
+mod requests;
 mod timers;
 mod window;
 
@@ -49,6 +50,7 @@ pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketI
 use line::{Waiting, bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
+pub use requests::{Outcome, REMEMBER_MS, RequestRecord, params_digest};
 use timers::{Due, Timers};
 use window::Window;
 
@@ -251,6 +253,10 @@ pub enum Effect {
     TicketEnded { id: TicketId, end: TicketEnd },
     /// A ticket lapsed (section 12.4). May be lost in a crash.
     TicketLapsed { id: TicketId },
+    /// A request id's record (section 16) is now `record`; committed before the answer it names.
+    RequestKept { id: Arc<str>, record: RequestRecord },
+    /// A request id's record has lived its time. May be lost in a crash.
+    RequestForgotten { id: Arc<str> },
 }
 
 impl Effect {
@@ -258,7 +264,7 @@ impl Effect {
     /// be lost in a crash (section 12.6): it rides with the next commit instead.
     #[must_use]
     pub fn needs_commit(&self) -> bool {
-        !matches!(self, Effect::TicketRenewed { .. } | Effect::TicketLapsed { .. })
+        !matches!(self, Effect::TicketRenewed { .. } | Effect::TicketLapsed { .. } | Effect::RequestForgotten { .. })
     }
 
     /// Whether this is a change of the line (a ticket's).
@@ -423,6 +429,8 @@ pub struct Engine {
     ticket_key: (u64, u64),
     /// The next ticket's number: above every ticket restored or filed.
     next_ticket: u64,
+    /// The request ids remembered (section 16, `requests.rs`).
+    requests: Map<Arc<str>, RequestRecord>,
 }
 
 /// A ticket in the engine: its id and state.
@@ -529,6 +537,7 @@ impl Engine {
             tickets: Map::default(),
             ticket_key: ticket_key(config.id_seed),
             next_ticket: 1,
+            requests: Map::default(),
         }
     }
 
@@ -550,7 +559,7 @@ impl Engine {
     /// A grant pushes its effects; a refusal changes nothing but the retention of the buckets
     /// it names with a longer `perMs` (rule 3), which it pushes as effects too.
     ///
-    /// The request takes no part in the line: its `queue` and `ticket` are not read, and rule Q
+    /// The request takes no part in the line: its `queue`, `ticket` and `id` are not read, and rule Q
     /// holds for it as for any request without a ticket (it is granted only where every line
     /// of its buckets is empty). [`Engine::acquire_in_line`] decides with them.
     pub fn acquire(&mut self, req: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) -> Decision {
@@ -572,7 +581,28 @@ impl Engine {
     /// is renewed. A request with `queue`, or with a ticket unknown, ended or lapsed, refused
     /// for `rate` or `concurrency` files a new ticket at the back of every line it names (unless
     /// one is full).
+    ///
+    /// A request with an `id` (section 16) that was granted or filed a ticket before is answered
+    /// as then, counting nothing again; one whose id was released, or named other params, is a
+    /// `BadRequest` naming `id`.
     pub fn acquire_in_line(
+        &mut self,
+        req: &AcquireRequest,
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Result<LineAnswer, BadRequest> {
+        let Some(id) = req.id.as_deref() else { return self.decide_in_line(req, now, effects) };
+        let params = params_digest(req);
+        if let Some(again) = self.answer_again(id, params, now, effects)? {
+            return Ok(again);
+        }
+        let answer = self.decide_in_line(req, now, effects)?;
+        self.remember(id, params, req, &answer, now, effects);
+        Ok(answer)
+    }
+
+    /// [`Engine::acquire_in_line`] without the request's id.
+    fn decide_in_line(
         &mut self,
         req: &AcquireRequest,
         now: Millis,
@@ -860,6 +890,15 @@ impl Engine {
     /// Decides `req` at `now` as [`Engine::acquire_in_line`] would, changing nothing: with the
     /// live ticket it presents, if any, checked against what it binds (section 12.7).
     pub fn peek_in_line(&self, req: &AcquireRequest, now: Millis) -> Result<Option<Refusal>, BadRequest> {
+        // An id answered before is peeked as it would be answered again.
+        if let Some(id) = req.id.as_deref()
+            && let Some(again) = self.answer_again(id, params_digest(req), now, &mut Vec::new())?
+        {
+            return Ok(match again.decision {
+                Decision::Granted { .. } => None,
+                Decision::Refused { retry_at, reason, limit } => Some(Refusal { retry_at, reason, limit }),
+            });
+        }
         let mine = match self.known_ticket(req) {
             Some(number) if self.tickets[&number].state.lapse_at > now => {
                 if !self.tickets[&number].state.binds(&req.key, &req.limits) {
@@ -1158,6 +1197,7 @@ impl Engine {
                         effects.push(Effect::ThrottleEnded { key });
                     }
                 }
+                Due::Request(id) => self.request_due(&id, at, now, effects),
                 Due::Ticket(number) => {
                     let Some(t) = self.tickets.get_mut(&number).filter(|t| t.timer_at == at) else { continue };
                     if t.state.lapse_at <= now {

@@ -19,8 +19,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId, PermitState, Reason, TicketId,
-    TicketState,
+    BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId, PermitState, Reason,
+    RequestRecord, TicketId, TicketState,
 };
 use crate::request::{AcquireRequest, Cost};
 use crate::time::Millis;
@@ -585,6 +585,7 @@ pub struct EffectLog {
     pub permits: BTreeMap<PermitId, PermitState>,
     pub throttles: BTreeMap<String, Millis>,
     pub tickets: BTreeMap<TicketId, TicketState>,
+    pub requests: BTreeMap<String, RequestRecord>,
 }
 
 impl EffectLog {
@@ -635,6 +636,12 @@ impl EffectLog {
                 Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
                     assert!(self.tickets.remove(id).is_some(), "an ended ticket was filed");
                 }
+                Effect::RequestKept { id, record } => {
+                    self.requests.insert(id.to_string(), record.clone());
+                }
+                Effect::RequestForgotten { id } => {
+                    assert!(self.requests.remove(&**id).is_some(), "a forgotten id was kept");
+                }
             }
         }
     }
@@ -662,6 +669,9 @@ impl EffectLog {
         }
         for (id, t) in &self.tickets {
             e.restore_ticket(*id, t.clone());
+        }
+        for (id, r) in &self.requests {
+            e.restore_request(id, r.clone());
         }
         let mut effects = Vec::new();
         e.resume_line(floor, now, &mut effects);

@@ -34,7 +34,7 @@ use crate::engine::{
 };
 use crate::metrics::Metrics;
 use crate::request::{
-    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest,
+    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
 };
 use crate::store::{Opener, Store, StoreError, file_opener};
 use crate::time::{Clock, Millis, SystemClock};
@@ -321,6 +321,18 @@ impl Limiter {
     /// lines; answered once durable.
     pub async fn leave(&self, req: LeaveRequest) -> Result<bool, LimiterError> {
         self.ask(|r| Command::Leave(req, r)).await
+    }
+
+    /// Undoes what the acquire named `req.id` got (`release {id}`, section 16): its places freed,
+    /// its ticket out of the line, with `costs` its windows settled. `true` when it changed
+    /// something; an id never seen is remembered as released (`false`). Answered once durable.
+    pub async fn undo(&self, req: UndoRequest) -> Result<bool, LimiterError> {
+        self.ask(|r| Command::Undo(req, r)).await
+    }
+
+    /// [`Limiter::undo`] for threads outside an async runtime.
+    pub fn undo_blocking(&self, req: UndoRequest) -> Result<bool, LimiterError> {
+        self.ask_blocking(|r| Command::Undo(req, r))
     }
 
     /// [`Limiter::leave`] for threads outside an async runtime.

@@ -43,7 +43,7 @@ use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, 
 use crate::metrics::Metrics;
 use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
 use crate::request::{
-    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest,
+    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
 };
 use crate::store::{Opener, Store, StoreError};
 use crate::time::{Clock, Millis};
@@ -62,11 +62,20 @@ pub(super) enum Command {
     Acquire(AcquireRequest, Reply<Acquired>),
     Release(ReleaseRequest, Reply<bool>),
     Leave(LeaveRequest, Reply<bool>),
+    /// `release {id}` (section 16).
+    Undo(UndoRequest, Reply<bool>),
     Peek(AcquireRequest, Reply<Peeked>),
     Settle(SettleRequest, Reply<bool>),
     Lift(LiftRequest, Reply<bool>),
-    Throttle { key: String, until: Millis, reply: Reply<Option<Millis>> },
-    State { prefix: String, reply: Reply<Snapshot> },
+    Throttle {
+        key: String,
+        until: Millis,
+        reply: Reply<Option<Millis>>,
+    },
+    State {
+        prefix: String,
+        reply: Reply<Snapshot>,
+    },
 }
 
 /// An answer held until its commit, and whether the writer sends it itself (`direct`) or hands
@@ -465,7 +474,7 @@ pub(super) fn decided_nothing(cmd: Command) -> Answer {
                 no_ticket: None,
             }),
         ),
-        Command::Release(_, reply) => Answer::Release(reply, Ok(false)),
+        Command::Release(_, reply) | Command::Undo(_, reply) => Answer::Release(reply, Ok(false)),
         Command::Leave(_, reply) => Answer::Leave(reply, false),
         Command::Peek(_, reply) => Answer::Peek(reply, Ok(Peeked::default())),
         Command::Settle(_, reply) => Answer::Settle(reply, Ok(Settled::Unknown)),
@@ -493,6 +502,7 @@ pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
             Answer::Release(reply, engine.release_with(&req.permit, &req.costs, now, effects))
         }
         Command::Leave(req, reply) => Answer::Leave(reply, engine.leave(&req.ticket, now, effects)),
+        Command::Undo(req, reply) => Answer::Release(reply, engine.undo(&req.id, &req.costs, now, effects)),
         Command::Peek(req, reply) => {
             let peeked = engine
                 .peek_in_line(&req, now)

@@ -30,7 +30,7 @@
 //! else, so doing them again leaves the same records. Without a journal (the file alone) every
 //! commit is a redb commit.
 //!
-//! # Layout (format version 5)
+//! # Layout (format version 6)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
@@ -40,6 +40,7 @@
 //! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
 //! | `throttles` | caller key | `until` ms |
 //! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, and the limits it binds (defaults resolved, sorted by bucket key) |
+//! | `requests` | request id (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, window shares; a filing's ticket and refusal; or released) |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -71,6 +72,15 @@
 //! a ticket and a leave are committed (as a note or a redb commit) before their replies; a
 //! renewal or a lapse rides with the next commit, and may be lost in a crash: the ticket then
 //! keeps its older lapse, which the restart moves anyway.
+//!
+//! Version 6 (request ids, section 16) added the `requests` table, and journal notes of schema
+//! 3, which may carry a request id's effects: kept inserts or rewrites its record (committed
+//! with the grant, filing or release it names), forgotten deletes it (riding with the next
+//! commit: a record a crash keeps is forgotten again after the restart). Files of versions 2 to
+//! 5 open unchanged and are marked version 6 (the marking creates the table empty) before the
+//! journal takes any commit of this build; notes of schemas 1 and 2 left by a crash of an older
+//! release are redone as they were. An older build refuses a version-6 file, and a note of
+//! schema 3, rather than forget a request id.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -152,9 +162,12 @@ use redb::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{BucketMeta, Effect, Engine, PermitId, PermitState, TicketId, TicketState, WindowShare};
+use crate::engine::{
+    BucketMeta, Effect, Engine, Outcome, PermitId, PermitState, REMEMBER_MS, Reason, RequestRecord, TicketId,
+    TicketState, WindowShare,
+};
 use crate::request::{
-    Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS,
+    Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_ID_BYTES, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS,
     MAX_THROTTLE_AHEAD_MS, MIN_GRACE_MS, WindowLimit,
 };
 use crate::time::Millis;
@@ -182,7 +195,7 @@ pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
 /// The file's layout version; a file of a version outside [`OLDEST_FORMAT_VERSION`] to this one
 /// is refused.
-pub const FORMAT_VERSION: u64 = 5;
+pub const FORMAT_VERSION: u64 = 6;
 /// The oldest version read: files of the versions before [`FORMAT_VERSION`] open unchanged and
 /// are marked current (see the module docs).
 pub const OLDEST_FORMAT_VERSION: u64 = 2;
@@ -193,9 +206,12 @@ const PERMIT_SCHEMA: u8 = 2;
 /// Schema byte of a journal note ([`Note`]) as format version 4 wrote it: no ticket effects.
 /// Still read (a crash of the previous release can leave such notes).
 const NOTE_SCHEMA_V4: u8 = 1;
-/// Schema byte of a journal note since format version 5: its effects may be a ticket's, which
-/// an older build, reading schema 1 only, refuses rather than misreads.
-const NOTE_SCHEMA: u8 = 2;
+/// Schema byte of a journal note as format version 5 wrote it: its effects may be a ticket's,
+/// never a request id's. Still read (a crash of the previous release can leave such notes).
+const NOTE_SCHEMA_V5: u8 = 2;
+/// Schema byte of a journal note since format version 6: its effects may be a request id's,
+/// which an older build, reading schemas 1 and 2 only, refuses rather than misreads.
+const NOTE_SCHEMA: u8 = 3;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -203,6 +219,7 @@ const GRANTS: TableDefinition<(u64, &str), u64> = TableDefinition::new("grants_b
 const PERMITS: TableDefinition<u128, &[u8]> = TableDefinition::new("permits");
 const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
 const TICKETS: TableDefinition<u128, &[u8]> = TableDefinition::new("tickets");
+const REQUESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("requests");
 
 const KEY_FORMAT: &str = "format_version";
 const KEY_FLOOR: &str = "clock_floor";
@@ -441,6 +458,78 @@ impl TicketRecord {
     }
 }
 
+/// What the acquire a request id names got, as its record holds it.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+enum OutcomeRecord {
+    Granted {
+        at: u64,
+        permit: Option<u128>,
+        windows: Vec<(String, u64, u64)>,
+    },
+    /// `reason`: 0 rate, 1 concurrency, 2 throttle.
+    Ticketed {
+        ticket: u128,
+        retry_at: u64,
+        reason: u8,
+        limit: String,
+        lapse_at: u64,
+    },
+    Released,
+}
+
+/// A request id's record (schema byte 1, format version 6), keyed by the id.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct IdRecord {
+    params: u128,
+    until: u64,
+    outcome: OutcomeRecord,
+}
+
+const REASONS: [Reason; 3] = [Reason::Rate, Reason::Concurrency, Reason::Throttle];
+
+impl IdRecord {
+    fn from_state(r: &RequestRecord) -> Self {
+        let outcome = match &r.outcome {
+            Outcome::Granted { at, permit, windows } => OutcomeRecord::Granted {
+                at: at.0,
+                permit: permit.map(|p| p.0),
+                windows: windows.iter().map(|w| (w.bucket.to_string(), w.cost, w.cap)).collect(),
+            },
+            Outcome::Ticketed { ticket, retry_at, reason, limit, lapse_at } => OutcomeRecord::Ticketed {
+                ticket: ticket.0,
+                retry_at: retry_at.0,
+                reason: REASONS.iter().position(|r| r == reason).unwrap_or(0) as u8,
+                limit: limit.to_string(),
+                lapse_at: lapse_at.0,
+            },
+            Outcome::Released => OutcomeRecord::Released,
+        };
+        IdRecord { params: r.params, until: r.until.0, outcome }
+    }
+
+    fn into_state(self) -> Result<RequestRecord, String> {
+        let outcome = match self.outcome {
+            OutcomeRecord::Granted { at, permit, windows } => Outcome::Granted {
+                at: Millis(at),
+                permit: permit.map(PermitId),
+                windows: windows
+                    .into_iter()
+                    .map(|(b, cost, cap)| WindowShare { bucket: Arc::from(b), cost, cap })
+                    .collect(),
+            },
+            OutcomeRecord::Ticketed { ticket, retry_at, reason, limit, lapse_at } => Outcome::Ticketed {
+                ticket: TicketId(ticket),
+                retry_at: Millis(retry_at),
+                reason: *REASONS.get(usize::from(reason)).ok_or_else(|| format!("unknown reason {reason}"))?,
+                limit: Arc::from(limit),
+                lapse_at: Millis(lapse_at),
+            },
+            OutcomeRecord::Released => Outcome::Released,
+        };
+        Ok(RequestRecord { params: self.params, until: Millis(self.until), outcome })
+    }
+}
+
 /// A commit kept as a note in the journal (schema byte [`NOTE_SCHEMA`]): its floor and its
 /// effects, in the engine's order.
 #[derive(Serialize, Deserialize)]
@@ -505,6 +594,22 @@ enum NoteEffect<'a> {
     TicketGone {
         id: u128,
     },
+    // Request ids' effects (schema 3 only; appended, so older notes read as they were written).
+    RequestKept {
+        #[serde(borrow)]
+        id: Cow<'a, str>,
+        record: IdRecord,
+    },
+    RequestForgotten {
+        #[serde(borrow)]
+        id: Cow<'a, str>,
+    },
+}
+
+impl NoteEffect<'_> {
+    fn is_request(&self) -> bool {
+        matches!(self, NoteEffect::RequestKept { .. } | NoteEffect::RequestForgotten { .. })
+    }
 }
 
 fn millis(ats: &[Millis]) -> Vec<u64> {
@@ -540,6 +645,10 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
                 NoteEffect::TicketRenewed { id: id.0, retry_at: retry_at.0, lapse_at: lapse_at.0, grace_ms: *grace_ms }
             }
             Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => NoteEffect::TicketGone { id: id.0 },
+            Effect::RequestKept { id, record } => {
+                NoteEffect::RequestKept { id: Cow::Borrowed(id), record: IdRecord::from_state(record) }
+            }
+            Effect::RequestForgotten { id } => NoteEffect::RequestForgotten { id: Cow::Borrowed(id) },
         })
         .collect();
     encode_schema(NOTE_SCHEMA, &Note { floor: floor.0, effects })
@@ -558,6 +667,16 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
             if note.effects.iter().any(is_line) {
                 return Err("a note of schema 1 names a ticket".to_owned());
             }
+            if note.effects.iter().any(NoteEffect::is_request) {
+                return Err("a note of schema 1 names a request id".to_owned());
+            }
+            note
+        }
+        Some(&NOTE_SCHEMA_V5) => {
+            let note: Note<'_> = decode_schema(NOTE_SCHEMA_V5, bytes)?;
+            if note.effects.iter().any(NoteEffect::is_request) {
+                return Err("a note of schema 2 names a request id".to_owned());
+            }
             note
         }
         _ => decode_schema(NOTE_SCHEMA, bytes)?,
@@ -567,33 +686,41 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
     let effects = note
         .effects
         .into_iter()
-        .map(|effect| match effect {
-            NoteEffect::BucketMeta { bucket, meta } => Effect::BucketMeta { bucket: arc(bucket), meta },
-            NoteEffect::WindowGrant { bucket, at, cost } => {
-                Effect::WindowGrant { bucket: arc(bucket), at: Millis(at), cost }
-            }
-            NoteEffect::WindowPruned { bucket, grants } => {
-                Effect::WindowPruned { bucket: arc(bucket), grants: ats(grants) }
-            }
-            NoteEffect::BucketForgotten { bucket, grants } => {
-                Effect::BucketForgotten { bucket: arc(bucket), grants: ats(grants) }
-            }
-            NoteEffect::PermitSet { id, permit } => Effect::PermitSet { id: PermitId(id), permit: permit.into_state() },
-            NoteEffect::PermitEnded { id } => Effect::PermitEnded { id: PermitId(id) },
-            NoteEffect::ThrottleSet { key, until } => Effect::ThrottleSet { key: arc(key), until: Millis(until) },
-            NoteEffect::ThrottleEnded { key } => Effect::ThrottleEnded { key: arc(key) },
-            NoteEffect::TicketFiled { id, ticket } => {
-                Effect::TicketFiled { id: TicketId(id), ticket: ticket.into_state() }
-            }
-            NoteEffect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => Effect::TicketRenewed {
-                id: TicketId(id),
-                retry_at: Millis(retry_at),
-                lapse_at: Millis(lapse_at),
-                grace_ms,
-            },
-            NoteEffect::TicketGone { id } => Effect::TicketLapsed { id: TicketId(id) },
+        .map(|effect| -> Result<Effect, String> {
+            Ok(match effect {
+                NoteEffect::BucketMeta { bucket, meta } => Effect::BucketMeta { bucket: arc(bucket), meta },
+                NoteEffect::WindowGrant { bucket, at, cost } => {
+                    Effect::WindowGrant { bucket: arc(bucket), at: Millis(at), cost }
+                }
+                NoteEffect::WindowPruned { bucket, grants } => {
+                    Effect::WindowPruned { bucket: arc(bucket), grants: ats(grants) }
+                }
+                NoteEffect::BucketForgotten { bucket, grants } => {
+                    Effect::BucketForgotten { bucket: arc(bucket), grants: ats(grants) }
+                }
+                NoteEffect::PermitSet { id, permit } => {
+                    Effect::PermitSet { id: PermitId(id), permit: permit.into_state() }
+                }
+                NoteEffect::PermitEnded { id } => Effect::PermitEnded { id: PermitId(id) },
+                NoteEffect::ThrottleSet { key, until } => Effect::ThrottleSet { key: arc(key), until: Millis(until) },
+                NoteEffect::ThrottleEnded { key } => Effect::ThrottleEnded { key: arc(key) },
+                NoteEffect::TicketFiled { id, ticket } => {
+                    Effect::TicketFiled { id: TicketId(id), ticket: ticket.into_state() }
+                }
+                NoteEffect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => Effect::TicketRenewed {
+                    id: TicketId(id),
+                    retry_at: Millis(retry_at),
+                    lapse_at: Millis(lapse_at),
+                    grace_ms,
+                },
+                NoteEffect::TicketGone { id } => Effect::TicketLapsed { id: TicketId(id) },
+                NoteEffect::RequestKept { id, record } => {
+                    Effect::RequestKept { id: arc(id), record: record.into_state()? }
+                }
+                NoteEffect::RequestForgotten { id } => Effect::RequestForgotten { id: arc(id) },
+            })
         })
-        .collect();
+        .collect::<Result<_, String>>()?;
     Ok((Millis(note.floor), effects))
 }
 
@@ -1070,6 +1197,7 @@ impl Store {
             txn.open_table(PERMITS).map_err(|e| self.commit_error(e))?;
             txn.open_table(THROTTLES).map_err(|e| self.commit_error(e))?;
             txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
+            txn.open_table(REQUESTS).map_err(|e| self.commit_error(e))?;
         }
         txn.commit().map_err(|e| self.commit_error(e))
     }
@@ -1102,6 +1230,8 @@ impl Store {
             .map_err(|e| self.commit_error(e))?;
         // Version 5's table, empty: every ticket of an older release was forgotten at its stop.
         txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
+        // Version 6's table, empty: no older release knew request ids.
+        txn.open_table(REQUESTS).map_err(|e| self.commit_error(e))?;
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
@@ -1192,6 +1322,34 @@ impl Store {
                 return Err(bad("tickets", format!("a ticket out of bounds: {id}")));
             }
             engine.restore_ticket(id, ticket);
+        }
+        let requests = match txn.open_table(REQUESTS) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(self.corrupt(e)),
+        };
+        let rows = match &requests {
+            Some(table) => Some(table.iter().map_err(|e| self.corrupt(e))?),
+            None => None,
+        };
+        // A record lives a minute, or as long as its permit or ticket lives.
+        let id_ok = |at: u64| at <= floor.0.saturating_add(MAX_HOLD_MS.max(MAX_PER_MS) + MAX_GRACE_MS + REMEMBER_MS);
+        for row in rows.into_iter().flatten() {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let record =
+                decode::<IdRecord>(v.value()).and_then(IdRecord::into_state).map_err(|e| bad("requests", e))?;
+            let windows_ok = match &record.outcome {
+                Outcome::Granted { windows, .. } => {
+                    windows.len() <= MAX_LIMITS
+                        && windows.iter().all(|w| key_ok(&w.bucket) && w.cap <= MAX_CALLS && w.cost <= w.cap)
+                }
+                Outcome::Ticketed { limit, .. } => key_ok(limit),
+                Outcome::Released => true,
+            };
+            if k.value().is_empty() || k.value().len() > MAX_ID_BYTES || !id_ok(record.until.0) || !windows_ok {
+                return Err(bad("requests", format!("a request id's record out of bounds: {:?}", k.value())));
+            }
+            engine.restore_request(k.value(), record);
         }
         Ok(floor)
     }
@@ -1288,6 +1446,7 @@ impl Store {
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
         let (mut buckets, mut grants, mut permits, mut throttles, mut tickets) = (None, None, None, None, None);
+        let mut requests = None;
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
@@ -1359,6 +1518,13 @@ impl Store {
                     }
                     Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
                         opened(&mut tickets, txn, TICKETS)?.remove(id.0)?;
+                    }
+                    Effect::RequestKept { id, record } => {
+                        let record = encode(&IdRecord::from_state(record));
+                        opened(&mut requests, txn, REQUESTS)?.insert(&**id, record.as_slice())?;
+                    }
+                    Effect::RequestForgotten { id } => {
+                        opened(&mut requests, txn, REQUESTS)?.remove(&**id)?;
                     }
                 }
             }

@@ -470,3 +470,46 @@ fn check_refuses_a_damaged_journal_naming_it() {
     let out = check();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Section 16 across a crash: an acquire named by an id, retried after a `kill -9` and restart,
+/// gets its first answer (same instant, same permit) and counts nothing again; `release {id}`
+/// then undoes it, and the released id stays released across the next `kill -9`.
+#[tokio::test]
+async fn kill_9_keeps_request_ids_so_a_retry_never_counts_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let ask = json!({"key": "caller", "id": "ask-1", "limits": [
+        {"key": "rpm", "calls": 2, "perMs": 3_600_000}, {"key": "conc", "concurrent": 1}]});
+    let first = post(&server.url, "/acquire", ask.clone()).await;
+    assert_eq!(first["granted"], true, "{first}");
+    server.child.kill().unwrap(); // SIGKILL
+    server.child.wait().unwrap();
+
+    let mut server = start(&path);
+    let again = post(&server.url, "/acquire", ask.clone()).await;
+    assert_eq!(again, first, "the retry gets its first answer");
+    let mut report = ask.clone();
+    report["report"] = json!(true);
+    let figures = post(&server.url, "/acquire", report).await;
+    assert_eq!(figures["limits"][0]["used"], 1, "counted once: {figures}");
+    assert_eq!(figures["limits"][1]["held"], 1, "one place: {figures}");
+    let undo = json!({"id": "ask-1", "costs": [{"key": "rpm", "cost": 0}]});
+    assert_eq!(post(&server.url, "/release", undo).await, json!({"released": true}));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+
+    let mut server = start(&path);
+    let late = reqwest::Client::new().post(format!("{}/acquire", server.url)).json(&ask).send().await.unwrap();
+    assert_eq!(late.status(), 400, "a released id stays released");
+    let peek = post(
+        &server.url,
+        "/peek",
+        json!({"key": "caller", "limits": [
+        {"key": "rpm", "calls": 2, "perMs": 3_600_000}, {"key": "conc", "concurrent": 1}]}),
+    )
+    .await;
+    assert_eq!((peek["limits"][0]["used"].clone(), peek["limits"][1]["held"].clone()), (json!(0), json!(0)), "{peek}");
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}

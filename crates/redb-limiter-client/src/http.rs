@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::{ClientError, InLine, LimiterApi, NoTicket, Outcome, PeekOutcome, Refusal};
 use redb_limiter::engine::Figures;
-use redb_limiter::request::{AcquireRequest, Cost, LeaveRequest, ReleaseRequest, SettleRequest};
+use redb_limiter::request::{AcquireRequest, Cost, LeaveRequest, ReleaseRequest, SettleRequest, UndoRequest};
 use redb_limiter::time::{Millis, format_instant};
 use redb_limiter::wire::{
     AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply,
@@ -69,6 +69,15 @@ impl HttpLimiter {
     #[must_use]
     pub fn new(url: impl Into<String>, token: Option<String>) -> Self {
         HttpLimiter { url: url.into().trim_end_matches('/').to_owned(), token, http: reqwest::Client::new() }
+    }
+
+    /// Gives up on any call after `timeout` (`Unreachable`). A [`crate::Client`] undoes an
+    /// acquire it gave up on by its request id (section 16), so nothing it may have been granted
+    /// stays held.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.http = reqwest::Client::builder().timeout(timeout).build().unwrap_or_default();
+        self
     }
 
     /// A request to `path` (starting with `/`) on the server, carrying the bearer token when
@@ -153,6 +162,12 @@ impl LimiterApi for HttpLimiter {
 
     async fn lift(&self, key: String) -> Result<bool, ClientError> {
         Ok(self.post::<LiftReply>("lift", serde_json::json!({ "key": key })).await?.lifted)
+    }
+
+    async fn undo(&self, id: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let req = if costs.is_empty() { UndoRequest::new(id) } else { UndoRequest::with_costs(id, costs) };
+        let req = req.map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(self.post::<ReleaseReply>("release", req.to_json()).await?.released)
     }
 }
 

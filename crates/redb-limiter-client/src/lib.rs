@@ -37,7 +37,7 @@ use crate::vendor::{vendor_budget, vendor_wait};
 use redb_limiter::engine::{Decision, Figures, Reason, TicketNote};
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{
-    AcquireRequest, Cost, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest,
+    AcquireRequest, Cost, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
 };
 use redb_limiter::time::{Millis, wall_clock_now};
 
@@ -190,6 +190,13 @@ pub trait LimiterApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// Leaves the line (`release {ticket}`, section 12.4): `true` when a live ticket left.
     fn leave(&self, ticket: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// Undoes what the acquire named `id` got (`release {id}`, section 16), settling its windows
+    /// to `costs` first (0: a call never made): `true` when that changed something. A limiter
+    /// without section 16 answers `BadRequest`; the default is one.
+    fn undo(&self, id: String, costs: Vec<Cost>) -> impl Future<Output = Result<bool, ClientError>> + Send {
+        let _ = (id, costs);
+        async { Err(ClientError::BadRequest("this limiter keeps no request ids (wire section 16)".into())) }
+    }
     /// Ends the throttle of `key`: `true` when one was in force.
     fn lift(&self, key: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// The limiter's notion of now (the host's wall clock for a remote limiter).
@@ -267,6 +274,11 @@ impl LimiterApi for Limiter {
         Ok(Limiter::lift(self, req).await?)
     }
 
+    async fn undo(&self, id: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let req = if costs.is_empty() { UndoRequest::new(id) } else { UndoRequest::with_costs(id, costs) };
+        Ok(Limiter::undo(self, req.map_err(|e| ClientError::BadRequest(e.0))?).await?)
+    }
+
     fn now(&self) -> Millis {
         Limiter::now(self)
     }
@@ -304,6 +316,100 @@ type Observer = Arc<dyn Fn(&WaitReport) + Send + Sync>;
 struct Line {
     turn: tokio::sync::Mutex<()>,
     waiting: AtomicUsize,
+    /// The latest failure of a head to get an answer (the limiter unreachable or unavailable),
+    /// and when: a waiter that was already waiting then fails with it at once, rather than ask
+    /// again into the same outage, so the n-th waiter never waits n timeouts.
+    failure: Mutex<Option<(tokio::time::Instant, ClientError)>>,
+}
+
+impl Line {
+    fn failed(&self, e: &ClientError) {
+        if matches!(e, ClientError::Unreachable(_) | ClientError::Unavailable(_)) {
+            *self.failure.lock().expect("failure lock") = Some((tokio::time::Instant::now(), e.clone()));
+        }
+    }
+
+    /// The failure of a head since `since`, if any.
+    fn failure_since(&self, since: tokio::time::Instant) -> Option<ClientError> {
+        let failure = self.failure.lock().expect("failure lock");
+        failure.as_ref().filter(|(at, _)| *at >= since).map(|(_, e)| e.clone())
+    }
+}
+
+/// A fresh request id (section 16): 128 random bits drawn once per process, and a counter, so
+/// ids never repeat across hosts or asks.
+fn request_id() -> String {
+    static PREFIX: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let prefix = PREFIX.get_or_init(|| {
+        let mut bytes = [0u8; 16];
+        // Without the OS's randomness, the clock and the process id keep ids apart.
+        if getrandom::fill(&mut bytes).is_err() {
+            let fallback = u128::from(wall_clock_now().0) << 64 | u128::from(std::process::id());
+            bytes = fallback.to_le_bytes();
+        }
+        u128::from_le_bytes(bytes)
+    });
+    format!("r-{prefix:032x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// How long an undo sent in the background may take before it is given up (the grant then
+/// lapses as it would have).
+const UNDO_WITHIN: Duration = Duration::from_secs(5);
+
+/// What undoes one ask: its id, and a cost of 0 for each window it names (a call never made).
+struct Undo<L: LimiterApi> {
+    limiter: Arc<L>,
+    id: String,
+    zero: Vec<Cost>,
+}
+
+impl<L: LimiterApi> Clone for Undo<L> {
+    fn clone(&self) -> Self {
+        Undo { limiter: self.limiter.clone(), id: self.id.clone(), zero: self.zero.clone() }
+    }
+}
+
+impl<L: LimiterApi> Undo<L> {
+    fn new(limiter: Arc<L>, id: String, req: &AcquireRequest) -> Self {
+        let zero = req.limits.iter().filter(|l| l.window.is_some()).map(|l| Cost::new(l.key.clone(), 0)).collect();
+        Undo { limiter, id, zero }
+    }
+
+    /// `release {id}`; where the limiter keeps no ids, gives back what `late` (an answer that
+    /// came after its caller left) holds: its places, or its ticket.
+    async fn run(&self, late: Option<Outcome>) {
+        let undone = tokio::time::timeout(UNDO_WITHIN, self.limiter.undo(self.id.clone(), self.zero.clone())).await;
+        match undone {
+            Ok(Err(ClientError::BadRequest(_))) => match late {
+                Some(Outcome::Granted { permit: Some(permit), .. }) => {
+                    let _ = self.limiter.release(permit).await;
+                }
+                Some(Outcome::Refused(Refusal { line: Some(line), .. })) => {
+                    let _ = self.limiter.leave(line.ticket).await;
+                }
+                _ => {}
+            },
+            Ok(Err(e)) => tracing::warn!(error = %e, "undoing an abandoned acquire failed; what it got lapses"),
+            Err(_) => tracing::warn!("undoing an abandoned acquire timed out; what it got lapses"),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Undoes an ask whose caller stopped waiting (its future dropped), from a spawned task.
+struct UndoOnDrop<L: LimiterApi>(Option<Undo<L>>);
+
+impl<L: LimiterApi> Drop for UndoOnDrop<L> {
+    fn drop(&mut self) {
+        let Some(undo) = self.0.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move { undo.run(None).await });
+            }
+            Err(_) => tracing::warn!("an acquire dropped outside a runtime is not undone; what it got lapses"),
+        }
+    }
 }
 
 /// A waiting client over any [`LimiterApi`]. Cheap to clone.
@@ -375,26 +481,35 @@ impl<L: LimiterApi> Client<L> {
         }
     }
 
-    /// One acquire (from a host that waits at most `max_wait` more) whose grant is released, and
-    /// whose new ticket leaves the line, if the caller is gone by the time the answer arrives.
-    async fn ask(&self, req: AcquireRequest, max_wait: Option<Duration>) -> Result<Outcome, ClientError> {
+    /// One acquire (from a host that waits at most `max_wait` more), named by a fresh request id
+    /// (section 16) unless it has one. Whatever it got is undone (`release {id}`, with costs of
+    /// 0) when the caller stops waiting for the answer (the future is dropped), when the answer
+    /// is lost (an error other than a bad request: the server may have decided it), or when the
+    /// caller is gone by the time the answer arrives. Against a limiter without section 16, a
+    /// late grant's places are released and a late ticket leaves the line instead.
+    async fn ask(&self, mut req: AcquireRequest, max_wait: Option<Duration>) -> Result<Outcome, ClientError> {
+        let id = req.id.get_or_insert_with(request_id).clone();
+        let undo = Undo::new(self.limiter.clone(), id, &req);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let limiter = self.limiter.clone();
+        let late = undo.clone();
         tokio::spawn(async move {
             let outcome = limiter.acquire_within(req, max_wait).await;
+            let lost = matches!(outcome, Err(ref e) if !matches!(e, ClientError::BadRequest(_)));
             match tx.send(outcome) {
-                // The caller was cancelled while the answer was on its way: give the places back,
-                // or leave the line the refusal put it in.
-                Err(Ok(Outcome::Granted { permit: Some(permit), .. })) => {
-                    let _ = limiter.release(permit).await;
-                }
-                Err(Ok(Outcome::Refused(Refusal { line: Some(line), .. }))) => {
-                    let _ = limiter.leave(line.ticket).await;
-                }
+                // The caller was cancelled while the answer was on its way: undo what it got.
+                Err(Ok(outcome)) => late.run(Some(outcome)).await,
+                // The answer was lost: the server may have granted it or filed a ticket.
+                Ok(()) if lost => late.run(None).await,
                 _ => {}
             }
         });
-        rx.await.unwrap_or_else(|_| Err(ClientError::Unavailable("the acquire task ended without an answer".into())))
+        let mut guard = UndoOnDrop(Some(undo));
+        let answer = rx
+            .await
+            .unwrap_or_else(|_| Err(ClientError::Unavailable("the acquire task ended without an answer".into())));
+        guard.0 = None;
+        answer
     }
 
     /// Waits until granted: sleeps until each refusal's `retryAt` and asks again, first in
@@ -430,22 +545,39 @@ impl<L: LimiterApi> Client<L> {
             Some(deadline) => tokio::time::timeout_at(deadline, line.turn.lock()).await.map_err(|_| timeout(None))?,
             None => line.turn.lock().await,
         };
+        // The head before it could not reach the limiter while this one waited: the same outage.
+        if let Some(failure) = line.failure_since(started) {
+            return Err(failure);
+        }
         let mut req = req;
         if !options.no_queue && req.ticket.is_none() {
             req.queue = true;
         }
         // Leaves the limiter's line however this wait ends, but by a grant.
         let mut ticket = Ticket { limiter: self.limiter.clone(), id: req.ticket.clone() };
+        let mut last: Option<Refusal> = None;
         loop {
             req.ticket.clone_from(&ticket.id);
             let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-            let refusal = match self.ask(req.clone(), left).await? {
+            // A fresh id for each ask: a new ask at a new retryAt (section 16).
+            req.id = None;
+            let asked = match deadline {
+                // max_wait holds while the request is in flight too: abandoned (and undone) at it.
+                Some(deadline) => match tokio::time::timeout_at(deadline, self.ask(req.clone(), left)).await {
+                    Ok(asked) => asked,
+                    Err(_) => return Err(timeout(last)),
+                },
+                None => self.ask(req.clone(), left).await,
+            };
+            let asked = asked.inspect_err(|e| line.failed(e));
+            let refusal = match asked? {
                 Outcome::Granted { at, permit } => {
                     ticket.id = None; // a grant ends the ticket
                     return Ok(Permit::new(self.limiter.clone(), at, permit));
                 }
                 Outcome::Refused(refusal) => refusal,
             };
+            last = Some(refusal.clone());
             // A refusal naming no ticket (a throttle before any was filed, or `no_ticket`: beyond
             // the horizon, or full lines) leaves none standing: the ticket presented, if any, is
             // no longer live, and the next ask joins the line afresh.

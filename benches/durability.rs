@@ -7,6 +7,8 @@
 //! - `durability/grant_16`, `durability/grant_64`: 16 or 64 tasks in-process, each with one
 //!   acquire in flight; the writer shares one commit among every request that arrived while the
 //!   previous one was flushing. One iteration is one grant.
+//! - `durability/grant_N_ids`: the same with a fresh request id on every ask (section 16), as
+//!   the clients send them: each grant's record is committed with it and forgotten a minute on.
 //! - `durability/grant_N_plain`: the same on the file alone, without its journal (redb's own
 //!   commits), measured right after, for the journal's before/after.
 //! - `durability/grant_1_caller`: one requester with `caller_commits` on, as the server runs:
@@ -40,6 +42,8 @@ use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 
 const BUCKETS: usize = 1_000;
+/// Request ids are never reused across iterations: a reused one would be answered from memory.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// In-process requesters, each with one acquire in flight.
 const REQUESTERS: [u64; 3] = [1, 16, 64];
 /// Grants per bucket in the reopen file, each at its own millisecond.
@@ -70,15 +74,18 @@ fn grant_requests() -> Vec<AcquireRequest> {
         .expect("valid requests")
 }
 
-/// A bench variant: its name's suffix, how the file is opened, and `caller_commits`.
-type Variant = (&'static str, fn() -> Opener, bool);
+/// A bench variant: its name's suffix, how the file is opened, `caller_commits`, and whether
+/// each ask carries a fresh request id (section 16).
+type Variant = (&'static str, fn() -> Opener, bool, bool);
 
 fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime")
 }
 
-async fn grant(limiter: &Limiter, req: &AcquireRequest) {
-    let decision = limiter.acquire(req.clone()).await.expect("the limiter answers");
+async fn grant(limiter: &Limiter, req: &AcquireRequest, id: Option<String>) {
+    let mut req = req.clone();
+    req.id = id;
+    let decision = limiter.acquire(req).await.expect("the limiter answers");
     assert!(decision.is_granted(), "bench requests always have room: {decision:?}");
 }
 
@@ -96,11 +103,19 @@ fn grants(c: &mut Criterion) {
         // The file behind its journal (production), the same with the caller committing when
         // it is alone (the server's setting) at one requester, then the file alone.
         let variants: &[Variant] = if requesters == 1 {
-            &[("", file_opener, false), ("_caller", file_opener, true), ("_plain", plain_file_opener, false)]
+            &[
+                ("", file_opener, false, false),
+                ("_caller", file_opener, true, false),
+                ("_plain", plain_file_opener, false, false),
+            ]
         } else {
-            &[("", file_opener, false), ("_plain", plain_file_opener, false)]
+            &[
+                ("", file_opener, false, false),
+                ("_ids", file_opener, false, true),
+                ("_plain", plain_file_opener, false, false),
+            ]
         };
-        for &(suffix, opener, caller_commits) in variants {
+        for &(suffix, opener, caller_commits, ids) in variants {
             let name = format!("grant_{requesters}{suffix}");
             let options = LimiterOptions { opener: opener(), caller_commits, ..LimiterOptions::default() };
             let limiter = Arc::new(
@@ -117,7 +132,11 @@ fn grants(c: &mut Criterion) {
                             let (limiter, reqs) = (limiter.clone(), reqs.clone());
                             tasks.spawn(async move {
                                 for i in 0..share {
-                                    grant(&limiter, &reqs[((t + i * requesters) as usize) % reqs.len()]).await;
+                                    let id = ids.then(|| {
+                                        let n = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        format!("r-5f0c2a7e91d34b6880a1c3e5f7092b4d-{n:x}")
+                                    });
+                                    grant(&limiter, &reqs[((t + i * requesters) as usize) % reqs.len()], id).await;
                                 }
                             });
                         }

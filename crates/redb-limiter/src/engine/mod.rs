@@ -50,6 +50,7 @@ pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketI
 use line::{Waiting, bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
+use requests::RequestChecks;
 pub use requests::{Outcome, REMEMBER_MS, RequestRecord, params_digest};
 use timers::{Due, Timers};
 use window::Window;
@@ -255,8 +256,8 @@ pub enum Effect {
     TicketLapsed { id: TicketId },
     /// A request id's record (section 16) is now `record`; committed before the answer it names.
     RequestKept { id: Arc<str>, record: RequestRecord },
-    /// A request id's record has lived its time. May be lost in a crash.
-    RequestForgotten { id: Arc<str> },
+    /// A request id's record (first kept at `since`) has lived its time. May be lost in a crash.
+    RequestForgotten { id: Arc<str>, since: Millis },
 }
 
 impl Effect {
@@ -429,8 +430,9 @@ pub struct Engine {
     ticket_key: (u64, u64),
     /// The next ticket's number: above every ticket restored or filed.
     next_ticket: u64,
-    /// The request ids remembered (section 16, `requests.rs`).
+    /// The request ids remembered (section 16, `requests.rs`), and when each is next checked.
     requests: Map<Arc<str>, RequestRecord>,
+    request_checks: RequestChecks,
 }
 
 /// A ticket in the engine: its id and state.
@@ -538,6 +540,7 @@ impl Engine {
             ticket_key: ticket_key(config.id_seed),
             next_ticket: 1,
             requests: Map::default(),
+            request_checks: RequestChecks::default(),
         }
     }
 
@@ -1158,7 +1161,10 @@ impl Engine {
     /// The soonest instant at which [`Engine::sweep`] has work (it may find none then).
     #[must_use]
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.timers.next_at()
+        match (self.timers.next_at(), self.request_checks.next_at()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Forgets what has lapsed by `now`: idle buckets, permits whose places all lapsed, passed
@@ -1197,7 +1203,6 @@ impl Engine {
                         effects.push(Effect::ThrottleEnded { key });
                     }
                 }
-                Due::Request(id) => self.request_due(&id, at, now, effects),
                 Due::Ticket(number) => {
                     let Some(t) = self.tickets.get_mut(&number).filter(|t| t.timer_at == at) else { continue };
                     if t.state.lapse_at <= now {
@@ -1211,6 +1216,7 @@ impl Engine {
                 }
             }
         }
+        self.check_requests(now, effects);
         self.next_deadline()
     }
 
@@ -1292,6 +1298,7 @@ impl Engine {
     /// effects that delete it from the file) and arms every timer.
     pub fn finish_restore(&mut self, now: Millis, effects: &mut Vec<Effect>) {
         self.timers.clear();
+        self.restore_request_checks(now);
         let keys: Vec<Arc<str>> = self.buckets.keys().cloned().collect();
         for key in keys {
             let bucket = self.buckets.get_mut(&key).expect("listed");

@@ -639,7 +639,7 @@ impl EffectLog {
                 Effect::RequestKept { id, record } => {
                     self.requests.insert(id.to_string(), record.clone());
                 }
-                Effect::RequestForgotten { id } => {
+                Effect::RequestForgotten { id, .. } => {
                     assert!(self.requests.remove(&**id).is_some(), "a forgotten id was kept");
                 }
             }

@@ -14,8 +14,6 @@
 use std::hash::Hasher;
 use std::sync::Arc;
 
-use super::line::bound_limits;
-use super::timers::Due;
 use super::{Decision, Effect, Engine, LineAnswer, PermitId, Reason, Settled, TicketId, TicketNote, WindowShare};
 use crate::request::{AcquireRequest, BadRequest, Cost};
 use crate::time::Millis;
@@ -23,13 +21,39 @@ use crate::time::Millis;
 /// A record lives at least this long after the acquire (or release) that made it.
 pub const REMEMBER_MS: u64 = 60_000;
 
+/// When each record is next checked, soonest first: `(due, id)`. Every check is pushed at the
+/// deciding `now` plus [`REMEMBER_MS`] and `now` never runs back, so a plain queue stays in
+/// order (a heap of a minute's records would cost a sift per grant); a record that is kept
+/// longer (its permit or ticket lives, or it was released since) is checked again a minute on,
+/// so it is forgotten at most a minute after its time. A record checked twice is skipped.
+#[derive(Debug, Default)]
+pub(super) struct RequestChecks(std::collections::VecDeque<(Millis, Arc<str>)>);
+
+impl RequestChecks {
+    fn push_back(&mut self, check: (Millis, Arc<str>)) {
+        self.0.push_back(check);
+    }
+
+    fn pop_due(&mut self, now: Millis) -> Option<(Millis, Arc<str>)> {
+        if self.0.front()?.0 > now {
+            return None;
+        }
+        self.0.pop_front()
+    }
+
+    /// The soonest check.
+    pub(super) fn next_at(&self) -> Option<Millis> {
+        self.0.front().map(|(at, _)| *at)
+    }
+}
+
 /// What the acquire an id names got.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Granted at `at`, with its permit if it has one. A grant without a permit keeps its window
     /// shares here (every window limit of the request, at the cost it counts), so that
     /// `release {id}` with `costs` can settle it; a permit keeps its own.
-    Granted { at: Millis, permit: Option<PermitId>, windows: Vec<WindowShare> },
+    Granted { at: Millis, permit: Option<PermitId>, windows: Arc<[WindowShare]> },
     /// Refused, filing `ticket`: the refusal as it was answered.
     Ticketed { ticket: TicketId, retry_at: Millis, reason: Reason, limit: Arc<str>, lapse_at: Millis },
     /// Undone by `release {id}`, or released before its acquire arrived.
@@ -42,6 +66,9 @@ pub struct RequestRecord {
     /// The digest of the params a retry must repeat ([`params_digest`]); 0 for a released id
     /// that never arrived.
     pub params: u128,
+    /// When the id was first remembered (the store keys its records by it, so that a minute's
+    /// records sit together in the file, oldest first).
+    pub since: Millis,
     /// Remembered at least until then (later while its ticket lives).
     pub until: Millis,
     pub outcome: Outcome,
@@ -61,7 +88,10 @@ pub fn params_digest(req: &AcquireRequest) -> u128 {
     let mut h = SipHasher13::new_with_keys(0x7265_7175_6573_7473, 0x6964_732d_7061_7273);
     text(&mut h, &req.key);
     h.write_u64(req.limits.len() as u64);
-    for limit in &bound_limits(&req.limits) {
+    // In bucket order, as a ticket binds them (keys are unique within a request).
+    let mut limits: Vec<&crate::request::Limit> = req.limits.iter().collect();
+    limits.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    for limit in limits {
         text(&mut h, &limit.key);
         let (calls, per_ms) = limit.window.map_or((0, 0), |w| (w.calls, w.per_ms));
         for n in [calls, per_ms, limit.concurrent.map_or(0, |c| c + 1), limit.cost, limit.hold_ms] {
@@ -142,7 +172,7 @@ impl Engine {
         let (outcome, lives_until) = match (&answer.decision, &answer.ticket) {
             (Decision::Granted { at, permit }, _) => {
                 let windows = match permit {
-                    Some(_) => Vec::new(),
+                    Some(_) => Arc::from([]),
                     None => self.window_shares(req),
                 };
                 let expires = permit.and_then(|p| self.permits.get(&p)).map_or(now, |p| p.expires);
@@ -162,13 +192,13 @@ impl Engine {
             }
             _ => return,
         };
-        let record = RequestRecord { params, until: now.plus(REMEMBER_MS).max(lives_until), outcome };
-        self.keep_request(Arc::from(id), record, effects);
+        let record = RequestRecord { params, since: now, until: now.plus(REMEMBER_MS).max(lives_until), outcome };
+        self.keep_request(Arc::from(id), record, now, effects);
     }
 
     /// The window shares of a grant of `req` without a permit: every window limit, at the cost
     /// it counts (capped at `calls`), the bucket key shared with the bucket's own.
-    fn window_shares(&self, req: &AcquireRequest) -> Vec<WindowShare> {
+    fn window_shares(&self, req: &AcquireRequest) -> Arc<[WindowShare]> {
         req.limits
             .iter()
             .filter_map(|l| {
@@ -182,8 +212,9 @@ impl Engine {
             .collect()
     }
 
-    fn keep_request(&mut self, id: Arc<str>, record: RequestRecord, effects: &mut Vec<Effect>) {
-        self.timers.push(record.until, Due::Request(id.clone()));
+    fn keep_request(&mut self, id: Arc<str>, record: RequestRecord, now: Millis, effects: &mut Vec<Effect>) {
+        // Its first check a minute on: at `until` itself, for a record no permit or ticket keeps.
+        self.request_checks.push_back((now.plus(REMEMBER_MS), id.clone()));
         effects.push(Effect::RequestKept { id: id.clone(), record: record.clone() });
         self.requests.insert(id, record);
     }
@@ -220,8 +251,8 @@ impl Engine {
             return Ok(false);
         }
         let until = now.plus(REMEMBER_MS).max(record.as_ref().map_or(Millis::ZERO, |r| r.until));
-        let params = record.map_or(0, |r| r.params);
-        self.keep_request(key, RequestRecord { params, until, outcome: Outcome::Released }, effects);
+        let (params, since) = record.map_or((0, now), |r| (r.params, r.since));
+        self.keep_request(key, RequestRecord { params, since, until, outcome: Outcome::Released }, now, effects);
         Ok(changed)
     }
 
@@ -256,34 +287,43 @@ impl Engine {
         Ok(outcome != Settled::Unchanged)
     }
 
-    /// A record's timer: forgets the id once its time has passed and neither the permit nor
-    /// the ticket it names lives on (else waits for them).
-    pub(super) fn request_due(&mut self, id: &Arc<str>, at: Millis, now: Millis, effects: &mut Vec<Effect>) {
-        let Some(record) = self.requests.get(id).filter(|r| r.until == at) else { return };
-        let lives_until = match &record.outcome {
-            Outcome::Granted { permit: Some(p), .. } => self.permits.get(p).map_or(Millis::ZERO, |p| p.expires),
-            Outcome::Ticketed { ticket, .. } => self
-                .tickets
-                .get(&ticket.number())
-                .filter(|t| t.id == *ticket)
-                .map_or(Millis::ZERO, |t| t.state.lapse_at),
-            _ => Millis::ZERO,
-        };
-        if lives_until > now {
-            let record = self.requests.get_mut(id).expect("found above");
-            record.until = lives_until;
-            self.timers.push(lives_until, Due::Request(id.clone()));
-            return;
+    /// Runs the checks of records due by `now` (see [`RequestChecks`]): forgets each id whose
+    /// time has passed and whose permit or ticket no longer lives, and checks the others again
+    /// a minute on.
+    pub(super) fn check_requests(&mut self, now: Millis, effects: &mut Vec<Effect>) {
+        while let Some((_, id)) = self.request_checks.pop_due(now) {
+            let Some(record) = self.requests.get(&id) else { continue }; // checked twice: forgotten
+            let lives_until = match &record.outcome {
+                Outcome::Granted { permit: Some(p), .. } => self.permits.get(p).map_or(Millis::ZERO, |p| p.expires),
+                Outcome::Ticketed { ticket, .. } => self
+                    .tickets
+                    .get(&ticket.number())
+                    .filter(|t| t.id == *ticket)
+                    .map_or(Millis::ZERO, |t| t.state.lapse_at),
+                _ => Millis::ZERO,
+            };
+            if record.until > now || lives_until > now {
+                self.request_checks.push_back((now.plus(REMEMBER_MS), id));
+                continue;
+            }
+            let since = record.since;
+            self.requests.remove(&id);
+            effects.push(Effect::RequestForgotten { id, since });
         }
-        self.requests.remove(id);
-        effects.push(Effect::RequestForgotten { id: id.clone() });
     }
 
-    /// Restores a persisted id record (its timer forgets it when its time has passed).
+    /// Restores a persisted id record (checked at the restore's `now`, [`Engine::finish_restore`]).
     pub fn restore_request(&mut self, id: &str, record: RequestRecord) {
-        let id: Arc<str> = Arc::from(id);
-        self.timers.push(record.until, Due::Request(id.clone()));
-        self.requests.insert(id, record);
+        self.requests.insert(Arc::from(id), record);
+    }
+
+    /// After a restore: a check for every record, the soonest first, none later than a minute
+    /// after `now` (so that the checks pushed from then on keep the queue in order).
+    pub(super) fn restore_request_checks(&mut self, now: Millis) {
+        let mut checks: Vec<(Millis, Arc<str>)> =
+            self.requests.iter().map(|(id, r)| (r.until.min(now.plus(REMEMBER_MS)), id.clone())).collect();
+        checks.sort_unstable();
+        self.request_checks = RequestChecks(checks.into());
     }
 
     /// The ids remembered now (for metrics and tests).
@@ -437,9 +477,10 @@ mod tests {
         let first = ask(&mut e, &r, T0).unwrap().decision;
         e.sweep(T0.plus(REMEMBER_MS + 1), &mut Vec::new());
         assert_eq!(ask(&mut e, &r, T0.plus(REMEMBER_MS + 1)).unwrap().decision, first, "the permit lives");
-        e.sweep(T0.plus(120_000), &mut Vec::new());
+        // Forgotten within a minute of the permit's end (checked again a minute on).
+        e.sweep(T0.plus(120_000 + REMEMBER_MS), &mut Vec::new());
         assert_eq!(e.remembered_ids(), 0);
-        assert!(ask(&mut e, &r, T0.plus(120_000)).unwrap().decision.is_granted());
+        assert!(ask(&mut e, &r, T0.plus(120_000 + REMEMBER_MS)).unwrap().decision.is_granted());
     }
 
     #[test]

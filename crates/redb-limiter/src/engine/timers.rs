@@ -17,8 +17,6 @@ pub(crate) enum Due {
     Throttle(Arc<str>),
     /// A ticket's lapse, by its number.
     Ticket(u64),
-    /// The end of a request id's record (section 16).
-    Request(Arc<str>),
 }
 
 #[derive(Debug)]

@@ -40,7 +40,7 @@
 //! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
 //! | `throttles` | caller key | `until` ms |
 //! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, and the limits it binds (defaults resolved, sorted by bucket key) |
-//! | `requests` | request id (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, window shares; a filing's ticket and refusal; or released) |
+//! | `requests` | (first kept at ms, request id) (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, window shares; a filing's ticket and refusal; or released) |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -219,7 +219,7 @@ const GRANTS: TableDefinition<(u64, &str), u64> = TableDefinition::new("grants_b
 const PERMITS: TableDefinition<u128, &[u8]> = TableDefinition::new("permits");
 const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
 const TICKETS: TableDefinition<u128, &[u8]> = TableDefinition::new("tickets");
-const REQUESTS: TableDefinition<&str, &[u8]> = TableDefinition::new("requests");
+const REQUESTS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("requests");
 
 const KEY_FORMAT: &str = "format_version";
 const KEY_FLOOR: &str = "clock_floor";
@@ -526,7 +526,8 @@ impl IdRecord {
             },
             OutcomeRecord::Released => Outcome::Released,
         };
-        Ok(RequestRecord { params: self.params, until: Millis(self.until), outcome })
+        // `since` is the record's key: the caller sets it.
+        Ok(RequestRecord { params: self.params, since: Millis(0), until: Millis(self.until), outcome })
     }
 }
 
@@ -598,11 +599,13 @@ enum NoteEffect<'a> {
     RequestKept {
         #[serde(borrow)]
         id: Cow<'a, str>,
+        since: u64,
         record: IdRecord,
     },
     RequestForgotten {
         #[serde(borrow)]
         id: Cow<'a, str>,
+        since: u64,
     },
 }
 
@@ -645,10 +648,14 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
                 NoteEffect::TicketRenewed { id: id.0, retry_at: retry_at.0, lapse_at: lapse_at.0, grace_ms: *grace_ms }
             }
             Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => NoteEffect::TicketGone { id: id.0 },
-            Effect::RequestKept { id, record } => {
-                NoteEffect::RequestKept { id: Cow::Borrowed(id), record: IdRecord::from_state(record) }
+            Effect::RequestKept { id, record } => NoteEffect::RequestKept {
+                id: Cow::Borrowed(id),
+                since: record.since.0,
+                record: IdRecord::from_state(record),
+            },
+            Effect::RequestForgotten { id, since } => {
+                NoteEffect::RequestForgotten { id: Cow::Borrowed(id), since: since.0 }
             }
-            Effect::RequestForgotten { id } => NoteEffect::RequestForgotten { id: Cow::Borrowed(id) },
         })
         .collect();
     encode_schema(NOTE_SCHEMA, &Note { floor: floor.0, effects })
@@ -714,10 +721,13 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
                     grace_ms,
                 },
                 NoteEffect::TicketGone { id } => Effect::TicketLapsed { id: TicketId(id) },
-                NoteEffect::RequestKept { id, record } => {
-                    Effect::RequestKept { id: arc(id), record: record.into_state()? }
+                NoteEffect::RequestKept { id, since, record } => Effect::RequestKept {
+                    id: arc(id),
+                    record: RequestRecord { since: Millis(since), ..record.into_state()? },
+                },
+                NoteEffect::RequestForgotten { id, since } => {
+                    Effect::RequestForgotten { id: arc(id), since: Millis(since) }
                 }
-                NoteEffect::RequestForgotten { id } => Effect::RequestForgotten { id: arc(id) },
             })
         })
         .collect::<Result<_, String>>()?;
@@ -1336,8 +1346,10 @@ impl Store {
         let id_ok = |at: u64| at <= floor.0.saturating_add(MAX_HOLD_MS.max(MAX_PER_MS) + MAX_GRACE_MS + REMEMBER_MS);
         for row in rows.into_iter().flatten() {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let (since, id) = k.value();
             let record =
                 decode::<IdRecord>(v.value()).and_then(IdRecord::into_state).map_err(|e| bad("requests", e))?;
+            let record = RequestRecord { since: Millis(since), ..record };
             let windows_ok = match &record.outcome {
                 Outcome::Granted { windows, .. } => {
                     windows.len() <= MAX_LIMITS
@@ -1346,10 +1358,10 @@ impl Store {
                 Outcome::Ticketed { limit, .. } => key_ok(limit),
                 Outcome::Released => true,
             };
-            if k.value().is_empty() || k.value().len() > MAX_ID_BYTES || !id_ok(record.until.0) || !windows_ok {
-                return Err(bad("requests", format!("a request id's record out of bounds: {:?}", k.value())));
+            if id.is_empty() || id.len() > MAX_ID_BYTES || since > floor.0 || !id_ok(record.until.0) || !windows_ok {
+                return Err(bad("requests", format!("a request id's record out of bounds: {id:?}")));
             }
-            engine.restore_request(k.value(), record);
+            engine.restore_request(id, record);
         }
         Ok(floor)
     }
@@ -1519,12 +1531,12 @@ impl Store {
                     Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
                         opened(&mut tickets, txn, TICKETS)?.remove(id.0)?;
                     }
-                    Effect::RequestKept { id, record } => {
-                        let record = encode(&IdRecord::from_state(record));
-                        opened(&mut requests, txn, REQUESTS)?.insert(&**id, record.as_slice())?;
+                    Effect::RequestKept { id, record: kept } => {
+                        let record = encode(&IdRecord::from_state(kept));
+                        opened(&mut requests, txn, REQUESTS)?.insert((kept.since.0, &**id), record.as_slice())?;
                     }
-                    Effect::RequestForgotten { id } => {
-                        opened(&mut requests, txn, REQUESTS)?.remove(&**id)?;
+                    Effect::RequestForgotten { id, since } => {
+                        opened(&mut requests, txn, REQUESTS)?.remove((since.0, &**id))?;
                     }
                 }
             }
@@ -1756,7 +1768,8 @@ mod tests {
         let note = encode_note(Millis(9), &[filed(one, 3_000), Effect::TicketLapsed { id: two }]);
         assert_eq!(note[0], NOTE_SCHEMA);
         // What the previous release reads a note with: the schema byte refuses it.
-        assert!(decode_schema::<Note<'_>>(NOTE_SCHEMA_V4, &note).err().unwrap().contains("schema 2"));
+        assert!(decode_schema::<Note<'_>>(NOTE_SCHEMA_V4, &note).err().unwrap().contains("schema 3"));
+        assert!(decode_schema::<Note<'_>>(NOTE_SCHEMA_V5, &note).err().unwrap().contains("schema 3"));
         let (floor, effects) = decode_note(&note).unwrap();
         assert_eq!(floor, Millis(9));
         assert!(
@@ -1770,6 +1783,83 @@ mod tests {
         let mut forged = note.clone();
         forged[0] = NOTE_SCHEMA_V4;
         assert!(decode_note(&forged).unwrap_err().contains("names a ticket"));
+    }
+
+    /// Request id records (section 16) are kept, rewritten and forgotten as notes behind the
+    /// journal (redone at the next open after a crash) and as redb commits; each kind of
+    /// outcome reads back as written; notes of schema 2 that name an id are no notes the
+    /// previous release wrote.
+    #[test]
+    fn request_ids_are_kept_as_records_and_as_notes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let share = WindowShare { bucket: Arc::from("w"), cost: 2, cap: 5 };
+        let granted = RequestRecord {
+            params: 0x1234_5678_9abc_def0_0fed_cba9_8765_4321,
+            since: Millis(1_000),
+            until: Millis(61_000),
+            outcome: Outcome::Granted { at: Millis(1_000), permit: None, windows: Arc::from([share]) },
+        };
+        let ticketed = RequestRecord {
+            params: 7,
+            since: Millis(1_000),
+            until: Millis(62_000),
+            outcome: Outcome::Ticketed {
+                ticket: TicketId(9 << 64 | 3),
+                retry_at: Millis(2_000),
+                reason: Reason::Concurrency,
+                limit: Arc::from("c"),
+                lapse_at: Millis(4_000),
+            },
+        };
+        let released =
+            RequestRecord { params: 0, since: Millis(1_000), until: Millis(63_000), outcome: Outcome::Released };
+        let kept = |id: &str, record: &RequestRecord| Effect::RequestKept { id: Arc::from(id), record: record.clone() };
+        let in_file = |store: &Store| -> Vec<(String, RequestRecord)> {
+            let txn = store.db.begin_read().unwrap();
+            let table = txn.open_table(REQUESTS).unwrap();
+            let rows = table.iter().unwrap().map(|row| {
+                let (k, v) = row.unwrap();
+                let (since, id) = k.value();
+                let record = decode::<IdRecord>(v.value()).and_then(IdRecord::into_state).unwrap();
+                (id.to_owned(), RequestRecord { since: Millis(since), ..record })
+            });
+            rows.collect()
+        };
+        {
+            let mut store = Store::open(&path, &file_opener()).unwrap();
+            store.commit(&[kept("a", &granted), kept("b", &ticketed)], Millis(1_000)).unwrap();
+            store.commit(&[kept("a", &released), kept("c", &released)], Millis(1_500)).unwrap();
+            store
+                .commit(&[Effect::RequestForgotten { id: Arc::from("c"), since: Millis(1_000) }], Millis(1_600))
+                .unwrap();
+            assert!(in_file(&store).is_empty(), "not in redb yet");
+            // Dropped without `finish`, as a crash leaves it.
+        }
+        let store = Store::open(&path, &file_opener()).unwrap();
+        let expected = vec![("a".to_owned(), released.clone()), ("b".to_owned(), ticketed.clone())];
+        assert_eq!(in_file(&store), expected);
+        let mut engine = Engine::new(crate::engine::EngineConfig::with(1000, 1));
+        store.load(&mut engine).unwrap();
+        assert_eq!(engine.remembered_ids(), 2);
+        drop((engine, store));
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        store
+            .commit_and_tidy(
+                &[kept("d", &granted), Effect::RequestForgotten { id: Arc::from("a"), since: Millis(1_000) }],
+                Millis(2_000),
+            )
+            .unwrap();
+        assert_eq!(in_file(&store), vec![("b".to_owned(), ticketed), ("d".to_owned(), granted.clone())]);
+
+        let note = encode_note(Millis(9), &[kept("e", &granted)]);
+        assert_eq!(note[0], NOTE_SCHEMA);
+        let mut forged = note.clone();
+        forged[0] = NOTE_SCHEMA_V5;
+        assert!(decode_note(&forged).unwrap_err().contains("names a request id"));
+        let mut old = encode_note(Millis(9), &[Effect::TicketLapsed { id: TicketId(1) }]);
+        old[0] = NOTE_SCHEMA_V5;
+        assert!(matches!(&decode_note(&old).unwrap().1[..], [Effect::TicketLapsed { .. }]));
     }
 
     /// The bucket records in the file, in key order.

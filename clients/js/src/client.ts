@@ -188,6 +188,17 @@ const REASONS: readonly string[] = ['rate', 'concurrency', 'throttle'];
 const NO_TICKETS: readonly string[] = ['horizon', 'full'];
 /** The wire's bound on `maxWaitMs` (24 hours). */
 const LINE_MAX_WAIT_MS = 86_400_000;
+/** The wire's bounds (sections 3, 9.3, 12.8 and 16). */
+const MAX_KEY_BYTES = 512;
+const MAX_ID_BYTES = 128;
+const MAX_LIMITS = 64;
+const MAX_CALLS = 1_000_000_000;
+const MAX_PER_MS = 2_678_400_000;
+const MAX_CONCURRENT = 1_000_000;
+const MAX_COST = 1_000_000_000;
+const MAX_HOLD_MS = 86_400_000;
+const MIN_GRACE_MS = 100;
+const MAX_GRACE_MS = 60_000;
 
 /** What remains of a caller's wait, as the wire's `maxWaitMs`: whole ms rounded up, 1 to 24 h. */
 function lineWaitMs(remainingMs: number): number {
@@ -199,17 +210,88 @@ function shapeOf(req: AcquireRequest): string {
   return [req.key, ...req.limits.map((l) => l.key)].join('\u0000');
 }
 
+function shown(v: unknown): string {
+  return typeof v === 'string' ? JSON.stringify(v) : String(v);
+}
+
+function integer(v: unknown, field: string, low: number, high: number): void {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < low || v > high) {
+    throw new InvalidArgumentError(field, `must be an integer from ${low} to ${high}, got ${shown(v)}`);
+  }
+}
+
+function optionalInteger(v: unknown, field: string, low: number, high: number): void {
+  if (v !== undefined) integer(v, field, low, high);
+}
+
+const LONE_SURROGATE = /\p{Cs}/u;
+const utf8 = new TextEncoder();
+
+/** A key or id as the wire takes it: well-formed text of 1 to `maxBytes` bytes of UTF-8. */
+function text(v: unknown, field: string, maxBytes: number): void {
+  if (typeof v !== 'string') throw new InvalidArgumentError(field, `must be a string, got ${shown(v)}`);
+  if (LONE_SURROGATE.test(v)) throw new InvalidArgumentError(field, 'must be well-formed text, not a lone surrogate');
+  const bytes = utf8.encode(v).length;
+  if (bytes < 1 || bytes > maxBytes) throw new InvalidArgumentError(field, `must be 1 to ${maxBytes} bytes of UTF-8, got ${bytes}`);
+}
+
+function optionalFlag(v: unknown, field: string): void {
+  if (v !== undefined && typeof v !== 'boolean') throw new InvalidArgumentError(field, `must be a boolean, got ${shown(v)}`);
+}
+
+/** Checks a request against the wire's bounds, naming the field at fault, before it is sent. */
 function checkRequest(req: AcquireRequest): void {
   if (typeof req !== 'object' || req === null) throw new InvalidArgumentError('request', 'must be an object');
-  if (typeof req.key !== 'string') throw new InvalidArgumentError('key', 'must be a string');
+  text(req.key, 'key', MAX_KEY_BYTES);
   if (!Array.isArray(req.limits)) throw new InvalidArgumentError('limits', 'must be an array');
+  if (req.limits.length > MAX_LIMITS) {
+    throw new InvalidArgumentError('limits', `must have at most ${MAX_LIMITS} entries, got ${req.limits.length}`);
+  }
+  const seen = new Map<string, number>();
+  req.limits.forEach((limit: unknown, i) => {
+    const at = `limits[${i}]`;
+    if (typeof limit !== 'object' || limit === null || Array.isArray(limit)) {
+      throw new InvalidArgumentError(at, `must be an object with a key, got ${shown(limit)}`);
+    }
+    const l = limit as Limit;
+    text(l.key, `${at}.key`, MAX_KEY_BYTES);
+    const earlier = seen.get(l.key);
+    if (earlier !== undefined) throw new InvalidArgumentError(`${at}.key`, `repeats limits[${earlier}].key`);
+    seen.set(l.key, i);
+    if ((l.calls === undefined) !== (l.perMs === undefined)) {
+      const [missing, given] = l.calls === undefined ? ['calls', 'perMs'] : ['perMs', 'calls'];
+      throw new InvalidArgumentError(`${at}.${missing}`, `is required with ${given}`);
+    }
+    optionalInteger(l.calls, `${at}.calls`, 1, MAX_CALLS);
+    optionalInteger(l.perMs, `${at}.perMs`, 1, MAX_PER_MS);
+    optionalInteger(l.concurrent, `${at}.concurrent`, 1, MAX_CONCURRENT);
+    if (l.calls === undefined && l.concurrent === undefined) {
+      throw new InvalidArgumentError(at, 'needs a window (calls and perMs), a concurrent, or both');
+    }
+    optionalInteger(l.cost, `${at}.cost`, 0, MAX_COST);
+    optionalInteger(l.holdMs, `${at}.holdMs`, 1, MAX_HOLD_MS);
+  });
+  optionalInteger(req.cost, 'cost', 0, MAX_COST);
+  optionalInteger(req.holdMs, 'holdMs', 1, MAX_HOLD_MS);
+  optionalInteger(req.graceMs, 'graceMs', MIN_GRACE_MS, MAX_GRACE_MS);
+  optionalFlag(req.permit, 'permit');
+  optionalFlag(req.report, 'report');
 }
 
 function costsToWire(costs: Costs, field: string): { key: string; cost: number }[] {
   if (typeof costs !== 'object' || costs === null || Array.isArray(costs)) {
     throw new InvalidArgumentError(field, 'must be an object of bucket key to cost');
   }
-  return Object.entries(costs).map(([key, cost]) => ({ key, cost }));
+  const entries = Object.entries(costs);
+  if (entries.length < 1 || entries.length > MAX_LIMITS) {
+    throw new InvalidArgumentError(field, `must have 1 to ${MAX_LIMITS} entries, got ${entries.length}`);
+  }
+  return entries.map(([key, cost]) => {
+    const at = `${field}[${JSON.stringify(key)}]`;
+    text(key, at, MAX_KEY_BYTES);
+    integer(cost, at, 0, MAX_COST);
+    return { key, cost };
+  });
 }
 
 function instant(v: unknown, field: string): Date {
@@ -452,7 +534,7 @@ export class LimiterClient {
 
   /** Frees a permit's places (settling `costs` first, in one step): `true` when it was live. */
   async release(permit: string, costs?: Costs): Promise<boolean> {
-    if (typeof permit !== 'string') throw new InvalidArgumentError('permit', 'must be a string');
+    text(permit, 'permit', MAX_ID_BYTES);
     const body: Record<string, unknown> = { permit };
     if (costs !== undefined) body.costs = costsToWire(costs, 'costs');
     return flag((await this.#request('POST', '/release', body)).body, 'released');
@@ -460,13 +542,13 @@ export class LimiterClient {
 
   /** Leaves the limiter's line: `true` when the ticket was live (wire version 3). */
   async leave(ticket: string): Promise<boolean> {
-    if (typeof ticket !== 'string') throw new InvalidArgumentError('ticket', 'must be a string');
+    text(ticket, 'ticket', MAX_ID_BYTES);
     return flag((await this.#request('POST', '/release', { ticket })).body, 'released');
   }
 
   /** Sets a permit's grant's real cost per window bucket: `true` when the permit was live. */
   async settle(permit: string, costs: Costs): Promise<boolean> {
-    if (typeof permit !== 'string') throw new InvalidArgumentError('permit', 'must be a string');
+    text(permit, 'permit', MAX_ID_BYTES);
     const body = { permit, costs: costsToWire(costs, 'costs') };
     return flag((await this.#request('POST', '/settle', body)).body, 'settled');
   }

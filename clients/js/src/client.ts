@@ -340,7 +340,9 @@ export class LimiterClient {
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
       throw new InvalidArgumentError('url', `must be an http(s) URL, got ${JSON.stringify(options.url)}`);
     }
-    this.url = options.url.replace(/\/+$/, '');
+    // The wire's paths go after the path given; a query, a fragment or a trailing slash would
+    // turn `/acquire` into something else.
+    this.url = `${parsed.origin}${parsed.pathname.replace(/\/+$/, '')}`;
     if (options.token !== undefined && (typeof options.token !== 'string' || options.token === '')) {
       throw new InvalidArgumentError('token', 'must be a non-empty string');
     }

@@ -470,4 +470,13 @@ describe('errors', () => {
     const sixtyFour = { key: fresh('64'), limits: Array.from({ length: 64 }, (_, i) => ({ key: fresh(`64/${i}`), calls: 1, perMs: 1_000 })) };
     assert.equal((await client.peek(sixtyFour)).limits.length, 64);
   });
+
+  test('a URL with a trailing slash, a query or a fragment still reaches the wire\'s paths', async () => {
+    for (const suffix of ['/', '/?x=1', '?x=1', '//', '#top', '/?x=1#top']) {
+      const client = new LimiterClient({ url: `${server.url}${suffix}` });
+      const reply = await client.tryAcquire({ key: fresh('url'), limits: [{ key: fresh('url/w'), calls: 1, perMs: 1_000 }] });
+      assert.equal(reply.granted, true, suffix);
+      assert.equal(client.url, server.url, suffix);
+    }
+  });
 });

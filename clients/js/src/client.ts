@@ -294,6 +294,39 @@ function costsToWire(costs: Costs, field: string): { key: string; cost: number }
   });
 }
 
+interface Watch {
+  callbacks: Set<() => void>;
+  fire: () => void;
+}
+
+/** One `abort` listener per signal, however many waits share it. */
+const watches = new WeakMap<AbortSignal, Watch>();
+
+/** Calls `fn` when `signal` aborts; the function returned stops watching. */
+function onAbort(signal: AbortSignal, fn: () => void): () => void {
+  let watch = watches.get(signal);
+  if (!watch) {
+    const callbacks = new Set<() => void>();
+    const fire = () => {
+      watches.delete(signal);
+      for (const f of callbacks) f();
+    };
+    watch = { callbacks, fire };
+    watches.set(signal, watch);
+    signal.addEventListener('abort', fire, { once: true });
+  }
+  const w = watch;
+  const entry = () => fn();
+  w.callbacks.add(entry);
+  return () => {
+    w.callbacks.delete(entry);
+    if (w.callbacks.size === 0 && watches.get(signal) === w) {
+      watches.delete(signal);
+      signal.removeEventListener('abort', w.fire);
+    }
+  };
+}
+
 function instant(v: unknown, field: string): Date {
   if (typeof v !== 'string') throw new ProtocolError(`${field} must be an instant string, got ${JSON.stringify(v)}`);
   const d = new Date(v);
@@ -492,15 +525,14 @@ export class LimiterClient {
       await p.catch(() => {});
       return 'done' as const;
     }
-    let onAbort: (() => void) | undefined;
+    let unwatch: (() => void) | undefined;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const stops: Promise<'aborted' | 'maxWait'>[] = [];
     if (signal) {
       stops.push(
         new Promise((resolve) => {
-          onAbort = () => resolve('aborted');
-          if (signal.aborted) onAbort();
-          else signal.addEventListener('abort', onAbort, { once: true });
+          if (signal.aborted) resolve('aborted');
+          else unwatch = onAbort(signal, () => resolve('aborted'));
         }),
       );
     }
@@ -510,7 +542,7 @@ export class LimiterClient {
     try {
       return await Promise.race([p.then(() => 'done' as const, () => 'done' as const), ...stops]);
     } finally {
-      if (onAbort) signal?.removeEventListener('abort', onAbort);
+      unwatch?.();
       clearTimeout(timer);
     }
   }

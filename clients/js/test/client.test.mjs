@@ -1,6 +1,6 @@
 // Every method of the wire, every typed error, the waiting acquire (its wait, FIFO, maxWaiters,
-// maxWaitMs, abort, a late grant given back), permits and their disposal, the checks made before
-// anything is sent, against the real server.
+// maxWaitMs, abort, a late grant given back, a signal shared by many), permits and their disposal,
+// the checks made before anything is sent, against the real server.
 import assert from 'node:assert/strict';
 import { unlinkSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
@@ -27,6 +27,10 @@ before(async () => {
   client = new LimiterClient({ url: server.url });
 });
 after(() => server?.stop());
+
+const pause = (ms) => new Promise((r) => setTimeout(r, ms));
+const warnings = [];
+process.on('warning', (w) => warnings.push(w));
 
 const windowOf = (key, calls, perMs, extra = {}) => ({ key: fresh(key), limits: [{ key: fresh(`${key}/w`), calls, perMs, ...extra }] });
 const held = async (req) => (await client.peek(req)).limits[0].held;
@@ -295,6 +299,27 @@ describe('acquire', () => {
     const took = performance.now() - started;
     assert.ok(waits.length >= 1 && waits.length <= 3, JSON.stringify(waits));
     assert.ok(took >= 1000 && took < 3000, `took ${took} ms`);
+  });
+
+  test('more than 10 acquires sharing one AbortSignal print no EventTarget memory-leak warning', async () => {
+    const client = new LimiterClient({ url: server.url });
+    const conc = fresh('shared-signal/conc');
+    const req = { key: fresh('shared-signal'), limits: [{ key: conc, concurrent: 1 }] };
+    const holder = await client.acquire(req);
+    const ac = new AbortController();
+    const before = warnings.length;
+    const shared = [
+      ...Array.from({ length: 12 }, () => client.acquire(req, { signal: ac.signal }).catch((e) => e)),
+      ...Array.from({ length: 12 }, (_, i) => client.acquire({ key: fresh('ss'), limits: [{ key: `${conc}-${i}`, concurrent: 1 }] }, { signal: ac.signal }).then((p) => p.release())),
+    ];
+    await pause(400);
+    ac.abort();
+    const outcomes = await Promise.all(shared);
+    assert.ok(outcomes.slice(0, 12).every((e) => e instanceof LimitedError));
+    await holder.release();
+    await pause(50);
+    const leaks = warnings.slice(before).filter((w) => w.name === 'MaxListenersExceededWarning' || /memory leak/.test(w.message));
+    assert.deepEqual(leaks.map((w) => w.message), []);
   });
 });
 

@@ -199,6 +199,8 @@ const MAX_COST = 1_000_000_000;
 const MAX_HOLD_MS = 86_400_000;
 const MIN_GRACE_MS = 100;
 const MAX_GRACE_MS = 60_000;
+/** The pauses between the tries of a release that `withPermit` retries in the background. */
+const RELEASE_RETRY_MS: readonly number[] = [250, 500, 1_000, 2_000];
 
 /** What remains of a caller's wait, as the wire's `maxWaitMs`: whole ms rounded up, 1 to 24 h. */
 function lineWaitMs(remainingMs: number): number {
@@ -602,14 +604,33 @@ export class LimiterClient {
     return flag((await this.#request('POST', '/lift', { key })).body, 'lifted');
   }
 
-  /** Acquires (waiting), runs `fn` with the permit, and releases it however `fn` ends. */
+  /**
+   * Acquires (waiting), runs `fn` with the permit, and releases it however `fn` ends. When `fn`
+   * throws, its error is what this rejects with: a release that fails then is tried again in the
+   * background, never thrown in its place.
+   */
   async withPermit<T>(request: AcquireRequest, fn: (permit: Permit) => T | Promise<T>, options?: AcquireOptions): Promise<T> {
     const permit = await this.acquire(request, options);
+    let result: T;
     try {
-      return await fn(permit);
-    } finally {
-      await permit.release();
+      result = await fn(permit);
+    } catch (e) {
+      await permit.release().catch(() => this.#releaseLater(permit));
+      throw e;
     }
+    await permit.release();
+    return result;
+  }
+
+  /** Tries a failed release again in the background, a few times, further apart each time. */
+  #releaseLater(permit: Permit): void {
+    const retry = async () => {
+      for (const pauseMs of RELEASE_RETRY_MS) {
+        await sleep(pauseMs).done;
+        if (await permit.release().then(() => true, () => false)) return;
+      }
+    };
+    void retry();
   }
 
   /**

@@ -3,7 +3,10 @@
 // clock), holds a ticket in the limiter's line (section 12 of the wire) when the server gives one,
 // tells the line how much of its `maxWaitMs` remains (`maxWaitMs`, section 12.9), and keeps its
 // own first-in-first-out line per request shape in front of it, so only the head of each shape
-// asks and a large call is never overtaken by smaller ones behind it.
+// asks and a large call is never overtaken by smaller ones behind it. Every ask carries a request
+// id (section 16), and an ask whose answer the caller stops waiting for (a timeout, `maxWaitMs`, an
+// abort, a lost connection) is undone by that id in the background, so nothing it may have been
+// granted or filed stays behind.
 
 import {
   ApiError,
@@ -137,6 +140,11 @@ export interface LimiterClientOptions {
   throttleAfterMs?: number;
   /** Called after every wait of `acquire`. */
   onWait?: (report: WaitReport) => void;
+  /**
+   * Makes the id each ask to `/acquire` carries (section 16 of the wire): a new string of 1-128
+   * bytes on every call (default: a random UUID).
+   */
+  requestId?: () => string;
 }
 
 /** A provider's response, as `throttleFrom` reads it. */
@@ -155,6 +163,14 @@ class Line {
   held = false;
   queue: (() => void)[] = [];
   last: Refusal | undefined;
+  /**
+   * Since when (a `performance.now()` instant) the asks of this shape have had no answer: set by
+   * the first ask of a streak, cleared by any answer. A caller behind a head whose ask got none
+   * has waited on the limiter since then too, so its own timeout counts from it.
+   */
+  unansweredSince: number | undefined;
+  /** The error of the latest ask that got no answer. */
+  lost: ConnectionError | undefined;
 
   /** Resolves when this caller is at the head; `cancel` withdraws before that. */
   take(): { turn: Promise<void>; cancel: () => boolean; queued: boolean } {
@@ -199,6 +215,10 @@ const MAX_COST = 1_000_000_000;
 const MAX_HOLD_MS = 86_400_000;
 const MIN_GRACE_MS = 100;
 const MAX_GRACE_MS = 60_000;
+/** How long a request sent in the background (an undo, a release, leaving the line) may take. */
+const BACKGROUND_TIMEOUT_MS = 2_000;
+/** How long past its timeout an abandoned ask still listens for its answer, to give it back. */
+const LATE_ANSWER_MS = 2_000;
 /** The pauses between the tries of a release that `withPermit` retries in the background. */
 const RELEASE_RETRY_MS: readonly number[] = [250, 500, 1_000, 2_000];
 
@@ -296,6 +316,23 @@ function costsToWire(costs: Costs, field: string): { key: string; cost: number }
   });
 }
 
+/** A new request id: a random UUID (from `getRandomValues` where `randomUUID` is missing). */
+function randomId(): string {
+  const c = globalThis.crypto;
+  if (typeof c?.randomUUID === 'function') return c.randomUUID();
+  const bytes = c.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/**
+ * Whether an ask that failed with `e` may still have been granted or filed: its answer was lost
+ * (no answer, or one that is not the limiter's). An error the limiter answered changed nothing.
+ */
+function mayHaveActed(e: unknown): boolean {
+  if (e instanceof ConnectionError || e instanceof ProtocolError) return true;
+  return e instanceof ApiError && e.code === 'unknown';
+}
+
 interface Watch {
   callbacks: Set<() => void>;
   fire: () => void;
@@ -329,6 +366,13 @@ function onAbort(signal: AbortSignal, fn: () => void): () => void {
   };
 }
 
+/** One ask to `/acquire` in flight: the answer to come, and how to stop waiting for it. */
+interface Ask {
+  readonly reply: Promise<AcquireReply>;
+  /** The caller stops waiting: undo the ask by its id, and give back whatever answer still comes. */
+  abandon(): void;
+}
+
 function instant(v: unknown, field: string): Date {
   if (typeof v !== 'string') throw new ProtocolError(`${field} must be an instant string, got ${JSON.stringify(v)}`);
   const d = new Date(v);
@@ -360,6 +404,7 @@ export class LimiterClient {
   readonly #maxWaiters: number | undefined;
   readonly #throttleAfterMs: number;
   readonly #onWait: ((report: WaitReport) => void) | undefined;
+  readonly #requestId: () => string;
   readonly #lines = new Map<string, Line>();
   /** The limiter's clock minus ours, from the latest reply. */
   #offsetMs = 0;
@@ -389,6 +434,10 @@ export class LimiterClient {
     this.#maxWaiters = count(options.maxWaiters, 'maxWaiters');
     this.#throttleAfterMs = count(options.throttleAfterMs, 'throttleAfterMs') ?? 5_000;
     this.#onWait = options.onWait;
+    if (options.requestId !== undefined && typeof options.requestId !== 'function') {
+      throw new InvalidArgumentError('requestId', 'must be a function returning a new id');
+    }
+    this.#requestId = options.requestId ?? randomId;
   }
 
   /** The limiter's clock as this client last saw it (epoch ms), for sizing waits and throttles. */
@@ -405,14 +454,16 @@ export class LimiterClient {
   async tryAcquire(request: AcquireRequest): Promise<AcquireReply> {
     checkRequest(request);
     const { queue: _q, ticket: _t, ...body } = request as AcquireRequest & { queue?: unknown; ticket?: unknown };
-    return this.#acquireOnce(body);
+    return this.#ask(body, request.limits).reply;
   }
 
   /**
    * Waits until granted and resolves to a `Permit`: sleeps to each refusal's `retryAt`, holding a
    * ticket in the limiter's line when it gives one, first in first out among this process's
    * callers of the same shape. Rejects with `LimitedError` when `maxWaitMs` runs out or `signal`
-   * aborts (leaving the line), `QueueFullError` past `maxWaiters`, and the wire's errors.
+   * aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past `maxWaiters`,
+   * and the wire's errors. A caller behind one whose ask got no answer waits `timeoutMs` in all
+   * for an answer, counted from when it joined or that ask was sent, whichever is later.
    */
   async acquire(request: AcquireRequest, options: AcquireOptions = {}): Promise<Permit> {
     checkRequest(request);
@@ -441,7 +492,7 @@ export class LimiterClient {
         throw new LimitedError(gotTurn, line.last, waited(), gotTurn === 'aborted' ? signal?.reason : undefined);
       }
       try {
-        return await this.#waitForGrant(line, request, queue, signal, deadline, waited, queued);
+        return await this.#waitForGrant(line, request, queue, signal, deadline, started, waited, queued);
       } finally {
         line.give();
       }
@@ -457,6 +508,7 @@ export class LimiterClient {
     queue: boolean,
     signal: AbortSignal | undefined,
     deadline: number | undefined,
+    joined: number,
     waited: () => number,
     queued: boolean,
   ): Promise<Permit> {
@@ -468,23 +520,34 @@ export class LimiterClient {
       if (ticket !== undefined) body.ticket = ticket;
       // In the line, the limiter files a ticket only for a call it can serve within this wait.
       if (queue && deadline !== undefined) body.maxWaitMs = lineWaitMs(deadline - performance.now());
-      const asked = this.#acquireOnce(body);
-      const outcome = await this.#until(asked, signal, deadline);
-      if (outcome !== 'done') {
-        // The answer may still grant (or file a ticket): give it back when it comes.
-        asked.then(
-          (reply) => this.#giveBack(reply),
-          () => {},
+      // Behind an ask of this shape that got no answer, this caller's own timeout has been running.
+      const now = performance.now();
+      const timeoutMs =
+        line.unansweredSince === undefined ? this.#timeoutMs : this.#timeoutMs - (now - Math.max(joined, line.unansweredSince));
+      if (timeoutMs <= 0) {
+        throw new ConnectionError(
+          `POST ${this.url}/acquire: no answer within ${this.#timeoutMs} ms to the caller ahead of this one with the same request shape`,
+          { cause: line.lost },
         );
+      }
+      const ask = this.#ask(body, request.limits, timeoutMs);
+      line.unansweredSince ??= now;
+      const outcome = await this.#until(ask.reply, signal, deadline);
+      if (outcome !== 'done') {
+        ask.abandon();
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError(outcome, last ?? line.last, waited(), outcome === 'aborted' ? signal?.reason : undefined);
       }
       let reply: AcquireReply;
       try {
-        reply = await asked;
+        reply = await ask.reply;
       } catch (e) {
-        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        if (e instanceof ConnectionError) line.lost = e;
+        else line.unansweredSince = undefined;
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw e;
       }
+      line.unansweredSince = undefined;
       if (reply.granted) {
         // Granted at the first ask, with nobody ahead here: it did not wait.
         const waitedMs = queued || last ? waited() : 0;
@@ -499,14 +562,14 @@ export class LimiterClient {
       const serverNow = reply.now ? reply.now.getTime() : this.serverNow();
       const waitMs = Math.max(1, reply.retryAt.getTime() - serverNow);
       if (deadline !== undefined && performance.now() + waitMs > deadline) {
-        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError('maxWait', last, waited());
       }
       const nap = sleep(waitMs);
       const slept = await this.#until(nap.done, signal, undefined);
       if (slept !== 'done') {
         nap.cancel();
-        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError(slept, last, waited(), signal?.reason);
       }
       const report: WaitReport = { waitedMs: waitMs, reason: last.reason, limit: last.limit };
@@ -515,10 +578,76 @@ export class LimiterClient {
     }
   }
 
+  /**
+   * Sends one ask to `/acquire` with an id of its own. When its answer is lost (no answer within
+   * `timeoutMs`, a broken connection, a reply that is not the limiter's) or its caller abandons it,
+   * it is undone by that id in the background (section 16): its places freed, its ticket out of
+   * the line, a zero cost in each of its windows. A server without section 16 answers that undo
+   * with a 400; then an abandoned ask is left to finish, and what its answer holds is given back.
+   */
+  #ask(body: Record<string, unknown>, limits: readonly Limit[], timeoutMs = this.#timeoutMs): Ask {
+    const id = this.#requestId();
+    text(id, 'requestId', MAX_ID_BYTES);
+    const controller = new AbortController();
+    const answer = this.#acquireOnce({ ...body, id }, controller.signal, timeoutMs + LATE_ANSWER_MS);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new ConnectionError(`POST ${this.url}/acquire: no answer within ${Math.ceil(timeoutMs)} ms`)),
+        timeoutMs,
+      );
+    });
+    const reply = Promise.race([answer, timedOut]);
+    void reply.then(
+      () => clearTimeout(timer),
+      () => clearTimeout(timer),
+    );
+    let abandoned = false;
+    const abandon = () => {
+      if (abandoned) return;
+      abandoned = true;
+      answer.then(
+        (r) => this.#giveBack(r),
+        () => {},
+      );
+      // Once the limiter has taken the undo, the answer no longer matters: stop waiting for it.
+      void this.#undo(id, limits).then((undone) => undone && controller.abort());
+    };
+    reply.catch((e: unknown) => {
+      if (mayHaveActed(e)) abandon();
+    });
+    return { reply, abandon };
+  }
+
+  /**
+   * `release {id}` in the background, with a zero cost in each window limit so that a grant the
+   * caller never saw counts nowhere. Resolves to whether the limiter answered it (never rejects).
+   */
+  #undo(id: string, limits: readonly Limit[]): Promise<boolean> {
+    const body: Record<string, unknown> = { id };
+    const costs = limits.filter((l) => l.calls !== undefined).map((l) => ({ key: l.key, cost: 0 }));
+    if (costs.length > 0) body.costs = costs;
+    return this.#background('/release', body);
+  }
+
+  /** Leaves the line in the background. */
+  #leaveSoon(ticket: string): void {
+    void this.#background('/release', { ticket });
+  }
+
+  /** A request nobody waits for, bounded in time: whether it was answered; never rejects. */
+  #background(path: string, body: Record<string, unknown>): Promise<boolean> {
+    const timeoutMs = Math.min(this.#timeoutMs, BACKGROUND_TIMEOUT_MS);
+    return this.#request('POST', path, body, undefined, timeoutMs).then(
+      () => true,
+      () => false,
+    );
+  }
+
   /** Releases what a reply that came after its caller gave up holds: a permit, a ticket. */
   #giveBack(reply: AcquireReply): void {
-    if (reply.granted && reply.permit !== undefined) this.release(reply.permit).catch(() => {});
-    if (!reply.granted && reply.ticket !== undefined) this.leave(reply.ticket).catch(() => {});
+    if (reply.granted && reply.permit !== undefined) void this.#background('/release', { permit: reply.permit });
+    if (!reply.granted && reply.ticket !== undefined) this.#leaveSoon(reply.ticket);
   }
 
   /** Races `p` against `signal` and `deadline` (a `performance.now()` instant). */
@@ -659,8 +788,8 @@ export class LimiterClient {
     return until === undefined ? undefined : this.throttle(callerKey, until);
   }
 
-  async #acquireOnce(body: object): Promise<AcquireReply> {
-    const { body: r } = await this.#request('POST', '/acquire', body);
+  async #acquireOnce(body: object, signal: AbortSignal, timeoutMs: number): Promise<AcquireReply> {
+    const { body: r } = await this.#request('POST', '/acquire', body, signal, timeoutMs);
     const now = optionalInstant(r.now, 'acquire: now');
     if (now) this.#sawNow(now);
     const limits = r.limits === undefined ? undefined : figures(r.limits);
@@ -702,22 +831,37 @@ export class LimiterClient {
     if (ours < d || ours > d + 999) this.#offsetMs = Math.min(Math.max(ours, d), d + 999) - Date.now();
   }
 
-  async #request(method: 'GET' | 'POST', path: string, payload?: unknown): Promise<{ status: number; body: Record<string, unknown> }> {
+  /** One HTTP request, abandoned after `timeoutMs` or when `signal` aborts. */
+  async #request(
+    method: 'GET' | 'POST',
+    path: string,
+    payload?: unknown,
+    signal?: AbortSignal,
+    timeoutMs = this.#timeoutMs,
+  ): Promise<{ status: number; body: Record<string, unknown> }> {
     const headers: Record<string, string> = { accept: 'application/json' };
     if (payload !== undefined) headers['content-type'] = 'application/json';
     if (this.#token !== undefined) headers.authorization = `Bearer ${this.#token}`;
+    const stop = new AbortController();
+    const timer = setTimeout(() => stop.abort(new DOMException(`no answer within ${Math.ceil(timeoutMs)} ms`, 'TimeoutError')), timeoutMs);
+    const unwatch = signal ? onAbort(signal, () => stop.abort(signal.reason)) : undefined;
     let res: Response;
     let text: string;
     try {
+      if (signal?.aborted) stop.abort(signal.reason);
       res = await this.#fetch(`${this.url}${path}`, {
         method,
         headers,
         body: payload === undefined ? undefined : JSON.stringify(payload),
-        signal: AbortSignal.timeout(this.#timeoutMs),
+        signal: stop.signal,
       });
       text = await res.text();
     } catch (e) {
-      throw new ConnectionError(`${method} ${this.url}${path}: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+      const why = stop.signal.aborted && stop.signal.reason instanceof Error ? stop.signal.reason : e;
+      throw new ConnectionError(`${method} ${this.url}${path}: ${why instanceof Error ? why.message : String(why)}`, { cause: e });
+    } finally {
+      clearTimeout(timer);
+      unwatch?.();
     }
     this.#sawDate(res.headers.get('date'));
     let body: unknown;

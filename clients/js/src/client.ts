@@ -101,7 +101,10 @@ export interface PeekReply {
 }
 
 export interface AcquireOptions {
-  /** Stop waiting (leaving the line) when aborted; rejects with a `LimitedError`. */
+  /**
+   * Stop waiting when aborted, at once, also while a request is in flight (leaving the line and
+   * undoing that ask by its id); rejects with a `LimitedError`.
+   */
   signal?: AbortSignal;
   /**
    * Give up after this long, or at once when the next `retryAt` lies beyond it. Each ask in the
@@ -132,7 +135,7 @@ export interface LimiterClientOptions {
   token?: string;
   /** A `fetch` for runtimes without a global one. */
   fetch?: typeof fetch;
-  /** Per HTTP request (default 30000). */
+  /** Per HTTP request (default 30000); an acquire not answered in time is undone by its id. */
   timeoutMs?: number;
   /** The default `maxWaiters` of `acquire` (default: unbounded). */
   maxWaiters?: number;

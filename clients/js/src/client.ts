@@ -3,7 +3,10 @@
 // clock), holds a ticket in the limiter's line (section 12 of the wire) when the server gives one,
 // tells the line how much of its `maxWaitMs` remains (`maxWaitMs`, section 12.9), and keeps its
 // own first-in-first-out line per request shape in front of it, so only the head of each shape
-// asks and a large call is never overtaken by smaller ones behind it.
+// asks and a large call is never overtaken by smaller ones behind it. Every ask carries a request
+// id (section 16), and an ask whose answer the caller stops waiting for (a timeout, `maxWaitMs`, an
+// abort, a lost connection) is undone by that id in the background, so nothing it may have been
+// granted or filed stays behind.
 
 import {
   ApiError,
@@ -98,7 +101,10 @@ export interface PeekReply {
 }
 
 export interface AcquireOptions {
-  /** Stop waiting (leaving the line) when aborted; rejects with a `LimitedError`. */
+  /**
+   * Stop waiting when aborted, at once, also while a request is in flight (leaving the line and
+   * undoing that ask by its id); rejects with a `LimitedError`.
+   */
   signal?: AbortSignal;
   /**
    * Give up after this long, or at once when the next `retryAt` lies beyond it. Each ask in the
@@ -129,7 +135,7 @@ export interface LimiterClientOptions {
   token?: string;
   /** A `fetch` for runtimes without a global one. */
   fetch?: typeof fetch;
-  /** Per HTTP request (default 30000). */
+  /** Per HTTP request (default 30000); an acquire not answered in time is undone by its id. */
   timeoutMs?: number;
   /** The default `maxWaiters` of `acquire` (default: unbounded). */
   maxWaiters?: number;
@@ -137,6 +143,11 @@ export interface LimiterClientOptions {
   throttleAfterMs?: number;
   /** Called after every wait of `acquire`. */
   onWait?: (report: WaitReport) => void;
+  /**
+   * Makes the id each ask to `/acquire` carries (section 16 of the wire): a new string of 1-128
+   * bytes on every call (default: a random UUID).
+   */
+  requestId?: () => string;
 }
 
 /** A provider's response, as `throttleFrom` reads it. */
@@ -155,6 +166,14 @@ class Line {
   held = false;
   queue: (() => void)[] = [];
   last: Refusal | undefined;
+  /**
+   * Since when (a `performance.now()` instant) the asks of this shape have had no answer: set by
+   * the first ask of a streak, cleared by any answer. A caller behind a head whose ask got none
+   * has waited on the limiter since then too, so its own timeout counts from it.
+   */
+  unansweredSince: number | undefined;
+  /** The error of the latest ask that got no answer. */
+  lost: ConnectionError | undefined;
 
   /** Resolves when this caller is at the head; `cancel` withdraws before that. */
   take(): { turn: Promise<void>; cancel: () => boolean; queued: boolean } {
@@ -188,6 +207,23 @@ const REASONS: readonly string[] = ['rate', 'concurrency', 'throttle'];
 const NO_TICKETS: readonly string[] = ['horizon', 'full'];
 /** The wire's bound on `maxWaitMs` (24 hours). */
 const LINE_MAX_WAIT_MS = 86_400_000;
+/** The wire's bounds (sections 3, 9.3, 12.8 and 16). */
+const MAX_KEY_BYTES = 512;
+const MAX_ID_BYTES = 128;
+const MAX_LIMITS = 64;
+const MAX_CALLS = 1_000_000_000;
+const MAX_PER_MS = 2_678_400_000;
+const MAX_CONCURRENT = 1_000_000;
+const MAX_COST = 1_000_000_000;
+const MAX_HOLD_MS = 86_400_000;
+const MIN_GRACE_MS = 100;
+const MAX_GRACE_MS = 60_000;
+/** How long a request sent in the background (an undo, a release, leaving the line) may take. */
+const BACKGROUND_TIMEOUT_MS = 2_000;
+/** How long past its timeout an abandoned ask still listens for its answer, to give it back. */
+const LATE_ANSWER_MS = 2_000;
+/** The pauses between the tries of a release that `withPermit` retries in the background. */
+const RELEASE_RETRY_MS: readonly number[] = [250, 500, 1_000, 2_000];
 
 /** What remains of a caller's wait, as the wire's `maxWaitMs`: whole ms rounded up, 1 to 24 h. */
 function lineWaitMs(remainingMs: number): number {
@@ -199,17 +235,145 @@ function shapeOf(req: AcquireRequest): string {
   return [req.key, ...req.limits.map((l) => l.key)].join('\u0000');
 }
 
+function shown(v: unknown): string {
+  return typeof v === 'string' ? JSON.stringify(v) : String(v);
+}
+
+function integer(v: unknown, field: string, low: number, high: number): void {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < low || v > high) {
+    throw new InvalidArgumentError(field, `must be an integer from ${low} to ${high}, got ${shown(v)}`);
+  }
+}
+
+function optionalInteger(v: unknown, field: string, low: number, high: number): void {
+  if (v !== undefined) integer(v, field, low, high);
+}
+
+const LONE_SURROGATE = /\p{Cs}/u;
+const utf8 = new TextEncoder();
+
+/** A key or id as the wire takes it: well-formed text of 1 to `maxBytes` bytes of UTF-8. */
+function text(v: unknown, field: string, maxBytes: number): void {
+  if (typeof v !== 'string') throw new InvalidArgumentError(field, `must be a string, got ${shown(v)}`);
+  if (LONE_SURROGATE.test(v)) throw new InvalidArgumentError(field, 'must be well-formed text, not a lone surrogate');
+  const bytes = utf8.encode(v).length;
+  if (bytes < 1 || bytes > maxBytes) throw new InvalidArgumentError(field, `must be 1 to ${maxBytes} bytes of UTF-8, got ${bytes}`);
+}
+
+function optionalFlag(v: unknown, field: string): void {
+  if (v !== undefined && typeof v !== 'boolean') throw new InvalidArgumentError(field, `must be a boolean, got ${shown(v)}`);
+}
+
+/** Checks a request against the wire's bounds, naming the field at fault, before it is sent. */
 function checkRequest(req: AcquireRequest): void {
   if (typeof req !== 'object' || req === null) throw new InvalidArgumentError('request', 'must be an object');
-  if (typeof req.key !== 'string') throw new InvalidArgumentError('key', 'must be a string');
+  text(req.key, 'key', MAX_KEY_BYTES);
   if (!Array.isArray(req.limits)) throw new InvalidArgumentError('limits', 'must be an array');
+  if (req.limits.length > MAX_LIMITS) {
+    throw new InvalidArgumentError('limits', `must have at most ${MAX_LIMITS} entries, got ${req.limits.length}`);
+  }
+  const seen = new Map<string, number>();
+  req.limits.forEach((limit: unknown, i) => {
+    const at = `limits[${i}]`;
+    if (typeof limit !== 'object' || limit === null || Array.isArray(limit)) {
+      throw new InvalidArgumentError(at, `must be an object with a key, got ${shown(limit)}`);
+    }
+    const l = limit as Limit;
+    text(l.key, `${at}.key`, MAX_KEY_BYTES);
+    const earlier = seen.get(l.key);
+    if (earlier !== undefined) throw new InvalidArgumentError(`${at}.key`, `repeats limits[${earlier}].key`);
+    seen.set(l.key, i);
+    if ((l.calls === undefined) !== (l.perMs === undefined)) {
+      const [missing, given] = l.calls === undefined ? ['calls', 'perMs'] : ['perMs', 'calls'];
+      throw new InvalidArgumentError(`${at}.${missing}`, `is required with ${given}`);
+    }
+    optionalInteger(l.calls, `${at}.calls`, 1, MAX_CALLS);
+    optionalInteger(l.perMs, `${at}.perMs`, 1, MAX_PER_MS);
+    optionalInteger(l.concurrent, `${at}.concurrent`, 1, MAX_CONCURRENT);
+    if (l.calls === undefined && l.concurrent === undefined) {
+      throw new InvalidArgumentError(at, 'needs a window (calls and perMs), a concurrent, or both');
+    }
+    optionalInteger(l.cost, `${at}.cost`, 0, MAX_COST);
+    optionalInteger(l.holdMs, `${at}.holdMs`, 1, MAX_HOLD_MS);
+  });
+  optionalInteger(req.cost, 'cost', 0, MAX_COST);
+  optionalInteger(req.holdMs, 'holdMs', 1, MAX_HOLD_MS);
+  optionalInteger(req.graceMs, 'graceMs', MIN_GRACE_MS, MAX_GRACE_MS);
+  optionalFlag(req.permit, 'permit');
+  optionalFlag(req.report, 'report');
 }
 
 function costsToWire(costs: Costs, field: string): { key: string; cost: number }[] {
   if (typeof costs !== 'object' || costs === null || Array.isArray(costs)) {
     throw new InvalidArgumentError(field, 'must be an object of bucket key to cost');
   }
-  return Object.entries(costs).map(([key, cost]) => ({ key, cost }));
+  const entries = Object.entries(costs);
+  if (entries.length < 1 || entries.length > MAX_LIMITS) {
+    throw new InvalidArgumentError(field, `must have 1 to ${MAX_LIMITS} entries, got ${entries.length}`);
+  }
+  return entries.map(([key, cost]) => {
+    const at = `${field}[${JSON.stringify(key)}]`;
+    text(key, at, MAX_KEY_BYTES);
+    integer(cost, at, 0, MAX_COST);
+    return { key, cost };
+  });
+}
+
+/** A new request id: a random UUID (from `getRandomValues` where `randomUUID` is missing). */
+function randomId(): string {
+  const c = globalThis.crypto;
+  if (typeof c?.randomUUID === 'function') return c.randomUUID();
+  const bytes = c.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/**
+ * Whether an ask that failed with `e` may still have been granted or filed: its answer was lost
+ * (no answer, or one that is not the limiter's). An error the limiter answered changed nothing.
+ */
+function mayHaveActed(e: unknown): boolean {
+  if (e instanceof ConnectionError || e instanceof ProtocolError) return true;
+  return e instanceof ApiError && e.code === 'unknown';
+}
+
+interface Watch {
+  callbacks: Set<() => void>;
+  fire: () => void;
+}
+
+/** One `abort` listener per signal, however many waits share it. */
+const watches = new WeakMap<AbortSignal, Watch>();
+
+/** Calls `fn` when `signal` aborts; the function returned stops watching. */
+function onAbort(signal: AbortSignal, fn: () => void): () => void {
+  let watch = watches.get(signal);
+  if (!watch) {
+    const callbacks = new Set<() => void>();
+    const fire = () => {
+      watches.delete(signal);
+      for (const f of callbacks) f();
+    };
+    watch = { callbacks, fire };
+    watches.set(signal, watch);
+    signal.addEventListener('abort', fire, { once: true });
+  }
+  const w = watch;
+  const entry = () => fn();
+  w.callbacks.add(entry);
+  return () => {
+    w.callbacks.delete(entry);
+    if (w.callbacks.size === 0 && watches.get(signal) === w) {
+      watches.delete(signal);
+      signal.removeEventListener('abort', w.fire);
+    }
+  };
+}
+
+/** One ask to `/acquire` in flight: the answer to come, and how to stop waiting for it. */
+interface Ask {
+  readonly reply: Promise<AcquireReply>;
+  /** The caller stops waiting: undo the ask by its id, and give back whatever answer still comes. */
+  abandon(): void;
 }
 
 function instant(v: unknown, field: string): Date {
@@ -243,6 +407,7 @@ export class LimiterClient {
   readonly #maxWaiters: number | undefined;
   readonly #throttleAfterMs: number;
   readonly #onWait: ((report: WaitReport) => void) | undefined;
+  readonly #requestId: () => string;
   readonly #lines = new Map<string, Line>();
   /** The limiter's clock minus ours, from the latest reply. */
   #offsetMs = 0;
@@ -258,7 +423,9 @@ export class LimiterClient {
     if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
       throw new InvalidArgumentError('url', `must be an http(s) URL, got ${JSON.stringify(options.url)}`);
     }
-    this.url = options.url.replace(/\/+$/, '');
+    // The wire's paths go after the path given; a query, a fragment or a trailing slash would
+    // turn `/acquire` into something else.
+    this.url = `${parsed.origin}${parsed.pathname.replace(/\/+$/, '')}`;
     if (options.token !== undefined && (typeof options.token !== 'string' || options.token === '')) {
       throw new InvalidArgumentError('token', 'must be a non-empty string');
     }
@@ -270,6 +437,10 @@ export class LimiterClient {
     this.#maxWaiters = count(options.maxWaiters, 'maxWaiters');
     this.#throttleAfterMs = count(options.throttleAfterMs, 'throttleAfterMs') ?? 5_000;
     this.#onWait = options.onWait;
+    if (options.requestId !== undefined && typeof options.requestId !== 'function') {
+      throw new InvalidArgumentError('requestId', 'must be a function returning a new id');
+    }
+    this.#requestId = options.requestId ?? randomId;
   }
 
   /** The limiter's clock as this client last saw it (epoch ms), for sizing waits and throttles. */
@@ -286,14 +457,16 @@ export class LimiterClient {
   async tryAcquire(request: AcquireRequest): Promise<AcquireReply> {
     checkRequest(request);
     const { queue: _q, ticket: _t, ...body } = request as AcquireRequest & { queue?: unknown; ticket?: unknown };
-    return this.#acquireOnce(body);
+    return this.#ask(body, request.limits).reply;
   }
 
   /**
    * Waits until granted and resolves to a `Permit`: sleeps to each refusal's `retryAt`, holding a
    * ticket in the limiter's line when it gives one, first in first out among this process's
    * callers of the same shape. Rejects with `LimitedError` when `maxWaitMs` runs out or `signal`
-   * aborts (leaving the line), `QueueFullError` past `maxWaiters`, and the wire's errors.
+   * aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past `maxWaiters`,
+   * and the wire's errors. A caller behind one whose ask got no answer waits `timeoutMs` in all
+   * for an answer, counted from when it joined or that ask was sent, whichever is later.
    */
   async acquire(request: AcquireRequest, options: AcquireOptions = {}): Promise<Permit> {
     checkRequest(request);
@@ -322,7 +495,7 @@ export class LimiterClient {
         throw new LimitedError(gotTurn, line.last, waited(), gotTurn === 'aborted' ? signal?.reason : undefined);
       }
       try {
-        return await this.#waitForGrant(line, request, queue, signal, deadline, waited, queued);
+        return await this.#waitForGrant(line, request, queue, signal, deadline, started, waited, queued);
       } finally {
         line.give();
       }
@@ -338,6 +511,7 @@ export class LimiterClient {
     queue: boolean,
     signal: AbortSignal | undefined,
     deadline: number | undefined,
+    joined: number,
     waited: () => number,
     queued: boolean,
   ): Promise<Permit> {
@@ -349,23 +523,34 @@ export class LimiterClient {
       if (ticket !== undefined) body.ticket = ticket;
       // In the line, the limiter files a ticket only for a call it can serve within this wait.
       if (queue && deadline !== undefined) body.maxWaitMs = lineWaitMs(deadline - performance.now());
-      const asked = this.#acquireOnce(body);
-      const outcome = await this.#until(asked, signal, deadline);
-      if (outcome !== 'done') {
-        // The answer may still grant (or file a ticket): give it back when it comes.
-        asked.then(
-          (reply) => this.#giveBack(reply),
-          () => {},
+      // Behind an ask of this shape that got no answer, this caller's own timeout has been running.
+      const now = performance.now();
+      const timeoutMs =
+        line.unansweredSince === undefined ? this.#timeoutMs : this.#timeoutMs - (now - Math.max(joined, line.unansweredSince));
+      if (timeoutMs <= 0) {
+        throw new ConnectionError(
+          `POST ${this.url}/acquire: no answer within ${this.#timeoutMs} ms to the caller ahead of this one with the same request shape`,
+          { cause: line.lost },
         );
+      }
+      const ask = this.#ask(body, request.limits, timeoutMs);
+      line.unansweredSince ??= now;
+      const outcome = await this.#until(ask.reply, signal, deadline);
+      if (outcome !== 'done') {
+        ask.abandon();
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError(outcome, last ?? line.last, waited(), outcome === 'aborted' ? signal?.reason : undefined);
       }
       let reply: AcquireReply;
       try {
-        reply = await asked;
+        reply = await ask.reply;
       } catch (e) {
-        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        if (e instanceof ConnectionError) line.lost = e;
+        else line.unansweredSince = undefined;
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw e;
       }
+      line.unansweredSince = undefined;
       if (reply.granted) {
         // Granted at the first ask, with nobody ahead here: it did not wait.
         const waitedMs = queued || last ? waited() : 0;
@@ -380,14 +565,14 @@ export class LimiterClient {
       const serverNow = reply.now ? reply.now.getTime() : this.serverNow();
       const waitMs = Math.max(1, reply.retryAt.getTime() - serverNow);
       if (deadline !== undefined && performance.now() + waitMs > deadline) {
-        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError('maxWait', last, waited());
       }
       const nap = sleep(waitMs);
       const slept = await this.#until(nap.done, signal, undefined);
       if (slept !== 'done') {
         nap.cancel();
-        if (ticket !== undefined) this.leave(ticket).catch(() => {});
+        if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError(slept, last, waited(), signal?.reason);
       }
       const report: WaitReport = { waitedMs: waitMs, reason: last.reason, limit: last.limit };
@@ -396,10 +581,76 @@ export class LimiterClient {
     }
   }
 
+  /**
+   * Sends one ask to `/acquire` with an id of its own. When its answer is lost (no answer within
+   * `timeoutMs`, a broken connection, a reply that is not the limiter's) or its caller abandons it,
+   * it is undone by that id in the background (section 16): its places freed, its ticket out of
+   * the line, a zero cost in each of its windows. A server without section 16 answers that undo
+   * with a 400; then an abandoned ask is left to finish, and what its answer holds is given back.
+   */
+  #ask(body: Record<string, unknown>, limits: readonly Limit[], timeoutMs = this.#timeoutMs): Ask {
+    const id = this.#requestId();
+    text(id, 'requestId', MAX_ID_BYTES);
+    const controller = new AbortController();
+    const answer = this.#acquireOnce({ ...body, id }, controller.signal, timeoutMs + LATE_ANSWER_MS);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new ConnectionError(`POST ${this.url}/acquire: no answer within ${Math.ceil(timeoutMs)} ms`)),
+        timeoutMs,
+      );
+    });
+    const reply = Promise.race([answer, timedOut]);
+    void reply.then(
+      () => clearTimeout(timer),
+      () => clearTimeout(timer),
+    );
+    let abandoned = false;
+    const abandon = () => {
+      if (abandoned) return;
+      abandoned = true;
+      answer.then(
+        (r) => this.#giveBack(r),
+        () => {},
+      );
+      // Once the limiter has taken the undo, the answer no longer matters: stop waiting for it.
+      void this.#undo(id, limits).then((undone) => undone && controller.abort());
+    };
+    reply.catch((e: unknown) => {
+      if (mayHaveActed(e)) abandon();
+    });
+    return { reply, abandon };
+  }
+
+  /**
+   * `release {id}` in the background, with a zero cost in each window limit so that a grant the
+   * caller never saw counts nowhere. Resolves to whether the limiter answered it (never rejects).
+   */
+  #undo(id: string, limits: readonly Limit[]): Promise<boolean> {
+    const body: Record<string, unknown> = { id };
+    const costs = limits.filter((l) => l.calls !== undefined).map((l) => ({ key: l.key, cost: 0 }));
+    if (costs.length > 0) body.costs = costs;
+    return this.#background('/release', body);
+  }
+
+  /** Leaves the line in the background. */
+  #leaveSoon(ticket: string): void {
+    void this.#background('/release', { ticket });
+  }
+
+  /** A request nobody waits for, bounded in time: whether it was answered; never rejects. */
+  #background(path: string, body: Record<string, unknown>): Promise<boolean> {
+    const timeoutMs = Math.min(this.#timeoutMs, BACKGROUND_TIMEOUT_MS);
+    return this.#request('POST', path, body, undefined, timeoutMs).then(
+      () => true,
+      () => false,
+    );
+  }
+
   /** Releases what a reply that came after its caller gave up holds: a permit, a ticket. */
   #giveBack(reply: AcquireReply): void {
-    if (reply.granted && reply.permit !== undefined) this.release(reply.permit).catch(() => {});
-    if (!reply.granted && reply.ticket !== undefined) this.leave(reply.ticket).catch(() => {});
+    if (reply.granted && reply.permit !== undefined) void this.#background('/release', { permit: reply.permit });
+    if (!reply.granted && reply.ticket !== undefined) this.#leaveSoon(reply.ticket);
   }
 
   /** Races `p` against `signal` and `deadline` (a `performance.now()` instant). */
@@ -408,15 +659,14 @@ export class LimiterClient {
       await p.catch(() => {});
       return 'done' as const;
     }
-    let onAbort: (() => void) | undefined;
+    let unwatch: (() => void) | undefined;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const stops: Promise<'aborted' | 'maxWait'>[] = [];
     if (signal) {
       stops.push(
         new Promise((resolve) => {
-          onAbort = () => resolve('aborted');
-          if (signal.aborted) onAbort();
-          else signal.addEventListener('abort', onAbort, { once: true });
+          if (signal.aborted) resolve('aborted');
+          else unwatch = onAbort(signal, () => resolve('aborted'));
         }),
       );
     }
@@ -426,7 +676,7 @@ export class LimiterClient {
     try {
       return await Promise.race([p.then(() => 'done' as const, () => 'done' as const), ...stops]);
     } finally {
-      if (onAbort) signal?.removeEventListener('abort', onAbort);
+      unwatch?.();
       clearTimeout(timer);
     }
   }
@@ -452,7 +702,7 @@ export class LimiterClient {
 
   /** Frees a permit's places (settling `costs` first, in one step): `true` when it was live. */
   async release(permit: string, costs?: Costs): Promise<boolean> {
-    if (typeof permit !== 'string') throw new InvalidArgumentError('permit', 'must be a string');
+    text(permit, 'permit', MAX_ID_BYTES);
     const body: Record<string, unknown> = { permit };
     if (costs !== undefined) body.costs = costsToWire(costs, 'costs');
     return flag((await this.#request('POST', '/release', body)).body, 'released');
@@ -460,13 +710,13 @@ export class LimiterClient {
 
   /** Leaves the limiter's line: `true` when the ticket was live (wire version 3). */
   async leave(ticket: string): Promise<boolean> {
-    if (typeof ticket !== 'string') throw new InvalidArgumentError('ticket', 'must be a string');
+    text(ticket, 'ticket', MAX_ID_BYTES);
     return flag((await this.#request('POST', '/release', { ticket })).body, 'released');
   }
 
   /** Sets a permit's grant's real cost per window bucket: `true` when the permit was live. */
   async settle(permit: string, costs: Costs): Promise<boolean> {
-    if (typeof permit !== 'string') throw new InvalidArgumentError('permit', 'must be a string');
+    text(permit, 'permit', MAX_ID_BYTES);
     const body = { permit, costs: costsToWire(costs, 'costs') };
     return flag((await this.#request('POST', '/settle', body)).body, 'settled');
   }
@@ -486,14 +736,33 @@ export class LimiterClient {
     return flag((await this.#request('POST', '/lift', { key })).body, 'lifted');
   }
 
-  /** Acquires (waiting), runs `fn` with the permit, and releases it however `fn` ends. */
+  /**
+   * Acquires (waiting), runs `fn` with the permit, and releases it however `fn` ends. When `fn`
+   * throws, its error is what this rejects with: a release that fails then is tried again in the
+   * background, never thrown in its place.
+   */
   async withPermit<T>(request: AcquireRequest, fn: (permit: Permit) => T | Promise<T>, options?: AcquireOptions): Promise<T> {
     const permit = await this.acquire(request, options);
+    let result: T;
     try {
-      return await fn(permit);
-    } finally {
-      await permit.release();
+      result = await fn(permit);
+    } catch (e) {
+      await permit.release().catch(() => this.#releaseLater(permit));
+      throw e;
     }
+    await permit.release();
+    return result;
+  }
+
+  /** Tries a failed release again in the background, a few times, further apart each time. */
+  #releaseLater(permit: Permit): void {
+    const retry = async () => {
+      for (const pauseMs of RELEASE_RETRY_MS) {
+        await sleep(pauseMs).done;
+        if (await permit.release().then(() => true, () => false)) return;
+      }
+    };
+    void retry();
   }
 
   /**
@@ -522,8 +791,8 @@ export class LimiterClient {
     return until === undefined ? undefined : this.throttle(callerKey, until);
   }
 
-  async #acquireOnce(body: object): Promise<AcquireReply> {
-    const { body: r } = await this.#request('POST', '/acquire', body);
+  async #acquireOnce(body: object, signal: AbortSignal, timeoutMs: number): Promise<AcquireReply> {
+    const { body: r } = await this.#request('POST', '/acquire', body, signal, timeoutMs);
     const now = optionalInstant(r.now, 'acquire: now');
     if (now) this.#sawNow(now);
     const limits = r.limits === undefined ? undefined : figures(r.limits);
@@ -565,22 +834,37 @@ export class LimiterClient {
     if (ours < d || ours > d + 999) this.#offsetMs = Math.min(Math.max(ours, d), d + 999) - Date.now();
   }
 
-  async #request(method: 'GET' | 'POST', path: string, payload?: unknown): Promise<{ status: number; body: Record<string, unknown> }> {
+  /** One HTTP request, abandoned after `timeoutMs` or when `signal` aborts. */
+  async #request(
+    method: 'GET' | 'POST',
+    path: string,
+    payload?: unknown,
+    signal?: AbortSignal,
+    timeoutMs = this.#timeoutMs,
+  ): Promise<{ status: number; body: Record<string, unknown> }> {
     const headers: Record<string, string> = { accept: 'application/json' };
     if (payload !== undefined) headers['content-type'] = 'application/json';
     if (this.#token !== undefined) headers.authorization = `Bearer ${this.#token}`;
+    const stop = new AbortController();
+    const timer = setTimeout(() => stop.abort(new DOMException(`no answer within ${Math.ceil(timeoutMs)} ms`, 'TimeoutError')), timeoutMs);
+    const unwatch = signal ? onAbort(signal, () => stop.abort(signal.reason)) : undefined;
     let res: Response;
     let text: string;
     try {
+      if (signal?.aborted) stop.abort(signal.reason);
       res = await this.#fetch(`${this.url}${path}`, {
         method,
         headers,
         body: payload === undefined ? undefined : JSON.stringify(payload),
-        signal: AbortSignal.timeout(this.#timeoutMs),
+        signal: stop.signal,
       });
       text = await res.text();
     } catch (e) {
-      throw new ConnectionError(`${method} ${this.url}${path}: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+      const why = stop.signal.aborted && stop.signal.reason instanceof Error ? stop.signal.reason : e;
+      throw new ConnectionError(`${method} ${this.url}${path}: ${why instanceof Error ? why.message : String(why)}`, { cause: e });
+    } finally {
+      clearTimeout(timer);
+      unwatch?.();
     }
     this.#sawDate(res.headers.get('date'));
     let body: unknown;

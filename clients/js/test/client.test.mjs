@@ -1,5 +1,6 @@
 // Every method of the wire, every typed error, the waiting acquire (its wait, FIFO, maxWaiters,
-// maxWaitMs, abort, a late grant given back), permits and their disposal, against the real server.
+// maxWaitMs, abort, a late grant given back, a signal shared by many), permits and their disposal,
+// the checks made before anything is sent, against the real server.
 import assert from 'node:assert/strict';
 import { unlinkSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
@@ -26,6 +27,10 @@ before(async () => {
   client = new LimiterClient({ url: server.url });
 });
 after(() => server?.stop());
+
+const pause = (ms) => new Promise((r) => setTimeout(r, ms));
+const warnings = [];
+process.on('warning', (w) => warnings.push(w));
 
 const windowOf = (key, calls, perMs, extra = {}) => ({ key: fresh(key), limits: [{ key: fresh(`${key}/w`), calls, perMs, ...extra }] });
 const held = async (req) => (await client.peek(req)).limits[0].held;
@@ -295,6 +300,27 @@ describe('acquire', () => {
     assert.ok(waits.length >= 1 && waits.length <= 3, JSON.stringify(waits));
     assert.ok(took >= 1000 && took < 3000, `took ${took} ms`);
   });
+
+  test('more than 10 acquires sharing one AbortSignal print no EventTarget memory-leak warning', async () => {
+    const client = new LimiterClient({ url: server.url });
+    const conc = fresh('shared-signal/conc');
+    const req = { key: fresh('shared-signal'), limits: [{ key: conc, concurrent: 1 }] };
+    const holder = await client.acquire(req);
+    const ac = new AbortController();
+    const before = warnings.length;
+    const shared = [
+      ...Array.from({ length: 12 }, () => client.acquire(req, { signal: ac.signal }).catch((e) => e)),
+      ...Array.from({ length: 12 }, (_, i) => client.acquire({ key: fresh('ss'), limits: [{ key: `${conc}-${i}`, concurrent: 1 }] }, { signal: ac.signal }).then((p) => p.release())),
+    ];
+    await pause(400);
+    ac.abort();
+    const outcomes = await Promise.all(shared);
+    assert.ok(outcomes.slice(0, 12).every((e) => e instanceof LimitedError));
+    await holder.release();
+    await pause(50);
+    const leaks = warnings.slice(before).filter((w) => w.name === 'MaxListenersExceededWarning' || /memory leak/.test(w.message));
+    assert.deepEqual(leaks.map((w) => w.message), []);
+  });
 });
 
 describe('permits', () => {
@@ -339,13 +365,19 @@ describe('permits', () => {
 
 describe('errors', () => {
   test('a bad field is a BadRequestError whose message names it, and changes nothing', async () => {
-    const req = { key: fresh('bad'), limits: [{ key: fresh('bad/w'), calls: 1, perMs: 0 }] };
-    const err = await client.tryAcquire(req).catch((e) => e);
+    const err = await client.throttle(fresh('t'), Date.now() + 2 * 86_400_000).catch((e) => e);
     assert.ok(err instanceof BadRequestError, String(err));
     assert.equal(err.code, 'bad_request');
-    assert.match(err.message, /limits\[0\]\.perMs/);
-    await assert.rejects(client.acquire(req), BadRequestError);
-    await assert.rejects(client.throttle(fresh('t'), Date.now() + 2 * 86_400_000), (e) => e instanceof BadRequestError && /until/.test(e.message));
+    assert.match(err.message, /until/);
+    // A limit out of the wire's bounds is caught before sending, in the words the server uses.
+    const req = { key: fresh('bad'), limits: [{ key: fresh('bad/w'), calls: 1, perMs: 0 }] };
+    const res = await fetch(`${server.url}/acquire`, { method: 'POST', body: JSON.stringify(req) });
+    assert.equal(res.status, 400);
+    const { error } = await res.json();
+    const local = await client.tryAcquire(req).catch((e) => e);
+    assert.ok(local instanceof InvalidArgumentError && local.field === 'limits[0].perMs', String(local));
+    assert.ok(local.message.startsWith(error.message), `${local.message} / ${error.message}`);
+    await assert.rejects(client.acquire(req), InvalidArgumentError);
   });
 
   test('bad arguments are InvalidArgumentErrors naming the field, before anything is sent', async () => {
@@ -375,7 +407,8 @@ describe('errors', () => {
     const wrongPath = new LimiterClient({ url: `${server.url}/not-the-wire` });
     const notFound = await wrongPath.tryAcquire(windowOf('nf', 1, 1000)).catch((e) => e);
     assert.ok(notFound instanceof NotFoundError && notFound.status === 404 && notFound.code === 'not_found', String(notFound));
-    const huge = { key: fresh('huge'), limits: [{ key: 'x'.repeat(70 * 1024), calls: 1, perMs: 1000 }] };
+    // Unknown fields go as they are (the wire ignores them), so they can make a body too large.
+    const huge = { key: fresh('huge'), limits: [{ key: fresh('huge/w'), calls: 1, perMs: 1000 }], padding: 'x'.repeat(70 * 1024) };
     const tooLarge = await client.tryAcquire(huge).catch((e) => e);
     assert.ok(tooLarge instanceof ApiError && tooLarge.status === 413 && tooLarge.code === 'payload_too_large', String(tooLarge));
   });
@@ -406,6 +439,69 @@ describe('errors', () => {
       assert.equal(err.code, 'unavailable');
     } finally {
       await doomed.stop();
+    }
+  });
+
+  test('limits are checked before anything is sent: InvalidArgumentError naming limits[i].field', async () => {
+    let sent = 0;
+    const counting = async (url, init) => {
+      sent += 1;
+      return fetch(url, init);
+    };
+    const client = new LimiterClient({ url: server.url, fetch: counting });
+    const w = (extra) => ({ key: 'b', calls: 5, perMs: 1_000, ...extra });
+    const surrogate = 'a\uD800b';
+    const cases = [
+      [{ limits: [w({ calls: -1 })] }, 'limits[0].calls'],
+      [{ limits: [w({ calls: Number.NaN })] }, 'limits[0].calls'],
+      [{ limits: [w({ calls: 1.5 })] }, 'limits[0].calls'],
+      [{ limits: [w({ calls: '5' })] }, 'limits[0].calls'],
+      [{ limits: [w({ calls: 1e10 })] }, 'limits[0].calls'],
+      [{ limits: [w({ perMs: 0 })] }, 'limits[0].perMs'],
+      [{ limits: [{ key: 'b', calls: 5 }] }, 'limits[0].perMs'],
+      [{ limits: [{ key: 'b', perMs: 5 }] }, 'limits[0].calls'],
+      [{ limits: [{ key: 'b', concurrent: 0 }] }, 'limits[0].concurrent'],
+      [{ limits: [{ key: 'b', concurrent: 2, holdMs: -5 }] }, 'limits[0].holdMs'],
+      [{ limits: [w(), { key: 'c', calls: 1, perMs: 1, cost: -1 }] }, 'limits[1].cost'],
+      [{ limits: [{ key: 'b' }] }, 'limits[0]'],
+      [{ limits: [null] }, 'limits[0]'],
+      [{ limits: ['b'] }, 'limits[0]'],
+      [{ limits: [w(), w()] }, 'limits[1].key'],
+      [{ limits: Array.from({ length: 65 }, (_, i) => w({ key: `b${i}` })) }, 'limits'],
+      [{ limits: [w({ key: surrogate })] }, 'limits[0].key'],
+      [{ limits: [w({ key: '' })] }, 'limits[0].key'],
+      [{ limits: [w({ key: 'x'.repeat(513) })] }, 'limits[0].key'],
+      [{ key: surrogate, limits: [w()] }, 'key'],
+      [{ key: '', limits: [w()] }, 'key'],
+      [{ cost: 1.5, limits: [w()] }, 'cost'],
+      [{ cost: -1, limits: [w()] }, 'cost'],
+      [{ holdMs: 0, limits: [w()] }, 'holdMs'],
+      [{ graceMs: 50, limits: [w()] }, 'graceMs'],
+      [{ permit: 'yes', limits: [w()] }, 'permit'],
+    ];
+    for (const [overrides, field] of cases) {
+      const req = { key: 'k', ...overrides };
+      for (const call of [() => client.tryAcquire(req), () => client.acquire(req), () => client.peek(req)]) {
+        const err = await call().catch((e) => e);
+        assert.ok(err instanceof InvalidArgumentError, `${JSON.stringify(overrides).slice(0, 80)}: ${err}`);
+        assert.equal(err.field, field, err.message);
+        assert.ok(err.message.startsWith(field), err.message);
+      }
+    }
+    assert.equal(sent, 0, 'nothing reached the server');
+    // The bounds themselves are accepted.
+    const edge = { key: fresh('edge'), cost: 0, holdMs: 86_400_000, limits: [{ key: fresh('edge/w'), calls: 1e9, perMs: 2_678_400_000, cost: 1e9, concurrent: 1e6, holdMs: 1 }] };
+    assert.equal((await client.tryAcquire(edge)).granted, true);
+    const sixtyFour = { key: fresh('64'), limits: Array.from({ length: 64 }, (_, i) => ({ key: fresh(`64/${i}`), calls: 1, perMs: 1_000 })) };
+    assert.equal((await client.peek(sixtyFour)).limits.length, 64);
+  });
+
+  test('a URL with a trailing slash, a query or a fragment still reaches the wire\'s paths', async () => {
+    for (const suffix of ['/', '/?x=1', '?x=1', '//', '#top', '/?x=1#top']) {
+      const client = new LimiterClient({ url: `${server.url}${suffix}` });
+      const reply = await client.tryAcquire({ key: fresh('url'), limits: [{ key: fresh('url/w'), calls: 1, perMs: 1_000 }] });
+      assert.equal(reply.granted, true, suffix);
+      assert.equal(client.url, server.url, suffix);
     }
   });
 });

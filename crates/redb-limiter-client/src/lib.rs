@@ -7,8 +7,10 @@
 //!   waiters of the same request shape are served first-in first-out (a large call is never
 //!   starved by smaller ones behind it), and by default the head of each shape also queues in
 //!   the limiter's own line (section 12), so neither are smaller calls from other hosts;
-//!   `max_wait`, `max_waiters` and cancellation by drop are honoured, a grant that arrives
-//!   after cancellation is released, never leaked, and a ticket is left, never abandoned. Each
+//!   `max_wait`, `max_waiters` and cancellation by drop are honoured, also while a request is
+//!   in flight: every ask carries a request id (section 16), and whatever an ask whose answer
+//!   the caller stopped waiting for (or lost) may have got is undone by it, never leaked; a
+//!   ticket is left, never abandoned. Each
 //!   ask in the line tells the limiter what remains of `max_wait` (section 12.9), so it files no
 //!   ticket for a call it could not grant in time ([`NoTicket`]).
 //! - [`Permit`]: the grant as a guard that holds its places until it is dropped or released;
@@ -377,8 +379,9 @@ impl<L: LimiterApi> Undo<L> {
     }
 
     /// `release {id}`; where the limiter keeps no ids, gives back what `late` (an answer that
-    /// came after its caller left) holds: its places, or its ticket.
-    async fn run(&self, late: Option<Outcome>) {
+    /// came after its caller left) holds: its places, or its ticket. True when the limiter took
+    /// the undo by id (then nothing the acquire gets from now on can count).
+    async fn run(&self, late: Option<Outcome>) -> bool {
         let undone = tokio::time::timeout(UNDO_WITHIN, self.limiter.undo(self.id.clone(), self.zero.clone())).await;
         match undone {
             Ok(Err(ClientError::BadRequest(_))) => match late {
@@ -392,20 +395,27 @@ impl<L: LimiterApi> Undo<L> {
             },
             Ok(Err(e)) => tracing::warn!(error = %e, "undoing an abandoned acquire failed; what it got lapses"),
             Err(_) => tracing::warn!("undoing an abandoned acquire timed out; what it got lapses"),
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => return true,
         }
+        false
     }
 }
 
-/// Undoes an ask whose caller stopped waiting (its future dropped), from a spawned task.
-struct UndoOnDrop<L: LimiterApi>(Option<Undo<L>>);
+/// Undoes an ask whose caller stopped waiting (its future dropped), from a spawned task; once
+/// the limiter took the undo by id, the request still in flight is abandoned too (whatever it
+/// gets can no longer count), so a hung server holds no task.
+struct UndoOnDrop<L: LimiterApi>(Option<(Undo<L>, tokio::task::AbortHandle)>);
 
 impl<L: LimiterApi> Drop for UndoOnDrop<L> {
     fn drop(&mut self) {
-        let Some(undo) = self.0.take() else { return };
+        let Some((undo, in_flight)) = self.0.take() else { return };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
-                handle.spawn(async move { undo.run(None).await });
+                handle.spawn(async move {
+                    if undo.run(None).await {
+                        in_flight.abort();
+                    }
+                });
             }
             Err(_) => tracing::warn!("an acquire dropped outside a runtime is not undone; what it got lapses"),
         }
@@ -493,18 +503,22 @@ impl<L: LimiterApi> Client<L> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let limiter = self.limiter.clone();
         let late = undo.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let outcome = limiter.acquire_within(req, max_wait).await;
             let lost = matches!(outcome, Err(ref e) if !matches!(e, ClientError::BadRequest(_)));
             match tx.send(outcome) {
                 // The caller was cancelled while the answer was on its way: undo what it got.
-                Err(Ok(outcome)) => late.run(Some(outcome)).await,
+                Err(Ok(outcome)) => {
+                    late.run(Some(outcome)).await;
+                }
                 // The answer was lost: the server may have granted it or filed a ticket.
-                Ok(()) if lost => late.run(None).await,
+                Ok(()) if lost => {
+                    late.run(None).await;
+                }
                 _ => {}
             }
         });
-        let mut guard = UndoOnDrop(Some(undo));
+        let mut guard = UndoOnDrop(Some((undo, task.abort_handle())));
         let answer = rx
             .await
             .unwrap_or_else(|_| Err(ClientError::Unavailable("the acquire task ended without an answer".into())));

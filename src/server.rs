@@ -25,7 +25,7 @@ use redb_limiter::limiter::LimiterError;
 use redb_limiter::request::{EnvelopeError, Method, Request};
 use redb_limiter::wire::{
     AcquireReply, ErrorBody, ErrorReply, HealthReply, LiftReply, PeekReply, ReleaseReply, SettleReply, StateReply,
-    ThrottleReply, acquire_reply_with_report,
+    ThrottleReply, WaitReply, acquire_reply_with_report,
 };
 
 /// The largest request body accepted.
@@ -93,8 +93,12 @@ pub async fn serve<B: Backend>(
         max_connections: config.max_connections,
         drain_deadline: config.drain_deadline,
     };
-    crate::connections::run(listener, router, limits, shutdown, move || app.draining.store(true, Ordering::SeqCst))
-        .await
+    crate::connections::run(listener, router, limits, shutdown, move || {
+        app.draining.store(true, Ordering::SeqCst);
+        // SIGTERM answers every pending wait at once (section 15).
+        app.limiter.end_waits();
+    })
+    .await
 }
 
 /// An error reply: status, code and a message naming the field at fault.
@@ -195,6 +199,7 @@ fn route(path: &str) -> Option<(Route, HttpMethod)> {
         "/peek" => (Route::Call(Some(Method::Peek)), HttpMethod::POST),
         "/settle" => (Route::Call(Some(Method::Settle)), HttpMethod::POST),
         "/lift" => (Route::Call(Some(Method::Lift)), HttpMethod::POST),
+        "/wait" => (Route::Call(Some(Method::Wait)), HttpMethod::POST),
         "/" => (Route::Call(None), HttpMethod::POST),
         "/health" => (Route::Health, HttpMethod::GET),
         "/state" => (Route::State, HttpMethod::GET),
@@ -294,7 +299,7 @@ async fn dispatch<B: Backend>(app: &App<B>, req: HttpRequest<Body>) -> Result<Re
                     EnvelopeError::UnknownMethod(name) => Failure::new(
                         StatusCode::NOT_FOUND,
                         "not_found",
-                        format!("method {name:?} is not acquire, release, throttle, peek, settle or lift"),
+                        format!("method {name:?} is not acquire, release, throttle, peek, settle, lift or wait"),
                     ),
                 })?,
             };
@@ -338,6 +343,13 @@ async fn call<B: Backend>(app: &App<B>, request: Request) -> Result<Response, Fa
         Request::Release(req) => json(&ReleaseReply { released: limiter.release(req).await? }),
         Request::Leave(req) => json(&ReleaseReply { released: limiter.leave(req).await? }),
         Request::Undo(req) => json(&ReleaseReply { released: limiter.undo(req).await? }),
+        Request::Wait(req) => {
+            if !limiter.keeps_waits() {
+                return Err(Failure::new(StatusCode::NOT_FOUND, "not_found", "this server keeps no waits: /wait"));
+            }
+            let answer = limiter.wait(req).await?;
+            json(&WaitReply { ready: answer.ready, gone: answer.gone, now: redb_limiter::wire::Instant(answer.now) })
+        }
         Request::Peek(req) => json(&PeekReply::from(&limiter.peek(req).await?)),
         Request::Settle(req) => json(&SettleReply { settled: limiter.settle(req).await? }),
         Request::Lift(req) => {

@@ -10,11 +10,11 @@ use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::request::{
     AcquireRequest, BadRequest, Cost, EnvelopeError, LeaveRequest, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method, Request,
-    SettleRequest, UndoRequest,
+    SettleRequest, UndoRequest, WaitRequest,
 };
 
-const METHODS: [Method; 6] =
-    [Method::Acquire, Method::Release, Method::Throttle, Method::Peek, Method::Settle, Method::Lift];
+const METHODS: [Method; 7] =
+    [Method::Acquire, Method::Release, Method::Throttle, Method::Peek, Method::Settle, Method::Lift, Method::Wait];
 /// Instants the decoders run at: a plausible now, and the ends of time (`until` bounds saturate).
 const NOWS: [Millis; 3] = [Millis(1_800_000_000_000), Millis::ZERO, Millis(u64::MAX)];
 
@@ -103,6 +103,11 @@ fn check_request(req: &Request, now: Millis) {
             assert_eq!(SettleRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
         }
         Request::Lift(r) => assert!((1..=512).contains(&r.key.len())),
+        Request::Wait(r) => {
+            assert!((1..=64).contains(&r.tickets.len()) && r.tickets.iter().all(|t| (1..=128).contains(&t.len())));
+            assert!((1_000..=60_000).contains(&r.timeout_ms));
+            assert_eq!(WaitRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
+        }
         Request::Throttle(t) => {
             assert!((1..=512).contains(&t.key.len()));
             assert!(t.until <= now.plus(MAX_THROTTLE_AHEAD_MS));

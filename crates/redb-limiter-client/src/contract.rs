@@ -64,6 +64,8 @@ pub const CASES: &[&str] = &[
     "ids: a retried filing names the same ticket, never a second; release {id} takes it out of the line",
     "ids: release {id} frees the places, and with costs of 0 the windows; a released id stays released",
     "ids: release {id} of an id never seen is false, and the acquire arriving after it changes nothing",
+    "wait: a release wakes the wait on a ticket it makes ready; asked with it, the ticket is granted",
+    "wait: a ticket that left is gone, a wait times out with empty lists, bad fields are a 400 naming them",
 ];
 
 #[derive(Clone)]
@@ -854,6 +856,64 @@ async fn run_case(c: &Contract, case: usize) -> Check {
                 let (status, v) = c.send(reqwest::Method::POST, "/release", Some(bad.to_string())).await?;
                 let message = v["error"]["message"].as_str().unwrap_or_default();
                 ensure!(status == 400 && message.starts_with("id"), "release {bad}: {status} {v}");
+            }
+            Ok(())
+        }
+        43 => {
+            let conc = json!({"key": c.key("caller"), "limits": [{"key": c.key("c43"), "concurrent": 1}]});
+            let held = c.acquire(conc.clone()).await?;
+            granted(&held)?;
+            let mut queued = conc.clone();
+            queued["queue"] = json!(true);
+            let (ticket, _, _, _) = ticketed(&c.acquire(queued.clone()).await?, "concurrency", &c.key("c43"))?;
+            let waiter = c.clone();
+            let body = json!({"tickets": [ticket], "timeoutMs": 20_000});
+            let wait = tokio::spawn(async move { waiter.post("/wait", body).await });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if wait.is_finished() {
+                let early = wait.await.map_err(|e| e.to_string())??;
+                return Err(format!("the wait answered {early} while the place was held"));
+            }
+            ensure!(c.post("/release", json!({"permit": held["permit"]})).await?["released"] == true, "release");
+            let answer = tokio::time::timeout(Duration::from_secs(10), wait)
+                .await
+                .map_err(|_| "no answer 10 s after the release".to_owned())?
+                .map_err(|e| e.to_string())??;
+            ensure!(answer["ready"] == json!([ticket]) && answer["gone"] == json!([]), "the wait answered {answer}");
+            instant(&answer, "now")?;
+            queued["ticket"] = json!(ticket);
+            let granted_now = c.acquire(queued).await?;
+            granted(&granted_now)?;
+            ensure!(c.post("/release", json!({"permit": granted_now["permit"]})).await?["released"] == true, "release");
+            Ok(())
+        }
+        44 => {
+            let limits = json!([{"key": c.key("w44"), "calls": 1, "perMs": 60_000}]);
+            granted(&c.acquire(json!({"key": c.key("caller"), "limits": limits})).await?)?;
+            let queued = json!({"key": c.key("caller"), "queue": true, "limits": limits});
+            let (ticket, _, _, _) = ticketed(&c.acquire(queued.clone()).await?, "rate", &c.key("w44"))?;
+            let started = std::time::Instant::now();
+            let answer = c.post("/wait", json!({"tickets": [ticket], "timeoutMs": 1_000})).await?;
+            let waited = started.elapsed();
+            ensure!(answer["ready"] == json!([]) && answer["gone"] == json!([]), "a wait on a rate ticket: {answer}");
+            ensure!(waited >= Duration::from_millis(900), "the wait answered after {waited:?}, not at timeoutMs");
+            // Still in line after the wait.
+            let peek = c.post("/peek", json!({"key": c.key("caller"), "limits": limits})).await?;
+            ensure!(peek["limits"][0]["queued"] == 1, "the ticket left the line during the wait: {peek}");
+            ensure!(c.post("/release", json!({"ticket": ticket})).await?["released"] == true, "leave");
+            let answer = c.post("/wait", json!({"tickets": [ticket, "t-nobody"]})).await?;
+            ensure!(answer["gone"] == json!([ticket, "t-nobody"]), "left and unknown tickets are gone: {answer}");
+            let bad = [
+                (json!({}), "tickets"),
+                (json!({"tickets": []}), "tickets"),
+                (json!({"tickets": [5]}), "tickets[0]"),
+                (json!({"tickets": ["t"], "timeoutMs": 999}), "timeoutMs"),
+                (json!({"tickets": ["t"], "timeoutMs": 60_001}), "timeoutMs"),
+            ];
+            for (body, field) in bad {
+                let (status, v) = c.send(reqwest::Method::POST, "/wait", Some(body.to_string())).await?;
+                let message = v["error"]["message"].as_str().unwrap_or_default();
+                ensure!(status == 400 && message.starts_with(field), "/wait {body}: {status} {v}");
             }
             Ok(())
         }

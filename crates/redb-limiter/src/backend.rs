@@ -7,10 +7,10 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::limiter::{Acquired, Limiter, LimiterError, Peeked, StatePage};
+use crate::limiter::{Acquired, Limiter, LimiterError, Peeked, StatePage, WaitAnswer};
 use crate::metrics::Metrics;
 use crate::request::{
-    AcquireRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
+    AcquireRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest, WaitRequest,
 };
 use crate::time::Millis;
 
@@ -42,6 +42,17 @@ pub trait Backend: Send + Sync + 'static {
     fn settle(&self, req: SettleRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
     fn throttle(&self, req: ThrottleRequest) -> impl Future<Output = Result<Option<Millis>, LimiterError>> + Send;
     fn lift(&self, req: LiftRequest) -> impl Future<Output = Result<bool, LimiterError>> + Send;
+    /// Whether it keeps waits (section 15); the server answers `/wait` with 404 when not.
+    fn keeps_waits(&self) -> bool {
+        false
+    }
+    /// `/wait` (section 15), for a backend that [keeps waits](Backend::keeps_waits).
+    fn wait(&self, req: WaitRequest) -> impl Future<Output = Result<WaitAnswer, LimiterError>> + Send {
+        let _ = req;
+        async { Err(LimiterError::Unavailable("this backend keeps no waits (wire section 15)".into())) }
+    }
+    /// Answers every pending wait at once, and every later one (the server's SIGTERM).
+    fn end_waits(&self) {}
     /// One page of the live state (section 8's `/state`).
     fn state_page(
         &self,
@@ -93,6 +104,15 @@ impl Backend for std::sync::Arc<Limiter> {
     }
     async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
         Limiter::lift(self, req).await
+    }
+    fn keeps_waits(&self) -> bool {
+        true
+    }
+    async fn wait(&self, req: WaitRequest) -> Result<WaitAnswer, LimiterError> {
+        Limiter::wait(self, req).await
+    }
+    fn end_waits(&self) {
+        Limiter::end_waits(self);
     }
     async fn state_page(&self, prefix: String, after: String, limit: usize) -> Result<StatePage, LimiterError> {
         // Built under the engine's lock: off the async threads.
@@ -146,6 +166,15 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
         B::lift(self, req).await
+    }
+    fn keeps_waits(&self) -> bool {
+        B::keeps_waits(self)
+    }
+    async fn wait(&self, req: WaitRequest) -> Result<WaitAnswer, LimiterError> {
+        B::wait(self, req).await
+    }
+    fn end_waits(&self) {
+        B::end_waits(self);
     }
     async fn state_page(&self, prefix: String, after: String, limit: usize) -> Result<StatePage, LimiterError> {
         B::state_page(self, prefix, after, limit).await

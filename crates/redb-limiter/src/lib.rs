@@ -50,10 +50,10 @@ pub mod time;
 pub mod wire;
 
 pub use engine::{Decision, Figures, PermitId, Reason, Refusal, TicketId, TicketNote};
-pub use limiter::{Acquired, Limiter, LimiterError, LimiterOptions, Peeked, Report};
+pub use limiter::{Acquired, Limiter, LimiterError, LimiterOptions, Peeked, Report, WaitAnswer};
 pub use request::{
     AcquireRequest, BadRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
-    UndoRequest,
+    UndoRequest, WaitRequest,
 };
 pub use time::Millis;
 

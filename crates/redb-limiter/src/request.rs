@@ -34,6 +34,12 @@ pub const MAX_GRACE_MS: u64 = 60_000;
 pub const MAX_WAIT_MS: u64 = 86_400_000;
 /// A request id (section 16) is any string of 1 to this many bytes.
 pub const MAX_ID_BYTES: usize = 128;
+/// A `/wait` (section 15) names 1 to this many tickets...
+pub const MAX_WAIT_TICKETS: usize = 64;
+/// ...and answers at `timeoutMs` at the latest, within these bounds.
+pub const MIN_WAIT_TIMEOUT_MS: u64 = 1_000;
+pub const MAX_WAIT_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_WAIT_TIMEOUT_MS: u64 = 25_000;
 
 /// A malformed request. The message names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,6 +120,60 @@ pub struct UndoRequest {
     pub id: String,
     /// Empty: places and ticket only.
     pub costs: Vec<Cost>,
+}
+
+/// A `/wait` (section 15): answered when one of `tickets` is ready or gone, or at `timeout_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitRequest {
+    /// 1 to 64 strings of 1 to 128 bytes.
+    pub tickets: Vec<String>,
+    pub timeout_ms: u64,
+}
+
+impl WaitRequest {
+    pub fn new(tickets: Vec<String>, timeout_ms: u64) -> Result<Self, BadRequest> {
+        if tickets.is_empty() || tickets.len() > MAX_WAIT_TICKETS {
+            return Err(BadRequest::field("tickets", format_args!("must have 1 to {MAX_WAIT_TICKETS} entries")));
+        }
+        for (i, t) in tickets.iter().enumerate() {
+            if t.is_empty() || t.len() > MAX_TICKET_BYTES {
+                return Err(BadRequest::field(
+                    format_args!("tickets[{i}]"),
+                    format_args!("must be a string of 1 to {MAX_TICKET_BYTES} bytes"),
+                ));
+            }
+        }
+        check_range("timeoutMs", timeout_ms, MIN_WAIT_TIMEOUT_MS, MAX_WAIT_TIMEOUT_MS)?;
+        Ok(WaitRequest { tickets, timeout_ms })
+    }
+
+    pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
+        let obj = object(params, "params")?;
+        let tickets = match obj.get("tickets") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, t)| match t {
+                    Value::String(t) => Ok(t.clone()),
+                    _ => Err(BadRequest::field(
+                        format_args!("tickets[{i}]"),
+                        format_args!("must be a string of 1 to {MAX_TICKET_BYTES} bytes"),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(_) => return Err(BadRequest::field("tickets", "must be an array")),
+            None => return Err(BadRequest::field("tickets", "is required")),
+        };
+        let timeout_ms = optional_int(obj, "timeoutMs", "timeoutMs", MIN_WAIT_TIMEOUT_MS, MAX_WAIT_TIMEOUT_MS)?
+            .unwrap_or(DEFAULT_WAIT_TIMEOUT_MS);
+        WaitRequest::new(tickets, timeout_ms)
+    }
+
+    /// The request in the wire's JSON form.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({ "tickets": self.tickets, "timeoutMs": self.timeout_ms })
+    }
 }
 
 /// A `release` of a permit (any string of 1 to 128 bytes), settling `costs` first when given.
@@ -803,6 +863,8 @@ pub enum Method {
     Peek,
     Settle,
     Lift,
+    /// Section 15.
+    Wait,
 }
 
 impl Method {
@@ -816,6 +878,7 @@ impl Method {
             "peek" => Some(Method::Peek),
             "settle" => Some(Method::Settle),
             "lift" => Some(Method::Lift),
+            "wait" => Some(Method::Wait),
             _ => None,
         }
     }
@@ -829,6 +892,7 @@ impl Method {
             Method::Peek => "peek",
             Method::Settle => "settle",
             Method::Lift => "lift",
+            Method::Wait => "wait",
         }
     }
 }
@@ -847,6 +911,8 @@ pub enum Request {
     Peek(AcquireRequest),
     Settle(SettleRequest),
     Lift(LiftRequest),
+    /// Section 15.
+    Wait(WaitRequest),
 }
 
 /// Why an envelope (`POST /` with `{method, params}`) is not a request.
@@ -875,6 +941,7 @@ impl Request {
             Method::Peek => Request::Peek(AcquireRequest::from_json(params)?),
             Method::Settle => Request::Settle(SettleRequest::from_json(params)?),
             Method::Lift => Request::Lift(LiftRequest::from_json(params)?),
+            Method::Wait => Request::Wait(WaitRequest::from_json(params)?),
         })
     }
 

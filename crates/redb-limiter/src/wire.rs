@@ -269,6 +269,14 @@ pub struct LiftReply {
     pub lifted: bool,
 }
 
+/// The reply to `wait` (section 15): the tickets ready and gone, at the limiter's `now`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitReply {
+    pub ready: Vec<String>,
+    pub gone: Vec<String>,
+    pub now: Instant,
+}
+
 /// The reply to `release`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseReply {

@@ -41,6 +41,7 @@ pub mod model;
 mod permit;
 mod requests;
 mod timers;
+mod wait;
 mod window;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -53,6 +54,7 @@ use permit::PermitIds;
 use requests::RequestChecks;
 pub use requests::{Outcome, REMEMBER_MS, RequestRecord, params_digest};
 use timers::{Due, Timers};
+pub use wait::Readiness;
 use window::Window;
 
 use crate::policy::PRUNE_BATCH;
@@ -433,6 +435,9 @@ pub struct Engine {
     /// The request ids remembered (section 16, `requests.rs`), and when each is next checked.
     requests: Map<Arc<str>, RequestRecord>,
     request_checks: RequestChecks,
+    /// Where room may have come back since the limiter last looked (`wait.rs`), when `watching`.
+    freed: Vec<Arc<str>>,
+    watching: bool,
 }
 
 /// A ticket in the engine: its id and state.
@@ -541,6 +546,8 @@ impl Engine {
             next_ticket: 1,
             requests: Map::default(),
             request_checks: RequestChecks::default(),
+            freed: Vec::new(),
+            watching: false,
         }
     }
 
@@ -749,20 +756,27 @@ impl Engine {
         // Never past its horizon (12.9), and never before now: it was live when presented.
         let lapse_at = retry_at.plus(grace_ms).min(ticket.deadline).max(now.plus(1));
         ticket.state.retry_at = retry_at;
-        ticket.state.lapse_at = lapse_at;
         ticket.state.grace_ms = grace_ms;
+        let id = ticket.id;
+        self.set_lapse(number, lapse_at);
+        effects.push(Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms });
+        TicketNote { id, lapse_at, ahead: self.ahead(number, now), now }
+    }
+
+    /// Moves ticket `number`'s lapse to `lapse_at`, in the table and in each of its lines; a
+    /// sooner lapse arms a timer (a later one is found when the armed one fires).
+    fn set_lapse(&mut self, number: u64, lapse_at: Millis) {
+        let ticket = self.tickets.get_mut(&number).expect("a live ticket");
+        ticket.state.lapse_at = lapse_at;
         for limit in &ticket.state.limits {
             if let Some(waiting) = self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number)) {
                 waiting.lapse = lapse_at;
             }
         }
-        let id = ticket.id;
         if lapse_at < ticket.timer_at {
             ticket.timer_at = lapse_at;
             self.timers.push(lapse_at, Due::Ticket(number));
         }
-        effects.push(Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms });
-        TicketNote { id, lapse_at, ahead: self.ahead(number, now), now }
     }
 
     /// The most live tickets ahead of ticket `number` in any one of its lines.
@@ -786,6 +800,10 @@ impl Engine {
         for limit in &ticket.state.limits {
             if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
                 bucket.line.remove(&number);
+                if self.watching {
+                    let key = bucket.key.clone();
+                    self.freed(&key);
+                }
             }
             self.settle_bucket(&limit.key, now, effects);
         }
@@ -1047,8 +1065,13 @@ impl Engine {
             let Some(bucket) = self.buckets.get_mut(&*share.bucket) else { continue };
             let Some(total) = bucket.window.settle(state.at, share.cost, new) else { continue };
             outcome = outcome.max_with(if new > share.cost { Settled::Up } else { Settled::Down });
+            let down = new < share.cost;
             share.cost = new;
             effects.push(Effect::WindowGrant { bucket: bucket.key.clone(), at: state.at, cost: total });
+            if down && self.watching {
+                let key = bucket.key.clone();
+                self.freed(&key);
+            }
         }
         if outcome != Settled::Unchanged {
             effects.push(Effect::PermitSet { id, permit: self.permits[&id].clone() });
@@ -1068,6 +1091,7 @@ impl Engine {
             return false;
         }
         let (key, _) = self.throttles.remove_entry(key).expect("in force");
+        self.freed(&key);
         effects.push(Effect::ThrottleEnded { key });
         true
     }
@@ -1104,6 +1128,7 @@ impl Engine {
             let Some(bucket) = self.buckets.get_mut(key) else { continue };
             if bucket.places.remove(&(*lapse, id)) {
                 self.held_places -= 1;
+                self.freed(key);
             }
             self.settle_bucket(key, now, effects);
         }

@@ -283,6 +283,10 @@ impl Engine {
             let Some(total) = bucket.window.settle(at, share.cost, new) else { continue };
             outcome = outcome.max_with(if new > share.cost { Settled::Up } else { Settled::Down });
             effects.push(Effect::WindowGrant { bucket: bucket.key.clone(), at, cost: total });
+            if new < share.cost {
+                let key = bucket.key.clone();
+                self.freed(&key);
+            }
         }
         Ok(outcome != Settled::Unchanged)
     }

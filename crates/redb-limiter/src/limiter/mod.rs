@@ -20,6 +20,9 @@
 //! than the restart plus its grace (section 12.6), so its host can ask again in time.
 
 mod pipeline;
+mod wait;
+
+pub use wait::WaitAnswer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -74,10 +77,15 @@ pub struct LimiterOptions {
     /// only on a multi-thread Tokio runtime with two or more workers: with one, every request
     /// arriving during a caller's commit would wait for it and then commit alone as well.
     pub caller_commits: bool,
+    /// At most this many `/wait`s pending at once (section 15); past it a wait answers at once.
+    pub max_waits: usize,
     /// Broken on purpose, for the crash test only: answer before the commit.
     #[doc(hidden)]
     pub ack_before_commit: bool,
 }
+
+/// Default bound on pending waits: a quarter of the server's default connections.
+pub const DEFAULT_MAX_WAITS: usize = 1_024;
 
 impl Default for LimiterOptions {
     fn default() -> Self {
@@ -88,6 +96,7 @@ impl Default for LimiterOptions {
             clock: None,
             opener: file_opener(),
             caller_commits: false,
+            max_waits: DEFAULT_MAX_WAITS,
             ack_before_commit: false,
         }
     }
@@ -216,6 +225,7 @@ impl Limiter {
                 committing: false,
                 last_batch: 0,
                 writer_sleeps_until: None,
+                waits: wait::Waits::default(),
             }),
             wake: Condvar::new(),
             file: Mutex::new(File { store: Some(store), path: path.clone(), opener: options.opener, config }),
@@ -224,6 +234,8 @@ impl Limiter {
             caller_commits: options.caller_commits,
             ack_before_commit: options.ack_before_commit,
             replier: OnceLock::new(),
+            max_waits: options.max_waits,
+            waits_ended: std::sync::atomic::AtomicBool::new(false),
             log_gate: Mutex::new(LogGate::default()),
         });
         let writer = Writer { shared: shared.clone(), file_checked: Instant::now() };

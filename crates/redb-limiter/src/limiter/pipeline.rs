@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::wait::Waits;
 use super::{Acquired, LimiterError, Peeked, Report, Snapshot, random_seed};
 use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, TicketEnd, Totals};
 use crate::metrics::Metrics;
@@ -128,16 +129,28 @@ pub(super) struct Core {
     pub(super) last_batch: usize,
     /// Until when the writer is parked (`Millis(u64::MAX)`: until woken); `None` while it runs.
     pub(super) writer_sleeps_until: Option<Millis>,
+    /// The pending `/wait`s (section 15, `wait.rs`).
+    pub(super) waits: Waits,
 }
 
 impl Core {
     /// Forgets what lapsed by `now`. What that changes in the file waits for the next commit a
     /// request needs (see [`MAX_DEFERRED_MS`]).
-    fn sweep(&mut self, now: Millis) {
+    pub(super) fn sweep(&mut self, now: Millis) {
         let before = self.effects.len();
         self.engine.sweep(now, &mut self.effects);
         if self.effects.len() > before && self.waiting.is_empty() {
             self.deferred_since.get_or_insert(now);
+        }
+        self.wake_waits();
+    }
+
+    /// Wakes the waits registered under the keys where the engine noted that room may have
+    /// come back since it was last asked.
+    pub(super) fn wake_waits(&mut self) {
+        if !self.waits.is_empty() {
+            let freed = self.engine.take_freed();
+            self.waits.wake(&freed);
         }
     }
 
@@ -203,6 +216,10 @@ pub(super) struct Shared {
     pub(super) ack_before_commit: bool,
     /// Set by the first async call made on a Tokio runtime.
     pub(super) replier: OnceLock<Replier>,
+    /// At most this many `/wait`s pending at once (section 15).
+    pub(super) max_waits: usize,
+    /// Set at SIGTERM: every wait answers at once ([`super::Limiter::end_waits`]).
+    pub(super) waits_ended: std::sync::atomic::AtomicBool,
     /// Keeps an outage's error log to a line a second.
     pub(super) log_gate: Mutex<LogGate>,
 }
@@ -275,6 +292,7 @@ impl Shared {
         // it waits for that commit like a change of its own.
         let reports_pending = matches!(cmd, Command::Throttle { .. }) && (core.committing || !core.waiting.is_empty());
         let answer = decide(&mut core, cmd, now);
+        core.wake_waits();
         // A ticket's renewal or lapse may be lost in a crash (section 12.6): it rides with the
         // next commit, like a sweep's effects, and its answer does not wait.
         let needs_commit = core.effects[before..].iter().any(Effect::needs_commit);
@@ -417,6 +435,10 @@ impl Shared {
                 file.store = Some(store);
                 core.engine = engine;
                 core.broken = None;
+                // Pending waits look again at their next wake; the new engine notes for them.
+                let watching = !core.waits.is_empty();
+                core.engine.watch_freed(watching);
+                core.waits.wake_all();
                 // The open made durable commits of its own (with a journal, one checkpointed
                 // into the file): the store commits again, and `/health` says so at once, with
                 // no request needed to prove it.

@@ -1,5 +1,7 @@
 //! [`HttpLimiter`]: the methods of the wire over HTTP, against any limiter that serves it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -7,12 +9,12 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::{ClientError, InLine, LimiterApi, NoTicket, Outcome, PeekOutcome, Refusal};
+use crate::{ClientError, InLine, LimiterApi, NoTicket, Outcome, PeekOutcome, Refusal, Waited};
 use redb_limiter::engine::Figures;
 use redb_limiter::request::{AcquireRequest, Cost, LeaveRequest, ReleaseRequest, SettleRequest, UndoRequest};
 use redb_limiter::time::{Millis, format_instant};
 use redb_limiter::wire::{
-    AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply,
+    AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply, WaitReply,
 };
 
 /// An acquire's body: in the line (`queue` or a `ticket`), with what remains of the host's wait
@@ -63,12 +65,19 @@ pub struct HttpLimiter {
     url: String,
     token: Option<String>,
     http: reqwest::Client,
+    /// The server answered `/wait` with 404 (it keeps no waits, section 15): not asked again.
+    no_waits: Arc<AtomicBool>,
 }
 
 impl HttpLimiter {
     #[must_use]
     pub fn new(url: impl Into<String>, token: Option<String>) -> Self {
-        HttpLimiter { url: url.into().trim_end_matches('/').to_owned(), token, http: reqwest::Client::new() }
+        HttpLimiter {
+            url: url.into().trim_end_matches('/').to_owned(),
+            token,
+            http: reqwest::Client::new(),
+            no_waits: Arc::default(),
+        }
     }
 
     /// Gives up on any call after `timeout` (`Unreachable`). A [`crate::Client`] undoes an
@@ -162,6 +171,27 @@ impl LimiterApi for HttpLimiter {
 
     async fn lift(&self, key: String) -> Result<bool, ClientError> {
         Ok(self.post::<LiftReply>("lift", serde_json::json!({ "key": key })).await?.lifted)
+    }
+
+    async fn wait(&self, tickets: Vec<String>, timeout: Duration) -> Result<Option<Waited>, ClientError> {
+        if self.no_waits.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let timeout_ms = timeout.clamp(crate::WAIT_TIMEOUT.0, crate::WAIT_TIMEOUT.1).as_millis() as u64;
+        let body = serde_json::json!({ "tickets": tickets, "timeoutMs": timeout_ms });
+        // The wait's own time, and a margin for the answer, whatever the client's timeout.
+        let within = Duration::from_millis(timeout_ms) + Duration::from_secs(5);
+        let resp = self.request(reqwest::Method::POST, "/wait").json(&body).timeout(within).send().await;
+        let resp = resp.map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.url)))?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            self.no_waits.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
+        if resp.status() != StatusCode::OK {
+            return Err(ClientError::Protocol(format!("wait answered {}", resp.status())));
+        }
+        let reply: WaitReply = resp.json().await.map_err(|e| ClientError::Protocol(format!("wait: {e}")))?;
+        Ok(Some(Waited { ready: reply.ready, gone: reply.gone }))
     }
 
     async fn undo(&self, id: String, costs: Vec<Cost>) -> Result<bool, ClientError> {

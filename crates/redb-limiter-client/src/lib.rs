@@ -40,6 +40,7 @@ use redb_limiter::engine::{Decision, Figures, Reason, TicketNote};
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{
     AcquireRequest, Cost, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
+    WaitRequest,
 };
 use redb_limiter::time::{Millis, wall_clock_now};
 
@@ -105,6 +106,19 @@ pub struct InLine {
     pub ahead: u64,
     pub now: Millis,
 }
+
+/// The answer to a `/wait` (section 15): the tickets ready (asked with, each would be granted
+/// now) and gone (unknown, ended or lapsed); both empty when it timed out.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Waited {
+    pub ready: Vec<String>,
+    pub gone: Vec<String>,
+}
+
+/// The bounds of a `/wait`'s timeout (section 15).
+const WAIT_TIMEOUT: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
+/// How long one `/wait` of a head waits at most before it asks again.
+const WAIT_ROUND: Duration = Duration::from_secs(25);
 
 /// The answer to a `peek`: `refusal` is `None` exactly when an acquire at `now` would be
 /// granted; `limits` has the figures of each limit, in the request's order.
@@ -192,6 +206,17 @@ pub trait LimiterApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, ClientError>> + Send;
     /// Leaves the line (`release {ticket}`, section 12.4): `true` when a live ticket left.
     fn leave(&self, ticket: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// Waits until one of `tickets` is ready or gone, or `timeout` (1 to 60 s) passes
+    /// (`/wait`, section 15). `Ok(None)` from a limiter that keeps no waits (the default): the
+    /// host then waits on `retryAt`.
+    fn wait(
+        &self,
+        tickets: Vec<String>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Option<Waited>, ClientError>> + Send {
+        let _ = (tickets, timeout);
+        async { Ok(None) }
+    }
     /// Undoes what the acquire named `id` got (`release {id}`, section 16), settling its windows
     /// to `costs` first (0: a call never made): `true` when that changed something. A limiter
     /// without section 16 answers `BadRequest`; the default is one.
@@ -281,6 +306,13 @@ impl LimiterApi for Limiter {
         Ok(Limiter::undo(self, req.map_err(|e| ClientError::BadRequest(e.0))?).await?)
     }
 
+    async fn wait(&self, tickets: Vec<String>, timeout: Duration) -> Result<Option<Waited>, ClientError> {
+        let timeout_ms = timeout.clamp(WAIT_TIMEOUT.0, WAIT_TIMEOUT.1).as_millis() as u64;
+        let req = WaitRequest::new(tickets, timeout_ms).map_err(|e| ClientError::BadRequest(e.0))?;
+        let answer = Limiter::wait(self, req).await?;
+        Ok(Some(Waited { ready: answer.ready, gone: answer.gone }))
+    }
+
     fn now(&self) -> Millis {
         Limiter::now(self)
     }
@@ -314,10 +346,13 @@ pub struct WaitReport {
 type Observer = Arc<dyn Fn(&WaitReport) + Send + Sync>;
 
 /// The FIFO line of one request shape: a fair lock held by the head while it waits.
-#[derive(Default)]
 struct Line {
     turn: tokio::sync::Mutex<()>,
     waiting: AtomicUsize,
+    /// The buckets its shape names, and the wake a release in this process that frees one of
+    /// them sends its head (which then asks again at once).
+    buckets: Vec<String>,
+    woken: tokio::sync::Notify,
     /// The latest failure of a head to get an answer (the limiter unreachable or unavailable),
     /// and when: a waiter that was already waiting then fails with it at once, rather than ask
     /// again into the same outage, so the n-th waiter never waits n timeouts.
@@ -325,6 +360,16 @@ struct Line {
 }
 
 impl Line {
+    fn new(req: &AcquireRequest) -> Self {
+        Line {
+            turn: tokio::sync::Mutex::new(()),
+            waiting: AtomicUsize::new(0),
+            buckets: req.limits.iter().map(|l| l.key.clone()).collect(),
+            woken: tokio::sync::Notify::new(),
+            failure: Mutex::new(None),
+        }
+    }
+
     fn failed(&self, e: &ClientError) {
         if matches!(e, ClientError::Unreachable(_) | ClientError::Unavailable(_)) {
             *self.failure.lock().expect("failure lock") = Some((tokio::time::Instant::now(), e.clone()));
@@ -335,6 +380,24 @@ impl Line {
     fn failure_since(&self, since: tokio::time::Instant) -> Option<ClientError> {
         let failure = self.failure.lock().expect("failure lock");
         failure.as_ref().filter(|(at, _)| *at >= since).map(|(_, e)| e.clone())
+    }
+}
+
+/// Wakes the heads of this process's lines that name one of `buckets` (a permit let them go).
+#[derive(Clone)]
+pub(crate) struct LocalWake {
+    lines: Arc<Mutex<HashMap<String, Arc<Line>>>>,
+    buckets: Arc<[String]>,
+}
+
+impl LocalWake {
+    pub(crate) fn wake(&self) {
+        let lines = self.lines.lock().expect("lines lock");
+        for line in lines.values() {
+            if line.buckets.iter().any(|b| self.buckets.contains(b)) {
+                line.woken.notify_one();
+            }
+        }
     }
 }
 
@@ -485,9 +548,52 @@ impl<L: LimiterApi> Client<L> {
 
     /// Asks once; never waits.
     pub async fn try_acquire(&self, req: AcquireRequest) -> Result<Permit<L>, ClientError> {
+        let wake = self.local_wake(&req);
         match self.ask(req, None).await? {
-            Outcome::Granted { at, permit } => Ok(Permit::new(self.limiter.clone(), at, permit)),
+            Outcome::Granted { at, permit } => Ok(Permit::new(self.limiter.clone(), at, permit, Some(wake))),
             Outcome::Refused(refusal) => Err(ClientError::Refused(refusal)),
+        }
+    }
+
+    /// The wake a permit of `req` sends this process's waiters on its buckets when it lets them go.
+    fn local_wake(&self, req: &AcquireRequest) -> LocalWake {
+        LocalWake { lines: self.lines.clone(), buckets: req.limits.iter().map(|l| l.key.clone()).collect() }
+    }
+
+    /// Sleeps until `wake` (a refusal's `retryAt`), or less: until a release in this process frees
+    /// room in the line's buckets, or, holding `ticket` on a limiter that keeps waits, until the
+    /// limiter says it is ready or gone (`/wait`, section 15: a release anywhere, by any host,
+    /// wakes it within a round trip). A wait is bounded by `deadline` (the caller's `max_wait`).
+    async fn pause(
+        &self,
+        line: &Line,
+        ticket: Option<&str>,
+        wake: tokio::time::Instant,
+        deadline: Option<tokio::time::Instant>,
+    ) {
+        let local = line.woken.notified();
+        tokio::pin!(local);
+        if let Some(ticket) = ticket {
+            let until = deadline
+                .map_or(WAIT_ROUND, |d| d.saturating_duration_since(tokio::time::Instant::now()).min(WAIT_ROUND));
+            if until >= WAIT_TIMEOUT.0 {
+                let wait = self.limiter.wait(vec![ticket.to_owned()], until);
+                tokio::select! {
+                    waited = wait => match waited {
+                        // Ready or gone: ask again now.
+                        Ok(Some(w)) if !w.ready.is_empty() || !w.gone.is_empty() => return,
+                        // Its time passed (retryAt too, then), it was answered at once (the
+                        // limiter's bound on waits, or its shutdown), it failed, or this limiter
+                        // keeps no waits: on to retryAt.
+                        Ok(_) | Err(_) => {}
+                    },
+                    () = &mut local => return,
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = &mut local => {}
         }
     }
 
@@ -540,7 +646,7 @@ impl<L: LimiterApi> Client<L> {
         let shape = shape_of(&req);
         let (line, waiting) = {
             let mut lines = self.lines.lock().expect("lines lock");
-            let line = lines.entry(shape.clone()).or_default().clone();
+            let line = lines.entry(shape.clone()).or_insert_with(|| Arc::new(Line::new(&req))).clone();
             let waiting = line.waiting.fetch_add(1, Ordering::SeqCst);
             (line, waiting)
         };
@@ -587,7 +693,7 @@ impl<L: LimiterApi> Client<L> {
             let refusal = match asked? {
                 Outcome::Granted { at, permit } => {
                     ticket.id = None; // a grant ends the ticket
-                    return Ok(Permit::new(self.limiter.clone(), at, permit));
+                    return Ok(Permit::new(self.limiter.clone(), at, permit, Some(self.local_wake(&req))));
                 }
                 Outcome::Refused(refusal) => refusal,
             };
@@ -608,7 +714,7 @@ impl<L: LimiterApi> Client<L> {
                 ticket.leave().await;
                 return Err(timeout(Some(refusal)));
             }
-            tokio::time::sleep_until(wake).await;
+            self.pause(&line, ticket.id.as_deref(), wake, deadline).await;
             if let Some(observer) = &self.observer {
                 observer(&WaitReport {
                     waited_ms: wait.as_millis() as u64,

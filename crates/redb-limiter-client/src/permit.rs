@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::{ClientError, LimiterApi};
+use crate::{ClientError, LimiterApi, LocalWake};
 use redb_limiter::request::Cost;
 use redb_limiter::time::Millis;
 
@@ -17,6 +17,8 @@ pub struct Permit<L: LimiterApi> {
     limiter: Arc<L>,
     at: Millis,
     permit: Option<String>,
+    /// Wakes this process's waiters on the permit's buckets once it lets them go.
+    wake: Option<LocalWake>,
 }
 
 impl<L: LimiterApi> std::fmt::Debug for Permit<L> {
@@ -26,8 +28,18 @@ impl<L: LimiterApi> std::fmt::Debug for Permit<L> {
 }
 
 impl<L: LimiterApi> Permit<L> {
-    pub(crate) fn new(limiter: Arc<L>, at: Millis, permit: Option<String>) -> Self {
-        Permit { limiter, at, permit }
+    pub(crate) fn new(limiter: Arc<L>, at: Millis, permit: Option<String>, wake: Option<LocalWake>) -> Self {
+        Permit { limiter, at, permit, wake }
+    }
+
+    /// Wakes the waiters of this process on the permit's buckets (after a release or settle).
+    fn woke<T>(&self, result: Result<T, ClientError>) -> Result<T, ClientError> {
+        if result.is_ok()
+            && let Some(wake) = &self.wake
+        {
+            wake.wake();
+        }
+        result
     }
 
     /// When the call was granted.
@@ -45,7 +57,10 @@ impl<L: LimiterApi> Permit<L> {
     /// Releases the places now; `true` when the permit was live (`false` once it lapsed).
     pub async fn release(mut self) -> Result<bool, ClientError> {
         match self.permit.take() {
-            Some(permit) => self.limiter.release(permit).await,
+            Some(permit) => {
+                let released = self.limiter.release(permit).await;
+                self.woke(released)
+            }
             None => Ok(false),
         }
     }
@@ -55,7 +70,10 @@ impl<L: LimiterApi> Permit<L> {
     /// no longer live (or the grant got none: ask with `permit: true`).
     pub async fn settle(&self, costs: Vec<Cost>) -> Result<bool, ClientError> {
         match &self.permit {
-            Some(permit) => self.limiter.settle(permit.clone(), costs).await,
+            Some(permit) => {
+                let settled = self.limiter.settle(permit.clone(), costs).await;
+                self.woke(settled)
+            }
             None => Ok(false),
         }
     }
@@ -63,7 +81,10 @@ impl<L: LimiterApi> Permit<L> {
     /// Settles `costs` and releases, in one durable step; `true` when the permit was live.
     pub async fn release_with_costs(mut self, costs: Vec<Cost>) -> Result<bool, ClientError> {
         match self.permit.take() {
-            Some(permit) => self.limiter.release_with_costs(permit, costs).await,
+            Some(permit) => {
+                let released = self.limiter.release_with_costs(permit, costs).await;
+                self.woke(released)
+            }
             None => Ok(false),
         }
     }
@@ -78,11 +99,15 @@ impl<L: LimiterApi> Drop for Permit<L> {
     fn drop(&mut self) {
         let Some(permit) = self.permit.take() else { return };
         let limiter = self.limiter.clone();
+        let wake = self.wake.take();
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    if let Err(e) = limiter.release(permit).await {
-                        tracing::warn!(error = %e, "releasing a dropped permit failed; its places lapse at holdMs");
+                    match limiter.release(permit).await {
+                        Ok(_) => wake.iter().for_each(LocalWake::wake),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "releasing a dropped permit failed; its places lapse at holdMs");
+                        }
                     }
                 });
             }

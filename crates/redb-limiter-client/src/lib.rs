@@ -492,6 +492,8 @@ pub struct Client<L: LimiterApi> {
     observer: Option<Observer>,
     /// The wait a 429 stands for when the provider names none.
     throttle_after_ms: u64,
+    /// Wait on `/wait` and local wakes (section 15); off, only on each `retryAt`.
+    wakes: bool,
 }
 
 impl<L: LimiterApi> Clone for Client<L> {
@@ -501,6 +503,7 @@ impl<L: LimiterApi> Clone for Client<L> {
             lines: self.lines.clone(),
             observer: self.observer.clone(),
             throttle_after_ms: self.throttle_after_ms,
+            wakes: self.wakes,
         }
     }
 }
@@ -519,7 +522,15 @@ fn shape_of(req: &AcquireRequest) -> String {
 impl<L: LimiterApi> Client<L> {
     #[must_use]
     pub fn new(limiter: Arc<L>) -> Self {
-        Client { limiter, lines: Arc::default(), observer: None, throttle_after_ms: 5_000 }
+        Client { limiter, lines: Arc::default(), observer: None, throttle_after_ms: 5_000, wakes: true }
+    }
+
+    /// Waits on each refusal's `retryAt` alone, as a host did before wake-ups (section 15): no
+    /// `/wait`, no wake from a release in this process. For comparisons; on by default.
+    #[must_use]
+    pub fn without_wakes(mut self) -> Self {
+        self.wakes = false;
+        self
     }
 
     /// Calls `observer` after every wait.
@@ -571,6 +582,10 @@ impl<L: LimiterApi> Client<L> {
         wake: tokio::time::Instant,
         deadline: Option<tokio::time::Instant>,
     ) {
+        if !self.wakes {
+            tokio::time::sleep_until(wake).await;
+            return;
+        }
         let local = line.woken.notified();
         tokio::pin!(local);
         if let Some(ticket) = ticket {

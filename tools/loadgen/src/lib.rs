@@ -11,7 +11,9 @@
 //! - `sink.rs`: the built-in no-op server of `--sink`;
 //! - `cpu.rs`: the generator's own CPU time;
 //! - `fair.rs`: `--mix fair`, the line's fairness under a large call and a stream of small ones,
-//!   over HTTP or in-process, through the host client.
+//!   over HTTP or in-process, through the host client;
+//! - `handoff.rs`: `--mix handoff`, how much of a concurrency limit hosts use when each freed
+//!   place must reach the next waiter, with the recheck only and with wake-ups (section 15).
 //!
 //! The hot path takes no lock: each connection owns a request template (everything but the key
 //! digits and `Content-Length` is formatted once), a receive buffer, a seeded key picker
@@ -36,6 +38,7 @@
 mod conn;
 mod cpu;
 pub mod fair;
+pub mod handoff;
 mod http;
 mod sink;
 mod stats;
@@ -64,6 +67,10 @@ pub enum Mix {
     /// The line's fairness (see `fair.rs`): small hosts saturate one window (calls 10000 per
     /// 1000 ms) while a large host asks for 30% of it, with the line and without.
     Fair,
+    /// Hand-offs (see `handoff.rs`): `--hosts` x `--workers` callers on `--concurrent` places
+    /// (4 by default), each call holding its place `--call-ms`, with the recheck only and with
+    /// wake-ups.
+    Handoff,
 }
 
 impl Mix {
@@ -72,12 +79,13 @@ impl Mix {
             Mix::Granted => 1_000_000,
             Mix::Refused => 10,
             Mix::Fair => 10_000,
+            Mix::Handoff => 1_000_000,
         }
     }
 
     fn default_per_ms(self) -> u64 {
         match self {
-            Mix::Granted | Mix::Fair => 1_000,
+            Mix::Granted | Mix::Fair | Mix::Handoff => 1_000,
             Mix::Refused => 60_000,
         }
     }
@@ -89,6 +97,7 @@ impl fmt::Display for Mix {
             Mix::Granted => "granted",
             Mix::Refused => "refused",
             Mix::Fair => "fair",
+            Mix::Handoff => "handoff",
         })
     }
 }
@@ -171,6 +180,12 @@ pub struct BenchArgs {
     /// `--mix fair --in-process`: the embedded limiter's `recheckMs`.
     #[arg(long, default_value_t = 250)]
     pub recheck_ms: u64,
+    /// `--mix handoff`: workers per host, each with one call at a time.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// `--mix handoff`: how long each call holds its place, in ms.
+    #[arg(long, default_value_t = 500)]
+    pub call_ms: u64,
 }
 
 /// The outcome of a run. Latencies are in microseconds, from writing an acquire to having read

@@ -513,3 +513,33 @@ async fn kill_9_keeps_request_ids_so_a_retry_never_counts_twice() {
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 }
+
+/// Section 15 at SIGTERM: a `/wait` pending on a ticket that cannot be ready for a minute is
+/// answered at once (200, empty lists), and the server still drains and exits 0.
+#[tokio::test]
+async fn sigterm_answers_every_pending_wait_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let window = json!({"key": "caller", "limits": [{"key": "rpm", "calls": 1, "perMs": 60_000}]});
+    assert_eq!(post(&server.url, "/acquire", window.clone()).await["granted"], true);
+    let mut queued = window.clone();
+    queued["queue"] = json!(true);
+    let ticket = post(&server.url, "/acquire", queued).await["ticket"].as_str().unwrap().to_owned();
+    let url = server.url.clone();
+    let wait = tokio::spawn(async move {
+        let body = json!({"tickets": [ticket], "timeoutMs": 60_000});
+        let resp = reqwest::Client::new().post(format!("{url}/wait")).json(&body).send().await.unwrap();
+        (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!wait.is_finished(), "the wait answered before SIGTERM");
+    let started = std::time::Instant::now();
+    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let (code, answer) = tokio::time::timeout(std::time::Duration::from_secs(5), wait).await.unwrap().unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!((code, answer["ready"].clone(), answer["gone"].clone()), (200, json!([]), json!([])), "{answer}");
+    let exit = tokio::task::spawn_blocking(move || server.child.wait().unwrap()).await.unwrap();
+    assert!(exit.success(), "{exit:?}");
+}

@@ -444,7 +444,12 @@ impl Limiter {
     }
 
     fn shutdown(&mut self) {
-        self.shared.lock().closing = true;
+        {
+            let mut core = self.shared.lock();
+            core.closing = true;
+            // Pending waits answer now, with their lists as they stand.
+            core.waits.wake_all();
+        }
         self.shared.wake.notify_one();
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();

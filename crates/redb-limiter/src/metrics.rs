@@ -43,6 +43,7 @@ pub struct Metrics {
     pub file_bytes: Gauge,
     pub tickets: Family<TicketLabels, Counter>,
     pub ticket_wait_seconds: Histogram,
+    pub release_to_grant_seconds: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -87,6 +88,13 @@ impl Default for Metrics {
             "Wait of a granted ticket, from its filing to its grant",
             ticket_wait_seconds.clone(),
         );
+        let release_to_grant_seconds =
+            Histogram::new([0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]);
+        registry.register(
+            "release_to_grant_seconds",
+            "From a place released while its bucket's line waited to the next grant of a place there (the hand-off)",
+            release_to_grant_seconds.clone(),
+        );
         Metrics {
             registry,
             decisions,
@@ -99,6 +107,7 @@ impl Default for Metrics {
             file_bytes,
             tickets,
             ticket_wait_seconds,
+            release_to_grant_seconds,
         }
     }
 }

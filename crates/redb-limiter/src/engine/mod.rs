@@ -309,6 +309,9 @@ struct Bucket {
     /// The line (section 12): the numbers of the tickets waiting here, oldest first, each with
     /// its lapse instant. Lapsed tickets leave it at their timers; until then they are skipped.
     line: BTreeMap<u64, Waiting>,
+    /// When a place was released while its line waited, until the next grant of a place here
+    /// (the hand-off, measured by [`Engine::take_handoffs`]).
+    handoff_from: Option<Millis>,
 }
 
 impl Bucket {
@@ -354,6 +357,7 @@ impl Bucket {
             timer_at: Millis(u64::MAX),
             unpersisted_prune: Vec::new(),
             line: BTreeMap::new(),
+            handoff_from: None,
         }
     }
 
@@ -438,7 +442,13 @@ pub struct Engine {
     /// Where room may have come back since the limiter last looked (`wait.rs`), when `watching`.
     freed: Vec<Arc<str>>,
     watching: bool,
+    /// Hand-offs since the limiter last looked (ms from a release to the next grant of a place
+    /// in a bucket whose line waited), at most [`MAX_HANDOFFS`].
+    handoffs: Vec<u64>,
 }
+
+/// The most hand-offs kept for the limiter to read ([`Engine::take_handoffs`]).
+const MAX_HANDOFFS: usize = 1024;
 
 /// A ticket in the engine: its id and state.
 #[derive(Debug, Clone)]
@@ -548,6 +558,7 @@ impl Engine {
             request_checks: RequestChecks::default(),
             freed: Vec::new(),
             watching: false,
+            handoffs: Vec::new(),
         }
     }
 
@@ -879,6 +890,11 @@ impl Engine {
                 }
             }
             if let (Some(_), Some(id)) = (limit.concurrent, permit) {
+                if let Some(from) = bucket.handoff_from.take()
+                    && self.handoffs.len() < MAX_HANDOFFS
+                {
+                    self.handoffs.push(now.since(from));
+                }
                 let lapse = now.plus(limit.hold_ms);
                 bucket.places.insert((lapse, id));
                 self.held_places += 1;
@@ -961,6 +977,12 @@ impl Engine {
             bucket.prune(now);
             self.held_places -= before - bucket.places.len();
         }
+    }
+
+    /// The hand-offs since the last call: for each place released while its bucket's line
+    /// waited, the ms until the next grant of a place there (the `/metrics` histogram).
+    pub fn take_handoffs(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.handoffs)
     }
 
     /// Rule 3: an acquire naming `per_ms` for a bucket that keeps its grants less long makes it
@@ -1128,6 +1150,9 @@ impl Engine {
             let Some(bucket) = self.buckets.get_mut(key) else { continue };
             if bucket.places.remove(&(*lapse, id)) {
                 self.held_places -= 1;
+                if !bucket.line.is_empty() {
+                    bucket.handoff_from.get_or_insert(now);
+                }
                 self.freed(key);
             }
             self.settle_bucket(key, now, effects);

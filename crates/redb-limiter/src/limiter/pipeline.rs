@@ -293,6 +293,9 @@ impl Shared {
         let reports_pending = matches!(cmd, Command::Throttle { .. }) && (core.committing || !core.waiting.is_empty());
         let answer = decide(&mut core, cmd, now);
         core.wake_waits();
+        for ms in core.engine.take_handoffs() {
+            self.metrics.release_to_grant_seconds.observe(ms as f64 / 1000.0);
+        }
         // A ticket's renewal or lapse may be lost in a crash (section 12.6): it rides with the
         // next commit, like a sweep's effects, and its answer does not wait.
         let needs_commit = core.effects[before..].iter().any(Effect::needs_commit);

@@ -239,9 +239,15 @@ mod tests {
         assert!(!waiting.is_finished(), "not ready while the place is held");
         assert!(limiter.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
         let answer = waiting.await.unwrap();
-        assert_eq!((answer.ready, answer.gone), (vec![ticket], vec![]));
+        assert_eq!((answer.ready, answer.gone), (vec![ticket.clone()], vec![]));
         assert_eq!(started.elapsed(), Duration::ZERO, "woken by the release, not by a timer");
         assert!(limiter.shared.lock().waits.is_empty(), "unregistered");
+        // Asked with its ticket, it is granted: one hand-off, measured from the release.
+        let again =
+            AcquireRequest::new("caller", vec![Limit::concurrent("c", 1)]).unwrap().with_ticket(ticket).unwrap();
+        assert!(limiter.acquire(again).await.unwrap().is_granted());
+        let metrics = limiter.metrics().encode();
+        assert!(metrics.contains("redb_limiter_release_to_grant_seconds_count 1"), "{metrics}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,53 +2,14 @@
 //! binary this package builds. Each test starts a server of its own on a temporary file and a
 //! free port.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::start_server;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redb_limiter::{AcquireRequest, Limit, Reason};
 use redb_limiter_client::{AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, NoTicket, Outcome};
-
-/// A server process of this test's own, killed (by its handle) when dropped.
-struct Server {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_redb-limiter"))
-}
-
-fn start_server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut command = Command::new(binary());
-    command.arg("serve").arg("--path").arg(dir.path().join("limiter.redb")).args(["--listen", "127.0.0.1:0"]);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("REDB_LIMITER_") {
-            command.env_remove(name);
-        }
-    }
-    let mut child = command.env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut ready = String::new();
-    stdout.read_line(&mut ready).unwrap();
-    // Keep reading, so the server never blocks on a full pipe.
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-    let ready: serde_json::Value =
-        serde_json::from_str(&ready).unwrap_or_else(|e| panic!("no ready line from the server ({e}): {ready:?}"));
-    assert_eq!(ready["ready"], true, "{ready}");
-    Server { child, url: ready["url"].as_str().unwrap().to_owned(), _dir: dir }
-}
 
 fn window(bucket: &str, per_ms: u64) -> AcquireRequest {
     AcquireRequest::new("me", vec![Limit::window(bucket, 1, per_ms)]).unwrap()
@@ -60,7 +21,7 @@ async fn queued(limiter: &HttpLimiter, req: &AcquireRequest) -> u64 {
 
 #[tokio::test]
 async fn horizon_a_call_beyond_its_max_wait_gets_no_ticket_and_times_out_at_once() {
-    let server = start_server();
+    let server = start_server(&[]);
     let limiter = Arc::new(HttpLimiter::new(&server.url, None));
     let client = Client::new(limiter.clone());
     let req = window("rpm", 60_000);
@@ -80,7 +41,7 @@ async fn horizon_a_call_beyond_its_max_wait_gets_no_ticket_and_times_out_at_once
 
 #[tokio::test]
 async fn horizon_without_max_wait_the_servers_own_files_no_ticket() {
-    let server = start_server();
+    let server = start_server(&[]);
     let limiter = HttpLimiter::new(&server.url, None);
     // Ten minutes out: beyond the server's horizon (300 s by default), and no maxWaitMs sent.
     let req = window("10min", 600_000);
@@ -97,7 +58,7 @@ async fn horizon_without_max_wait_the_servers_own_files_no_ticket() {
 
 #[tokio::test]
 async fn horizon_a_call_within_its_max_wait_still_takes_a_ticket_and_is_served_with_it() {
-    let server = start_server();
+    let server = start_server(&[]);
     let limiter = HttpLimiter::new(&server.url, None);
     let req = window("rps", 500);
     limiter.acquire(req.clone()).await.unwrap();

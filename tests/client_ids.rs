@@ -5,8 +5,9 @@
 //! granted or filed; and a hung server makes every waiter of a shape fail after one timeout,
 //! not one each.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::{Server, start_server};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -15,37 +16,6 @@ use redb_limiter::{AcquireRequest, Limit};
 use redb_limiter_client::{AcquireOptions, Client, ClientError, HttpLimiter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-struct Server {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_redb-limiter"));
-    command.arg("serve").arg("--path").arg(dir.path().join("limiter.redb")).args(["--listen", "127.0.0.1:0"]);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("REDB_LIMITER_") {
-            command.env_remove(name);
-        }
-    }
-    let mut child = command.env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut ready = String::new();
-    stdout.read_line(&mut ready).unwrap();
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
-    Server { child, url: ready["url"].as_str().unwrap().to_owned(), _dir: dir }
-}
 
 /// A TCP proxy in front of the server: requests pass at once; each chunk of a reply is held
 /// `delay_ms` (set while running) before it is passed on. `u64::MAX` holds replies for good.
@@ -117,7 +87,7 @@ fn place(bucket: &str) -> AcquireRequest {
 
 #[tokio::test]
 async fn a_grant_whose_answer_came_after_the_timeout_is_undone_and_counts_nowhere() {
-    let server = start_server();
+    let server = start_server(&[]);
     let proxy = proxy(&server.url).await;
     proxy.delay_ms.store(400, Ordering::SeqCst);
     let slow = Client::new(Arc::new(HttpLimiter::new(&proxy.url, None).with_timeout(Duration::from_millis(150))));
@@ -133,7 +103,7 @@ async fn a_grant_whose_answer_came_after_the_timeout_is_undone_and_counts_nowher
 
 #[tokio::test]
 async fn max_wait_holds_while_a_request_is_in_flight_and_what_it_got_is_undone() {
-    let server = start_server();
+    let server = start_server(&[]);
     let proxy = proxy(&server.url).await;
     proxy.delay_ms.store(u64::MAX, Ordering::SeqCst);
     let client = Client::new(Arc::new(HttpLimiter::new(&proxy.url, None)));
@@ -151,7 +121,7 @@ async fn max_wait_holds_while_a_request_is_in_flight_and_what_it_got_is_undone()
 
 #[tokio::test]
 async fn a_dropped_acquire_is_undone_at_once_whatever_it_was_granted_or_filed() {
-    let server = start_server();
+    let server = start_server(&[]);
     let direct = Client::new(Arc::new(HttpLimiter::new(&server.url, None)));
     // A held place, so the next ask of the shape queues in the limiter's line.
     let first = direct.try_acquire(place("t3")).await.unwrap();
@@ -168,7 +138,7 @@ async fn a_dropped_acquire_is_undone_at_once_whatever_it_was_granted_or_filed() 
 
 #[tokio::test]
 async fn five_waiters_of_a_shape_against_a_hung_server_fail_after_one_timeout() {
-    let server = start_server();
+    let server = start_server(&[]);
     let proxy = proxy(&server.url).await;
     proxy.delay_ms.store(u64::MAX, Ordering::SeqCst);
     let client = Client::new(Arc::new(HttpLimiter::new(&proxy.url, None).with_timeout(Duration::from_millis(500))));

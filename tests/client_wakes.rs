@@ -4,46 +4,15 @@
 //! on `/wait`, woken when another process releases; a release in its own process wakes it
 //! without the server's help.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::start_server;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redb_limiter::request::Cost;
 use redb_limiter::{AcquireRequest, Limit, Millis};
 use redb_limiter_client::{AcquireOptions, Client, ClientError, HttpLimiter, LimiterApi, Outcome, PeekOutcome};
-
-struct Server {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_redb-limiter"));
-    command.arg("serve").arg("--path").arg(dir.path().join("limiter.redb")).args(["--listen", "127.0.0.1:0"]);
-    command.args(["--recheck-ms", "60000"]);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("REDB_LIMITER_") {
-            command.env_remove(name);
-        }
-    }
-    let mut child = command.env("RUST_LOG", "error").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut ready = String::new();
-    stdout.read_line(&mut ready).unwrap();
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
-    Server { child, url: ready["url"].as_str().unwrap().to_owned(), _dir: dir }
-}
 
 fn place(bucket: &str) -> AcquireRequest {
     AcquireRequest::new("me", vec![Limit::concurrent(bucket, 1)]).unwrap()
@@ -90,7 +59,7 @@ impl LimiterApi for NoWaits {
 /// process releases it: its `/wait` is woken by the release, not its retryAt a minute on.
 #[tokio::test]
 async fn a_release_by_another_process_wakes_the_head_waiting_on_its_ticket() {
-    let server = start_server();
+    let server = start_server(&["--recheck-ms", "60000"]);
     let first = Client::new(Arc::new(HttpLimiter::new(&server.url, None)));
     let second = Client::new(Arc::new(HttpLimiter::new(&server.url, None)));
     let held = first.try_acquire(place("cross")).await.unwrap();
@@ -113,7 +82,7 @@ async fn a_release_by_another_process_wakes_the_head_waiting_on_its_ticket() {
 /// once: it asks again without waiting for its retryAt.
 #[tokio::test]
 async fn a_release_in_the_same_process_wakes_its_waiter_without_the_server() {
-    let server = start_server();
+    let server = start_server(&["--recheck-ms", "60000"]);
     let client = Client::new(Arc::new(NoWaits(HttpLimiter::new(&server.url, None))));
     let held = client.try_acquire(place("local")).await.unwrap();
     let other = client.clone();

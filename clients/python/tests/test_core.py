@@ -178,3 +178,13 @@ def test_error_replies_become_typed_errors() -> None:
     assert other.value.status == 502
     with pytest.raises(ProtocolError):
         decode("acquire", 200, b"[]")
+
+
+def test_a_limit_in_a_request_is_named_by_its_place() -> None:
+    with pytest.raises(BadRequest) as bad:
+        AcquireRequest.build("me", [WINDOW, Limit.window("b", 1, 0)])
+    assert bad.value.field == "limits[1].per_ms"
+    assert str(bad.value) == "limits[1].per_ms must be an integer from 1 to 2678400000, got 0"
+    with pytest.raises(BadRequest) as alone:
+        Limit.concurrent("b", 0).check()
+    assert alone.value.field == "concurrency"

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import TWINS, Server, close_twin, make_twin, start_server
+from redb_limiter._request import AcquireRequest
 from redb_limiter import (
     AsyncLimiter,
     BadRequest,
@@ -214,9 +215,15 @@ async def test_bad_requests_name_the_field_and_change_nothing(twin: Any, prefix:
     ],
 )
 def test_limits_are_checked_with_the_wire_bounds(make: Callable[[], Limit], field: str) -> None:
+    # In a request, the error names the limit by its place, as the server's own errors do.
     with pytest.raises(BadRequest) as bad:
-        make()
-    assert bad.value.field == field
+        AcquireRequest.build("me", [Limit.window("ok", 1, 1000), make()])
+    assert bad.value.field == f"limits[1].{field}"
+    assert str(bad.value).startswith("limits[1]"), bad.value
+    # Alone, Limit.check() names the field itself.
+    with pytest.raises(BadRequest) as alone:
+        make().check()
+    assert alone.value.field == field
 
 
 def test_limits_at_the_bounds_are_accepted() -> None:

@@ -54,8 +54,10 @@ class Limit:
     limit (``concurrency`` places, each lapsing ``hold_ms`` after its grant unless released),
     or both. ``cost`` overrides the request's cost in this bucket's window.
 
-    Build one with :meth:`Limit.window` or :meth:`Limit.concurrent` (or both fields at once);
-    every field is checked against the wire's bounds here, naming the field at fault.
+    Build one with :meth:`Limit.window` or :meth:`Limit.concurrent` (or both fields at once).
+    Every field is checked against the wire's bounds when a request names the limit, before
+    anything is sent, and an error names it by its place in the request (``limits[1].calls``),
+    as the server's own errors do.
     """
 
     key: str
@@ -65,22 +67,26 @@ class Limit:
     cost: int | None = None
     hold_ms: int | None = None
 
-    def __post_init__(self) -> None:
-        check_key("key", self.key)
+    def check(self, where: str = "") -> Limit:
+        """Raises :class:`BadRequest` naming the first field out of the wire's bounds, each name
+        prefixed with ``where`` (``"limits[1]."``); returns the limit."""
+        check_key(f"{where}key", self.key)
         if (self.calls is None) != (self.per_ms is None):
-            field = "per_ms" if self.per_ms is None else "calls"
-            raise BadRequest(f"{field} is required with {'calls' if field == 'per_ms' else 'per_ms'}", field)
+            given, missing = ("calls", "per_ms") if self.per_ms is None else ("per_ms", "calls")
+            raise BadRequest(f"{where}{missing} is required with {where}{given}", f"{where}{missing}")
         if self.calls is not None:
-            _int("calls", self.calls, 1, MAX_CALLS)
-            _int("per_ms", self.per_ms, 1, MAX_PER_MS)
+            _int(f"{where}calls", self.calls, 1, MAX_CALLS)
+            _int(f"{where}per_ms", self.per_ms, 1, MAX_PER_MS)
         if self.concurrency is not None:
-            _int("concurrency", self.concurrency, 1, MAX_CONCURRENT)
+            _int(f"{where}concurrency", self.concurrency, 1, MAX_CONCURRENT)
         if self.calls is None and self.concurrency is None:
-            raise BadRequest("a limit needs a window (calls and per_ms), a concurrency, or both", "calls")
+            named = where[:-1] if where else "a limit"
+            raise BadRequest(f"{named} needs a window (calls and per_ms), a concurrency, or both", f"{where}calls")
         if self.cost is not None:
-            _int("cost", self.cost, 0, MAX_COST)
+            _int(f"{where}cost", self.cost, 0, MAX_COST)
         if self.hold_ms is not None:
-            _int("hold_ms", self.hold_ms, 1, MAX_HOLD_MS)
+            _int(f"{where}hold_ms", self.hold_ms, 1, MAX_HOLD_MS)
+        return self
 
     @classmethod
     def window(cls, key: str, calls: int, per_ms: int, cost: int | None = None) -> Limit:
@@ -143,6 +149,7 @@ class AcquireRequest:
         for i, limit in enumerate(limits):
             if not isinstance(limit, Limit):
                 raise BadRequest(f"limits[{i}] must be a Limit, got {type(limit).__name__}", f"limits[{i}]")
+            limit.check(f"limits[{i}].")
             if limit.key in seen:
                 raise BadRequest(f"limits[{i}].key repeats limits[{seen[limit.key]}].key", f"limits[{i}].key")
             seen[limit.key] = i

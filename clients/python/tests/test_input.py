@@ -1,13 +1,38 @@
-"""What the clients take as input, checked before anything is sent: limits, named by their
-place in the request as the server names them."""
+"""What the clients take as input, checked before anything is sent: the server's URL (any
+case, a path, a query), the token (as the Authorization header carries it), and limits, named
+by their place in the request as the server names them."""
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import TWINS, close_twin, make_twin
+from conftest import TWINS, Server, close_twin, make_twin
 from proxy import Proxy
 from redb_limiter import BadRequest, Limit
+
+
+@pytest.mark.parametrize("kind", TWINS)
+async def test_a_token_with_surrounding_spaces_is_a_bad_argument(kind: str, server: Server) -> None:
+    for token in (" s3cret", "s3cret\n", "s3cr\x00t", "sécret"):
+        with pytest.raises(BadRequest) as bad:
+            make_twin(kind, server.url, token=token)
+        assert bad.value.field == "token", (token, bad.value)
+
+
+@pytest.mark.parametrize("kind", TWINS)
+async def test_urls_in_any_case_with_a_path_or_a_query(kind: str, proxy: Proxy, prefix: str) -> None:
+    window = Limit.window(f"{prefix}/rpm", 10, 60_000)
+    for url in (proxy.url.replace("http://", "HTTP://"), proxy.url + "/", proxy.url + "/?x=1"):
+        twin = make_twin(kind, url)
+        try:
+            assert (await twin.try_acquire(f"{prefix}/me", [window], permit=False)).at is not None
+        finally:
+            await close_twin(twin)
+    assert [ask.path for ask in proxy.requests("/acquire")] == ["/acquire", "/acquire", "/acquire?x=1"]
+    for bad in ("ftp://127.0.0.1", "127.0.0.1:7411", "http://", "http:///acquire"):
+        with pytest.raises(BadRequest) as error:
+            make_twin(kind, bad)
+        assert error.value.field == "url"
 
 
 @pytest.mark.parametrize("kind", TWINS)

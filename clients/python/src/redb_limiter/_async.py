@@ -156,7 +156,7 @@ class AsyncLimiter(LimiterBase):
     async def _post(self, method: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         sent = self.clock.wall()
         try:
-            response = await self._http.post(f"{self.url}/{method}", json=body, headers=self._headers())
+            response = await self._http.post(self._method_url(method), json=body, headers=self._headers())
         except httpx.TransportError as e:
             raise Unreachable(f"{method}: {self.url}: {e!r}") from e
         data = decode(method, response.status_code, response.content)

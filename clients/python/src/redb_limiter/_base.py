@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -152,6 +153,37 @@ class Wait:
         return QueueTimeout(monotonic - self.started, self.last)
 
 
+# A bearer token as the Authorization header carries it: visible ASCII, inner spaces allowed.
+_TOKEN = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+
+
+def check_token(token: str | None) -> str | None:
+    if token is None:
+        return None
+    if not isinstance(token, str) or not token.strip():
+        raise BadRequest("token must be a non-empty string or None", "token")
+    if token != token.strip():
+        raise BadRequest("token must not begin or end with whitespace (the server trims its own)", "token")
+    if not _TOKEN.fullmatch(token):
+        raise BadRequest("token must be printable ASCII (it travels as an Authorization header)", "token")
+    return token
+
+
+def check_url(url: str) -> httpx.URL:
+    """The server's address: an ``http://`` or ``https://`` URL (any case), with or without a
+    path, query or trailing slash; the fragment is dropped."""
+    bad = BadRequest(f"url must be an http:// or https:// URL, got {url!r}", "url")
+    if not isinstance(url, str):
+        raise bad
+    try:
+        parsed = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError, ValueError):
+        raise bad from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise bad
+    return parsed.copy_with(path=parsed.path.rstrip("/") or "/", fragment=None)
+
+
 def response_parts(response: object) -> Tuple[int, Headers, bytes]:
     """Status, headers and (when read) body of a provider's response: an ``httpx.Response``
     (or one of httpx's forks', as the OpenAI and Anthropic SDKs use), or an SDK's error that
@@ -192,17 +224,19 @@ class LimiterBase:
         clock: Clock | None,
         on_wait: Optional[Callable[[WaitReport], None]],
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise BadRequest(f"url must be an http:// or https:// URL, got {url!r}", "url")
-        if token is not None and (not isinstance(token, str) or not token.strip()):
-            raise BadRequest("token must be a non-empty string or None", "token")
-        self.url = url.rstrip("/")
-        self.token = token
+        self._base = check_url(url)
+        #: The server's address, as given (normalised: lower-case scheme, no trailing slash).
+        self.url = str(self._base) if self._base.query else str(self._base).rstrip("/")
+        self.token = check_token(token)
         self.timeout = check_seconds("timeout", timeout)
         self.max_waiters = check_max_waiters(max_waiters)
         self.clock = clock if clock is not None else Clock()
         self.on_wait = on_wait
         self._server = ServerClock()
+
+    def _method_url(self, method: str) -> httpx.URL:
+        """``/method`` under the server's address (its path kept, its query kept)."""
+        return self._base.copy_with(path=f"{self._base.path.rstrip('/')}/{method}")
 
     def _headers(self) -> dict[str, str]:
         return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}

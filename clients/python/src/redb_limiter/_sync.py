@@ -123,7 +123,7 @@ class Limiter(LimiterBase):
         """POSTs ``body`` to ``/method``: the reply's JSON and the limiter's clock at receipt."""
         sent = self.clock.wall()
         try:
-            response = self._http.post(f"{self.url}/{method}", json=body, headers=self._headers())
+            response = self._http.post(self._method_url(method), json=body, headers=self._headers())
         except httpx.TransportError as e:
             raise Unreachable(f"{method}: {self.url}: {e!r}") from e
         data = decode(method, response.status_code, response.content)

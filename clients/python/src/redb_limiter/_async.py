@@ -239,10 +239,14 @@ class AsyncLimiter(LimiterBase):
                 turn = None if deadline is None else deadline - self.clock.monotonic()
                 if not await self._lines.take_turn(line, turn):
                     raise QueueTimeout(self.clock.monotonic() - started, None)
+                failure: Unreachable | None = None
                 try:
                     return await self._wait(request, queue, started, deadline)
+                except Unreachable as e:
+                    failure = e  # those behind meet it now, not one timeout each in turn
+                    raise
                 finally:
-                    self._lines.pass_turn(line)
+                    self._lines.pass_turn(line, failure)
             finally:
                 self._lines.leave(request.shape, line)
 

@@ -100,6 +100,17 @@ def proxy(server: Server) -> Iterator[Proxy]:
     made.close()
 
 
+@pytest.fixture(scope="session")
+def speaks_ids(server: Server) -> bool:
+    """Whether the server keeps request ids (wire section 16): a ``release {id}`` it never saw
+    answers ``released: false`` there, and 400 on a server without them. Tests check what
+    only such a server can show (nothing stranded on it) when it does."""
+    import httpx
+
+    reply = httpx.post(f"{server.url}/release", json={"id": f"probe-{uuid.uuid4().hex}"})
+    return reply.status_code == 200
+
+
 @pytest.fixture
 def prefix() -> str:
     """A key prefix of this test's own, so tests sharing the server never meet."""

@@ -7,6 +7,7 @@ that a bad value fails here with an error naming the field, and nothing reaches 
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Dict, Union
@@ -87,6 +88,10 @@ class Limit:
         if self.hold_ms is not None:
             _int(f"{where}hold_ms", self.hold_ms, 1, MAX_HOLD_MS)
         return self
+
+    @property
+    def has_window(self) -> bool:
+        return self.calls is not None
 
     @classmethod
     def window(cls, key: str, calls: int, per_ms: int, cost: int | None = None) -> Limit:
@@ -169,15 +174,19 @@ class AcquireRequest:
     def body(
         self,
         *,
+        ask_id: str | None = None,
         queue: bool = False,
         ticket: str | None = None,
         report: bool = False,
         max_wait: float | None = None,
     ) -> dict[str, Any]:
-        """The wire's body. In the line (``queue`` or a ``ticket``), ``max_wait`` is the seconds
-        left of the caller's wait, sent as ``maxWaitMs`` so that the limiter files no ticket for
-        a call it could not grant in time (wire section 12.9)."""
+        """The wire's body. ``ask_id`` names this ask (wire section 16: a fresh id for every ask,
+        the same for a retry of it). In the line (``queue`` or a ``ticket``), ``max_wait`` is the
+        seconds left of the caller's wait, sent as ``maxWaitMs`` so that the limiter files no
+        ticket for a call it could not grant in time (wire section 12.9)."""
         body: dict[str, Any] = {"key": self.key, "limits": [limit.to_wire() for limit in self.limits]}
+        if ask_id is not None:
+            body["id"] = ask_id
         if self.cost != 1:
             body["cost"] = self.cost
         if self.hold_ms is not None:
@@ -195,6 +204,22 @@ class AcquireRequest:
         if (queue or ticket is not None) and max_wait is not None:
             body["maxWaitMs"] = wait_ms(max_wait)
         return body
+
+
+    def undo_body(self, ask_id: str) -> dict[str, Any]:
+        """``release {id}`` for an ask whose answer was lost: it frees whatever that ask got (a
+        place, a ticket), and costs of 0 in every window make a call that was never made count
+        nowhere (wire section 16). Costs name window buckets only; none without a window."""
+        body: dict[str, Any] = {"id": ask_id}
+        windows = [{"key": limit.key, "cost": 0} for limit in self.limits if limit.has_window]
+        if windows:
+            body["costs"] = windows
+        return body
+
+
+def new_ask_id() -> str:
+    """A fresh id for one ask: 32 random hex digits (wire section 16 takes 1-128 bytes)."""
+    return uuid.uuid4().hex
 
 
 def wait_ms(seconds: float) -> int:

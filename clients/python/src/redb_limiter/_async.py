@@ -232,14 +232,15 @@ class AsyncLimiter(LimiterBase):
             raise
 
     def _undo(self, body: dict[str, Any], flight: asyncio.Future[tuple[Outcome, float]] | None = None) -> None:
-        """Undoes an abandoned ask in the background: ``release {id}``, then, for a server
-        without wire section 16 (which answers that with 400), the answer of the ask itself if
-        it comes within the bound: a late grant is released, a late ticket leaves the line."""
+        """Undoes an abandoned ask in the background: ``release {id}``; when that fails (a server
+        without wire section 16 answers it with 400), the answer of the ask itself if it comes
+        within the bound: a late grant is released, a late ticket leaves the line."""
 
         async def undo() -> None:
             try:
                 try:
                     await self._post("release", body, self._cleanup_timeout())
+                    return  # undone (or remembered as released): the late answer no longer matters
                 except LimiterError as e:
                     log.debug("release {id: %s} failed: %s", body["id"], e)
                 if flight is None:

@@ -75,7 +75,7 @@ def queued(url: str, prefix: str) -> dict[str, Any]:
 
         threads = [threading.Thread(target=head), threading.Thread(target=third)]
         threads[0].start()
-        while limiter.waiting(me, [conc]) < 1:
+        while not proxy.requests("/acquire")[1:]:  # the head asks (the holder asked first)
             time.sleep(0.005)
 
         def then_third() -> bool:
@@ -133,6 +133,9 @@ def in_flight(url: str, prefix: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    # Ctrl-C raises KeyboardInterrupt, even when this process was started with SIGINT ignored
+    # (as a shell starts background jobs).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     url, prefix, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
     found = {"queued": queued, "in_flight": in_flight}[scenario](url, prefix)
     print(json.dumps(found))

@@ -69,6 +69,8 @@ def test_every_block_talks_to_the_server_it_names() -> None:
 def test_a_readme_example_runs(
     block: str, server: Server, provider: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    for name in ("ANTHROPIC_API_URL", "ANTHROPIC_AUTH_TOKEN"):  # would take precedence
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", provider)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
     exec(compile(block.replace(DEFAULT_URL, server.url), str(README), "exec"), {"__name__": "__main__"})

@@ -299,7 +299,8 @@ class AsyncLimiter(LimiterBase):
     ) -> AcquireContext:
         """Waits until granted (see :meth:`Limiter.acquire`); ``await`` it for the
         :class:`AsyncPermit`, or ``async with`` it to release on exit. Cancelling the waiting
-        task leaves both lines."""
+        task ends the wait at once, an ask in flight included: it leaves both lines, and the
+        abandoned ask is undone by its id in the background."""
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, grace_ms=grace_ms, permit=permit)
         waited = check_seconds("max_wait", max_wait)
         bound = check_max_waiters(max_waiters) or self.max_waiters

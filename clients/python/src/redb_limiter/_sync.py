@@ -266,7 +266,12 @@ class Limiter(LimiterBase):
         the wait with :class:`QueueTimeout`, at once when the next ``retryAt`` lies beyond it;
         each ask in the line sends what remains of it (``maxWaitMs``), so the limiter files no
         ticket for a call it could not grant in time (``QueueTimeout.last.no_ticket`` is then
-        ``"horizon"``). ``max_waiters`` overrides the limiter's."""
+        ``"horizon"``); an ask still in flight at the deadline is abandoned. ``max_waiters``
+        overrides the limiter's.
+
+        However the wait ends without a permit (``max_wait``, the limiter out of reach, Ctrl-C),
+        the ask it abandoned is undone by its id, and the callers behind it in this process
+        move on; when the limiter could not be reached, they fail with the same error."""
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, grace_ms=grace_ms, permit=permit)
         waited = check_seconds("max_wait", max_wait)
         bound = check_max_waiters(max_waiters) or self.max_waiters

@@ -228,7 +228,9 @@ async def test_a_hung_head_does_not_make_each_waiter_wait_a_timeout_more(kind: s
         assert all(isinstance(e, Unreachable) for e in errors), errors
         # Before: 1, 2, 3, 4 and 5 s. Each waiter met the head's failure, not a timeout of its own.
         assert max(ended) < 3.0, ended
-        assert len(proxy.requests("/acquire")) == 1  # only the head asked the hung server
+        # Only the head asked the hung server (before, each waiter asked in turn); a caller that
+        # a loaded machine started after the head's failure would be a new head and ask anew.
+        assert len(proxy.requests("/acquire")) <= 2, proxy.requests("/acquire")
         assert twin.waiting(me, [window]) == 0
     finally:
         await close_twin(twin)

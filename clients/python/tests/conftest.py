@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from proxy import Proxy
 from redb_limiter import AsyncLimiter, Limiter, Permit
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -88,6 +89,26 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     started = start_server(tmp_path_factory.mktemp("server"))
     yield started
     started.stop()
+
+
+@pytest.fixture
+def proxy(server: Server) -> Iterator[Proxy]:
+    """A proxy of the tests' own in front of the server (``proxy.py``): it passes everything
+    until a test sets its ``rule``, and records every request."""
+    made = Proxy(server.url)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="session")
+def speaks_ids(server: Server) -> bool:
+    """Whether the server keeps request ids (wire section 16): a ``release {id}`` it never saw
+    answers ``released: false`` there, and 400 on a server without them. Tests check what
+    only such a server can show (nothing stranded on it) when it does."""
+    import httpx
+
+    reply = httpx.post(f"{server.url}/release", json={"id": f"probe-{uuid.uuid4().hex}"})
+    return reply.status_code == 200
 
 
 @pytest.fixture

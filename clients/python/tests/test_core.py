@@ -3,10 +3,11 @@ host sees it, request bodies and the reading of error replies. No server, no clo
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from redb_limiter import BadRequest, Limit, NoTicket, ProtocolError, QueueTimeout, Unauthorized, Unavailable
-from redb_limiter._base import ServerClock, Wait
+from redb_limiter._base import ServerClock, Wait, capped_timeout
 from redb_limiter._request import AcquireRequest
 from redb_limiter._time import parse_instant
 from redb_limiter._wire import Grant, Refusal, decode, parse_acquire, parse_peek
@@ -178,3 +179,35 @@ def test_error_replies_become_typed_errors() -> None:
     assert other.value.status == 502
     with pytest.raises(ProtocolError):
         decode("acquire", 200, b"[]")
+
+
+def test_each_ask_has_an_id_of_its_own_and_its_undo_zeroes_only_windows() -> None:
+    ids = iter(["a-1", "a-2"])
+    wait = Wait(request(), True, started=0.0, deadline=None, new_id=lambda: next(ids))
+    assert [wait.body(0.0)["id"], wait.body(1.0)["id"]] == ["a-1", "a-2"]  # every ask anew
+    assert request().undo_body("a-1") == {"id": "a-1", "costs": [{"key": "a/rpm", "cost": 0}]}
+    only_places = AcquireRequest.build("me", Limit.concurrent("a/conc", 2))
+    assert only_places.undo_body("a-2") == {"id": "a-2"}  # costs name window buckets only
+    assert "id" not in only_places.body()
+
+
+def test_an_ask_in_flight_is_bounded_by_what_remains_of_max_wait() -> None:
+    wait = Wait(request(), True, started=10.0, deadline=12.0)
+    assert wait.ask_seconds(10.5) == 1.5
+    assert wait.ask_seconds(11.99) == 0.1 and wait.ask_seconds(13.0) == 0.1  # always a little
+    assert not wait.over(11.9) and wait.over(12.0)
+    assert Wait(request(), True, 0.0, None).ask_seconds(5.0) is None
+    capped, cut = capped_timeout(httpx.Timeout(10.0, connect=0.5), 2.0)
+    assert (capped.connect, capped.read, capped.write, capped.pool, cut) == (0.5, 2.0, 2.0, 2.0, True)
+    assert capped_timeout(httpx.Timeout(1.0), 2.0) == (httpx.Timeout(1.0), False)
+    assert capped_timeout(httpx.Timeout(None), 2.0)[1] is True
+
+
+def test_a_limit_in_a_request_is_named_by_its_place() -> None:
+    with pytest.raises(BadRequest) as bad:
+        AcquireRequest.build("me", [WINDOW, Limit.window("b", 1, 0)])
+    assert bad.value.field == "limits[1].per_ms"
+    assert str(bad.value) == "limits[1].per_ms must be an integer from 1 to 2678400000, got 0"
+    with pytest.raises(BadRequest) as alone:
+        Limit.concurrent("b", 0).check()
+    assert alone.value.field == "concurrency"

@@ -76,8 +76,9 @@ async def test_cancellation_leaves_the_line_at_once(server: Server, prefix: str)
         await until(lambda: _is(queued(limiter, me, conc), 1))
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await waiter
-        assert await queued(limiter, me, conc) == 0
+            await waiter  # at once: the ticket is left in the background
+        # Left, not lapsed: within a second, where a lapse takes the retryAt plus a 2 s grace.
+        await until(lambda: _is(queued(limiter, me, conc), 0), seconds=1.0)
         await holder.release()
 
 

@@ -1,9 +1,12 @@
 """The asyncio twin: :class:`AsyncLimiter` over ``httpx.AsyncClient``, and its
 :class:`AsyncPermit`. Same methods, names and errors as :mod:`redb_limiter._sync`.
 
-Cancellation is a way out like any other: a cancelled wait leaves the in-process line and the
-limiter's (its ticket is released), and a grant that arrives after the caller was cancelled is
-released, never leaked.
+Cancellation is a way out like any other, and takes effect at once, an ask in flight included:
+a cancelled wait leaves the in-process line and the limiter's, and an ask it abandons is undone
+by its id (wire section 16) in a task of its own that is not cancelled with the caller, bounded
+in time, which also releases a grant (or leaves a ticket) that arrives meanwhile, for servers
+without section 16. ``max_wait`` ends an ask in flight the same way. :meth:`AsyncLimiter.aclose`
+waits for those clean-ups.
 """
 
 from __future__ import annotations
@@ -18,7 +21,20 @@ from typing import Any, Optional, Set, Type, TypeVar, cast
 
 import httpx
 
-from ._base import Clock, LimiterBase, Wait, WaitReport, check_max_waiters, check_seconds, log, refused
+from ._base import (
+    UNDO_SECONDS,
+    Clock,
+    LimiterBase,
+    Wait,
+    WaitReport,
+    answered,
+    capped_timeout,
+    check_max_waiters,
+    check_seconds,
+    log,
+    lost_answer,
+    refused,
+)
 from ._errors import LimiterError, QueueTimeout, Unreachable
 from ._lines import AsyncLines
 from ._request import AcquireRequest, Costs, Limits, check_key
@@ -153,42 +169,99 @@ class AsyncLimiter(LimiterBase):
         task.add_done_callback(self._pending.discard)
         return await asyncio.shield(task)
 
-    async def _post(self, method: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    def _later(self, work: Callable[[], Awaitable[Any]]) -> None:
+        """Runs a clean-up in a task of its own, not cancelled with the caller, bounded by
+        ``UNDO_SECONDS``; its failures are logged at debug level, never left unretrieved."""
+
+        async def run() -> None:
+            try:
+                await asyncio.wait_for(work(), UNDO_SECONDS)
+            except Exception as e:
+                log.debug("a clean-up after giving up failed: %r", e)
+
+        task = asyncio.ensure_future(run())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _post(
+        self, method: str, body: dict[str, Any], timeout: Any = httpx.USE_CLIENT_DEFAULT
+    ) -> tuple[dict[str, Any], float]:
         sent = self.clock.wall()
         try:
-            response = await self._http.post(f"{self.url}/{method}", json=body, headers=self._headers())
+            response = await self._http.post(
+                self._method_url(method), json=body, headers=self._headers(), timeout=timeout
+            )
         except httpx.TransportError as e:
             raise Unreachable(f"{method}: {self.url}: {e!r}") from e
         data = decode(method, response.status_code, response.content)
         return data, self._observe(sent, response, data)
 
-    async def _ask_once(self, body: dict[str, Any]) -> tuple[Outcome, float]:
-        data, now_ms = await self._post("acquire", body)
-        return parse_acquire(data), now_ms
+    def _cleanup_timeout(self) -> httpx.Timeout:
+        return capped_timeout(self._http.timeout, UNDO_SECONDS)[0]
 
-    async def _ask(self, body: dict[str, Any]) -> tuple[Outcome, float]:
-        """One acquire whose answer is undone if the caller is cancelled before it arrives: a
-        late grant is released, a late ticket leaves the line."""
-        task = asyncio.ensure_future(self._ask_once(body))
+    async def _ask_once(self, body: dict[str, Any], wait: Wait | None) -> tuple[Outcome, float]:
+        """Sends one ask; a connection dropped before any answer is asked again once, under
+        the same id (wire section 16), while ``max_wait`` allows."""
+        retried = False
+        while True:
+            try:
+                data, now_ms = await self._post("acquire", body)
+                return parse_acquire(data), now_ms
+            except Unreachable as e:
+                if retried or not lost_answer(e) or (wait is not None and wait.over(self.clock.monotonic())):
+                    raise
+                retried = True
+
+    async def _ask(
+        self, request: AcquireRequest, body: dict[str, Any], wait: Wait | None = None
+    ) -> tuple[Outcome, float]:
+        """One ask, abandoned at once when the caller is cancelled or ``max_wait`` runs out
+        while it is in flight (then :class:`QueueTimeout`). An ask that ends without an answer
+        this caller reads is undone in the background (:meth:`_undo`) before this raises."""
+        flight = asyncio.ensure_future(self._ask_once(body, wait))
         try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await self._shielded(self._undo(task))
+            seconds = None if wait is None else wait.ask_seconds(self.clock.monotonic())
+            done, _ = await asyncio.wait({flight}, timeout=seconds)
+            if not done:
+                assert wait is not None
+                raise wait.timeout(self.clock.monotonic())
+            return flight.result()
+        except BaseException as e:
+            if not answered(e):
+                self._undo(request.undo_body(body["id"]), flight)
             raise
 
-    async def _undo(self, task: asyncio.Future[tuple[Outcome, float]]) -> None:
-        try:
-            outcome, _ = await task
-        except Exception:
-            return
-        if isinstance(outcome, Grant):
-            if outcome.permit is not None:
+    def _undo(self, body: dict[str, Any], flight: asyncio.Future[tuple[Outcome, float]] | None = None) -> None:
+        """Undoes an abandoned ask in the background: ``release {id}``; when that fails (a server
+        without wire section 16 answers it with 400), the answer of the ask itself if it comes
+        within the bound: a late grant is released, a late ticket leaves the line."""
+
+        async def undo() -> None:
+            try:
                 try:
-                    await self.release(outcome.permit)
+                    await self._post("release", body, self._cleanup_timeout())
+                    return  # undone (or remembered as released): the late answer no longer matters
                 except LimiterError as e:
-                    log.warning("releasing a grant that came after cancellation failed: %s", e)
-        elif outcome.ticket is not None:
-            await self._leave(outcome.ticket)
+                    log.debug("release {id: %s} failed: %s", body["id"], e)
+                if flight is None:
+                    return
+                try:
+                    outcome, _ = await flight
+                except Exception:
+                    return  # no answer after all, or an error: nothing was got
+                if isinstance(outcome, Grant):
+                    if outcome.permit is not None:
+                        await self._post("release", self._release_body(outcome.permit, None), self._cleanup_timeout())
+                elif outcome.ticket is not None:
+                    await self._leave(outcome.ticket)
+            finally:
+                if flight is not None:
+                    if not flight.done():
+                        flight.cancel()
+                    elif not flight.cancelled():
+                        flight.exception()  # retrieved: a lost answer is not an error to report
+
+        self._later(undo)
 
     def try_acquire(
         self,
@@ -204,7 +277,7 @@ class AsyncLimiter(LimiterBase):
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, permit=permit)
 
         async def start() -> AsyncPermit:
-            outcome, now_ms = await self._ask(request.body(report=True))
+            outcome, now_ms = await self._ask(request, request.body(ask_id=self._new_id(), report=True))
             if isinstance(outcome, Grant):
                 return AsyncPermit(self, outcome)
             raise refused(outcome, now_ms, self.clock.monotonic())
@@ -226,7 +299,8 @@ class AsyncLimiter(LimiterBase):
     ) -> AcquireContext:
         """Waits until granted (see :meth:`Limiter.acquire`); ``await`` it for the
         :class:`AsyncPermit`, or ``async with`` it to release on exit. Cancelling the waiting
-        task leaves both lines."""
+        task ends the wait at once, an ask in flight included: it leaves both lines, and the
+        abandoned ask is undone by its id in the background."""
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, grace_ms=grace_ms, permit=permit)
         waited = check_seconds("max_wait", max_wait)
         bound = check_max_waiters(max_waiters) or self.max_waiters
@@ -239,33 +313,47 @@ class AsyncLimiter(LimiterBase):
                 turn = None if deadline is None else deadline - self.clock.monotonic()
                 if not await self._lines.take_turn(line, turn):
                     raise QueueTimeout(self.clock.monotonic() - started, None)
+                failure: Unreachable | None = None
                 try:
                     return await self._wait(request, queue, started, deadline)
+                except Unreachable as e:
+                    failure = e  # those behind meet it now, not one timeout each in turn
+                    raise
                 finally:
-                    self._lines.pass_turn(line)
+                    self._lines.pass_turn(line, failure)
             finally:
                 self._lines.leave(request.shape, line)
 
         return AcquireContext(start)
 
     async def _wait(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> AsyncPermit:
-        wait = Wait(request, queue, started, deadline)
+        wait = Wait(request, queue, started, deadline, self._new_id)
+        answered_last = False
         try:
             while True:
-                outcome, now_ms = await self._ask(wait.body(self.clock.monotonic()))
+                answered_last = False
+                outcome, now_ms = await self._ask(request, wait.body(self.clock.monotonic()), wait)
+                answered_last = True
                 if isinstance(outcome, Grant):
                     wait.granted()
                     return AsyncPermit(self, outcome)
                 seconds = wait.refused(outcome, now_ms, self.clock.monotonic())
                 await self.clock.asleep(seconds)
                 self._report(seconds, wait.last)
-        finally:
+        except BaseException as e:
             if wait.ticket is not None:
-                await self._shielded(self._leave(wait.ticket))
+                if answered_last and isinstance(e, Exception):
+                    # The limiter has just answered: leave before raising (shielded, so that a
+                    # cancellation meanwhile cannot stop it halfway).
+                    await self._shielded(self._leave(wait.ticket))
+                else:
+                    ticket = wait.ticket
+                    self._later(lambda: self._leave(ticket))  # cancelled, or the limiter is out of reach
+            raise
 
     async def _leave(self, ticket: str) -> None:
         try:
-            await self._post("release", {"ticket": ticket})
+            await self._post("release", {"ticket": ticket}, self._cleanup_timeout())
         except LimiterError as e:
             log.warning("leaving the line with ticket %s failed: %s; it lapses after its grace", ticket, e)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from typing import Any, Optional, Tuple
 
 import httpx
 
-from ._errors import BadRequest, QueueTimeout, Refused
-from ._request import AcquireRequest, Costs, Limits, check_key, costs_body, permit_id
+from ._errors import BadRequest, QueueTimeout, Refused, Unauthorized, Unavailable, Unreachable
+from ._request import AcquireRequest, Costs, Limits, check_key, costs_body, new_ask_id, permit_id
 from ._time import datetime_to_ms, format_instant, ms_to_datetime, parse_instant
 from ._wire import Refusal, date_header_ms
 from .vendor import Headers, vendor_budget_ms, vendor_wait_ms
@@ -27,6 +28,12 @@ from .vendor import Headers, vendor_budget_ms, vendor_wait_ms
 log = logging.getLogger("redb_limiter")
 
 __all__ = ["Clock", "WaitReport"]
+
+#: The bound, in seconds, on each clean-up sent after giving up (``release {id}``, leaving the
+#: line), and on the wait for a late answer to an abandoned ask.
+UNDO_SECONDS = 2.0
+#: An ask in flight is abandoned when ``max_wait`` runs out, but is always given this long.
+MIN_ASK_SECONDS = 0.1
 
 
 class Clock:
@@ -117,19 +124,37 @@ class Wait:
     each refusal, how long to sleep on the limiter's clock, or that ``max_wait`` cannot be met
     (then :class:`QueueTimeout` at once, rather than a sleep past the deadline)."""
 
-    def __init__(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> None:
+    def __init__(
+        self,
+        request: AcquireRequest,
+        queue: bool,
+        started: float,
+        deadline: float | None,
+        new_id: Callable[[], str] = new_ask_id,
+    ) -> None:
         self.request = request
         self.queue = queue
         self.started = started
         self.deadline = deadline
+        self.new_id = new_id
         self.ticket: str | None = None
         self.last: Refused | None = None
 
     def body(self, monotonic: float) -> dict[str, Any]:
-        """The next ask, at ``monotonic`` on the host's clock."""
+        """The next ask, at ``monotonic`` on the host's clock, under a fresh id (wire section 16:
+        an ask again at a new ``retryAt`` is a new ask)."""
         # `report` makes every answer carry the limiter's `now`, to size sleeps on its clock.
         left = None if self.deadline is None else self.deadline - monotonic
-        return self.request.body(queue=self.queue, ticket=self.ticket, report=True, max_wait=left)
+        return self.request.body(ask_id=self.new_id(), queue=self.queue, ticket=self.ticket, report=True, max_wait=left)
+
+    def ask_seconds(self, monotonic: float) -> float | None:
+        """How long an ask sent at ``monotonic`` may stay in flight before ``max_wait`` ends it
+        (at least :data:`MIN_ASK_SECONDS`); ``None`` without a deadline."""
+        return None if self.deadline is None else max(self.deadline - monotonic, MIN_ASK_SECONDS)
+
+    def over(self, monotonic: float) -> bool:
+        """Whether ``max_wait`` has run out."""
+        return self.deadline is not None and monotonic >= self.deadline
 
     def granted(self) -> None:
         self.ticket = None  # a grant ends the ticket
@@ -150,6 +175,68 @@ class Wait:
 
     def timeout(self, monotonic: float) -> QueueTimeout:
         return QueueTimeout(monotonic - self.started, self.last)
+
+
+def capped_timeout(timeout: httpx.Timeout, seconds: float) -> tuple[httpx.Timeout, bool]:
+    """An HTTP client's timeouts, each at most ``seconds``, and whether that cut the read's."""
+
+    def cap(phase: float | None) -> float:
+        return seconds if phase is None else min(phase, seconds)
+
+    capped = timeout.read is None or seconds < timeout.read
+    phases = httpx.Timeout(
+        connect=cap(timeout.connect), read=cap(timeout.read), write=cap(timeout.write), pool=cap(timeout.pool)
+    )
+    return phases, capped
+
+
+def lost_answer(error: Unreachable) -> bool:
+    """The connection dropped after the ask may have reached the limiter and before any answer
+    came back (not a timeout): the one failure an ask is retried after, with its id."""
+    return isinstance(error.__cause__, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
+
+
+def timed_out(error: Unreachable) -> bool:
+    return isinstance(error.__cause__, httpx.TimeoutException)
+
+
+def answered(error: BaseException) -> bool:
+    """The limiter answered the ask with an error (400, 401, 503): it granted and filed nothing,
+    so there is nothing to undo."""
+    if isinstance(error, Unreachable):
+        return False
+    return isinstance(error, (BadRequest, Unauthorized, Unavailable))
+
+
+# A bearer token as the Authorization header carries it: visible ASCII, inner spaces allowed.
+_TOKEN = re.compile(r"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+
+
+def check_token(token: str | None) -> str | None:
+    if token is None:
+        return None
+    if not isinstance(token, str) or not token.strip():
+        raise BadRequest("token must be a non-empty string or None", "token")
+    if token != token.strip():
+        raise BadRequest("token must not begin or end with whitespace (the server trims its own)", "token")
+    if not _TOKEN.fullmatch(token):
+        raise BadRequest("token must be printable ASCII (it travels as an Authorization header)", "token")
+    return token
+
+
+def check_url(url: str) -> httpx.URL:
+    """The server's address: an ``http://`` or ``https://`` URL (any case), with or without a
+    path, query or trailing slash; the fragment is dropped."""
+    bad = BadRequest(f"url must be an http:// or https:// URL, got {url!r}", "url")
+    if not isinstance(url, str):
+        raise bad
+    try:
+        parsed = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError, ValueError):
+        raise bad from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise bad
+    return parsed.copy_with(path=parsed.path.rstrip("/") or "/", fragment=None)
 
 
 def response_parts(response: object) -> Tuple[int, Headers, bytes]:
@@ -192,17 +279,21 @@ class LimiterBase:
         clock: Clock | None,
         on_wait: Optional[Callable[[WaitReport], None]],
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise BadRequest(f"url must be an http:// or https:// URL, got {url!r}", "url")
-        if token is not None and (not isinstance(token, str) or not token.strip()):
-            raise BadRequest("token must be a non-empty string or None", "token")
-        self.url = url.rstrip("/")
-        self.token = token
+        self._base = check_url(url)
+        #: The server's address, as given (normalised: lower-case scheme, no trailing slash).
+        self.url = str(self._base) if self._base.query else str(self._base).rstrip("/")
+        self.token = check_token(token)
         self.timeout = check_seconds("timeout", timeout)
         self.max_waiters = check_max_waiters(max_waiters)
         self.clock = clock if clock is not None else Clock()
         self.on_wait = on_wait
         self._server = ServerClock()
+        #: Where ask ids come from (a fresh one per ask); tests may replace it.
+        self._new_id: Callable[[], str] = new_ask_id
+
+    def _method_url(self, method: str) -> httpx.URL:
+        """``/method`` under the server's address (its path kept, its query kept)."""
+        return self._base.copy_with(path=f"{self._base.path.rstrip('/')}/{method}")
 
     def _headers(self) -> dict[str, str]:
         return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}

@@ -5,6 +5,12 @@ overtakes it (a large call is never starved by smaller ones of the same shape); 
 processes, the server's own line (tickets) takes over. A line counts its waiters for
 ``max_waiters`` and disappears when the last one leaves. One registry per limiter; the sync
 line blocks threads, the async one suspends tasks of one event loop.
+
+Every way out of a wait keeps the line moving: a caller that gives up behind the head (its
+deadline, a cancellation, Ctrl-C or any other exception) leaves it, passing on a turn handed
+to it meanwhile; and when the head could not reach the limiter, the callers behind it are woken
+with that failure (each its own :class:`Unreachable`) rather than each waiting out a
+timeout of its own in turn.
 """
 
 from __future__ import annotations
@@ -12,11 +18,17 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from typing import Deque, Dict, Generic, TypeVar
+from typing import Deque, Dict, Generic, Optional, TypeVar
 
-from ._errors import QueueFull
+from ._errors import QueueFull, Unreachable
 
 W = TypeVar("W")
+
+
+def line_failure(failure: Unreachable) -> Unreachable:
+    """What a caller behind the head of its shape's line raises when the head could not reach
+    the limiter: the same failure, met once for all of them rather than one timeout each."""
+    return Unreachable(f"{failure} (met by the caller ahead in this request shape's line)")
 
 
 class _Line(Generic[W]):
@@ -56,79 +68,123 @@ class _Lines(Generic[W]):
             return 0 if line is None else line.waiting
 
 
-class SyncLines(_Lines[threading.Event]):
-    def take_turn(self, line: _Line[threading.Event], timeout: float | None) -> bool:
-        """Waits to be the head; ``False`` when ``timeout`` seconds passed first."""
+class _Turn:
+    """One caller waiting behind the head: woken with its turn, or with the head's failure."""
+
+    __slots__ = ("ready", "failure")
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.failure: Optional[Unreachable] = None
+
+
+class SyncLines(_Lines[_Turn]):
+    def take_turn(self, line: _Line[_Turn], timeout: float | None) -> bool:
+        """Waits to be the head; ``False`` when ``timeout`` seconds passed first. Raises the
+        head's :class:`Unreachable` when it could not reach the limiter; anything raised
+        meanwhile (``KeyboardInterrupt``) takes the caller out of the line."""
         with self._lock:
             if not line.busy:
                 line.busy = True
                 return True
-            ready = threading.Event()
-            line.queue.append(ready)
-        if ready.wait(timeout if timeout is None else max(timeout, 0.0)):
-            return True
-        with self._lock:
-            if ready.is_set():
-                # Handed the turn just as the time ran out: pass it on.
-                self._pass_locked(line)
-            else:
-                line.queue.remove(ready)
-        return False
+            turn = _Turn()
+            line.queue.append(turn)
+        try:
+            woken = turn.ready.wait(timeout if timeout is None else max(timeout, 0.0))
+        except BaseException:
+            self._give_up(line, turn)
+            raise
+        if not woken:
+            self._give_up(line, turn)
+            return False
+        if turn.failure is not None:
+            raise turn.failure
+        return True
 
-    def pass_turn(self, line: _Line[threading.Event]) -> None:
+    def _give_up(self, line: _Line[_Turn], turn: _Turn) -> None:
         with self._lock:
-            self._pass_locked(line)
+            if not turn.ready.is_set():
+                line.queue.remove(turn)
+            elif turn.failure is None:
+                self._pass_locked(line)  # handed the turn just as it left: pass it on
+
+    def pass_turn(self, line: _Line[_Turn], failure: Unreachable | None = None) -> None:
+        """Hands the turn to the next caller; with ``failure``, wakes every caller behind with
+        it instead (each raises its own copy, made by ``line_failure``)."""
+        with self._lock:
+            if failure is None:
+                self._pass_locked(line)
+                return
+            while line.queue:
+                turn = line.queue.popleft()
+                turn.failure = line_failure(failure)
+                turn.ready.set()
+            line.busy = False
 
     @staticmethod
-    def _pass_locked(line: _Line[threading.Event]) -> None:
+    def _pass_locked(line: _Line[_Turn]) -> None:
         if line.queue:
-            line.queue.popleft().set()
+            line.queue.popleft().ready.set()
         else:
             line.busy = False
 
 
-class AsyncLines(_Lines["asyncio.Future[None]"]):
-    async def take_turn(self, line: _Line[asyncio.Future[None]], timeout: float | None) -> bool:
-        """Waits to be the head; ``False`` when ``timeout`` seconds passed first. Cancelling the
-        caller takes it out of the line."""
+#: A task's place behind the head: resolved with ``None`` (its turn) or the head's failure.
+_Ready = asyncio.Future[Optional[Unreachable]]
+
+
+class AsyncLines(_Lines[_Ready]):
+    async def take_turn(self, line: _Line[_Ready], timeout: float | None) -> bool:
+        """Waits to be the head; ``False`` when ``timeout`` seconds passed first. Raises the
+        head's :class:`Unreachable` when it could not reach the limiter. Cancelling the caller
+        takes it out of the line."""
         with self._lock:
             if not line.busy:
                 line.busy = True
                 return True
-            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            ready: _Ready = asyncio.get_running_loop().create_future()
             line.queue.append(ready)
         try:
             if timeout is None:
-                await asyncio.shield(ready)
+                failure = await asyncio.shield(ready)
             else:
-                await asyncio.wait_for(asyncio.shield(ready), max(timeout, 0.0))
-            return True
+                failure = await asyncio.wait_for(asyncio.shield(ready), max(timeout, 0.0))
         except asyncio.TimeoutError:
             self._give_up(line, ready)
             return False
         except BaseException:
             self._give_up(line, ready)
             raise
+        if failure is not None:
+            raise failure
+        return True
 
-    def _give_up(self, line: _Line[asyncio.Future[None]], ready: asyncio.Future[None]) -> None:
+    def _give_up(self, line: _Line[_Ready], ready: _Ready) -> None:
         with self._lock:
-            if ready.done():
-                self._pass_locked(line)  # the turn arrived as we left: pass it on
-            else:
+            if not ready.done():
                 line.queue.remove(ready)
                 ready.cancel()
+            elif ready.result() is None:
+                self._pass_locked(line)  # the turn arrived as we left: pass it on
 
-    def pass_turn(self, line: _Line[asyncio.Future[None]]) -> None:
+    def pass_turn(self, line: _Line[_Ready], failure: Unreachable | None = None) -> None:
+        """Hands the turn to the next caller; with ``failure``, wakes every caller behind with
+        it instead."""
         with self._lock:
-            self._pass_locked(line)
+            if failure is None:
+                self._pass_locked(line)
+                return
+            while line.queue:
+                ready = line.queue.popleft()
+                if not ready.done():
+                    ready.set_result(line_failure(failure))
+            line.busy = False
 
     @staticmethod
-    def _pass_locked(line: _Line[asyncio.Future[None]]) -> None:
+    def _pass_locked(line: _Line[_Ready]) -> None:
         while line.queue:
             ready = line.queue.popleft()
             if not ready.done():
                 ready.set_result(None)
                 return
         line.busy = False
-
-

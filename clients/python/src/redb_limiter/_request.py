@@ -7,6 +7,7 @@ that a bad value fails here with an error naming the field, and nothing reaches 
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Dict, Union
@@ -54,8 +55,10 @@ class Limit:
     limit (``concurrency`` places, each lapsing ``hold_ms`` after its grant unless released),
     or both. ``cost`` overrides the request's cost in this bucket's window.
 
-    Build one with :meth:`Limit.window` or :meth:`Limit.concurrent` (or both fields at once);
-    every field is checked against the wire's bounds here, naming the field at fault.
+    Build one with :meth:`Limit.window` or :meth:`Limit.concurrent` (or both fields at once).
+    Every field is checked against the wire's bounds when a request names the limit, before
+    anything is sent, and an error names it by its place in the request (``limits[1].calls``),
+    as the server's own errors do.
     """
 
     key: str
@@ -65,22 +68,30 @@ class Limit:
     cost: int | None = None
     hold_ms: int | None = None
 
-    def __post_init__(self) -> None:
-        check_key("key", self.key)
+    def check(self, where: str = "") -> Limit:
+        """Raises :class:`BadRequest` naming the first field out of the wire's bounds, each name
+        prefixed with ``where`` (``"limits[1]."``); returns the limit."""
+        check_key(f"{where}key", self.key)
         if (self.calls is None) != (self.per_ms is None):
-            field = "per_ms" if self.per_ms is None else "calls"
-            raise BadRequest(f"{field} is required with {'calls' if field == 'per_ms' else 'per_ms'}", field)
+            given, missing = ("calls", "per_ms") if self.per_ms is None else ("per_ms", "calls")
+            raise BadRequest(f"{where}{missing} is required with {where}{given}", f"{where}{missing}")
         if self.calls is not None:
-            _int("calls", self.calls, 1, MAX_CALLS)
-            _int("per_ms", self.per_ms, 1, MAX_PER_MS)
+            _int(f"{where}calls", self.calls, 1, MAX_CALLS)
+            _int(f"{where}per_ms", self.per_ms, 1, MAX_PER_MS)
         if self.concurrency is not None:
-            _int("concurrency", self.concurrency, 1, MAX_CONCURRENT)
+            _int(f"{where}concurrency", self.concurrency, 1, MAX_CONCURRENT)
         if self.calls is None and self.concurrency is None:
-            raise BadRequest("a limit needs a window (calls and per_ms), a concurrency, or both", "calls")
+            named = where[:-1] if where else "a limit"
+            raise BadRequest(f"{named} needs a window (calls and per_ms), a concurrency, or both", f"{where}calls")
         if self.cost is not None:
-            _int("cost", self.cost, 0, MAX_COST)
+            _int(f"{where}cost", self.cost, 0, MAX_COST)
         if self.hold_ms is not None:
-            _int("hold_ms", self.hold_ms, 1, MAX_HOLD_MS)
+            _int(f"{where}hold_ms", self.hold_ms, 1, MAX_HOLD_MS)
+        return self
+
+    @property
+    def has_window(self) -> bool:
+        return self.calls is not None
 
     @classmethod
     def window(cls, key: str, calls: int, per_ms: int, cost: int | None = None) -> Limit:
@@ -143,6 +154,7 @@ class AcquireRequest:
         for i, limit in enumerate(limits):
             if not isinstance(limit, Limit):
                 raise BadRequest(f"limits[{i}] must be a Limit, got {type(limit).__name__}", f"limits[{i}]")
+            limit.check(f"limits[{i}].")
             if limit.key in seen:
                 raise BadRequest(f"limits[{i}].key repeats limits[{seen[limit.key]}].key", f"limits[{i}].key")
             seen[limit.key] = i
@@ -162,15 +174,19 @@ class AcquireRequest:
     def body(
         self,
         *,
+        ask_id: str | None = None,
         queue: bool = False,
         ticket: str | None = None,
         report: bool = False,
         max_wait: float | None = None,
     ) -> dict[str, Any]:
-        """The wire's body. In the line (``queue`` or a ``ticket``), ``max_wait`` is the seconds
-        left of the caller's wait, sent as ``maxWaitMs`` so that the limiter files no ticket for
-        a call it could not grant in time (wire section 12.9)."""
+        """The wire's body. ``ask_id`` names this ask (wire section 16: a fresh id for every ask,
+        the same for a retry of it). In the line (``queue`` or a ``ticket``), ``max_wait`` is the
+        seconds left of the caller's wait, sent as ``maxWaitMs`` so that the limiter files no
+        ticket for a call it could not grant in time (wire section 12.9)."""
         body: dict[str, Any] = {"key": self.key, "limits": [limit.to_wire() for limit in self.limits]}
+        if ask_id is not None:
+            body["id"] = ask_id
         if self.cost != 1:
             body["cost"] = self.cost
         if self.hold_ms is not None:
@@ -188,6 +204,22 @@ class AcquireRequest:
         if (queue or ticket is not None) and max_wait is not None:
             body["maxWaitMs"] = wait_ms(max_wait)
         return body
+
+
+    def undo_body(self, ask_id: str) -> dict[str, Any]:
+        """``release {id}`` for an ask whose answer was lost: it frees whatever that ask got (a
+        place, a ticket), and costs of 0 in every window make a call that was never made count
+        nowhere (wire section 16). Costs name window buckets only; none without a window."""
+        body: dict[str, Any] = {"id": ask_id}
+        windows = [{"key": limit.key, "cost": 0} for limit in self.limits if limit.has_window]
+        if windows:
+            body["costs"] = windows
+        return body
+
+
+def new_ask_id() -> str:
+    """A fresh id for one ask: 32 random hex digits (wire section 16 takes 1-128 bytes)."""
+    return uuid.uuid4().hex
 
 
 def wait_ms(seconds: float) -> int:

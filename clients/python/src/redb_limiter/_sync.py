@@ -3,12 +3,18 @@
 Every method has its twin of the same name in :mod:`redb_limiter._async`; both build their
 requests and read their replies through the shared modules, and differ only in how they send
 and sleep.
+
+Every way out of a wait is a clean one: a timeout, ``max_wait`` (enforced while an ask is in
+flight too), a connection error, Ctrl-C or any other exception leaves the in-process line and
+the limiter's, and an ask whose answer was lost is undone by its id (wire section 16) in a
+thread of its own, bounded in time, which :meth:`Limiter.close` waits for.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import types
 from collections.abc import Callable
 from datetime import datetime
@@ -16,7 +22,21 @@ from typing import Any, Optional, Type, TypeVar, cast
 
 import httpx
 
-from ._base import Clock, LimiterBase, Wait, WaitReport, check_max_waiters, check_seconds, log, refused
+from ._base import (
+    UNDO_SECONDS,
+    Clock,
+    LimiterBase,
+    Wait,
+    WaitReport,
+    answered,
+    capped_timeout,
+    check_max_waiters,
+    check_seconds,
+    log,
+    lost_answer,
+    refused,
+    timed_out,
+)
 from ._errors import LimiterError, QueueTimeout, Unreachable
 from ._lines import SyncLines
 from ._request import AcquireRequest, Costs, Limits, check_key
@@ -106,8 +126,17 @@ class Limiter(LimiterBase):
         super().__init__(url, token, timeout, max_waiters, clock, on_wait)
         self._http = http_client if http_client is not None else httpx.Client(timeout=self.timeout)
         self._lines = SyncLines()
+        self._cleanups: set[threading.Thread] = set()
+        self._cleanups_lock = threading.Lock()
 
     def close(self) -> None:
+        """Waits (a few seconds at most) for the clean-ups that abandoned waits left running,
+        then closes the connections."""
+        deadline = self.clock.monotonic() + 2 * UNDO_SECONDS + 1
+        with self._cleanups_lock:
+            running = list(self._cleanups)
+        for thread in running:
+            thread.join(max(deadline - self.clock.monotonic(), 0.0))
         self._http.close()
 
     def __enter__(self) -> Limiter:
@@ -119,19 +148,82 @@ class Limiter(LimiterBase):
     def _lines_waiting(self, shape: str) -> int:
         return self._lines.waiting(shape)
 
-    def _post(self, method: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    def _post(
+        self, method: str, body: dict[str, Any], timeout: Any = httpx.USE_CLIENT_DEFAULT
+    ) -> tuple[dict[str, Any], float]:
         """POSTs ``body`` to ``/method``: the reply's JSON and the limiter's clock at receipt."""
         sent = self.clock.wall()
         try:
-            response = self._http.post(f"{self.url}/{method}", json=body, headers=self._headers())
+            response = self._http.post(self._method_url(method), json=body, headers=self._headers(), timeout=timeout)
         except httpx.TransportError as e:
             raise Unreachable(f"{method}: {self.url}: {e!r}") from e
         data = decode(method, response.status_code, response.content)
         return data, self._observe(sent, response, data)
 
-    def _ask(self, body: dict[str, Any]) -> tuple[Outcome, float]:
-        data, now_ms = self._post("acquire", body)
-        return parse_acquire(data), now_ms
+    def _ask(self, request: AcquireRequest, body: dict[str, Any], wait: Wait | None = None) -> tuple[Outcome, float]:
+        """One ask, and what follows when its answer is lost. A connection dropped before any
+        answer is asked again once, under the same id. When the ask ends without an answer
+        this host reads -- the request timed out or failed, ``max_wait`` ran out while it was
+        in flight (then :class:`QueueTimeout`), Ctrl-C or any other exception -- it is undone
+        by its id before this raises, so nothing it was granted or filed stays behind."""
+        retried = False
+        try:
+            while True:
+                seconds = None if wait is None else wait.ask_seconds(self.clock.monotonic())
+                timeout: Any = httpx.USE_CLIENT_DEFAULT
+                capped = False
+                if seconds is not None:  # max_wait bounds the request in flight too
+                    timeout, capped = capped_timeout(self._http.timeout, seconds)
+                try:
+                    data, now_ms = self._post("acquire", body, timeout)
+                    return parse_acquire(data), now_ms
+                except Unreachable as e:
+                    if not retried and lost_answer(e) and (wait is None or not wait.over(self.clock.monotonic())):
+                        retried = True
+                        continue
+                    if wait is not None and capped and timed_out(e):
+                        raise wait.timeout(self.clock.monotonic()) from e
+                    raise
+        except BaseException as e:
+            if not answered(e):
+                self._undo(request.undo_body(body["id"]))
+            raise
+
+    def _undo(self, body: dict[str, Any], permit: str | None = None) -> None:
+        """``release {id}`` (and of ``permit``, when a grant was read but never handed over),
+        in a thread of its own. A server without wire section 16 answers 400: that, like any
+        failure here, is only logged at debug level (the places then lapse at ``holdMs``)."""
+
+        def undo() -> None:
+            try:
+                self._post("release", body, self._cleanup_timeout())
+            except LimiterError as e:
+                log.debug("release {id: %s} failed: %s", body["id"], e)
+            if permit is not None:
+                self._post("release", self._release_body(permit, None), self._cleanup_timeout())
+
+        self._later(undo)
+
+    def _later(self, work: Callable[[], None]) -> None:
+        """Runs a clean-up in a thread of its own, so that the caller raises at once; each of
+        its requests is bounded by ``UNDO_SECONDS``, and :meth:`close` waits for it."""
+
+        def run() -> None:
+            try:
+                work()
+            except Exception as e:
+                log.debug("a clean-up after giving up failed: %s", e)
+            finally:
+                with self._cleanups_lock:
+                    self._cleanups.discard(threading.current_thread())
+
+        thread = threading.Thread(target=run, name="redb-limiter-cleanup")
+        with self._cleanups_lock:
+            self._cleanups.add(thread)
+        thread.start()
+
+    def _cleanup_timeout(self) -> httpx.Timeout:
+        return capped_timeout(self._http.timeout, UNDO_SECONDS)[0]
 
     def try_acquire(
         self,
@@ -147,7 +239,7 @@ class Limiter(LimiterBase):
         ``permit`` asks for a permit id even when the grant holds no place, so it can be
         settled; without it, a grant of window limits alone has nothing to release."""
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, permit=permit)
-        outcome, now_ms = self._ask(request.body(report=True))
+        outcome, now_ms = self._ask(request, request.body(ask_id=self._new_id(), report=True))
         if isinstance(outcome, Grant):
             return Permit(self, outcome)
         raise refused(outcome, now_ms, self.clock.monotonic())
@@ -174,7 +266,12 @@ class Limiter(LimiterBase):
         the wait with :class:`QueueTimeout`, at once when the next ``retryAt`` lies beyond it;
         each ask in the line sends what remains of it (``maxWaitMs``), so the limiter files no
         ticket for a call it could not grant in time (``QueueTimeout.last.no_ticket`` is then
-        ``"horizon"``). ``max_waiters`` overrides the limiter's."""
+        ``"horizon"``); an ask still in flight at the deadline is abandoned. ``max_waiters``
+        overrides the limiter's.
+
+        However the wait ends without a permit (``max_wait``, the limiter out of reach, Ctrl-C),
+        the ask it abandoned is undone by its id, and the callers behind it in this process
+        move on; when the limiter could not be reached, they fail with the same error."""
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, grace_ms=grace_ms, permit=permit)
         waited = check_seconds("max_wait", max_wait)
         bound = check_max_waiters(max_waiters) or self.max_waiters
@@ -185,32 +282,50 @@ class Limiter(LimiterBase):
             turn = None if deadline is None else deadline - self.clock.monotonic()
             if not self._lines.take_turn(line, turn):
                 raise QueueTimeout(self.clock.monotonic() - started, None)
+            failure: Unreachable | None = None
             try:
                 return self._wait(request, queue, started, deadline)
+            except Unreachable as e:
+                failure = e  # those behind meet it now, not one timeout each in turn
+                raise
             finally:
-                self._lines.pass_turn(line)
+                self._lines.pass_turn(line, failure)
         finally:
             self._lines.leave(request.shape, line)
 
     def _wait(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> Permit:
-        wait = Wait(request, queue, started, deadline)
+        wait = Wait(request, queue, started, deadline, self._new_id)
+        body: dict[str, Any] = {}
+        grant: Grant | None = None
+        answered_last = False
         try:
             while True:
-                outcome, now_ms = self._ask(wait.body(self.clock.monotonic()))
+                body = wait.body(self.clock.monotonic())
+                answered_last = False
+                outcome, now_ms = self._ask(request, body, wait)
+                answered_last = True
                 if isinstance(outcome, Grant):
+                    grant = outcome
                     wait.granted()
                     return Permit(self, outcome)
                 seconds = wait.refused(outcome, now_ms, self.clock.monotonic())
                 self.clock.sleep(seconds)
                 self._report(seconds, wait.last)
-        finally:
+        except BaseException as e:
+            if grant is not None:  # granted, and interrupted before the permit was handed over
+                self._undo(request.undo_body(body["id"]), grant.permit)
             if wait.ticket is not None:
-                self._leave(wait.ticket)
+                if answered_last and isinstance(e, Exception):
+                    self._leave(wait.ticket)  # the limiter has just answered: leave before raising
+                else:
+                    ticket = wait.ticket
+                    self._later(lambda: self._leave(ticket))
+            raise
 
     def _leave(self, ticket: str) -> None:
         """Leaves the limiter's line (a ticket not asked again would hold it for its grace)."""
         try:
-            self._post("release", {"ticket": ticket})
+            self._post("release", {"ticket": ticket}, self._cleanup_timeout())
         except LimiterError as e:
             log.warning("leaving the line with ticket %s failed: %s; it lapses after its grace", ticket, e)
 

@@ -108,6 +108,9 @@ def speaks_ids(server: Server) -> bool:
     import httpx
 
     reply = httpx.post(f"{server.url}/release", json={"id": f"probe-{uuid.uuid4().hex}"})
+    if reply.status_code != 200 and os.environ.get("CI"):
+        # The suite runs against this repository's server, which keeps them: never skip quietly.
+        pytest.fail(f"the server under test keeps no request ids (release {{id}} answered {reply.status_code})")
     return reply.status_code == 200
 
 

@@ -1,12 +1,13 @@
 // The client: every method of the wire over `fetch`, and the waiting `acquire`. The limiter never
-// waits; the host does. `acquire` sleeps to each refusal's `retryAt` (sized on the limiter's
+// waits; the host does. `acquire` waits for each refusal's `retryAt` (sized on the limiter's
 // clock), holds a ticket in the limiter's line (section 12 of the wire) when the server gives one,
 // tells the line how much of its `maxWaitMs` remains (`maxWaitMs`, section 12.9), and keeps its
 // own first-in-first-out line per request shape in front of it, so only the head of each shape
-// asks and a large call is never overtaken by smaller ones behind it. Every ask carries a request
-// id (section 16), and an ask whose answer the caller stops waiting for (a timeout, `maxWaitMs`, an
-// abort, a lost connection) is undone by that id in the background, so nothing it may have been
-// granted or filed stays behind.
+// asks and a large call is never overtaken by smaller ones behind it. A head holding a ticket
+// waits on `/wait` (section 15), which answers the moment its turn has come. Every ask carries a
+// request id (section 16), and an ask whose answer the caller stops waiting for (a timeout,
+// `maxWaitMs`, an abort, a lost connection) is undone by that id in the background, so nothing it
+// may have been granted or filed stays behind.
 
 import {
   ApiError,
@@ -120,12 +121,30 @@ export interface AcquireOptions {
 
 /** One wait of `acquire`, as the `onWait` hook sees it. */
 export interface WaitReport {
+  /** How long it waited before asking again. */
   waitedMs: number;
   reason: Reason;
-  /** The limit key (for a throttle, the caller key) whose `retryAt` was slept on. */
+  /** The limit key (for a throttle, the caller key) whose `retryAt` it waited for. */
   limit: string;
   /** With a ticket in the limiter's line: the most tickets ahead of it in any of its lines. */
   ahead?: number;
+  /**
+   * What ended the wait before its `retryAt`, if anything: the limiter said its ticket is `ready`
+   * or `gone` (`/wait`).
+   */
+  woken?: Woken;
+}
+
+/** What woke a waiting `acquire` before its `retryAt` (see `WaitReport.woken`). */
+export type Woken = 'ready' | 'gone';
+
+/** The answer of `/wait` (section 15 of the wire): the tickets ready or gone, each list possibly empty. */
+export interface WaitReply {
+  /** Tickets whose request, asked with the ticket, would be granted now. */
+  ready: string[];
+  /** Tickets unknown to the limiter, ended or lapsed. */
+  gone: string[];
+  now: Date;
 }
 
 export interface LimiterClientOptions {
@@ -224,6 +243,16 @@ const BACKGROUND_TIMEOUT_MS = 2_000;
 const LATE_ANSWER_MS = 2_000;
 /** The pauses between the tries of a release that `withPermit` retries in the background. */
 const RELEASE_RETRY_MS: readonly number[] = [250, 500, 1_000, 2_000];
+/** The wire's bounds on a `/wait`'s `timeoutMs`, and its bound on the tickets it names (section 15). */
+const MIN_WAIT_TIMEOUT_MS = 1_000;
+const MAX_WAIT_TIMEOUT_MS = 60_000;
+const MAX_WAIT_TICKETS = 64;
+/** The longest one `/wait` of a waiting `acquire` lasts before it is asked again. */
+const WAIT_ROUND_MS = 25_000;
+/** How long past its own time a `/wait` may take to be answered (its request has no other bound). */
+const WAIT_MARGIN_MS = 5_000;
+/** A `/wait` answered empty this much before its time did not run its time: the server's bound, or its shutdown. */
+const WAIT_EARLY_MS = 100;
 
 /** What remains of a caller's wait, as the wire's `maxWaitMs`: whole ms rounded up, 1 to 24 h. */
 function lineWaitMs(remainingMs: number): number {
@@ -398,6 +427,25 @@ function sleep(ms: number): { done: Promise<void>; cancel: () => void } {
   return { done, cancel: () => clearTimeout(timer) };
 }
 
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function delay(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted || ms <= 0) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
+function ticketList(v: unknown, field: string): string[] {
+  if (!Array.isArray(v) || !v.every((t) => typeof t === 'string')) throw new ProtocolError(`${field} must be an array of tickets`);
+  return v;
+}
+
 /** A client of one limiter server. Cheap to keep; share one per process. */
 export class LimiterClient {
   readonly url: string;
@@ -409,6 +457,8 @@ export class LimiterClient {
   readonly #onWait: ((report: WaitReport) => void) | undefined;
   readonly #requestId: () => string;
   readonly #lines = new Map<string, Line>();
+  /** The server answered `/wait` with 404 (it keeps no waits, section 15): waits sleep to `retryAt`. */
+  #noWaits = false;
   /** The limiter's clock minus ours, from the latest reply. */
   #offsetMs = 0;
 
@@ -461,12 +511,14 @@ export class LimiterClient {
   }
 
   /**
-   * Waits until granted and resolves to a `Permit`: sleeps to each refusal's `retryAt`, holding a
+   * Waits until granted and resolves to a `Permit`: waits for each refusal's `retryAt`, holding a
    * ticket in the limiter's line when it gives one, first in first out among this process's
-   * callers of the same shape. Rejects with `LimitedError` when `maxWaitMs` runs out or `signal`
-   * aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past `maxWaiters`,
-   * and the wire's errors. A caller behind one whose ask got no answer waits `timeoutMs` in all
-   * for an answer, counted from when it joined or that ask was sent, whichever is later.
+   * callers of the same shape. Holding a ticket, it waits on `/wait` instead, asking again as soon
+   * as the limiter says its turn has come. Rejects with `LimitedError` when `maxWaitMs` runs out or
+   * `signal` aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past
+   * `maxWaiters`, and the wire's errors. A caller behind one whose ask got no answer waits
+   * `timeoutMs` in all for an answer, counted from when it joined or that ask was sent, whichever
+   * is later.
    */
   async acquire(request: AcquireRequest, options: AcquireOptions = {}): Promise<Permit> {
     checkRequest(request);
@@ -568,16 +620,75 @@ export class LimiterClient {
         if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError('maxWait', last, waited());
       }
-      const nap = sleep(waitMs);
-      const slept = await this.#until(nap.done, signal, undefined);
-      if (slept !== 'done') {
-        nap.cancel();
+      const paused = performance.now();
+      const woken = await this.#pause(ticket, waitMs, signal, deadline);
+      if (woken === 'aborted' || woken === 'maxWait') {
         if (ticket !== undefined) this.#leaveSoon(ticket);
-        throw new LimitedError(slept, last, waited(), signal?.reason);
+        throw new LimitedError(woken, last, waited(), woken === 'aborted' ? signal?.reason : undefined);
       }
-      const report: WaitReport = { waitedMs: waitMs, reason: last.reason, limit: last.limit };
+      const report: WaitReport = { waitedMs: Math.round(performance.now() - paused), reason: last.reason, limit: last.limit };
       if (ticket !== undefined && reply.ahead !== undefined) report.ahead = reply.ahead;
+      if (woken !== undefined) report.woken = woken;
       this.#onWait?.(report);
+    }
+  }
+
+  /**
+   * Waits `waitMs` (to a refusal's `retryAt`), or less: holding `ticket` on a server that keeps
+   * waits, until the limiter says the ticket is ready or gone (`/wait`, section 15: a release by
+   * any host wakes it within a round trip). Resolves to what woke it early, if anything. `signal`
+   * and `deadline` end it at once, and the `/wait` in flight is cut, so no wait stays pending on
+   * the server.
+   */
+  async #pause(
+    ticket: string | undefined,
+    waitMs: number,
+    signal: AbortSignal | undefined,
+    deadline: number | undefined,
+  ): Promise<Woken | 'aborted' | 'maxWait' | undefined> {
+    const wakeAt = performance.now() + waitMs;
+    const stop = new AbortController();
+    let woken: Woken | 'maxWait' | undefined;
+    const rounds = async (): Promise<void> => {
+      while (ticket !== undefined && !this.#noWaits && !stop.signal.aborted) {
+        const leftMs = deadline === undefined ? Infinity : deadline - performance.now();
+        const roundMs = Math.floor(Math.min(WAIT_ROUND_MS, leftMs));
+        if (roundMs < MIN_WAIT_TIMEOUT_MS) break;
+        const sent = performance.now();
+        const answer = await this.#waitRound(ticket, roundMs, stop.signal);
+        // It failed, or the server keeps no waits: on to retryAt.
+        if (answer === undefined) break;
+        if (answer.ready.length > 0 || answer.gone.length > 0) {
+          woken ??= answer.ready.length > 0 ? 'ready' : 'gone';
+          return;
+        }
+        // Answered empty before its time: the server's bound on waits, or its shutdown.
+        if (performance.now() - sent < roundMs - WAIT_EARLY_MS) break;
+        // It ran its time. Up to the caller's deadline, that ends the caller's wait too.
+        if (roundMs < WAIT_ROUND_MS) {
+          woken ??= 'maxWait';
+          return;
+        }
+        // Past retryAt, ask again (that renews the ticket); before it, wait again.
+        if (performance.now() >= wakeAt) return;
+      }
+      await delay(wakeAt - performance.now(), stop.signal);
+    };
+    try {
+      const ended = await this.#until(rounds(), signal, deadline);
+      return ended === 'done' ? woken : ended;
+    } finally {
+      stop.abort();
+    }
+  }
+
+  /** One `/wait` of a waiting acquire; undefined when it failed or the server keeps no waits (a 404, remembered). */
+  async #waitRound(ticket: string, timeoutMs: number, signal: AbortSignal): Promise<WaitReply | undefined> {
+    try {
+      return await this.wait([ticket], { timeoutMs, signal });
+    } catch (e) {
+      if (e instanceof NotFoundError) this.#noWaits = true;
+      return undefined;
     }
   }
 
@@ -719,6 +830,30 @@ export class LimiterClient {
     text(permit, 'permit', MAX_ID_BYTES);
     const body = { permit, costs: costsToWire(costs, 'costs') };
     return flag((await this.#request('POST', '/settle', body)).body, 'settled');
+  }
+
+  /**
+   * Waits until one of `tickets` is ready (its request, asked again with it, would be granted now)
+   * or gone, or `timeoutMs` (1000-60000, default 25000) passes: `POST /wait` (section 15 of the
+   * wire). It counts nowhere and grants nothing, and keeps its tickets from lapsing. Its HTTP
+   * request is bounded by `timeoutMs` and a margin, not by the client's `timeoutMs`. A server that
+   * keeps no waits answers `NotFoundError`.
+   */
+  async wait(tickets: readonly string[], options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<WaitReply> {
+    if (!Array.isArray(tickets) || tickets.length < 1 || tickets.length > MAX_WAIT_TICKETS) {
+      throw new InvalidArgumentError('tickets', `must be an array of 1 to ${MAX_WAIT_TICKETS} tickets`);
+    }
+    tickets.forEach((t, i) => text(t, `tickets[${i}]`, MAX_ID_BYTES));
+    const timeoutMs = options.timeoutMs ?? WAIT_ROUND_MS;
+    integer(timeoutMs, 'timeoutMs', MIN_WAIT_TIMEOUT_MS, MAX_WAIT_TIMEOUT_MS);
+    const { body } = await this.#request('POST', '/wait', { tickets, timeoutMs }, options.signal, timeoutMs + WAIT_MARGIN_MS);
+    const reply: WaitReply = {
+      ready: ticketList(body.ready, 'wait: ready'),
+      gone: ticketList(body.gone, 'wait: gone'),
+      now: instant(body.now, 'wait: now'),
+    };
+    this.#sawNow(reply.now);
+    return reply;
   }
 
   /** Closes the caller `key` until `until` (throttles only extend); the throttle now in force. */

@@ -4,7 +4,8 @@
 // tells the line how much of its `maxWaitMs` remains (`maxWaitMs`, section 12.9), and keeps its
 // own first-in-first-out line per request shape in front of it, so only the head of each shape
 // asks and a large call is never overtaken by smaller ones behind it. A head holding a ticket
-// waits on `/wait` (section 15), which answers the moment its turn has come. Every ask carries a
+// waits on `/wait` (section 15), which answers the moment its turn has come, and a release through
+// this client wakes the heads of its shapes on the same buckets at once. Every ask carries a
 // request id (section 16), and an ask whose answer the caller stops waiting for (a timeout,
 // `maxWaitMs`, an abort, a lost connection) is undone by that id in the background, so nothing it
 // may have been granted or filed stays behind.
@@ -130,13 +131,13 @@ export interface WaitReport {
   ahead?: number;
   /**
    * What ended the wait before its `retryAt`, if anything: the limiter said its ticket is `ready`
-   * or `gone` (`/wait`).
+   * or `gone` (`/wait`), or a `release` through this client freed room in one of its buckets.
    */
   woken?: Woken;
 }
 
 /** What woke a waiting `acquire` before its `retryAt` (see `WaitReport.woken`). */
-export type Woken = 'ready' | 'gone';
+export type Woken = 'ready' | 'gone' | 'release';
 
 /** The answer of `/wait` (section 15 of the wire): the tickets ready or gone, each list possibly empty. */
 export interface WaitReply {
@@ -185,6 +186,11 @@ class Line {
   held = false;
   queue: (() => void)[] = [];
   last: Refusal | undefined;
+  /** The buckets the shape names: a release through this client in one of them wakes the head. */
+  readonly buckets: ReadonlySet<string>;
+  /** A wake that came while the head was not pausing (its ask in flight): its next pause ends at once. */
+  #woken = false;
+  #onWake: (() => void) | undefined;
   /**
    * Since when (a `performance.now()` instant) the asks of this shape have had no answer: set by
    * the first ask of a streak, cleared by any answer. A caller behind a head whose ask got none
@@ -193,6 +199,33 @@ class Line {
   unansweredSince: number | undefined;
   /** The error of the latest ask that got no answer. */
   lost: ConnectionError | undefined;
+
+  constructor(buckets: Iterable<string>) {
+    this.buckets = new Set(buckets);
+  }
+
+  /** Room was freed in one of the shape's buckets: the head's pause ends now, or its next one at once. */
+  wake(): void {
+    const onWake = this.#onWake;
+    this.#onWake = undefined;
+    if (onWake) onWake();
+    else this.#woken = true;
+  }
+
+  /** Whether a wake came since this was last asked (the head's last ask, or its last pause); it is taken. */
+  takeWake(): boolean {
+    const woken = this.#woken;
+    this.#woken = false;
+    return woken;
+  }
+
+  /** Calls `fn` at the next wake, instead of keeping it; the function returned stops listening. */
+  onWake(fn: () => void): () => void {
+    this.#onWake = fn;
+    return () => {
+      if (this.#onWake === fn) this.#onWake = undefined;
+    };
+  }
 
   /** Resolves when this caller is at the head; `cancel` withdraws before that. */
   take(): { turn: Promise<void>; cancel: () => boolean; queued: boolean } {
@@ -253,6 +286,8 @@ const WAIT_ROUND_MS = 25_000;
 const WAIT_MARGIN_MS = 5_000;
 /** A `/wait` answered empty this much before its time did not run its time: the server's bound, or its shutdown. */
 const WAIT_EARLY_MS = 100;
+/** How many permits this client remembers the buckets of, for the wake their release sends (the oldest forgotten first). */
+const MAX_KNOWN_PERMITS = 10_000;
 
 /** What remains of a caller's wait, as the wire's `maxWaitMs`: whole ms rounded up, 1 to 24 h. */
 function lineWaitMs(remainingMs: number): number {
@@ -457,6 +492,11 @@ export class LimiterClient {
   readonly #onWait: ((report: WaitReport) => void) | undefined;
   readonly #requestId: () => string;
   readonly #lines = new Map<string, Line>();
+  /**
+   * The buckets of each permit granted through this client and not yet released, so that its
+   * release wakes this client's waiters on them. Past `MAX_KNOWN_PERMITS`, the oldest are forgotten.
+   */
+  readonly #permitBuckets = new Map<string, readonly string[]>();
   /** The server answered `/wait` with 404 (it keeps no waits, section 15): waits sleep to `retryAt`. */
   #noWaits = false;
   /** The limiter's clock minus ours, from the latest reply. */
@@ -514,7 +554,8 @@ export class LimiterClient {
    * Waits until granted and resolves to a `Permit`: waits for each refusal's `retryAt`, holding a
    * ticket in the limiter's line when it gives one, first in first out among this process's
    * callers of the same shape. Holding a ticket, it waits on `/wait` instead, asking again as soon
-   * as the limiter says its turn has come. Rejects with `LimitedError` when `maxWaitMs` runs out or
+   * as the limiter says its turn has come; a release through this client in one of its buckets
+   * has it ask again at once. Rejects with `LimitedError` when `maxWaitMs` runs out or
    * `signal` aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past
    * `maxWaiters`, and the wire's errors. A caller behind one whose ask got no answer waits
    * `timeoutMs` in all for an answer, counted from when it joined or that ask was sent, whichever
@@ -534,7 +575,7 @@ export class LimiterClient {
     const shape = shapeOf(request);
     let line = this.#lines.get(shape);
     if (!line) {
-      line = new Line();
+      line = new Line(request.limits.map((l) => l.key));
       this.#lines.set(shape, line);
     }
     if (maxWaiters !== undefined && line.waiting >= maxWaiters) throw new QueueFullError(line.waiting);
@@ -585,6 +626,8 @@ export class LimiterClient {
           { cause: line.lost },
         );
       }
+      // A wake from before this ask is seen by it; one that comes while it is in flight is kept.
+      line.takeWake();
       const ask = this.#ask(body, request.limits, timeoutMs);
       line.unansweredSince ??= now;
       const outcome = await this.#until(ask.reply, signal, deadline);
@@ -621,7 +664,7 @@ export class LimiterClient {
         throw new LimitedError('maxWait', last, waited());
       }
       const paused = performance.now();
-      const woken = await this.#pause(ticket, waitMs, signal, deadline);
+      const woken = await this.#pause(line, ticket, waitMs, signal, deadline);
       if (woken === 'aborted' || woken === 'maxWait') {
         if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError(woken, last, waited(), woken === 'aborted' ? signal?.reason : undefined);
@@ -634,21 +677,28 @@ export class LimiterClient {
   }
 
   /**
-   * Waits `waitMs` (to a refusal's `retryAt`), or less: holding `ticket` on a server that keeps
-   * waits, until the limiter says the ticket is ready or gone (`/wait`, section 15: a release by
-   * any host wakes it within a round trip). Resolves to what woke it early, if anything. `signal`
-   * and `deadline` end it at once, and the `/wait` in flight is cut, so no wait stays pending on
-   * the server.
+   * Waits `waitMs` (to a refusal's `retryAt`), or less: until a release through this client frees
+   * room in one of the line's buckets, or, holding `ticket` on a server that keeps waits, until the
+   * limiter says the ticket is ready or gone (`/wait`, section 15: a release by any host wakes it
+   * within a round trip). Resolves to what woke it early, if anything. `signal` and `deadline` end
+   * it at once, and the `/wait` in flight is cut, so no wait stays pending on the server.
    */
   async #pause(
+    line: Line,
     ticket: string | undefined,
     waitMs: number,
     signal: AbortSignal | undefined,
     deadline: number | undefined,
   ): Promise<Woken | 'aborted' | 'maxWait' | undefined> {
+    // A release came while the head's ask was in flight: the room it freed may be this one's.
+    if (line.takeWake()) return 'release';
     const wakeAt = performance.now() + waitMs;
     const stop = new AbortController();
     let woken: Woken | 'maxWait' | undefined;
+    const unlisten = line.onWake(() => {
+      woken ??= 'release';
+      stop.abort();
+    });
     const rounds = async (): Promise<void> => {
       while (ticket !== undefined && !this.#noWaits && !stop.signal.aborted) {
         const leftMs = deadline === undefined ? Infinity : deadline - performance.now();
@@ -656,7 +706,7 @@ export class LimiterClient {
         if (roundMs < MIN_WAIT_TIMEOUT_MS) break;
         const sent = performance.now();
         const answer = await this.#waitRound(ticket, roundMs, stop.signal);
-        // It failed, or the server keeps no waits: on to retryAt.
+        // It failed, was cut by a local wake, or the server keeps no waits: on to retryAt.
         if (answer === undefined) break;
         if (answer.ready.length > 0 || answer.gone.length > 0) {
           woken ??= answer.ready.length > 0 ? 'ready' : 'gone';
@@ -678,6 +728,7 @@ export class LimiterClient {
       const ended = await this.#until(rounds(), signal, deadline);
       return ended === 'done' ? woken : ended;
     } finally {
+      unlisten();
       stop.abort();
     }
   }
@@ -704,6 +755,12 @@ export class LimiterClient {
     text(id, 'requestId', MAX_ID_BYTES);
     const controller = new AbortController();
     const answer = this.#acquireOnce({ ...body, id }, controller.signal, timeoutMs + LATE_ANSWER_MS);
+    answer.then(
+      (r) => {
+        if (r.granted && r.permit !== undefined) this.#remember(r.permit, limits);
+      },
+      () => {},
+    );
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timedOut = new Promise<never>((_, reject) => {
       timer = setTimeout(
@@ -741,7 +798,11 @@ export class LimiterClient {
     const body: Record<string, unknown> = { id };
     const costs = limits.filter((l) => l.calls !== undefined).map((l) => ({ key: l.key, cost: 0 }));
     if (costs.length > 0) body.costs = costs;
-    return this.#background('/release', body);
+    return this.#background('/release', body).then((undone) => {
+      // Whatever it got is given back: its room may be a waiter's here.
+      if (undone) this.#wake(limits.map((l) => l.key));
+      return undone;
+    });
   }
 
   /** Leaves the line in the background. */
@@ -760,8 +821,39 @@ export class LimiterClient {
 
   /** Releases what a reply that came after its caller gave up holds: a permit, a ticket. */
   #giveBack(reply: AcquireReply): void {
-    if (reply.granted && reply.permit !== undefined) void this.#background('/release', { permit: reply.permit });
+    const permit = reply.granted ? reply.permit : undefined;
+    if (permit !== undefined) {
+      void this.#background('/release', { permit }).then((answered) => {
+        if (answered) this.#freed(permit, true);
+      });
+    }
     if (!reply.granted && reply.ticket !== undefined) this.#leaveSoon(reply.ticket);
+  }
+
+  /** Keeps the buckets of a permit granted through this client, for the wake its release sends. */
+  #remember(permit: string, limits: readonly Limit[]): void {
+    this.#permitBuckets.set(permit, limits.map((l) => l.key));
+    if (this.#permitBuckets.size > MAX_KNOWN_PERMITS) {
+      for (const oldest of this.#permitBuckets.keys()) {
+        this.#permitBuckets.delete(oldest);
+        break;
+      }
+    }
+  }
+
+  /** A release (or settle) of `permit` was answered: wakes this client's waiters on its buckets. */
+  #freed(permit: string, released: boolean): void {
+    const buckets = this.#permitBuckets.get(permit);
+    if (buckets === undefined) return;
+    if (released) this.#permitBuckets.delete(permit);
+    this.#wake(buckets);
+  }
+
+  /** Wakes the head of each of this client's lines that names one of `buckets`: it asks again at once. */
+  #wake(buckets: readonly string[]): void {
+    for (const line of this.#lines.values()) {
+      if (buckets.some((b) => line.buckets.has(b))) line.wake();
+    }
   }
 
   /** Races `p` against `signal` and `deadline` (a `performance.now()` instant). */
@@ -816,7 +908,9 @@ export class LimiterClient {
     text(permit, 'permit', MAX_ID_BYTES);
     const body: Record<string, unknown> = { permit };
     if (costs !== undefined) body.costs = costsToWire(costs, 'costs');
-    return flag((await this.#request('POST', '/release', body)).body, 'released');
+    const released = flag((await this.#request('POST', '/release', body)).body, 'released');
+    this.#freed(permit, true);
+    return released;
   }
 
   /** Leaves the limiter's line: `true` when the ticket was live (wire version 3). */
@@ -829,7 +923,9 @@ export class LimiterClient {
   async settle(permit: string, costs: Costs): Promise<boolean> {
     text(permit, 'permit', MAX_ID_BYTES);
     const body = { permit, costs: costsToWire(costs, 'costs') };
-    return flag((await this.#request('POST', '/settle', body)).body, 'settled');
+    const settled = flag((await this.#request('POST', '/settle', body)).body, 'settled');
+    this.#freed(permit, false);
+    return settled;
   }
 
   /**

@@ -1,9 +1,9 @@
 // Wake-ups (section 15 of the wire): a waiting head holding a ticket waits on `/wait`, which answers
-// the moment its turn has come. The server is started with `--recheck-ms 60000`, so a caller
-// refused for concurrency is told to ask again a minute on: only a wake can serve it within the
-// few seconds these tests allow. A proxy of the test's own (test/proxy.mjs) stands in for the
-// server's bound on waits, a wait that fails and a server without waits (it answers `/wait` with
-// 404), and records what passes.
+// the moment its turn has come, and a release through the same client wakes it at once, with or
+// without `/wait`. The server is started with `--recheck-ms 60000`, so a caller refused for
+// concurrency is told to ask again a minute on: only a wake can serve it within the few seconds
+// these tests allow. A proxy of the test's own (test/proxy.mjs) stands in for a server without
+// waits (it answers `/wait` with 404), for the server's bound on waits, and records what passes.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { LimitedError, LimiterClient } from '../dist/index.mjs';
@@ -54,6 +54,8 @@ async function proxied(t, rule) {
 }
 
 const NOT_FOUND = { status: 404, body: { error: { code: 'not_found', message: 'no such path' } } };
+/** A server without waits (section 15): `/wait` answers 404, everything else reaches the server. */
+const withoutWaits = ({ path }) => (path === '/wait' ? NOT_FOUND : undefined);
 const waitsOf = (proxy) => proxy.log.filter((e) => e.path === '/wait');
 
 /** One concurrency place, in a bucket no other test uses; `key` makes a shape of its own. */
@@ -144,7 +146,7 @@ describe('/wait: woken by the limiter', () => {
   });
 
   test('a server without waits (404) is asked once: from then on the client waits to each retryAt', async (t) => {
-    const proxy = await proxied(t, ({ path }) => (path === '/wait' ? NOT_FOUND : undefined));
+    const proxy = await proxied(t, withoutWaits);
     const client = new LimiterClient({ url: proxy.url });
     const req = { key: fresh('nowait'), limits: [{ key: fresh('nowait/w'), calls: 1, perMs: 1_000 }] };
     await client.acquire(req);
@@ -166,6 +168,72 @@ describe('/wait: woken by the limiter', () => {
     const took = performance.now() - started;
     assert.ok(took >= 1_000 && took < 4_000, `took ${Math.round(took)} ms`);
     assert.equal(waitsOf(proxy).length, 1);
+  });
+});
+
+describe('local wakes: a release through this client', () => {
+  test('wakes its waiter on the same bucket at once, though the server keeps no waits', async (t) => {
+    const proxy = await proxied(t, withoutWaits);
+    const waits = [];
+    const client = new LimiterClient({ url: proxy.url, onWait: (w) => waits.push(w) });
+    const { bucket, req } = placeOf('local');
+    const first = await client.tryAcquire(req());
+    assert.equal(first.granted, true);
+    // Another shape (another caller key) on the same bucket.
+    const second = waiting(t, client, req());
+    await until(async () => (await queued(bucket)) === 1, 'the second holds a ticket');
+    await proxy.waitFor((e) => e.path === '/wait' && e.status === 404);
+    await sleep(200);
+    const released = performance.now();
+    assert.equal(await client.release(first.permit), true);
+    const permit = await within(second, 10_000, 'the second woken by the release');
+    assert.ok(performance.now() - released < 3_000);
+    assert.equal(waits.at(-1).woken, 'release');
+
+    // The 404 is remembered: the next waiter sleeps without asking /wait, and is woken the same way.
+    const third = waiting(t, client, req());
+    await until(async () => (await queued(bucket)) === 1, 'the third holds a ticket');
+    await sleep(200);
+    await permit.release();
+    await (await within(third, 10_000, 'the third woken by the release')).release();
+    assert.equal(waitsOf(proxy).length, 1, 'one /wait in all: its 404 is remembered');
+  });
+
+  test('withPermit\'s end wakes the caller waiting behind it in the same shape', async (t) => {
+    const proxy = await proxied(t, withoutWaits);
+    const client = new LimiterClient({ url: proxy.url });
+    const { req } = placeOf('with');
+    const shape = req();
+    let finish;
+    const gate = new Promise((r) => (finish = r));
+    const first = client.withPermit(shape, () => gate);
+    await sleep(100);
+    const second = waiting(t, client, shape);
+    await proxy.waitFor((e) => e.path === '/wait');
+    await sleep(200);
+    const ended = performance.now();
+    finish('done');
+    assert.equal(await first, 'done');
+    await (await within(second, 10_000, 'the caller behind withPermit')).release();
+    assert.ok(performance.now() - ended < 3_000);
+  });
+
+  test('a settle that frees room in a window wakes the waiter it now fits', async (t) => {
+    const proxy = await proxied(t, withoutWaits);
+    const waits = [];
+    const client = new LimiterClient({ url: proxy.url, onWait: (w) => waits.push(w) });
+    const bucket = fresh('settle/w');
+    const window = { key: bucket, calls: 10, perMs: 60_000 };
+    const estimate = await client.acquire({ key: fresh('settle'), permit: true, limits: [{ ...window, cost: 10 }] });
+    const pending = waiting(t, client, { key: fresh('settle'), limits: [{ ...window, cost: 5 }] });
+    await until(async () => (await queued(bucket)) === 1, 'the waiter holds a ticket');
+    await sleep(200);
+    const settled = performance.now();
+    assert.equal(await estimate.settle({ [bucket]: 2 }), true);
+    await within(pending, 10_000, 'the waiter woken by the settle');
+    assert.ok(performance.now() - settled < 3_000);
+    assert.equal(waits.at(-1).woken, 'release');
+    await estimate.release();
   });
 });
 

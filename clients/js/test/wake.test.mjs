@@ -6,7 +6,7 @@
 // waits (it answers `/wait` with 404), for the server's bound on waits, and records what passes.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { LimitedError, LimiterClient } from '../dist/index.mjs';
+import { InvalidArgumentError, LimitedError, LimiterClient, NotFoundError } from '../dist/index.mjs';
 import { startProxy } from './proxy.mjs';
 import { fresh, startServer } from './server.mjs';
 
@@ -74,6 +74,18 @@ function waiting(t, client, req, options = {}) {
 }
 
 describe('/wait: woken by the limiter', () => {
+  test('client.wait is the wire\'s /wait: its arguments checked, an unknown ticket gone, NotFoundError where the server keeps no waits', async (t) => {
+    const client = new LimiterClient({ url: server.url });
+    await assert.rejects(client.wait([]), (e) => e instanceof InvalidArgumentError && e.field === 'tickets');
+    await assert.rejects(client.wait(['t-1'], { timeoutMs: 999 }), (e) => e instanceof InvalidArgumentError && e.field === 'timeoutMs');
+    await assert.rejects(client.wait(['t-1'], { timeoutMs: 60_001 }), (e) => e instanceof InvalidArgumentError && e.field === 'timeoutMs');
+    const reply = await client.wait(['t-unknown'], { timeoutMs: 1_000 });
+    assert.deepEqual({ ready: reply.ready, gone: reply.gone }, { ready: [], gone: ['t-unknown'] });
+    assert.ok(reply.now instanceof Date);
+    const proxy = await proxied(t, withoutWaits);
+    await assert.rejects(new LimiterClient({ url: proxy.url }).wait(['t-unknown']), NotFoundError);
+  });
+
   test('a release through another client wakes a waiting head within a round trip, long before its retryAt', async (t) => {
     const { bucket, req } = placeOf('other');
     const holder = await new LimiterClient({ url: server.url }).acquire(req());

@@ -1,12 +1,14 @@
 // The client: every method of the wire over `fetch`, and the waiting `acquire`. The limiter never
-// waits; the host does. `acquire` sleeps to each refusal's `retryAt` (sized on the limiter's
+// waits; the host does. `acquire` waits for each refusal's `retryAt` (sized on the limiter's
 // clock), holds a ticket in the limiter's line (section 12 of the wire) when the server gives one,
 // tells the line how much of its `maxWaitMs` remains (`maxWaitMs`, section 12.9), and keeps its
 // own first-in-first-out line per request shape in front of it, so only the head of each shape
-// asks and a large call is never overtaken by smaller ones behind it. Every ask carries a request
-// id (section 16), and an ask whose answer the caller stops waiting for (a timeout, `maxWaitMs`, an
-// abort, a lost connection) is undone by that id in the background, so nothing it may have been
-// granted or filed stays behind.
+// asks and a large call is never overtaken by smaller ones behind it. A head holding a ticket
+// waits on `/wait` (section 15), which answers the moment its turn has come, and a release through
+// this client wakes the heads of its shapes on the same buckets at once. Every ask carries a
+// request id (section 16), and an ask whose answer the caller stops waiting for (a timeout,
+// `maxWaitMs`, an abort, a lost connection) is undone by that id in the background, so nothing it
+// may have been granted or filed stays behind.
 
 import {
   ApiError,
@@ -120,12 +122,30 @@ export interface AcquireOptions {
 
 /** One wait of `acquire`, as the `onWait` hook sees it. */
 export interface WaitReport {
+  /** How long it waited before asking again. */
   waitedMs: number;
   reason: Reason;
-  /** The limit key (for a throttle, the caller key) whose `retryAt` was slept on. */
+  /** The limit key (for a throttle, the caller key) whose `retryAt` it waited for. */
   limit: string;
   /** With a ticket in the limiter's line: the most tickets ahead of it in any of its lines. */
   ahead?: number;
+  /**
+   * What ended the wait before its `retryAt`, if anything: the limiter said its ticket is `ready`
+   * or `gone` (`/wait`), or a `release` through this client freed room in one of its buckets.
+   */
+  woken?: Woken;
+}
+
+/** What woke a waiting `acquire` before its `retryAt` (see `WaitReport.woken`). */
+export type Woken = 'ready' | 'gone' | 'release';
+
+/** The answer of `/wait` (section 15 of the wire): the tickets ready or gone, each list possibly empty. */
+export interface WaitReply {
+  /** Tickets whose request, asked with the ticket, would be granted now. */
+  ready: string[];
+  /** Tickets unknown to the limiter, ended or lapsed. */
+  gone: string[];
+  now: Date;
 }
 
 export interface LimiterClientOptions {
@@ -166,6 +186,11 @@ class Line {
   held = false;
   queue: (() => void)[] = [];
   last: Refusal | undefined;
+  /** The buckets the shape names: a release through this client in one of them wakes the head. */
+  readonly buckets: ReadonlySet<string>;
+  /** A wake that came while the head was not pausing (its ask in flight): its next pause ends at once. */
+  #woken = false;
+  #onWake: (() => void) | undefined;
   /**
    * Since when (a `performance.now()` instant) the asks of this shape have had no answer: set by
    * the first ask of a streak, cleared by any answer. A caller behind a head whose ask got none
@@ -174,6 +199,33 @@ class Line {
   unansweredSince: number | undefined;
   /** The error of the latest ask that got no answer. */
   lost: ConnectionError | undefined;
+
+  constructor(buckets: Iterable<string>) {
+    this.buckets = new Set(buckets);
+  }
+
+  /** Room was freed in one of the shape's buckets: the head's pause ends now, or its next one at once. */
+  wake(): void {
+    const onWake = this.#onWake;
+    this.#onWake = undefined;
+    if (onWake) onWake();
+    else this.#woken = true;
+  }
+
+  /** Whether a wake came since this was last asked (the head's last ask, or its last pause); it is taken. */
+  takeWake(): boolean {
+    const woken = this.#woken;
+    this.#woken = false;
+    return woken;
+  }
+
+  /** Calls `fn` at the next wake, instead of keeping it; the function returned stops listening. */
+  onWake(fn: () => void): () => void {
+    this.#onWake = fn;
+    return () => {
+      if (this.#onWake === fn) this.#onWake = undefined;
+    };
+  }
 
   /** Resolves when this caller is at the head; `cancel` withdraws before that. */
   take(): { turn: Promise<void>; cancel: () => boolean; queued: boolean } {
@@ -224,6 +276,18 @@ const BACKGROUND_TIMEOUT_MS = 2_000;
 const LATE_ANSWER_MS = 2_000;
 /** The pauses between the tries of a release that `withPermit` retries in the background. */
 const RELEASE_RETRY_MS: readonly number[] = [250, 500, 1_000, 2_000];
+/** The wire's bounds on a `/wait`'s `timeoutMs`, and its bound on the tickets it names (section 15). */
+const MIN_WAIT_TIMEOUT_MS = 1_000;
+const MAX_WAIT_TIMEOUT_MS = 60_000;
+const MAX_WAIT_TICKETS = 64;
+/** The longest one `/wait` of a waiting `acquire` lasts before it is asked again. */
+const WAIT_ROUND_MS = 25_000;
+/** How long past its own time a `/wait` may take to be answered (its request has no other bound). */
+const WAIT_MARGIN_MS = 5_000;
+/** A `/wait` answered empty this much before its time did not run its time: the server's bound, or its shutdown. */
+const WAIT_EARLY_MS = 100;
+/** How many permits this client remembers the buckets of, for the wake their release sends (the oldest forgotten first). */
+const MAX_KNOWN_PERMITS = 10_000;
 
 /** What remains of a caller's wait, as the wire's `maxWaitMs`: whole ms rounded up, 1 to 24 h. */
 function lineWaitMs(remainingMs: number): number {
@@ -398,6 +462,25 @@ function sleep(ms: number): { done: Promise<void>; cancel: () => void } {
   return { done, cancel: () => clearTimeout(timer) };
 }
 
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function delay(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted || ms <= 0) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
+function ticketList(v: unknown, field: string): string[] {
+  if (!Array.isArray(v) || !v.every((t) => typeof t === 'string')) throw new ProtocolError(`${field} must be an array of tickets`);
+  return v;
+}
+
 /** A client of one limiter server. Cheap to keep; share one per process. */
 export class LimiterClient {
   readonly url: string;
@@ -409,6 +492,13 @@ export class LimiterClient {
   readonly #onWait: ((report: WaitReport) => void) | undefined;
   readonly #requestId: () => string;
   readonly #lines = new Map<string, Line>();
+  /**
+   * The buckets of each permit granted through this client and not yet released, so that its
+   * release wakes this client's waiters on them. Past `MAX_KNOWN_PERMITS`, the oldest are forgotten.
+   */
+  readonly #permitBuckets = new Map<string, readonly string[]>();
+  /** The server answered `/wait` with 404 (it keeps no waits, section 15): waits sleep to `retryAt`. */
+  #noWaits = false;
   /** The limiter's clock minus ours, from the latest reply. */
   #offsetMs = 0;
 
@@ -461,12 +551,15 @@ export class LimiterClient {
   }
 
   /**
-   * Waits until granted and resolves to a `Permit`: sleeps to each refusal's `retryAt`, holding a
+   * Waits until granted and resolves to a `Permit`: waits for each refusal's `retryAt`, holding a
    * ticket in the limiter's line when it gives one, first in first out among this process's
-   * callers of the same shape. Rejects with `LimitedError` when `maxWaitMs` runs out or `signal`
-   * aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past `maxWaiters`,
-   * and the wire's errors. A caller behind one whose ask got no answer waits `timeoutMs` in all
-   * for an answer, counted from when it joined or that ask was sent, whichever is later.
+   * callers of the same shape. Holding a ticket, it waits on `/wait` instead, asking again as soon
+   * as the limiter says its turn has come; a release through this client in one of its buckets
+   * has it ask again at once. Rejects with `LimitedError` when `maxWaitMs` runs out or
+   * `signal` aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past
+   * `maxWaiters`, and the wire's errors. A caller behind one whose ask got no answer waits
+   * `timeoutMs` in all for an answer, counted from when it joined or that ask was sent, whichever
+   * is later.
    */
   async acquire(request: AcquireRequest, options: AcquireOptions = {}): Promise<Permit> {
     checkRequest(request);
@@ -482,7 +575,7 @@ export class LimiterClient {
     const shape = shapeOf(request);
     let line = this.#lines.get(shape);
     if (!line) {
-      line = new Line();
+      line = new Line(request.limits.map((l) => l.key));
       this.#lines.set(shape, line);
     }
     if (maxWaiters !== undefined && line.waiting >= maxWaiters) throw new QueueFullError(line.waiting);
@@ -533,6 +626,8 @@ export class LimiterClient {
           { cause: line.lost },
         );
       }
+      // A wake from before this ask is seen by it; one that comes while it is in flight is kept.
+      line.takeWake();
       const ask = this.#ask(body, request.limits, timeoutMs);
       line.unansweredSince ??= now;
       const outcome = await this.#until(ask.reply, signal, deadline);
@@ -568,16 +663,83 @@ export class LimiterClient {
         if (ticket !== undefined) this.#leaveSoon(ticket);
         throw new LimitedError('maxWait', last, waited());
       }
-      const nap = sleep(waitMs);
-      const slept = await this.#until(nap.done, signal, undefined);
-      if (slept !== 'done') {
-        nap.cancel();
+      const paused = performance.now();
+      const woken = await this.#pause(line, ticket, waitMs, signal, deadline);
+      if (woken === 'aborted' || woken === 'maxWait') {
         if (ticket !== undefined) this.#leaveSoon(ticket);
-        throw new LimitedError(slept, last, waited(), signal?.reason);
+        throw new LimitedError(woken, last, waited(), woken === 'aborted' ? signal?.reason : undefined);
       }
-      const report: WaitReport = { waitedMs: waitMs, reason: last.reason, limit: last.limit };
+      const report: WaitReport = { waitedMs: Math.round(performance.now() - paused), reason: last.reason, limit: last.limit };
       if (ticket !== undefined && reply.ahead !== undefined) report.ahead = reply.ahead;
+      if (woken !== undefined) report.woken = woken;
       this.#onWait?.(report);
+    }
+  }
+
+  /**
+   * Waits `waitMs` (to a refusal's `retryAt`), or less: until a release through this client frees
+   * room in one of the line's buckets, or, holding `ticket` on a server that keeps waits, until the
+   * limiter says the ticket is ready or gone (`/wait`, section 15: a release by any host wakes it
+   * within a round trip). Resolves to what woke it early, if anything. `signal` and `deadline` end
+   * it at once, and the `/wait` in flight is cut, so no wait stays pending on the server.
+   */
+  async #pause(
+    line: Line,
+    ticket: string | undefined,
+    waitMs: number,
+    signal: AbortSignal | undefined,
+    deadline: number | undefined,
+  ): Promise<Woken | 'aborted' | 'maxWait' | undefined> {
+    // A release came while the head's ask was in flight: the room it freed may be this one's.
+    if (line.takeWake()) return 'release';
+    const wakeAt = performance.now() + waitMs;
+    const stop = new AbortController();
+    let woken: Woken | 'maxWait' | undefined;
+    const unlisten = line.onWake(() => {
+      woken ??= 'release';
+      stop.abort();
+    });
+    const rounds = async (): Promise<void> => {
+      while (ticket !== undefined && !this.#noWaits && !stop.signal.aborted) {
+        const leftMs = deadline === undefined ? Infinity : deadline - performance.now();
+        const roundMs = Math.floor(Math.min(WAIT_ROUND_MS, leftMs));
+        if (roundMs < MIN_WAIT_TIMEOUT_MS) break;
+        const sent = performance.now();
+        const answer = await this.#waitRound(ticket, roundMs, stop.signal);
+        // It failed, was cut by a local wake, or the server keeps no waits: on to retryAt.
+        if (answer === undefined) break;
+        if (answer.ready.length > 0 || answer.gone.length > 0) {
+          woken ??= answer.ready.length > 0 ? 'ready' : 'gone';
+          return;
+        }
+        // Answered empty before its time: the server's bound on waits, or its shutdown.
+        if (performance.now() - sent < roundMs - WAIT_EARLY_MS) break;
+        // It ran its time. Up to the caller's deadline, that ends the caller's wait too.
+        if (roundMs < WAIT_ROUND_MS) {
+          woken ??= 'maxWait';
+          return;
+        }
+        // Past retryAt, ask again (that renews the ticket); before it, wait again.
+        if (performance.now() >= wakeAt) return;
+      }
+      await delay(wakeAt - performance.now(), stop.signal);
+    };
+    try {
+      const ended = await this.#until(rounds(), signal, deadline);
+      return ended === 'done' ? woken : ended;
+    } finally {
+      unlisten();
+      stop.abort();
+    }
+  }
+
+  /** One `/wait` of a waiting acquire; undefined when it failed or the server keeps no waits (a 404, remembered). */
+  async #waitRound(ticket: string, timeoutMs: number, signal: AbortSignal): Promise<WaitReply | undefined> {
+    try {
+      return await this.wait([ticket], { timeoutMs, signal });
+    } catch (e) {
+      if (e instanceof NotFoundError) this.#noWaits = true;
+      return undefined;
     }
   }
 
@@ -593,6 +755,12 @@ export class LimiterClient {
     text(id, 'requestId', MAX_ID_BYTES);
     const controller = new AbortController();
     const answer = this.#acquireOnce({ ...body, id }, controller.signal, timeoutMs + LATE_ANSWER_MS);
+    answer.then(
+      (r) => {
+        if (r.granted && r.permit !== undefined) this.#remember(r.permit, limits);
+      },
+      () => {},
+    );
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timedOut = new Promise<never>((_, reject) => {
       timer = setTimeout(
@@ -630,7 +798,11 @@ export class LimiterClient {
     const body: Record<string, unknown> = { id };
     const costs = limits.filter((l) => l.calls !== undefined).map((l) => ({ key: l.key, cost: 0 }));
     if (costs.length > 0) body.costs = costs;
-    return this.#background('/release', body);
+    return this.#background('/release', body).then((undone) => {
+      // Whatever it got is given back: its room may be a waiter's here.
+      if (undone) this.#wake(limits.map((l) => l.key));
+      return undone;
+    });
   }
 
   /** Leaves the line in the background. */
@@ -649,8 +821,39 @@ export class LimiterClient {
 
   /** Releases what a reply that came after its caller gave up holds: a permit, a ticket. */
   #giveBack(reply: AcquireReply): void {
-    if (reply.granted && reply.permit !== undefined) void this.#background('/release', { permit: reply.permit });
+    const permit = reply.granted ? reply.permit : undefined;
+    if (permit !== undefined) {
+      void this.#background('/release', { permit }).then((answered) => {
+        if (answered) this.#freed(permit, true);
+      });
+    }
     if (!reply.granted && reply.ticket !== undefined) this.#leaveSoon(reply.ticket);
+  }
+
+  /** Keeps the buckets of a permit granted through this client, for the wake its release sends. */
+  #remember(permit: string, limits: readonly Limit[]): void {
+    this.#permitBuckets.set(permit, limits.map((l) => l.key));
+    if (this.#permitBuckets.size > MAX_KNOWN_PERMITS) {
+      for (const oldest of this.#permitBuckets.keys()) {
+        this.#permitBuckets.delete(oldest);
+        break;
+      }
+    }
+  }
+
+  /** A release (or settle) of `permit` was answered: wakes this client's waiters on its buckets. */
+  #freed(permit: string, released: boolean): void {
+    const buckets = this.#permitBuckets.get(permit);
+    if (buckets === undefined) return;
+    if (released) this.#permitBuckets.delete(permit);
+    this.#wake(buckets);
+  }
+
+  /** Wakes the head of each of this client's lines that names one of `buckets`: it asks again at once. */
+  #wake(buckets: readonly string[]): void {
+    for (const line of this.#lines.values()) {
+      if (buckets.some((b) => line.buckets.has(b))) line.wake();
+    }
   }
 
   /** Races `p` against `signal` and `deadline` (a `performance.now()` instant). */
@@ -705,7 +908,9 @@ export class LimiterClient {
     text(permit, 'permit', MAX_ID_BYTES);
     const body: Record<string, unknown> = { permit };
     if (costs !== undefined) body.costs = costsToWire(costs, 'costs');
-    return flag((await this.#request('POST', '/release', body)).body, 'released');
+    const released = flag((await this.#request('POST', '/release', body)).body, 'released');
+    this.#freed(permit, true);
+    return released;
   }
 
   /** Leaves the limiter's line: `true` when the ticket was live (wire version 3). */
@@ -718,7 +923,33 @@ export class LimiterClient {
   async settle(permit: string, costs: Costs): Promise<boolean> {
     text(permit, 'permit', MAX_ID_BYTES);
     const body = { permit, costs: costsToWire(costs, 'costs') };
-    return flag((await this.#request('POST', '/settle', body)).body, 'settled');
+    const settled = flag((await this.#request('POST', '/settle', body)).body, 'settled');
+    this.#freed(permit, false);
+    return settled;
+  }
+
+  /**
+   * Waits until one of `tickets` is ready (its request, asked again with it, would be granted now)
+   * or gone, or `timeoutMs` (1000-60000, default 25000) passes: `POST /wait` (section 15 of the
+   * wire). It counts nowhere and grants nothing, and keeps its tickets from lapsing. Its HTTP
+   * request is bounded by `timeoutMs` and a margin, not by the client's `timeoutMs`. A server that
+   * keeps no waits answers `NotFoundError`.
+   */
+  async wait(tickets: readonly string[], options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<WaitReply> {
+    if (!Array.isArray(tickets) || tickets.length < 1 || tickets.length > MAX_WAIT_TICKETS) {
+      throw new InvalidArgumentError('tickets', `must be an array of 1 to ${MAX_WAIT_TICKETS} tickets`);
+    }
+    tickets.forEach((t, i) => text(t, `tickets[${i}]`, MAX_ID_BYTES));
+    const timeoutMs = options.timeoutMs ?? WAIT_ROUND_MS;
+    integer(timeoutMs, 'timeoutMs', MIN_WAIT_TIMEOUT_MS, MAX_WAIT_TIMEOUT_MS);
+    const { body } = await this.#request('POST', '/wait', { tickets, timeoutMs }, options.signal, timeoutMs + WAIT_MARGIN_MS);
+    const reply: WaitReply = {
+      ready: ticketList(body.ready, 'wait: ready'),
+      gone: ticketList(body.gone, 'wait: gone'),
+      now: instant(body.now, 'wait: now'),
+    };
+    this.#sawNow(reply.now);
+    return reply;
   }
 
   /** Closes the caller `key` until `until` (throttles only extend); the throttle now in force. */

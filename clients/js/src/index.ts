@@ -14,7 +14,9 @@ export {
   type PeekReply,
   type Refused,
   type ResponseLike,
+  type WaitReply,
   type WaitReport,
+  type Woken,
 } from './client.js';
 export { Permit, type Costs } from './permit.js';
 export {

@@ -274,7 +274,8 @@ describe('acquire', () => {
       Date.now = realNow;
     }
     assert.equal(waits.length, 1, JSON.stringify(waits));
-    assert.ok(waits[0].waitedMs > 50 && waits[0].waitedMs <= 500, JSON.stringify(waits));
+    // The time it waited, as measured: about the 500 ms window, nowhere near the hour its clock is off.
+    assert.ok(waits[0].waitedMs > 50 && waits[0].waitedMs < 900, JSON.stringify(waits));
   });
 
   test('without a now on the reply, the HTTP Date header sizes the wait (to within its second)', async () => {

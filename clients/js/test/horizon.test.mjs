@@ -12,14 +12,16 @@ const REQUEST = { key: 'k', limits: LIMITS };
 
 /**
  * A `fetch` that answers each `/acquire` with the next of `replies` (a function of the limiter's
- * `now`, in epoch ms), and `/release` with `released`; `sent` records every body by path.
+ * `now`, in epoch ms), `/release` with `released`, and `/wait` with 404 (a server without waits,
+ * so the client sleeps to each `retryAt`); `sent` records every body by path.
  */
 function scripted(replies) {
-  const sent = { acquire: [], release: [] };
+  const sent = { acquire: [], release: [], wait: [] };
   let next = 0;
   const fetch = async (url, init) => {
     const path = new URL(url).pathname.slice(1);
     sent[path].push(JSON.parse(init.body));
+    if (path === 'wait') return new Response('{"error":{"code":"not_found","message":"no such path"}}', { status: 404 });
     const now = Date.now();
     const body = path === 'release' ? { released: true } : { now: new Date(now).toISOString(), ...replies[next++](now) };
     return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json' } });

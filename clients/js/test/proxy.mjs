@@ -11,7 +11,8 @@ import { createServer } from 'node:http';
  * never answers; `{ drop: true }` closes the connection unanswered; `{ status, body }` answers
  * that instead. `seen` counts the earlier requests to the same path. Resolves to { url, log,
  * setRule(rule), waitFor(predicate, ms), close() }; `log` holds { method, path, body, at, status }
- * entries in arrival order (`at` in performance.now() ms; `status` once answered).
+ * entries in arrival order (`at` in performance.now() ms; `status` once answered; `hungUp` when
+ * the client closed the connection before its answer, which the proxy then passes on upstream).
  */
 export async function startProxy(upstream, rule = () => undefined) {
   const log = [];
@@ -32,6 +33,12 @@ export async function startProxy(upstream, rule = () => undefined) {
     seen.set(path, n + 1);
     const entry = { method: req.method, path, url: req.url, body, at: performance.now(), status: undefined };
     log.push(entry);
+    const upstreamStop = new AbortController();
+    res.on('close', () => {
+      if (res.writableFinished) return;
+      entry.hungUp = true;
+      upstreamStop.abort();
+    });
     const action = decide({ method: req.method, path, body, seen: n }) ?? {};
     if (action.hang) return; // held until the client (or close) drops the connection
     if (action.drop) {
@@ -51,6 +58,7 @@ export async function startProxy(upstream, rule = () => undefined) {
         method: req.method,
         headers: { 'content-type': 'application/json', ...(req.headers.authorization ? { authorization: req.headers.authorization } : {}) },
         body: req.method === 'GET' ? undefined : text,
+        signal: upstreamStop.signal,
       });
       status = up.status;
       reply = await up.text();

@@ -23,12 +23,13 @@ export function binary() {
   return bin;
 }
 
-/** Starts a server; resolves to { url, path, pid, stop() }. */
-export async function startServer({ token, recheckMs } = {}) {
+/** Starts a server (`args`: more flags of `serve`); resolves to { url, path, pid, stop() }. */
+export async function startServer({ token, recheckMs, args: extra = [] } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'redb-limiter-js-'));
   const path = join(dir, 'limiter.redb');
   const args = ['serve', '--path', path, '--listen', '127.0.0.1:0'];
   if (recheckMs !== undefined) args.push('--recheck-ms', String(recheckMs));
+  args.push(...extra);
   const env = { ...process.env, RUST_LOG: 'warn' };
   delete env.REDB_LIMITER_TOKEN;
   if (token !== undefined) env.REDB_LIMITER_TOKEN = token;

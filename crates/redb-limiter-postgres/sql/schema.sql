@@ -1639,6 +1639,78 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_windows(boolean, text[], bigint[], bigin
 
 
 ---------------------------------------------------------------------------------------------
+-- The settle of a grant made at p_at (9.3): its window shares p_windows ([{"k": key, "b":
+-- buckets.id, "calls", "per", "cost"}], as permits.windows keeps them) take the costs given
+-- (every key among them: the callers check), each capped at its calls, at p_clock (floored by
+-- the buckets). The buckets are locked in key order (the same order as acquire). Answers
+-- {"windows": the shares with their new costs, "changed": whether a window counts otherwise}.
+-- A share whose bucket was forgotten and created again since the grant ("b" another id; NULL:
+-- the bucket did not exist then), whose grant row is gone or has left the bucket's kept window,
+-- changes nothing there.
+CREATE OR REPLACE FUNCTION __SCHEMA__._settle_grant(p_at bigint, p_windows jsonb, costs jsonb,
+                                                    p_clock bigint)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  b record;
+  e record;
+  v_now bigint;
+  v_keys text[];
+  v_win jsonb;
+  v_windows jsonb := p_windows;
+  v_pos integer;
+  v_new bigint;
+  v_d bigint;
+  v_seq bigint;
+  v_r bigint;
+  v_w bigint;
+  v_changed boolean := false;
+BEGIN
+  SELECT array_agg(x.key ORDER BY x.key COLLATE "C") INTO v_keys
+    FROM jsonb_to_recordset(costs) AS x(key text);
+  -- Lock the buckets in key order (the same order as acquire).
+  PERFORM 1 FROM __SCHEMA__.buckets WHERE key = ANY (v_keys) ORDER BY key FOR UPDATE;
+  SELECT greatest(p_clock, p_at, max(floor_ms)) INTO v_now
+    FROM __SCHEMA__.buckets WHERE key = ANY (v_keys);
+  FOR e IN SELECT x.key, x.cost FROM jsonb_to_recordset(costs) AS x(key text, cost bigint) LOOP
+    SELECT w.value, w.ord::integer - 1 INTO v_win, v_pos
+      FROM jsonb_array_elements(v_windows) WITH ORDINALITY AS w(value, ord)
+     WHERE w.value->>'k' = e.key;
+    v_new := least(e.cost, (v_win->>'calls')::bigint);
+    v_d := v_new - (v_win->>'cost')::bigint;
+    v_windows := jsonb_set(v_windows, ARRAY[v_pos::text, 'cost'], to_jsonb(v_new));
+    CONTINUE WHEN v_d = 0;
+    SELECT * INTO b FROM __SCHEMA__.buckets WHERE key = e.key;
+    -- A bucket forgotten and created again since the grant no longer holds it.
+    CONTINUE WHEN NOT FOUND OR b.id <> coalesce((v_win->>'b')::bigint, b.id);
+    SELECT g.seq INTO v_seq FROM __SCHEMA__.grants g WHERE g.bucket = b.id AND g.at = p_at;
+    CONTINUE WHEN NOT FOUND;
+    v_r := b.retain_ms;
+    v_w := b.pruned_to;
+    IF __SCHEMA__._idle(b.id, v_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen) THEN
+      -- Forgotten since: it starts afresh holding this grant, kept for the grant's perMs.
+      IF v_r > 0 THEN
+        v_w := greatest(v_w, v_now - v_r);
+      END IF;
+      v_r := (v_win->>'per')::bigint;
+    END IF;
+    -- A grant that has left the bucket's kept window changes nothing there.
+    CONTINUE WHEN p_at <= greatest(v_w, v_now - v_r);
+    INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d)
+    SELECT b.id, x, v_d FROM unnest(__SCHEMA__._fen_up(v_seq, b.last_seq)) AS x
+    ON CONFLICT (bucket, idx) DO UPDATE SET d = f.d + excluded.d;
+    UPDATE __SCHEMA__.buckets
+       SET dtotal = dtotal + v_d, fen = true, retain_ms = v_r, pruned_to = v_w
+     WHERE id = b.id;
+    v_changed := true;
+  END LOOP;
+  RETURN jsonb_build_object('windows', v_windows, 'changed', v_changed);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._settle_grant(bigint, jsonb, jsonb, bigint) IS
+  'settle the window shares of a grant (spec 9.3), for settle and release {id}';
+
 -- settle: {"settled": true|false}; raises RL400 naming costs[i].key for a key that was not a
 -- window limit of the live permit's grant (and then changes nothing).
 -- costs: [{"key", "cost"}], 1-64 entries with unique keys.
@@ -1648,19 +1720,9 @@ LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
   p record;
-  b record;
   e record;
   v_clock bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
-  v_now bigint;
-  v_keys text[];
-  v_win jsonb;
-  v_windows jsonb;
-  v_pos integer;
-  v_new bigint;
-  v_d bigint;
-  v_seq bigint;
-  v_r bigint;
-  v_w bigint;
+  v_settled jsonb;
 BEGIN
   SELECT * INTO p FROM __SCHEMA__.permits WHERE id = permit FOR UPDATE;
   IF NOT FOUND OR p.lapse <= greatest(v_clock, p.at) THEN
@@ -1675,45 +1737,8 @@ BEGIN
         USING ERRCODE = 'RL400', DETAIL = e.key;
     END IF;
   END LOOP;
-  SELECT array_agg(x.key ORDER BY x.key COLLATE "C") INTO v_keys
-    FROM jsonb_to_recordset(costs) AS x(key text);
-  -- Lock the buckets in key order (the same order as acquire).
-  PERFORM 1 FROM __SCHEMA__.buckets WHERE key = ANY (v_keys) ORDER BY key FOR UPDATE;
-  SELECT greatest(v_clock, p.at, max(floor_ms)) INTO v_now
-    FROM __SCHEMA__.buckets WHERE key = ANY (v_keys);
-  v_windows := p.windows;
-  FOR e IN SELECT x.key, x.cost FROM jsonb_to_recordset(costs) AS x(key text, cost bigint) LOOP
-    SELECT w.value, w.ord::integer - 1 INTO v_win, v_pos
-      FROM jsonb_array_elements(v_windows) WITH ORDINALITY AS w(value, ord)
-     WHERE w.value->>'k' = e.key;
-    v_new := least(e.cost, (v_win->>'calls')::bigint);
-    v_d := v_new - (v_win->>'cost')::bigint;
-    v_windows := jsonb_set(v_windows, ARRAY[v_pos::text, 'cost'], to_jsonb(v_new));
-    CONTINUE WHEN v_d = 0;
-    SELECT * INTO b FROM __SCHEMA__.buckets WHERE key = e.key;
-    -- A bucket forgotten and created again since the grant no longer holds it.
-    CONTINUE WHEN NOT FOUND OR b.id <> (v_win->>'b')::bigint;
-    SELECT g.seq INTO v_seq FROM __SCHEMA__.grants g WHERE g.bucket = b.id AND g.at = p.at;
-    CONTINUE WHEN NOT FOUND;
-    v_r := b.retain_ms;
-    v_w := b.pruned_to;
-    IF __SCHEMA__._idle(b.id, v_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen) THEN
-      -- Forgotten since: it starts afresh holding this grant, kept for the grant's perMs.
-      IF v_r > 0 THEN
-        v_w := greatest(v_w, v_now - v_r);
-      END IF;
-      v_r := (v_win->>'per')::bigint;
-    END IF;
-    -- A grant that has left the bucket's kept window changes nothing there.
-    CONTINUE WHEN p.at <= greatest(v_w, v_now - v_r);
-    INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d)
-    SELECT b.id, x, v_d FROM unnest(__SCHEMA__._fen_up(v_seq, b.last_seq)) AS x
-    ON CONFLICT (bucket, idx) DO UPDATE SET d = f.d + excluded.d;
-    UPDATE __SCHEMA__.buckets
-       SET dtotal = dtotal + v_d, fen = true, retain_ms = v_r, pruned_to = v_w
-     WHERE id = b.id;
-  END LOOP;
-  UPDATE __SCHEMA__.permits SET windows = v_windows WHERE id = permit;
+  v_settled := __SCHEMA__._settle_grant(p.at, p.windows, costs, v_clock);
+  UPDATE __SCHEMA__.permits SET windows = v_settled->'windows' WHERE id = permit;
   RETURN jsonb_build_object('settled', true);
 END
 $$;

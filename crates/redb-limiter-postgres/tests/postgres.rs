@@ -959,6 +959,24 @@ enum Op {
     /// The n-th ticket held presented by another caller: a bad request naming `ticket` while it
     /// lives, on both sides.
     Misbound(usize),
+    /// An acquire named by a new id (section 16), with `queue`, `permit` and `report` as
+    /// flagged.
+    Named(u8, Vec<LimitSpec>, (bool, bool, bool)),
+    /// The n-th ticket held asked again under a new id: a grant is remembered, a renewal not.
+    NamedAgain(usize),
+    /// The n-th named acquire asked again with its id (with `report` as flagged): answered as
+    /// the first time while its id is remembered.
+    Retry(usize, bool),
+    /// The n-th named id with other params (a cost one higher on its first limit): a bad request
+    /// naming `id` while it is remembered.
+    Reuse(usize),
+    /// `release {id}` of the n-th named id, with costs (that cost on every window limit of its
+    /// request) when given, and a key that is no window limit of it when flagged.
+    Undo(usize, Option<u64>, bool),
+    /// `release {id}` of an id never seen, then its acquire arriving: a bad request naming `id`.
+    UndoUnseen(u8, Vec<LimitSpec>),
+    /// A peek with the n-th named id: as it would be answered again while remembered.
+    PeekNamed(usize),
 }
 
 /// A limit of a generated request: (window, cost, concurrent).
@@ -1011,6 +1029,54 @@ fn line_op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The operations of request ids (section 16) beside those of the line, and steps of a minute
+/// or so, so that ids are forgotten too.
+fn id_op() -> impl Strategy<Value = Op> {
+    let named = || {
+        (0u8..3, prop::collection::btree_map(0u8..4, limit_spec(), 1..3)).prop_map(|(caller, m)| {
+            (caller, m.into_iter().map(|(b, (w, cost, c))| (b, w, cost, c)).collect::<Vec<LimitSpec>>())
+        })
+    };
+    prop_oneof![
+        8 => line_op(),
+        5 => (named(), (any::<bool>(), any::<bool>(), any::<bool>()))
+            .prop_map(|((caller, limits), flags)| Op::Named(caller, limits, flags)),
+        2 => any::<usize>().prop_map(Op::NamedAgain),
+        5 => (any::<usize>(), any::<bool>()).prop_map(|(n, report)| Op::Retry(n, report)),
+        1 => any::<usize>().prop_map(Op::Reuse),
+        3 => (any::<usize>(), prop::option::of(0u64..4), prop::bool::weighted(0.15))
+            .prop_map(|(n, cost, bad)| Op::Undo(n, cost, bad)),
+        1 => named().prop_map(|(caller, limits)| Op::UndoUnseen(caller, limits)),
+        1 => any::<usize>().prop_map(Op::PeekNamed),
+        1 => prop::sample::select(vec![30_000u64, 59_999, 60_000]).prop_map(Op::Advance),
+    ]
+}
+
+/// The id of the `k`-th named acquire of a run: some hold U+0000 and U+0001, which the database
+/// stores escaped.
+fn id_name(k: usize) -> String {
+    if k % 4 == 3 { format!("\0id\u{1}{k}") } else { format!("id{k}") }
+}
+
+/// The engine's and the database's answers to an acquire named by an id, compared: the same
+/// bad request (the message too), or the same answer ([`compare_line`]).
+fn compare_named(
+    i: usize,
+    req: &AcquireRequest,
+    want: Result<redb_limiter::engine::LineAnswer, redb_limiter::BadRequest>,
+    want_figures: Option<Vec<redb_limiter::engine::Figures>>,
+    got: Result<redb_limiter::limiter::Acquired, LimiterError>,
+    held: (&mut Vec<(AcquireRequest, String, String)>, Option<usize>),
+    permits: &mut Vec<(String, String)>,
+) -> Result<(), TestCaseError> {
+    match (want, got) {
+        (Err(w), Err(LimiterError::BadRequest(g))) => prop_assert_eq!(w.0, g.0, "op {}: {:?}", i, req),
+        (Ok(w), Ok(g)) => compare_line(i, req, &w, want_figures, &g, held, permits)?,
+        (w, g) => prop_assert!(false, "op {}: {:?}: engine {:?}, database {:?}", i, req, w, g),
+    }
+    Ok(())
+}
+
 /// The engine's and the database's answers to an acquire in the line, compared: the decision,
 /// the ticket a refusal names (each side's own id; its lapse, the tickets ahead, now) and the
 /// figures of a report (with `queued`). The tickets held are updated to those named (a new one
@@ -1032,7 +1098,7 @@ fn compare_line(
     prop_assert_eq!(want_figures, figures, "op {}: figures of {:?}", i, req);
     if let (Some(w), Some(g)) = (&want.ticket, &got.ticket) {
         let mut base = req.clone();
-        (base.ticket, base.report, base.queue) = (None, false, false);
+        (base.ticket, base.report, base.queue, base.id) = (None, false, false, None);
         match slot {
             Some(n) => held[n] = (base, w.id.to_string(), g.id.to_string()),
             None => held.push((base, w.id.to_string(), g.id.to_string())),
@@ -1200,6 +1266,8 @@ async fn differential(
     let mut held: Vec<(AcquireRequest, String, String)> = Vec::new();
     // Every (engine ticket, database ticket) pair named so far.
     let mut seen_ids: Vec<(String, String)> = Vec::new();
+    // (engine request, database request) of each acquire named by an id so far (section 16).
+    let mut named: Vec<(AcquireRequest, AcquireRequest)> = Vec::new();
     let fail = |e: LimiterError| TestCaseError::fail(e.to_string());
     for (i, op) in ops.iter().enumerate() {
         let now = clock.now();
@@ -1301,7 +1369,106 @@ async fn differential(
                     compare_line(i, &req, &want, None, &got, (&mut held, None), &mut permits)?;
                 }
             }
-            Op::Again(_) | Op::Leave(_) | Op::PeekLine(_) | Op::Misbound(_) | Op::ThrottleHeld(..) => {}
+            Op::Named(caller, limits, (queue, permit, report)) => {
+                let mut req = request(names, *caller, limits).with_id(id_name(named.len())).unwrap();
+                (req.queue, req.permit, req.report) = (*queue, *permit, *report);
+                let want = engine.acquire_in_line(&req, now, &mut effects);
+                let figures = want.is_ok().then(|| req.report.then(|| engine.figures(&req, now))).flatten();
+                let got = pg.acquire(req.clone()).await;
+                compare_named(i, &req, want, figures, got, (&mut held, None), &mut permits)?;
+                named.push((req.clone(), req));
+            }
+            Op::NamedAgain(n) if !held.is_empty() => {
+                let slot = n % held.len();
+                let (base, e, p) = held[slot].clone();
+                let id = id_name(named.len());
+                let ereq = base.clone().with_ticket(e).unwrap().with_id(id.clone()).unwrap();
+                let preq = base.with_ticket(p).unwrap().with_id(id).unwrap();
+                let want = engine.acquire_in_line(&ereq, now, &mut effects);
+                let got = pg.acquire(preq.clone()).await;
+                compare_named(i, &preq, want, None, got, (&mut held, Some(slot)), &mut permits)?;
+                named.push((ereq, preq));
+            }
+            Op::Retry(n, report) if !named.is_empty() => {
+                let (mut ereq, mut preq) = named[n % named.len()].clone();
+                (ereq.report, preq.report) = (*report, *report);
+                let want = engine.acquire_in_line(&ereq, now, &mut effects);
+                let figures = want.is_ok().then(|| ereq.report.then(|| engine.figures(&ereq, now))).flatten();
+                let got = pg.acquire(preq.clone()).await;
+                compare_named(i, &preq, want, figures, got, (&mut held, None), &mut permits)?;
+            }
+            Op::Reuse(n) if !named.is_empty() => {
+                let (mut ereq, mut preq) = named[n % named.len()].clone();
+                ereq.limits[0].cost += 1;
+                preq.limits[0].cost += 1;
+                let want = engine.acquire_in_line(&ereq, now, &mut effects);
+                let figures = want.is_ok().then(|| ereq.report.then(|| engine.figures(&ereq, now))).flatten();
+                let got = pg.acquire(preq.clone()).await;
+                compare_named(i, &preq, want, figures, got, (&mut held, None), &mut permits)?;
+            }
+            Op::Undo(n, cost, bad) if !named.is_empty() => {
+                let (ereq, _) = &named[n % named.len()];
+                let id = ereq.id.clone().expect("named");
+                let mut costs: Vec<redb_limiter::request::Cost> = match cost {
+                    Some(c) => ereq
+                        .limits
+                        .iter()
+                        .filter(|l| l.window.is_some())
+                        .map(|l| redb_limiter::request::Cost::new(&l.key, *c))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                if *bad {
+                    costs.push(redb_limiter::request::Cost::new("elsewhere", 0));
+                }
+                let want = engine.undo(&id, &costs, now, &mut effects);
+                let undo = if costs.is_empty() {
+                    redb_limiter::request::UndoRequest::new(id)
+                } else {
+                    redb_limiter::request::UndoRequest::with_costs(id, costs)
+                };
+                let got = pg.undo(undo.unwrap()).await;
+                match (want, got) {
+                    (Err(w), Err(LimiterError::BadRequest(g))) => prop_assert_eq!(w.0, g.0, "op {}: undo", i),
+                    (Ok(w), Ok(g)) => prop_assert_eq!(w, g, "op {}: undo", i),
+                    (w, g) => prop_assert!(false, "op {}: undo: engine {:?}, database {:?}", i, w, g),
+                }
+            }
+            Op::UndoUnseen(caller, limits) => {
+                let req = request(names, *caller, limits).with_id(id_name(named.len())).unwrap();
+                let id = req.id.clone().expect("named");
+                let want = engine.undo(&id, &[], now, &mut effects);
+                let got = pg.undo(redb_limiter::request::UndoRequest::new(id).unwrap()).await;
+                prop_assert_eq!(want, got.map_err(|e| redb_limiter::BadRequest(e.to_string())), "op {}: undo", i);
+                let want = engine.acquire_in_line(&req, now, &mut effects);
+                let figures = want.is_ok().then(|| req.report.then(|| engine.figures(&req, now))).flatten();
+                let got = pg.acquire(req.clone()).await;
+                compare_named(i, &req, want, figures, got, (&mut held, None), &mut permits)?;
+                named.push((req.clone(), req));
+            }
+            Op::PeekNamed(n) if !named.is_empty() => {
+                let (ereq, preq) = &named[n % named.len()];
+                let want = engine.peek_in_line(ereq, now);
+                let got = pg.peek(preq.clone()).await;
+                match (want, got) {
+                    (Err(w), Err(LimiterError::BadRequest(g))) => prop_assert_eq!(w.0, g.0, "op {}: peek", i),
+                    (Ok(w), Ok(g)) => {
+                        prop_assert_eq!(w, g.refusal, "op {}: peek with an id", i);
+                        prop_assert_eq!(engine.figures(ereq, now), g.report.limits, "op {}: peek's figures", i);
+                    }
+                    (w, g) => prop_assert!(false, "op {}: peek: engine {:?}, database {:?}", i, w, g),
+                }
+            }
+            Op::Again(_)
+            | Op::Leave(_)
+            | Op::PeekLine(_)
+            | Op::Misbound(_)
+            | Op::ThrottleHeld(..)
+            | Op::NamedAgain(_)
+            | Op::Retry(..)
+            | Op::Reuse(_)
+            | Op::Undo(..)
+            | Op::PeekNamed(_) => {}
             Op::Throttle(caller, ahead) => {
                 let key = names.callers[usize::from(*caller)].clone();
                 let until = now.plus(*ahead);
@@ -1401,6 +1568,17 @@ fn the_database_decides_as_the_engine_does() {
 fn the_database_keeps_the_line_as_the_engine_does() {
     let Some(url) = database_url() else { return };
     run_differential(&url, &Names::plain(), 150, prop::collection::vec(line_op(), 1..60));
+}
+
+/// Request ids (section 16) on the database and on the engine at the same instants, beside the
+/// line: acquires named by ids (granted with or without a permit, filing tickets, refused),
+/// retried (with and without a report), reused with other params, undone with and without costs
+/// (some naming a key that was no window of the grant), released before they arrive, peeked,
+/// and forgotten after their minute: every answer, bad request and figure must be the engine's.
+#[test]
+fn the_database_keeps_request_ids_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    run_differential(&url, &Names::plain(), 150, prop::collection::vec(id_op(), 1..60));
 }
 
 /// The same under a short server horizon (section 12.9), so that requests beyond it file no

@@ -2591,3 +2591,421 @@ fn tickets_are_kept_through_a_restart_of_every_server() {
         assert_ne!(anew.ticket.map(|t| t.id), Some(gone.id));
     });
 }
+
+// Request ids (section 16).
+
+/// An acquire of caller `caller` named by `id`.
+fn named(id: &str, limits: Vec<Limit>) -> AcquireRequest {
+    AcquireRequest::new("caller", limits).unwrap().with_id(id).unwrap()
+}
+
+/// The figures of `req`'s limits now, read by a peek without its id, ticket or queue.
+async fn figures(pg: &PgLimiter, req: &AcquireRequest) -> Vec<redb_limiter::engine::Figures> {
+    let mut plain = req.clone();
+    (plain.id, plain.ticket, plain.queue) = (None, None, false);
+    pg.peek(plain).await.unwrap().report.limits
+}
+
+/// How many ids the schema of `pg` keeps a record of (forgotten or not).
+async fn records(client: &tokio_postgres::Client, pg: &PgLimiter) -> i64 {
+    let sql = format!("SELECT count(*) FROM \"{}\".requests", pg.schema());
+    client.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+/// The message of a bad request, or a panic naming what came instead.
+fn bad_request<T: std::fmt::Debug>(result: Result<T, LimiterError>) -> String {
+    match result {
+        Err(LimiterError::BadRequest(e)) => e.0,
+        other => panic!("not a bad request: {other:?}"),
+    }
+}
+
+/// A grant named by an id, asked again (with a report and another graceMs, neither bound), is
+/// answered as the first time (its instant, its permit) and counts once; a peek with the id fits
+/// as it would be answered again; the id with another cost, caller or permit flag is a bad request
+/// naming `id`, for a peek too; a new id is a new ask. A grant without a permit is answered again
+/// the same way.
+#[test]
+fn a_retried_acquire_named_by_id_is_answered_as_the_first_time_and_counts_once() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "ids_again", clock.clone()).await;
+        let r = named("a-1", vec![window("w", 2, 60_000), Limit::concurrent("c", 2)]);
+        let first = pg.acquire(r.clone()).await.unwrap().decision;
+        let Decision::Granted { at, permit: Some(_) } = first else { panic!("{first:?}") };
+        assert_eq!(at, T0);
+        clock.advance(5);
+        let again = pg.acquire(r.clone().with_report().with_grace_ms(5_000).unwrap()).await.unwrap();
+        assert_eq!(again.decision, first, "the same grant, instant and permit");
+        let report = again.report.expect("a report");
+        assert_eq!(report.now, T0.plus(5));
+        let counted: Vec<_> = report.limits.iter().map(|f| (f.window, f.places)).collect();
+        assert_eq!(counted, [(Some((1, 1)), None), (None, Some((1, 1)))], "counted once, as it stands now");
+        let peeked = pg.peek(r.clone()).await.unwrap();
+        assert_eq!((peeked.refusal, peeked.report.now), (None, T0.plus(5)), "peeked as it would be answered again");
+        let mut cost = r.clone();
+        cost.limits[0].cost = 2;
+        let other_caller = AcquireRequest { key: "other".into(), ..r.clone() };
+        for other in [cost, other_caller, r.clone().with_permit()] {
+            let message = bad_request(pg.acquire(other.clone()).await);
+            assert!(message.starts_with("id names another request"), "{message}");
+            assert!(bad_request(pg.peek(other).await).starts_with("id "));
+        }
+        let counted: Vec<_> = figures(&pg, &r).await.iter().map(|f| (f.window, f.places)).collect();
+        assert_eq!(counted, [(Some((1, 1)), None), (None, Some((1, 1)))], "a bad request counts nothing");
+        // A new id is a new ask.
+        let fresh_id = AcquireRequest { id: Some("a-2".into()), ..r.clone() };
+        assert!(pg.acquire(fresh_id).await.unwrap().decision.is_granted());
+        assert_eq!(figures(&pg, &r).await[0].window, Some((2, 0)));
+        // A grant without a permit: the same instant, no permit, counted once.
+        let w = named("w-1", vec![window("v", 5, 60_000).with_cost(2)]);
+        let first = pg.acquire(w.clone()).await.unwrap().decision;
+        assert_eq!(first, Decision::Granted { at: T0.plus(5), permit: None });
+        clock.advance(10);
+        assert_eq!(pg.acquire(w.clone()).await.unwrap().decision, first);
+        assert_eq!(figures(&pg, &w).await[0].window, Some((2, 3)));
+    });
+}
+
+/// A filing named by an id, asked again, names the same ticket (its lapse and the tickets ahead
+/// as they stand) and files no second; so it does after the ticket ended. A renewal of a ticket
+/// presented under a new id, and a refusal that filed nothing, are not remembered.
+#[test]
+fn a_retried_filing_names_the_same_ticket_and_files_no_second() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "ids_filing", clock.clone()).await;
+        let client = plain_client(&url).await;
+        let plain = AcquireRequest::new("filler", vec![window("q", 1, 60_000)]).unwrap();
+        assert!(pg.acquire(plain.clone()).await.unwrap().decision.is_granted());
+        let r = named("q-1", vec![window("q", 1, 60_000)]).with_queue();
+        let first = pg.acquire(r.clone()).await.unwrap();
+        let refused = Decision::Refused { retry_at: T0.plus(60_000), reason: Reason::Rate, limit: "q".into() };
+        assert_eq!(first.decision, refused);
+        let ticket = first.ticket.expect("filed");
+        clock.advance(10);
+        let again = pg.acquire(r.clone()).await.unwrap();
+        assert_eq!(again.decision, refused);
+        let note = again.ticket.expect("the same ticket");
+        assert_eq!((note.id, note.lapse_at, note.ahead, note.now), (ticket.id, ticket.lapse_at, 0, T0.plus(10)));
+        assert_eq!(figures(&pg, &r).await[0].queued, Some(1), "one ticket");
+        // A renewal under a new id files nothing and is not remembered; nor is a refusal that
+        // filed nothing.
+        let renewal = AcquireRequest { id: None, ..r.clone() }.with_ticket(ticket.id.to_string()).unwrap();
+        let renewed = pg.acquire(renewal.with_id("q-2").unwrap()).await.unwrap();
+        assert_eq!(renewed.ticket.map(|t| t.id), Some(ticket.id));
+        let unqueued = named("u-1", vec![window("q", 1, 60_000)]);
+        assert!(!pg.acquire(unqueued.clone()).await.unwrap().decision.is_granted());
+        assert_eq!(records(&client, &pg).await, 1, "only the filing is remembered");
+        // The ticket granted at its retryAt: the id still names its filing, as the first time.
+        clock.set(T0.plus(60_000));
+        let grant = AcquireRequest { id: None, ..r.clone() }.with_ticket(ticket.id.to_string()).unwrap();
+        assert!(pg.acquire(grant).await.unwrap().decision.is_granted());
+        let after = pg.acquire(r.clone()).await.unwrap();
+        assert_eq!(after.decision, refused);
+        let note = after.ticket.expect("the ticket it filed");
+        assert_eq!((note.id, note.ahead), (ticket.id, 0));
+        assert_eq!(figures(&pg, &r).await[0].queued, None, "no second ticket: the line is empty");
+        // The refusal that filed nothing is decided afresh: granted now.
+        clock.set(T0.plus(120_000));
+        assert!(pg.acquire(unqueued).await.unwrap().decision.is_granted());
+    });
+}
+
+/// `release {id}` of each kind. A grant holding a place: the place is freed, once, and the id
+/// stays released (asked again: a bad request naming `id`, counting nothing). A grant with a
+/// permit and costs: settled, then released; a key that was no window of it refuses the whole
+/// release. A grant without a permit: its windows settled to the costs (0: it counts nowhere),
+/// all or nothing; without costs it changes nothing. A filing: its ticket leaves the line (costs
+/// are not read).
+#[test]
+fn release_id_undoes_what_the_acquire_got_of_each_kind() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        use redb_limiter::request::{Cost, LeaveRequest, UndoRequest};
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "ids_undo", clock.clone()).await;
+        let undo = |id: &str, costs: Vec<Cost>| {
+            if costs.is_empty() { UndoRequest::new(id).unwrap() } else { UndoRequest::with_costs(id, costs).unwrap() }
+        };
+        // A place.
+        let p = named("p-1", vec![Limit::concurrent("c", 1)]);
+        assert!(pg.acquire(p.clone()).await.unwrap().decision.is_granted());
+        assert_eq!(figures(&pg, &p).await[0].places, Some((1, 0)));
+        clock.advance(1);
+        assert!(pg.undo(undo("p-1", vec![])).await.unwrap(), "the place is freed");
+        assert_eq!(figures(&pg, &p).await[0].places, Some((0, 1)));
+        assert!(!pg.undo(undo("p-1", vec![])).await.unwrap(), "once");
+        let message = bad_request(pg.acquire(p.clone()).await);
+        assert_eq!(message, "id was released: a new ask needs a new id");
+        assert!(bad_request(pg.peek(p.clone()).await).starts_with("id "));
+        assert_eq!(figures(&pg, &p).await[0].places, Some((0, 1)), "nothing counted");
+        // A permit with costs: a key that is none of its windows refuses it all; then settled
+        // and released.
+        let pw = named("p-2", vec![window("pw", 3, 60_000).with_cost(2), Limit::concurrent("pc", 1)]);
+        assert!(pg.acquire(pw.clone()).await.unwrap().decision.is_granted());
+        let message = bad_request(pg.undo(undo("p-2", vec![Cost::new("pw", 0), Cost::new("elsewhere", 0)])).await);
+        assert_eq!(message, "costs[1].key is not a window limit of the permit's grant");
+        let held: Vec<_> = figures(&pg, &pw).await.iter().map(|f| (f.window, f.places)).collect();
+        assert_eq!(held, [(Some((2, 1)), None), (None, Some((1, 0)))], "nothing changed");
+        assert!(pg.undo(undo("p-2", vec![Cost::new("pw", 0)])).await.unwrap());
+        let held: Vec<_> = figures(&pg, &pw).await.iter().map(|f| (f.window, f.places)).collect();
+        assert_eq!(held, [(Some((0, 3)), None), (None, Some((0, 1)))], "settled to 0 and released");
+        // A grant without a permit.
+        let w = named("w-1", vec![window("w", 3, 60_000).with_cost(2), window("v", 5, 60_000)]);
+        assert!(pg.acquire(w.clone()).await.unwrap().decision.is_granted());
+        let message = bad_request(pg.undo(undo("w-1", vec![Cost::new("w", 0), Cost::new("elsewhere", 0)])).await);
+        assert_eq!(message, "costs[1].key is not a window limit of the id's grant");
+        let used = |f: Vec<redb_limiter::engine::Figures>| f.iter().map(|f| f.window).collect::<Vec<_>>();
+        assert_eq!(used(figures(&pg, &w).await), [Some((2, 1)), Some((1, 4))], "nothing changed");
+        assert!(pg.undo(undo("w-1", vec![Cost::new("w", 0), Cost::new("v", 0)])).await.unwrap());
+        assert_eq!(used(figures(&pg, &w).await), [Some((0, 3)), Some((0, 5))], "it counts nowhere");
+        assert!(!pg.undo(undo("w-1", vec![Cost::new("w", 0)])).await.unwrap(), "released: once");
+        let w2 = named("w-2", vec![window("w", 3, 60_000)]);
+        assert!(pg.acquire(w2.clone()).await.unwrap().decision.is_granted());
+        assert!(!pg.undo(undo("w-2", vec![])).await.unwrap(), "no place, no costs: unchanged");
+        assert_eq!(used(figures(&pg, &w2).await), [Some((1, 2))]);
+        // Settled up: it counts more.
+        let w3 = named("w-3", vec![window("w", 3, 60_000)]);
+        assert!(pg.acquire(w3.clone()).await.unwrap().decision.is_granted());
+        assert!(pg.undo(undo("w-3", vec![Cost::new("w", 2)])).await.unwrap());
+        assert_eq!(used(figures(&pg, &w3).await), [Some((3, 0))]);
+        // A filing.
+        assert!(
+            pg.acquire(AcquireRequest::new("filler", vec![window("q", 1, 60_000)]).unwrap())
+                .await
+                .unwrap()
+                .decision
+                .is_granted()
+        );
+        let f = named("f-1", vec![window("q", 1, 60_000)]).with_queue();
+        let ticket = pg.acquire(f.clone()).await.unwrap().ticket.expect("filed");
+        assert!(pg.undo(undo("f-1", vec![Cost::new("nowhere", 0)])).await.unwrap(), "the ticket leaves");
+        assert_eq!(figures(&pg, &f).await[0].queued, None, "the line is empty");
+        assert!(!pg.leave(LeaveRequest::new(ticket.id.to_string()).unwrap()).await.unwrap(), "gone");
+        assert!(!pg.undo(undo("f-1", vec![])).await.unwrap(), "once");
+        assert!(bad_request(pg.acquire(f).await).starts_with("id was released"));
+    });
+}
+
+/// `release {id}` of an id never seen is false and remembers it released: the acquire arriving
+/// after it (the original, delayed on the way) is a bad request naming `id` and counts nothing,
+/// for a minute at least.
+#[test]
+fn an_id_released_before_its_acquire_arrives_changes_nothing() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        use redb_limiter::request::{Cost, UndoRequest};
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "ids_early", clock.clone()).await;
+        let early = UndoRequest::with_costs("\0early\u{1}", vec![Cost::new("w", 0)]).unwrap();
+        assert!(!pg.undo(early).await.unwrap(), "an id never seen");
+        let late = named("\0early\u{1}", vec![window("w", 1, 60_000)]);
+        clock.advance(59_999);
+        assert!(bad_request(pg.acquire(late.clone()).await).starts_with("id was released"));
+        assert_eq!(figures(&pg, &late).await[0].window, Some((0, 1)), "nothing counted");
+        // Its minute passed, the id may be used afresh (a key differing only in its escape
+        // characters is another id).
+        let other = named("\u{1}early\0", vec![window("elsewhere", 1, 60_000)]);
+        assert!(pg.acquire(other).await.unwrap().decision.is_granted());
+        clock.advance(1);
+        assert!(pg.acquire(late).await.unwrap().decision.is_granted());
+    });
+}
+
+/// An id is remembered for a minute, and while the permit it got or the ticket it filed lives;
+/// after that it is decided afresh, and the sweeper forgets it (a minute past its time, as it
+/// deletes what a decision in flight might still read), keeping a record whose ticket still
+/// lives until that ticket lapses.
+#[test]
+fn ids_are_remembered_their_time_then_swept() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "ids_sweep", clock.clone()).await;
+        let client = plain_client(&url).await;
+        let g = named("g-1", vec![window("g", 10, 60_000)]);
+        assert_eq!(pg.acquire(g.clone()).await.unwrap().decision, Decision::Granted { at: T0, permit: None });
+        let h = named("h-1", vec![Limit::concurrent("h", 1).with_hold_ms(120_000)]);
+        let held = pg.acquire(h.clone()).await.unwrap().decision;
+        assert!(held.is_granted());
+        // A ticket whose caller is throttled: renewed, it lives until the throttle ends, past its
+        // id's minute.
+        assert!(
+            pg.acquire(AcquireRequest::new("filler", vec![window("t", 1, 1000)]).unwrap())
+                .await
+                .unwrap()
+                .decision
+                .is_granted()
+        );
+        let t = AcquireRequest::new("queuer", vec![window("t", 1, 1000)]).unwrap().with_queue().with_id("t-1").unwrap();
+        let filed = pg.acquire(t.clone()).await.unwrap();
+        let ticket = filed.ticket.expect("filed");
+        pg.throttle(ThrottleRequest::new("queuer", T0.plus(150_000), T0).unwrap()).await.unwrap();
+        clock.advance(1000);
+        let renewal = AcquireRequest { id: None, ..t.clone() }.with_ticket(ticket.id.to_string()).unwrap();
+        let renewed = pg.acquire(renewal).await.unwrap().ticket.expect("renewed");
+        assert_eq!(renewed.lapse_at, T0.plus(152_000));
+
+        clock.set(T0.plus(59_999));
+        assert_eq!(pg.acquire(g.clone()).await.unwrap().decision, Decision::Granted { at: T0, permit: None });
+        clock.set(T0.plus(60_000));
+        assert_eq!(
+            pg.acquire(g.clone()).await.unwrap().decision,
+            Decision::Granted { at: T0.plus(60_000), permit: None },
+            "forgotten after its minute: decided afresh"
+        );
+        assert_eq!(pg.acquire(h.clone()).await.unwrap().decision, held, "its permit lives");
+        let again = pg.acquire(t.clone()).await.unwrap();
+        assert_eq!(
+            (again.decision, again.ticket.map(|n| (n.id, n.lapse_at))),
+            (filed.decision.clone(), Some((ticket.id, T0.plus(152_000))))
+        );
+        pg.sweep(1000).await.unwrap();
+        assert_eq!(records(&client, &pg).await, 3, "nothing is due a minute before now");
+        // A minute past the ticket's record: kept while its ticket lives.
+        clock.set(T0.plus(125_000));
+        pg.sweep(1000).await.unwrap();
+        assert_eq!(records(&client, &pg).await, 3);
+        let again = pg.acquire(t.clone()).await.unwrap();
+        assert_eq!(again.ticket.map(|n| n.id), Some(ticket.id), "the ticket lives: remembered");
+        // Past every record's time and the ticket's lapse, by a minute: all forgotten.
+        clock.set(T0.plus(215_000));
+        assert!(pg.sweep(1000).await.unwrap() >= 3);
+        assert_eq!(records(&client, &pg).await, 0);
+        assert!(pg.acquire(h).await.unwrap().decision.is_granted(), "decided afresh");
+        assert!(pg.acquire(t).await.unwrap().decision.is_granted(), "decided afresh");
+    });
+}
+
+/// Section 16 across servers: in each of 20 trials one id is presented at once from eight
+/// sessions through two servers on one schema. A grant counts once (every answer the same
+/// instant and permit; the window and the places hold one); a filing files one ticket, which
+/// every answer names; and an acquire racing its own `release {id}` either is granted and then
+/// undone, or arrives after it and is refused: no place is left held.
+#[test]
+fn one_id_presented_at_once_through_two_servers_counts_once() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let (a, b) = two_servers(&url, "ids_once", &clock).await;
+        let at_once = |req: AcquireRequest| {
+            let tasks: Vec<_> = (0..8)
+                .map(|i| {
+                    let pg = Arc::clone(if i % 2 == 0 { &a } else { &b });
+                    let req = req.clone();
+                    tokio::spawn(async move { pg.acquire(req).await.unwrap() })
+                })
+                .collect();
+            async move {
+                let mut answers = Vec::new();
+                for task in tasks {
+                    answers.push(task.await.unwrap());
+                }
+                answers
+            }
+        };
+        for trial in 0..20 {
+            clock.advance(1);
+            let grant = named(
+                &format!("g-{trial}"),
+                vec![window(&format!("w{trial}"), 100, 60_000), Limit::concurrent(format!("c{trial}"), 100)],
+            );
+            let answers = at_once(grant.clone()).await;
+            assert!(answers[0].decision.is_granted(), "{:?}", answers[0]);
+            assert!(answers.iter().all(|x| x.decision == answers[0].decision), "trial {trial}: {answers:?}");
+            let counted: Vec<_> = figures(&a, &grant).await.iter().map(|f| (f.window, f.places)).collect();
+            assert_eq!(counted, [(Some((1, 99)), None), (None, Some((1, 99)))], "trial {trial}: counted once");
+
+            let full = AcquireRequest::new("filler", vec![window(&format!("q{trial}"), 1, 60_000)]).unwrap();
+            assert!(a.acquire(full).await.unwrap().decision.is_granted());
+            let filing = named(&format!("f-{trial}"), vec![window(&format!("q{trial}"), 1, 60_000)]).with_queue();
+            let answers = at_once(filing.clone()).await;
+            let tickets: std::collections::BTreeSet<_> =
+                answers.iter().map(|x| x.ticket.expect("a ticket named").id).collect();
+            assert_eq!(tickets.len(), 1, "trial {trial}: {answers:?}");
+            assert_eq!(figures(&b, &filing).await[0].queued, Some(1), "trial {trial}: one ticket");
+
+            let place = named(&format!("o-{trial}"), vec![Limit::concurrent(format!("o{trial}"), 1)]);
+            let undo = redb_limiter::request::UndoRequest::new(format!("o-{trial}")).unwrap();
+            let (acquire, undo) = {
+                let (a, b) = (Arc::clone(&a), Arc::clone(&b));
+                let acquire = tokio::spawn(async move { a.acquire(place).await });
+                let undo = tokio::spawn(async move { b.undo(undo).await.unwrap() });
+                (acquire.await.unwrap(), undo.await.unwrap())
+            };
+            match (&acquire, undo) {
+                (Ok(got), true) => assert!(got.decision.is_granted(), "{got:?}"),
+                (Err(LimiterError::BadRequest(e)), false) => assert!(e.0.starts_with("id was released"), "{e}"),
+                other => panic!("trial {trial}: {other:?}"),
+            }
+            let free = AcquireRequest::new("x", vec![Limit::concurrent(format!("o{trial}"), 1)]).unwrap();
+            assert_eq!(a.peek(free).await.unwrap().report.limits[0].places, Some((0, 1)), "trial {trial}");
+        }
+    });
+}
+
+/// What an acquire named by an id costs beside one without (`cargo test -p redb-limiter-postgres
+/// --test postgres -- --ignored --nocapture acquire_costs`): `REDB_LIMITER_PG_TIMING_N` (default
+/// 2000) acquires one at a time of each kind, in rounds that alternate, on the injected clock
+/// moving a millisecond per acquire; prints the mean per acquire and the ratios.
+#[test]
+#[ignore = "a measurement: prints figures, asserts nothing"]
+fn acquire_costs_with_and_without_id() {
+    let Some(url) = database_url() else { return };
+    let n: usize = std::env::var("REDB_LIMITER_PG_TIMING_N").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "ids_timing", clock.clone()).await;
+        let kinds: [(&str, Vec<Limit>); 2] = [
+            ("one window", vec![window("tw", 1_000_000_000, 60_000)]),
+            ("window and place", vec![window("pw", 1_000_000_000, 60_000), Limit::concurrent("pc", 1_000)]),
+        ];
+        let rounds = 5;
+        // [kind][0: no id, 1: a new id each, 2: the same id again (a retry)]
+        let mut spent = [[std::time::Duration::ZERO; 3]; 2];
+        let mut seq = 0usize;
+        for round in 0..=rounds {
+            for (k, (_, limits)) in kinds.iter().enumerate() {
+                for (mode, total) in spent[k].iter_mut().enumerate() {
+                    let retry = named(&format!("retry-{k}"), limits.clone());
+                    if mode == 2 {
+                        pg.acquire(retry.clone()).await.unwrap();
+                    }
+                    for _ in 0..n / rounds {
+                        clock.advance(1);
+                        seq += 1;
+                        let req = match mode {
+                            0 => AcquireRequest::new("caller", limits.clone()).unwrap(),
+                            1 => named(&format!("id-{seq}"), limits.clone()),
+                            _ => retry.clone(),
+                        };
+                        let started = std::time::Instant::now();
+                        let got = pg.acquire(req).await.unwrap().decision;
+                        // The first round warms the sessions and the caches up: not counted.
+                        if round > 0 {
+                            *total += started.elapsed();
+                        }
+                        // Places are released (not timed), so that each acquire finds a few.
+                        if let (Decision::Granted { permit: Some(p), .. }, false) = (got, mode == 2) {
+                            assert!(pg.release(ReleaseRequest::new(p.to_string()).unwrap()).await.unwrap());
+                        }
+                    }
+                }
+            }
+            // Places and ids past their time are swept as the server's sweeper would.
+            pg.sweep_backlog(1000, 100).await.unwrap();
+        }
+        for (k, (kind, _)) in kinds.iter().enumerate() {
+            let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / (n / rounds * rounds) as f64;
+            let [plain, id, again] = spent[k].map(per);
+            eprintln!(
+                "{kind}: without id {plain:.0} us, with a new id {id:.0} us ({:.2}x), a retry answered again {again:.0} us ({:.2}x)",
+                id / plain,
+                again / plain
+            );
+        }
+    });
+}

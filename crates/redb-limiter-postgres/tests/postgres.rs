@@ -2085,6 +2085,74 @@ fn a_schema_of_version_3_with_a_line_is_migrated_and_keeps_it() {
     });
 }
 
+/// `sql/schema.sql` as the previous release shipped it (format version 4: the line bounded by
+/// 12.9, before request ids).
+const SCHEMA_V4: &str = include_str!("fixtures/schema-v4.sql");
+
+/// A schema of version 4 holding state (grants in a window, a permit holding a place, a ticket in
+/// line) is migrated at open (once: a second server finds it done) and keeps serving it: the
+/// window's count, the place until its permit is released, the ticket with its id and place,
+/// granted at its retryAt. Then it keeps request ids: a named grant is answered again and undone.
+#[test]
+fn a_schema_of_version_4_holding_state_is_migrated_and_keeps_it_then_keeps_ids() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let schema = format!("t_{}_v4", std::process::id());
+        let client = plain_client(&url).await;
+        let s = released_schema(&client, SCHEMA_V4, "v4").await;
+        let permit = "p-00000000000000000000000000000004";
+        let w = |caller: &str| AcquireRequest::new(caller, vec![window("w", 3, 60_000).with_cost(2)]).unwrap();
+        let place = AcquireRequest::new("c", vec![Limit::concurrent("p", 1)]).unwrap();
+        let mut replies = Vec::new();
+        for (ms, req) in [(0, w("c")), (1, place.clone()), (2, w("q").with_queue())] {
+            let body = req.to_json().to_string();
+            replies.push(released_acquire(&client, &s, &body, permit, ms).await);
+        }
+        assert_eq!(replies[0]["granted"], serde_json::json!(true), "{}", replies[0]);
+        assert_eq!(replies[1]["permit"], serde_json::json!(permit), "{}", replies[1]);
+        let ticket = replies[2]["ticket"].as_str().expect("a ticket filed").to_owned();
+        assert_eq!(schema_version(&client, &s).await, 4);
+
+        let clock = Arc::new(FakeClock::new(T0.plus(10)));
+        let pg = open_existing(&url, &schema, &clock).await.expect("a version 4 schema opens");
+        assert_eq!(schema_version(&client, &s).await, redb_limiter_postgres::SCHEMA_VERSION);
+        drop(open_existing(&url, &schema, &clock).await.expect("and opens again, already migrated"));
+
+        // What it held is served as before.
+        let state = pg.state("", 100).await.unwrap();
+        let buckets: Vec<_> = state
+            .view
+            .buckets
+            .iter()
+            .map(|b| (b.key.as_str(), b.window_used, b.places_held, b.queued, b.first_ticket.map(|t| t.to_string())))
+            .collect();
+        assert_eq!(buckets, [("p", 0, 1, 0, None), ("w", 2, 0, 1, Some(ticket.clone()))]);
+        assert_eq!(state.view.permits.iter().map(|p| p.id.to_string()).collect::<Vec<_>>(), [permit]);
+        assert!(matches!(
+            pg.acquire(place.clone()).await.unwrap().decision,
+            Decision::Refused { reason: Reason::Concurrency, .. }
+        ));
+        assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
+        assert!(pg.acquire(place).await.unwrap().decision.is_granted(), "the place was freed");
+        clock.set(T0.plus(60_000));
+        let granted = pg.acquire(w("q").with_ticket(ticket).unwrap()).await.unwrap();
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(60_000), permit: None });
+
+        // And it keeps request ids.
+        let r = named("m-1", vec![window("w", 3, 60_000), Limit::concurrent("m", 1)]);
+        let first = pg.acquire(r.clone()).await.unwrap().decision;
+        assert!(matches!(first, Decision::Granted { permit: Some(_), .. }), "{first:?}");
+        clock.advance(1);
+        assert_eq!(pg.acquire(r.clone()).await.unwrap().decision, first);
+        assert_eq!(figures(&pg, &r).await[0].window, Some((3, 0)), "the ticket's 2 and the named 1, once");
+        let undo =
+            redb_limiter::request::UndoRequest::with_costs("m-1", vec![redb_limiter::request::Cost::new("w", 0)]);
+        assert!(pg.undo(undo.unwrap()).await.unwrap());
+        assert_eq!(figures(&pg, &r).await[0].window, Some((2, 1)));
+        assert!(bad_request(pg.acquire(r).await).starts_with("id was released"));
+    });
+}
+
 /// Wall-clock milliseconds since the Unix epoch, floored: the database's clock, on this machine.
 fn wall_ms() -> u64 {
     u64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap()

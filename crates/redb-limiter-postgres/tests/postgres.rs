@@ -830,7 +830,8 @@ fn one_sweeper_tick_drains_a_backlog_larger_than_a_batch() {
         // The sweeper's first tick runs at once; the next is an hour away, so the rest must go
         // in that one tick.
         pg.spawn_sweeper(std::time::Duration::from_secs(3600));
-        let empty = serde_json::json!({"buckets": 0, "grants": 0, "permits": 0, "places": 0, "throttles": 0});
+        let empty =
+            serde_json::json!({"buckets": 0, "grants": 0, "permits": 0, "places": 0, "throttles": 0, "requests": 0});
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
             let now = totals(&url, &schema).await;

@@ -269,6 +269,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.requests (
   at bigint,                        -- g: the grant's instant
   permit text COLLATE "C",          -- g: its permit (NULL: none)
   windows jsonb,                    -- g without a permit: its window shares, as permits.windows
+                                    -- keeps them but with no bucket id ("b")
   ticket text COLLATE "C",          -- t: the ticket filed ...
   retry_at bigint,                  -- ... and the refusal as it was answered
   reason text,
@@ -1671,9 +1672,9 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_windows(boolean, text[], bigint[], bigin
 -- (every key among them: the callers check), each capped at its calls, at p_clock (floored by
 -- the buckets). The buckets are locked in key order (the same order as acquire). Answers
 -- {"windows": the shares with their new costs, "changed": whether a window counts otherwise}.
--- A share whose bucket was forgotten and created again since the grant ("b" another id; NULL:
--- the bucket did not exist then), whose grant row is gone or has left the bucket's kept window,
--- changes nothing there.
+-- A share whose bucket was forgotten and created again since the grant ("b" another id; a share
+-- without "b", a request id's, is settled in the bucket of its key, as the engine settles it),
+-- whose grant row is gone or has left the bucket's kept window, changes nothing there.
 CREATE OR REPLACE FUNCTION __SCHEMA__._settle_grant(p_at bigint, p_windows jsonb, costs jsonb,
                                                     p_clock bigint)
 RETURNS jsonb
@@ -1822,18 +1823,6 @@ COMMENT ON FUNCTION __SCHEMA__.release(text, jsonb, bigint) IS
 --   and a refusal that files nothing writes nothing, as without an id. A record is written in
 --   the transaction of the grant or filing it names, so it commits with it or not at all.
 
--- Whether a record of requests (its until, outcome and ticket) still answers for its id at
--- p_now: until it has lived its time, and while the ticket it filed lives.
-CREATE OR REPLACE FUNCTION __SCHEMA__._remembered(p_until bigint, p_outcome text, p_ticket text,
-                                                  p_now bigint)
-RETURNS boolean
-LANGUAGE sql STABLE AS
-$$
-  SELECT p_until > p_now
-         OR (p_outcome = 't'
-             AND EXISTS (SELECT 1 FROM __SCHEMA__.tickets t WHERE t.ticket = p_ticket AND t.lapse_at > p_now))
-$$;
-
 -- acquire, report or peek of a request named by p_id (escaped) whose params digest is
 -- p_params; the other arguments and the reply as acquire()'s. A remembered id is answered as
 -- the first time (the same grant at the same instant with the same permit, or the same refusal
@@ -1841,7 +1830,9 @@ $$;
 -- figures and a peek's as they stand now), counting and writing nothing, with "again": true;
 -- one released, or remembered with other params, raises RL400 naming id. Otherwise acquire()
 -- decides it, and a grant, or a refusal that filed a ticket, is remembered in the same
--- transaction. A peek takes no lock and writes nothing.
+-- transaction. A peek takes no lock and writes nothing. Statements: the lock, the record's
+-- read (and for a filing past its minute, its ticket's), then acquire()'s and the record's
+-- write; each a statement of its own, so that the read's snapshot is taken after the lock.
 CREATE OR REPLACE FUNCTION __SCHEMA__.acquire_id(req jsonb, mode text, recheck_ms bigint, permit_id text,
                                                  p_id text, p_params text, at_ms bigint DEFAULT NULL)
 RETURNS jsonb
@@ -1850,19 +1841,25 @@ $$
 DECLARE
   r record;
   v_now bigint;
+  v_live boolean;
   v_reply jsonb;
   v_peek jsonb;
   v_num bigint;
   v_lapse bigint;
-  v_until bigint;
-  v_windows jsonb;
 BEGIN
   IF mode <> 'peek' THEN
     PERFORM pg_advisory_xact_lock(hashtext('redb-limiter request ids __SCHEMA__'), hashtext(p_id));
   END IF;
   v_now := coalesce(at_ms, __SCHEMA__._clock_ms());
   SELECT * INTO r FROM __SCHEMA__.requests q WHERE q.id = p_id;
-  IF FOUND AND __SCHEMA__._remembered(r.until, r.outcome, r.ticket, v_now) THEN
+  -- Remembered until it has lived its time, and while the ticket it filed lives.
+  v_live := FOUND AND r.until > v_now;
+  IF FOUND AND r.outcome = 't' THEN
+    SELECT t.num, t.lapse_at INTO v_num, v_lapse
+      FROM __SCHEMA__.tickets t WHERE t.ticket = r.ticket AND t.lapse_at > v_now;
+    v_live := v_live OR v_num IS NOT NULL;
+  END IF;
+  IF v_live THEN
     IF r.outcome = 'r' THEN
       RAISE EXCEPTION 'id was released: a new ask needs a new id' USING ERRCODE = 'RL400';
     END IF;
@@ -1873,8 +1870,6 @@ BEGIN
     IF r.outcome = 'g' THEN
       v_reply := jsonb_build_object('granted', true, 'at', r.at, 'permit', r.permit, 'now', v_now);
     ELSE
-      SELECT t.num, t.lapse_at INTO v_num, v_lapse
-        FROM __SCHEMA__.tickets t WHERE t.ticket = r.ticket AND t.lapse_at > v_now;
       v_reply := jsonb_build_object('granted', false, 'retryAt', r.retry_at, 'reason', r.reason,
                                     'limit', r.lim, 'now', v_now, 'ticket', r.ticket,
                                     'lapseAt', coalesce(v_lapse, r.lapse_at),
@@ -1895,45 +1890,40 @@ BEGIN
   END IF;
 
   v_reply := __SCHEMA__.acquire(req, mode, recheck_ms, permit_id, at_ms);
-  IF mode = 'peek' THEN
-    RETURN v_reply;
+  IF mode = 'peek'
+     OR (NOT (v_reply->>'granted')::boolean
+         AND (NOT v_reply ? 'ticket' OR v_reply->>'ticket' IS NOT DISTINCT FROM req->>'ticket')) THEN
+    RETURN v_reply;  -- a refusal that filed nothing (or renewed its ticket): decided afresh if asked again
   END IF;
   v_now := (v_reply->>'now')::bigint;
-  v_until := v_now + 60000;
-  IF (v_reply->>'granted')::boolean THEN
-    IF v_reply->>'permit' IS NOT NULL THEN
-      -- remembered as long as its permit lives
-      SELECT pm.lapse INTO v_lapse FROM __SCHEMA__.permits pm WHERE pm.id = v_reply->>'permit';
-      v_until := greatest(v_until, v_lapse);
-    ELSE
-      -- its window shares, for release {id} with costs: every window limit, at the cost it
-      -- counts (capped at calls)
-      SELECT coalesce(jsonb_agg(jsonb_build_object(
-               'k', l.v->>'key', 'b', bk.id, 'calls', (l.v->>'calls')::bigint,
-               'per', (l.v->>'perMs')::bigint,
-               'cost', least(coalesce((l.v->>'cost')::bigint, (req->>'cost')::bigint, 1),
-                             (l.v->>'calls')::bigint)) ORDER BY l.ord), '[]'::jsonb)
-        INTO v_windows
-        FROM jsonb_array_elements(req->'limits') WITH ORDINALITY AS l(v, ord)
-        LEFT JOIN __SCHEMA__.buckets bk ON bk.key = l.v->>'key'
-       WHERE l.v ? 'calls';
-    END IF;
-  ELSIF NOT (v_reply ? 'ticket') OR v_reply->>'ticket' IS NOT DISTINCT FROM req->>'ticket' THEN
-    RETURN v_reply;  -- a refusal that filed nothing: decided afresh if asked again
-  ELSE
-    v_until := greatest(v_until, (v_reply->>'lapseAt')::bigint);
-  END IF;
   IF current_setting('synchronous_commit') = 'off' THEN
     -- (a renewal that found its ticket ended and filed anew may have turned it off)
     SET LOCAL synchronous_commit TO DEFAULT;
   END IF;
+  -- A grant is remembered for a minute and as long as its permit lives; without a permit, with
+  -- its window shares (every window limit, at the cost it counts: capped at calls), for
+  -- release {id} with costs. A filing is remembered for a minute and until its lapse (and
+  -- after, while its ticket lives).
   INSERT INTO __SCHEMA__.requests AS q (id, params, until, outcome, at, permit, windows, ticket, retry_at,
                                         reason, lim, lapse_at)
-  SELECT p_id, p_params, v_until, CASE WHEN g THEN 'g' ELSE 't' END,
-         CASE WHEN g THEN (v_reply->>'at')::bigint END, v_reply->>'permit', v_windows,
+  SELECT p_id, p_params,
+         greatest(v_now + 60000,
+                  CASE WHEN NOT x.g THEN (v_reply->>'lapseAt')::bigint
+                       WHEN x.permit IS NOT NULL THEN
+                         (SELECT pm.lapse FROM __SCHEMA__.permits pm WHERE pm.id = x.permit) END),
+         CASE WHEN x.g THEN 'g' ELSE 't' END,
+         CASE WHEN x.g THEN (v_reply->>'at')::bigint END,
+         x.permit,
+         CASE WHEN x.g AND x.permit IS NULL THEN
+           (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                     'k', l.v->'key', 'calls', l.v->'calls', 'per', l.v->'perMs',
+                     'cost', least(coalesce((l.v->>'cost')::bigint, (req->>'cost')::bigint, 1),
+                                   (l.v->>'calls')::bigint)) ORDER BY l.ord), '[]'::jsonb)
+              FROM jsonb_array_elements(req->'limits') WITH ORDINALITY AS l(v, ord)
+             WHERE l.v ? 'calls') END,
          v_reply->>'ticket', (v_reply->>'retryAt')::bigint, v_reply->>'reason', v_reply->>'limit',
          (v_reply->>'lapseAt')::bigint
-    FROM (SELECT (v_reply->>'granted')::boolean AS g) x
+    FROM (SELECT (v_reply->>'granted')::boolean AS g, v_reply->>'permit' AS permit) x
   ON CONFLICT (id) DO UPDATE
      SET params = excluded.params, until = excluded.until, outcome = excluded.outcome, at = excluded.at,
          permit = excluded.permit, windows = excluded.windows, ticket = excluded.ticket,
@@ -1969,7 +1959,11 @@ BEGIN
   PERFORM pg_advisory_xact_lock(hashtext('redb-limiter request ids __SCHEMA__'), hashtext(p_id));
   v_now := coalesce(at_ms, __SCHEMA__._clock_ms());
   SELECT * INTO r FROM __SCHEMA__.requests q WHERE q.id = p_id;
-  v_live := FOUND AND __SCHEMA__._remembered(r.until, r.outcome, r.ticket, v_now);
+  -- Remembered until it has lived its time, and while the ticket it filed lives.
+  v_live := FOUND AND r.until > v_now;
+  IF FOUND AND NOT v_live AND r.outcome = 't' THEN
+    v_live := EXISTS (SELECT 1 FROM __SCHEMA__.tickets t WHERE t.ticket = r.ticket AND t.lapse_at > v_now);
+  END IF;
   IF v_live AND r.outcome = 'r' THEN
     RETURN jsonb_build_object('released', false);
   END IF;
@@ -2002,6 +1996,7 @@ END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.undo(text, jsonb, bigint) IS
   'release {id} (section 16): undo what the acquire named by id got, and remember it released';
+
 
 ---------------------------------------------------------------------------------------------
 -- throttle: only extends; returns the until in force afterwards, or NULL.

@@ -3018,13 +3018,23 @@ fn one_id_presented_at_once_through_two_servers_counts_once() {
 
 /// What an acquire named by an id costs beside one without (`cargo test -p redb-limiter-postgres
 /// --test postgres -- --ignored --nocapture acquire_costs`): `REDB_LIMITER_PG_TIMING_N` (default
-/// 2000) acquires one at a time of each kind, in rounds that alternate, on the injected clock
-/// moving a millisecond per acquire; prints the mean per acquire and the ratios.
+/// 2000) acquires one at a time of each kind and mode, the modes taking turns acquire by acquire
+/// (so that the machine's load weighs on each alike), on the injected clock moving a millisecond
+/// per acquire; prints the median and mean per acquire and the ratios of the medians.
+/// `REDB_LIMITER_PG_TIMING_MODES` (default `0,1,2`) picks the modes: 0 without id, 1 with a new
+/// id each, 2 the same id again; `0` alone times what an acquire without id costs, on a database
+/// doing nothing else, to compare builds.
 #[test]
 #[ignore = "a measurement: prints figures, asserts nothing"]
 fn acquire_costs_with_and_without_id() {
     let Some(url) = database_url() else { return };
     let n: usize = std::env::var("REDB_LIMITER_PG_TIMING_N").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let modes: Vec<usize> = std::env::var("REDB_LIMITER_PG_TIMING_MODES")
+        .unwrap_or_else(|_| "0,1,2".into())
+        .split(',')
+        .filter_map(|m| m.trim().parse().ok())
+        .filter(|m| *m < 3)
+        .collect();
     runtime().block_on(async {
         let clock = Arc::new(FakeClock::new(T0));
         let pg = fresh(&url, "ids_timing", clock.clone()).await;
@@ -3032,48 +3042,58 @@ fn acquire_costs_with_and_without_id() {
             ("one window", vec![window("tw", 1_000_000_000, 60_000)]),
             ("window and place", vec![window("pw", 1_000_000_000, 60_000), Limit::concurrent("pc", 1_000)]),
         ];
-        let rounds = 5;
-        // [kind][0: no id, 1: a new id each, 2: the same id again (a retry)]
-        let mut spent = [[std::time::Duration::ZERO; 3]; 2];
-        let mut seq = 0usize;
-        for round in 0..=rounds {
+        let retries: Vec<AcquireRequest> =
+            kinds.iter().enumerate().map(|(k, (_, limits))| named(&format!("retry-{k}"), limits.clone())).collect();
+        for retry in &retries {
+            assert!(pg.acquire(retry.clone()).await.unwrap().decision.is_granted());
+        }
+        // [kind][mode: 0 no id, 1 a new id each, 2 the same id again (a retry)]: microseconds.
+        let mut samples: [[Vec<f64>; 3]; 2] = Default::default();
+        let warm = n / 10;
+        for i in 0..warm + n {
             for (k, (_, limits)) in kinds.iter().enumerate() {
-                for (mode, total) in spent[k].iter_mut().enumerate() {
-                    let retry = named(&format!("retry-{k}"), limits.clone());
-                    if mode == 2 {
-                        pg.acquire(retry.clone()).await.unwrap();
+                for turn in 0..modes.len() {
+                    let mode = modes[(i + turn) % modes.len()];
+                    clock.advance(1);
+                    let req = match mode {
+                        0 => AcquireRequest::new("caller", limits.clone()).unwrap(),
+                        1 => named(&format!("id-{k}-{i}"), limits.clone()),
+                        _ => retries[k].clone(),
+                    };
+                    let started = std::time::Instant::now();
+                    let got = pg.acquire(req).await.unwrap().decision;
+                    let spent = started.elapsed();
+                    // The first acquires warm the sessions and the caches up: not counted.
+                    if i >= warm {
+                        samples[k][mode].push(spent.as_secs_f64() * 1e6);
                     }
-                    for _ in 0..n / rounds {
-                        clock.advance(1);
-                        seq += 1;
-                        let req = match mode {
-                            0 => AcquireRequest::new("caller", limits.clone()).unwrap(),
-                            1 => named(&format!("id-{seq}"), limits.clone()),
-                            _ => retry.clone(),
-                        };
-                        let started = std::time::Instant::now();
-                        let got = pg.acquire(req).await.unwrap().decision;
-                        // The first round warms the sessions and the caches up: not counted.
-                        if round > 0 {
-                            *total += started.elapsed();
-                        }
-                        // Places are released (not timed), so that each acquire finds a few.
-                        if let (Decision::Granted { permit: Some(p), .. }, false) = (got, mode == 2) {
-                            assert!(pg.release(ReleaseRequest::new(p.to_string()).unwrap()).await.unwrap());
-                        }
+                    // Places are released (not timed), so that each acquire finds a few.
+                    if let (Decision::Granted { permit: Some(p), .. }, true) = (got, mode != 2) {
+                        assert!(pg.release(ReleaseRequest::new(p.to_string()).unwrap()).await.unwrap());
                     }
                 }
             }
-            // Places and ids past their time are swept as the server's sweeper would.
-            pg.sweep_backlog(1000, 100).await.unwrap();
         }
         for (k, (kind, _)) in kinds.iter().enumerate() {
-            let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / (n / rounds * rounds) as f64;
-            let [plain, id, again] = spent[k].map(per);
+            let [plain, id, again] = samples[k].clone().map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                if v.is_empty() {
+                    (f64::NAN, f64::NAN)
+                } else {
+                    (v[v.len() / 2], v.iter().sum::<f64>() / v.len() as f64)
+                }
+            });
             eprintln!(
-                "{kind}: without id {plain:.0} us, with a new id {id:.0} us ({:.2}x), a retry answered again {again:.0} us ({:.2}x)",
-                id / plain,
-                again / plain
+                "{kind}: median (mean) without id {:.0} us ({:.0}), with a new id {:.0} us ({:.0}) = {:.2}x, \
+                 a retry answered again {:.0} us ({:.0}) = {:.2}x",
+                plain.0,
+                plain.1,
+                id.0,
+                id.1,
+                id.0 / plain.0,
+                again.0,
+                again.1,
+                again.0 / plain.0
             );
         }
     });

@@ -1,13 +1,13 @@
 -- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
 --
--- Format version 4. Every object lives in one schema, written __SCHEMA__ below; the server
+-- Format version 5. Every object lives in one schema, written __SCHEMA__ below; the server
 -- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
 -- running this script, which it does on first use and on `check`. The script is idempotent:
 -- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
 -- version) a schema that carries another format version or that holds objects but no meta.
 -- A schema of an earlier version is first brought to this one by the steps in migrate/
 -- (version 1 to 2: migrate/1-2.sql; 2 to 3, the line: migrate/2-3.sql; 3 to 4, the line's
--- bounds of section 12.9: migrate/3-4.sql).
+-- bounds of section 12.9: migrate/3-4.sql; 4 to 5, request ids of section 16: migrate/4-5.sql).
 --
 -- Keys and permit strings are stored escaped (the server's src/keys.rs): U+0000 as U+0001
 -- U+0001 and U+0001 as U+0001 U+0002, so that every UTF-8 string a key may be is stored
@@ -20,7 +20,8 @@
 -- the clock (tests drive instants with it; the server passes NULL).
 --
 -- Requests arrive validated and normalised (defaults filled in): these functions trust their
--- input's ranges and never answer a bad_request, except settle's key check (RL400).
+-- input's ranges and never answer a bad_request, except settle's key check, a ticket bound to
+-- another request and a request id reused or released (RL400).
 --
 -- How a window is read (the tables are documented one by one below):
 --   A bucket's grants are rows (bucket, at) in time order, one per millisecond (grants made in
@@ -110,8 +111,8 @@ BEGIN
     RETURN;
   END IF;
   EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
-  IF v_version IS DISTINCT FROM 4 THEN
-    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 4',
+  IF v_version IS DISTINCT FROM 5 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 5',
       coalesce(v_version::text, 'none')
       USING ERRCODE = 'RL001';
   END IF;
@@ -129,7 +130,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   -- restart for the line (12.6) from here, or from the buckets' floors when later
   alive_at bigint NOT NULL DEFAULT 0
 );
-INSERT INTO __SCHEMA__.meta (version) VALUES (4) ON CONFLICT DO NOTHING;
+INSERT INTO __SCHEMA__.meta (version) VALUES (5) ON CONFLICT DO NOTHING;
 COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row), the sweep cursor and the latest instant seen';
 
 -- A bucket: the row every grant into it locks, its retention and its running totals.
@@ -250,6 +251,33 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.line (
 );
 CREATE INDEX IF NOT EXISTS line_lapse ON __SCHEMA__.line (bucket, lapse_at);
 COMMENT ON TABLE __SCHEMA__.line IS 'each bucket''s line: its tickets by number, oldest first';
+
+-- Request ids (wire section 16): what an acquire a host named with "id" got, so that a retry is
+-- answered as the first time and release {id} undoes it. A row is written by the acquire it
+-- names, in its transaction (a grant, or a refusal that filed a ticket; any other refusal leaves
+-- none), and by release {id}. It is remembered while until > now, and while the ticket it
+-- names lives; sweep() forgets it after that. Only acquire_id() and undo() read it: an acquire
+-- without an id never touches this table.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.requests (
+  id text COLLATE "C" PRIMARY KEY,  -- the host's id (escaped, as keys are)
+  params text NOT NULL,             -- the digest of the params a retry must repeat (32 hex
+                                    -- digits, computed by the server; '' for an id released
+                                    -- before its acquire arrived)
+  until bigint NOT NULL,            -- remembered until then at least: 60 s after the acquire
+                                    -- (or release), and no sooner than its permit's lapse
+  outcome text NOT NULL CHECK (outcome IN ('g', 't', 'r')), -- granted, filed a ticket, released
+  at bigint,                        -- g: the grant's instant
+  permit text COLLATE "C",          -- g: its permit (NULL: none)
+  windows jsonb,                    -- g without a permit: its window shares, as permits.windows
+                                    -- keeps them but with no bucket id ("b")
+  ticket text COLLATE "C",          -- t: the ticket filed ...
+  retry_at bigint,                  -- ... and the refusal as it was answered
+  reason text,
+  lim text,
+  lapse_at bigint
+);
+CREATE INDEX IF NOT EXISTS requests_until ON __SCHEMA__.requests (until);
+COMMENT ON TABLE __SCHEMA__.requests IS 'request ids (section 16): what the acquire each names got';
 
 ---------------------------------------------------------------------------------------------
 -- Helpers.
@@ -1639,6 +1667,78 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_windows(boolean, text[], bigint[], bigin
 
 
 ---------------------------------------------------------------------------------------------
+-- The settle of a grant made at p_at (9.3): its window shares p_windows ([{"k": key, "b":
+-- buckets.id, "calls", "per", "cost"}], as permits.windows keeps them) take the costs given
+-- (every key among them: the callers check), each capped at its calls, at p_clock (floored by
+-- the buckets). The buckets are locked in key order (the same order as acquire). Answers
+-- {"windows": the shares with their new costs, "changed": whether a window counts otherwise}.
+-- A share whose bucket was forgotten and created again since the grant ("b" another id; a share
+-- without "b", a request id's, is settled in the bucket of its key, as the engine settles it),
+-- whose grant row is gone or has left the bucket's kept window, changes nothing there.
+CREATE OR REPLACE FUNCTION __SCHEMA__._settle_grant(p_at bigint, p_windows jsonb, costs jsonb,
+                                                    p_clock bigint)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  b record;
+  e record;
+  v_now bigint;
+  v_keys text[];
+  v_win jsonb;
+  v_windows jsonb := p_windows;
+  v_pos integer;
+  v_new bigint;
+  v_d bigint;
+  v_seq bigint;
+  v_r bigint;
+  v_w bigint;
+  v_changed boolean := false;
+BEGIN
+  SELECT array_agg(x.key ORDER BY x.key COLLATE "C") INTO v_keys
+    FROM jsonb_to_recordset(costs) AS x(key text);
+  -- Lock the buckets in key order (the same order as acquire).
+  PERFORM 1 FROM __SCHEMA__.buckets WHERE key = ANY (v_keys) ORDER BY key FOR UPDATE;
+  SELECT greatest(p_clock, p_at, max(floor_ms)) INTO v_now
+    FROM __SCHEMA__.buckets WHERE key = ANY (v_keys);
+  FOR e IN SELECT x.key, x.cost FROM jsonb_to_recordset(costs) AS x(key text, cost bigint) LOOP
+    SELECT w.value, w.ord::integer - 1 INTO v_win, v_pos
+      FROM jsonb_array_elements(v_windows) WITH ORDINALITY AS w(value, ord)
+     WHERE w.value->>'k' = e.key;
+    v_new := least(e.cost, (v_win->>'calls')::bigint);
+    v_d := v_new - (v_win->>'cost')::bigint;
+    v_windows := jsonb_set(v_windows, ARRAY[v_pos::text, 'cost'], to_jsonb(v_new));
+    CONTINUE WHEN v_d = 0;
+    SELECT * INTO b FROM __SCHEMA__.buckets WHERE key = e.key;
+    -- A bucket forgotten and created again since the grant no longer holds it.
+    CONTINUE WHEN NOT FOUND OR b.id <> coalesce((v_win->>'b')::bigint, b.id);
+    SELECT g.seq INTO v_seq FROM __SCHEMA__.grants g WHERE g.bucket = b.id AND g.at = p_at;
+    CONTINUE WHEN NOT FOUND;
+    v_r := b.retain_ms;
+    v_w := b.pruned_to;
+    IF __SCHEMA__._idle(b.id, v_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen) THEN
+      -- Forgotten since: it starts afresh holding this grant, kept for the grant's perMs.
+      IF v_r > 0 THEN
+        v_w := greatest(v_w, v_now - v_r);
+      END IF;
+      v_r := (v_win->>'per')::bigint;
+    END IF;
+    -- A grant that has left the bucket's kept window changes nothing there.
+    CONTINUE WHEN p_at <= greatest(v_w, v_now - v_r);
+    INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d)
+    SELECT b.id, x, v_d FROM unnest(__SCHEMA__._fen_up(v_seq, b.last_seq)) AS x
+    ON CONFLICT (bucket, idx) DO UPDATE SET d = f.d + excluded.d;
+    UPDATE __SCHEMA__.buckets
+       SET dtotal = dtotal + v_d, fen = true, retain_ms = v_r, pruned_to = v_w
+     WHERE id = b.id;
+    v_changed := true;
+  END LOOP;
+  RETURN jsonb_build_object('windows', v_windows, 'changed', v_changed);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._settle_grant(bigint, jsonb, jsonb, bigint) IS
+  'settle the window shares of a grant (spec 9.3), for settle and release {id}';
+
 -- settle: {"settled": true|false}; raises RL400 naming costs[i].key for a key that was not a
 -- window limit of the live permit's grant (and then changes nothing).
 -- costs: [{"key", "cost"}], 1-64 entries with unique keys.
@@ -1648,19 +1748,9 @@ LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
   p record;
-  b record;
   e record;
   v_clock bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
-  v_now bigint;
-  v_keys text[];
-  v_win jsonb;
-  v_windows jsonb;
-  v_pos integer;
-  v_new bigint;
-  v_d bigint;
-  v_seq bigint;
-  v_r bigint;
-  v_w bigint;
+  v_settled jsonb;
 BEGIN
   SELECT * INTO p FROM __SCHEMA__.permits WHERE id = permit FOR UPDATE;
   IF NOT FOUND OR p.lapse <= greatest(v_clock, p.at) THEN
@@ -1675,45 +1765,8 @@ BEGIN
         USING ERRCODE = 'RL400', DETAIL = e.key;
     END IF;
   END LOOP;
-  SELECT array_agg(x.key ORDER BY x.key COLLATE "C") INTO v_keys
-    FROM jsonb_to_recordset(costs) AS x(key text);
-  -- Lock the buckets in key order (the same order as acquire).
-  PERFORM 1 FROM __SCHEMA__.buckets WHERE key = ANY (v_keys) ORDER BY key FOR UPDATE;
-  SELECT greatest(v_clock, p.at, max(floor_ms)) INTO v_now
-    FROM __SCHEMA__.buckets WHERE key = ANY (v_keys);
-  v_windows := p.windows;
-  FOR e IN SELECT x.key, x.cost FROM jsonb_to_recordset(costs) AS x(key text, cost bigint) LOOP
-    SELECT w.value, w.ord::integer - 1 INTO v_win, v_pos
-      FROM jsonb_array_elements(v_windows) WITH ORDINALITY AS w(value, ord)
-     WHERE w.value->>'k' = e.key;
-    v_new := least(e.cost, (v_win->>'calls')::bigint);
-    v_d := v_new - (v_win->>'cost')::bigint;
-    v_windows := jsonb_set(v_windows, ARRAY[v_pos::text, 'cost'], to_jsonb(v_new));
-    CONTINUE WHEN v_d = 0;
-    SELECT * INTO b FROM __SCHEMA__.buckets WHERE key = e.key;
-    -- A bucket forgotten and created again since the grant no longer holds it.
-    CONTINUE WHEN NOT FOUND OR b.id <> (v_win->>'b')::bigint;
-    SELECT g.seq INTO v_seq FROM __SCHEMA__.grants g WHERE g.bucket = b.id AND g.at = p.at;
-    CONTINUE WHEN NOT FOUND;
-    v_r := b.retain_ms;
-    v_w := b.pruned_to;
-    IF __SCHEMA__._idle(b.id, v_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen) THEN
-      -- Forgotten since: it starts afresh holding this grant, kept for the grant's perMs.
-      IF v_r > 0 THEN
-        v_w := greatest(v_w, v_now - v_r);
-      END IF;
-      v_r := (v_win->>'per')::bigint;
-    END IF;
-    -- A grant that has left the bucket's kept window changes nothing there.
-    CONTINUE WHEN p.at <= greatest(v_w, v_now - v_r);
-    INSERT INTO __SCHEMA__.fen AS f (bucket, idx, d)
-    SELECT b.id, x, v_d FROM unnest(__SCHEMA__._fen_up(v_seq, b.last_seq)) AS x
-    ON CONFLICT (bucket, idx) DO UPDATE SET d = f.d + excluded.d;
-    UPDATE __SCHEMA__.buckets
-       SET dtotal = dtotal + v_d, fen = true, retain_ms = v_r, pruned_to = v_w
-     WHERE id = b.id;
-  END LOOP;
-  UPDATE __SCHEMA__.permits SET windows = v_windows WHERE id = permit;
+  v_settled := __SCHEMA__._settle_grant(p.at, p.windows, costs, v_clock);
+  UPDATE __SCHEMA__.permits SET windows = v_settled->'windows' WHERE id = permit;
   RETURN jsonb_build_object('settled', true);
 END
 $$;
@@ -1750,6 +1803,200 @@ END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.release(text, jsonb, bigint) IS
   'release a permit (section 4), settling first when costs are given (9.3)';
+
+---------------------------------------------------------------------------------------------
+-- Request ids (wire section 16; table requests). An acquire or peek naming an id comes to
+-- acquire_id() instead of acquire(), and release {id} to undo(): the server sends every other
+-- request as before, so that one never reads the table. The engine's engine/requests.rs, rule
+-- for rule:
+--   An id is remembered once its acquire is granted or files a ticket (a renewal of the ticket
+--   it presented files none), and once release {id} names it, seen or not; for 60 s at least,
+--   for as long as the permit it got lives, and while the ticket it filed lives. What a record
+--   keeps of the request is a digest of the params a retry must repeat (the caller key, the
+--   limits as a ticket binds them, permit, queue and ticket; computed by the server as the
+--   engine computes it), so report, graceMs and maxWaitMs may differ.
+--   Every acquire and release {id} first takes a transaction lock on the id (an advisory lock
+--   on its hash, in a key space of this schema's own, taken before any row lock, so it cannot
+--   close a circle with the bucket locks): two sessions or servers presenting one id at once
+--   decide one after the other, the second on a snapshot taken after the first committed, and
+--   never both count. A lock and a read are all that a retry answered from its record costs,
+--   and a refusal that files nothing writes nothing, as without an id. A record is written in
+--   the transaction of the grant or filing it names, so it commits with it or not at all.
+
+-- acquire, report or peek of a request named by p_id (escaped) whose params digest is
+-- p_params; the other arguments and the reply as acquire()'s. A remembered id is answered as
+-- the first time (the same grant at the same instant with the same permit, or the same refusal
+-- naming the same ticket, with its lapse and the tickets ahead as they stand now; a report's
+-- figures and a peek's as they stand now), counting and writing nothing, with "again": true;
+-- one released, or remembered with other params, raises RL400 naming id. Otherwise acquire()
+-- decides it, and a grant, or a refusal that filed a ticket, is remembered in the same
+-- transaction. A peek takes no lock and writes nothing. Statements: the lock, the record's
+-- read (and for a filing past its minute, its ticket's), then acquire()'s and the record's
+-- write; each a statement of its own, so that the read's snapshot is taken after the lock.
+CREATE OR REPLACE FUNCTION __SCHEMA__.acquire_id(req jsonb, mode text, recheck_ms bigint, permit_id text,
+                                                 p_id text, p_params text, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  r record;
+  v_now bigint;
+  v_live boolean;
+  v_reply jsonb;
+  v_peek jsonb;
+  v_num bigint;
+  v_lapse bigint;
+BEGIN
+  IF mode <> 'peek' THEN
+    PERFORM pg_advisory_xact_lock(hashtext('redb-limiter request ids __SCHEMA__'), hashtext(p_id));
+  END IF;
+  v_now := coalesce(at_ms, __SCHEMA__._clock_ms());
+  SELECT * INTO r FROM __SCHEMA__.requests q WHERE q.id = p_id;
+  -- Remembered until it has lived its time, and while the ticket it filed lives.
+  v_live := FOUND AND r.until > v_now;
+  IF FOUND AND r.outcome = 't' THEN
+    SELECT t.num, t.lapse_at INTO v_num, v_lapse
+      FROM __SCHEMA__.tickets t WHERE t.ticket = r.ticket AND t.lapse_at > v_now;
+    v_live := v_live OR v_num IS NOT NULL;
+  END IF;
+  IF v_live THEN
+    IF r.outcome = 'r' THEN
+      RAISE EXCEPTION 'id was released: a new ask needs a new id' USING ERRCODE = 'RL400';
+    END IF;
+    IF r.params <> p_params THEN
+      RAISE EXCEPTION 'id names another request: a retry must repeat its key, limits, permit, queue and ticket'
+        USING ERRCODE = 'RL400';
+    END IF;
+    IF r.outcome = 'g' THEN
+      v_reply := jsonb_build_object('granted', true, 'at', r.at, 'permit', r.permit, 'now', v_now);
+    ELSE
+      v_reply := jsonb_build_object('granted', false, 'retryAt', r.retry_at, 'reason', r.reason,
+                                    'limit', r.lim, 'now', v_now, 'ticket', r.ticket,
+                                    'lapseAt', coalesce(v_lapse, r.lapse_at),
+                                    'ahead', CASE WHEN v_num IS NULL THEN 0 ELSE __SCHEMA__._ahead(v_num, v_now) END);
+    END IF;
+    IF mode = 'acquire' THEN
+      RETURN v_reply || '{"again": true}'::jsonb;
+    END IF;
+    -- The figures as they stand now: a peek of the same request.
+    v_peek := __SCHEMA__.acquire(req, 'peek', recheck_ms, '', v_now);
+    IF mode = 'report' THEN
+      RETURN v_reply || jsonb_build_object('limits', v_peek->'limits', 'again', true);
+    ELSIF r.outcome = 'g' THEN
+      RETURN (v_peek - 'retryAt' - 'reason' - 'limit') || jsonb_build_object('fits', true, 'now', v_now);
+    END IF;
+    RETURN v_peek || jsonb_build_object('fits', false, 'retryAt', r.retry_at, 'reason', r.reason,
+                                        'limit', r.lim, 'now', v_now);
+  END IF;
+
+  v_reply := __SCHEMA__.acquire(req, mode, recheck_ms, permit_id, at_ms);
+  IF mode = 'peek'
+     OR (NOT (v_reply->>'granted')::boolean
+         AND (NOT v_reply ? 'ticket' OR v_reply->>'ticket' IS NOT DISTINCT FROM req->>'ticket')) THEN
+    RETURN v_reply;  -- a refusal that filed nothing (or renewed its ticket): decided afresh if asked again
+  END IF;
+  v_now := (v_reply->>'now')::bigint;
+  IF current_setting('synchronous_commit') = 'off' THEN
+    -- (a renewal that found its ticket ended and filed anew may have turned it off)
+    SET LOCAL synchronous_commit TO DEFAULT;
+  END IF;
+  -- A grant is remembered for a minute and as long as its permit lives; without a permit, with
+  -- its window shares (every window limit, at the cost it counts: capped at calls), for
+  -- release {id} with costs. A filing is remembered for a minute and until its lapse (and
+  -- after, while its ticket lives).
+  INSERT INTO __SCHEMA__.requests AS q (id, params, until, outcome, at, permit, windows, ticket, retry_at,
+                                        reason, lim, lapse_at)
+  SELECT p_id, p_params,
+         greatest(v_now + 60000,
+                  CASE WHEN NOT x.g THEN (v_reply->>'lapseAt')::bigint
+                       WHEN x.permit IS NOT NULL THEN
+                         (SELECT pm.lapse FROM __SCHEMA__.permits pm WHERE pm.id = x.permit) END),
+         CASE WHEN x.g THEN 'g' ELSE 't' END,
+         CASE WHEN x.g THEN (v_reply->>'at')::bigint END,
+         x.permit,
+         CASE WHEN x.g AND x.permit IS NULL THEN
+           (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                     'k', l.v->'key', 'calls', l.v->'calls', 'per', l.v->'perMs',
+                     'cost', least(coalesce((l.v->>'cost')::bigint, (req->>'cost')::bigint, 1),
+                                   (l.v->>'calls')::bigint)) ORDER BY l.ord), '[]'::jsonb)
+              FROM jsonb_array_elements(req->'limits') WITH ORDINALITY AS l(v, ord)
+             WHERE l.v ? 'calls') END,
+         v_reply->>'ticket', (v_reply->>'retryAt')::bigint, v_reply->>'reason', v_reply->>'limit',
+         (v_reply->>'lapseAt')::bigint
+    FROM (SELECT (v_reply->>'granted')::boolean AS g, v_reply->>'permit' AS permit) x
+  ON CONFLICT (id) DO UPDATE
+     SET params = excluded.params, until = excluded.until, outcome = excluded.outcome, at = excluded.at,
+         permit = excluded.permit, windows = excluded.windows, ticket = excluded.ticket,
+         retry_at = excluded.retry_at, reason = excluded.reason, lim = excluded.lim,
+         lapse_at = excluded.lapse_at;
+  RETURN v_reply;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.acquire_id(jsonb, text, bigint, text, text, text, bigint) IS
+  'acquire, report or peek of a request named by id (section 16): a retry is answered as the first time';
+
+-- release {id} (section 16): undoes what the acquire named p_id (escaped) got. A grant with a
+-- permit: the permit is released, settled first to costs when given (release()); a grant
+-- without one: its window shares are settled to costs (RL400 naming costs[i].key for a key
+-- that was not a window limit of it, and nothing changes); a filing: its ticket leaves the
+-- line (costs are not read). Then the id is remembered as released for 60 s at least (an id
+-- never seen too, so that its acquire arriving later changes nothing). Answers {"released":
+-- true} when it changed something: a live permit released, a live ticket out of its lines (then
+-- also "left": true, for the server's metrics), a window counting otherwise; else false. A
+-- released id asked again is false and writes nothing.
+CREATE OR REPLACE FUNCTION __SCHEMA__.undo(p_id text, costs jsonb DEFAULT NULL, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  r record;
+  e record;
+  v_now bigint;
+  v_live boolean;
+  v_changed boolean := false;
+  v_left boolean := false;
+BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('redb-limiter request ids __SCHEMA__'), hashtext(p_id));
+  v_now := coalesce(at_ms, __SCHEMA__._clock_ms());
+  SELECT * INTO r FROM __SCHEMA__.requests q WHERE q.id = p_id;
+  -- Remembered until it has lived its time, and while the ticket it filed lives.
+  v_live := FOUND AND r.until > v_now;
+  IF FOUND AND NOT v_live AND r.outcome = 't' THEN
+    v_live := EXISTS (SELECT 1 FROM __SCHEMA__.tickets t WHERE t.ticket = r.ticket AND t.lapse_at > v_now);
+  END IF;
+  IF v_live AND r.outcome = 'r' THEN
+    RETURN jsonb_build_object('released', false);
+  END IF;
+  IF v_live AND r.outcome = 'g' AND r.permit IS NOT NULL THEN
+    v_changed := __SCHEMA__.release(r.permit, costs, at_ms);
+  ELSIF v_live AND r.outcome = 'g' AND costs IS NOT NULL THEN
+    -- All or nothing: check every key before changing anything.
+    FOR e IN SELECT x.key, x.ord
+               FROM ROWS FROM (jsonb_to_recordset(costs) AS (key text)) WITH ORDINALITY AS x(key, ord)
+              ORDER BY x.ord LOOP
+      IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(r.windows) w WHERE w->>'k' = e.key) THEN
+        RAISE EXCEPTION 'costs[%].key is not a window limit of the id''s grant', e.ord - 1
+          USING ERRCODE = 'RL400', DETAIL = e.key;
+      END IF;
+    END LOOP;
+    v_changed := (__SCHEMA__._settle_grant(r.at, r.windows, costs, v_now)->>'changed')::boolean;
+  ELSIF v_live AND r.outcome = 't' THEN
+    v_changed := __SCHEMA__.leave(r.ticket, at_ms);
+    v_left := v_changed;
+  END IF;
+  INSERT INTO __SCHEMA__.requests AS q (id, params, until, outcome)
+  VALUES (p_id, CASE WHEN v_live THEN r.params ELSE '' END,
+          greatest(v_now + 60000, CASE WHEN v_live THEN r.until END), 'r')
+  ON CONFLICT (id) DO UPDATE
+     SET params = excluded.params, until = excluded.until, outcome = 'r', at = NULL, permit = NULL,
+         windows = NULL, ticket = NULL, retry_at = NULL, reason = NULL, lim = NULL, lapse_at = NULL;
+  RETURN jsonb_build_object('released', v_changed) || CASE WHEN v_left THEN '{"left": true}'::jsonb
+                                                          ELSE '{}'::jsonb END;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.undo(text, jsonb, bigint) IS
+  'release {id} (section 16): undo what the acquire named by id got, and remember it released';
+
 
 ---------------------------------------------------------------------------------------------
 -- throttle: only extends; returns the until in force afterwards, or NULL.
@@ -1939,14 +2186,16 @@ $$
     'grants', (SELECT count(*) FROM __SCHEMA__.grants),
     'permits', (SELECT count(*) FROM __SCHEMA__.permits),
     'places', (SELECT count(*) FROM __SCHEMA__.places),
-    'throttles', (SELECT count(*) FROM __SCHEMA__.throttles))
+    'throttles', (SELECT count(*) FROM __SCHEMA__.throttles),
+    'requests', (SELECT count(*) FROM __SCHEMA__.requests))
 $$;
 COMMENT ON FUNCTION __SCHEMA__.totals() IS 'row counts per table, for metrics (a full count)';
 
 ---------------------------------------------------------------------------------------------
 -- sweep: deletes what no request can see any more, at most about `batch` rows of each kind
--- per call: lapsed permits with their places, passed throttles, grants older than their
--- bucket's retention, Fenwick nodes no read can reach, and idle buckets. Buckets are visited
+-- per call: lapsed permits with their places, passed throttles, request ids past their time,
+-- grants older than their bucket's retention, Fenwick nodes no read can reach, and idle
+-- buckets. Buckets are visited
 -- `batch` at a time from a cursor kept in meta, so a call's work is bounded; a bucket locked
 -- by a request in flight is skipped this time. Returns the number of rows deleted; call it
 -- again while that is > 0. Every deletion is of state already invisible to the decisions,
@@ -1992,6 +2241,23 @@ BEGIN
    WHERE t.key IN (SELECT x.key FROM __SCHEMA__.throttles x WHERE x.until <= v_now
                     ORDER BY x.until LIMIT batch FOR UPDATE SKIP LOCKED);
   GET DIAGNOSTICS v_k = ROW_COUNT;
+  v_done := v_done + v_k;
+
+  -- Request ids past their time (section 16): forgotten, but for those whose ticket still
+  -- lives, which are kept until its lapse (and looked at again then).
+  WITH due AS (
+    SELECT x.id, x.ticket FROM __SCHEMA__.requests x WHERE x.until <= v_now
+     ORDER BY x.until LIMIT batch FOR UPDATE SKIP LOCKED),
+  kept AS (
+    UPDATE __SCHEMA__.requests q SET until = t.lapse_at
+      FROM due d JOIN __SCHEMA__.tickets t ON t.ticket = d.ticket
+     WHERE q.id = d.id AND t.lapse_at > v_now
+    RETURNING q.id),
+  gone AS (
+    DELETE FROM __SCHEMA__.requests q USING due d
+     WHERE q.id = d.id AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = d.id)
+    RETURNING 1)
+  SELECT count(*) INTO v_k FROM gone;
   v_done := v_done + v_k;
 
   -- Buckets, from the cursor.
@@ -2063,7 +2329,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint, bigint) IS
-  'delete lapsed permits, passed throttles, grants past retention and idle buckets, in batches';
+  'delete lapsed permits, passed throttles, request ids past their time, grants past retention and idle buckets, in batches';
 
 -- Tickets lapsed by at_ms (less margin_ms) leave their lines, at most batch of them: counted
 -- out of each line under its bucket row's lock, the buckets taken in key order once for the

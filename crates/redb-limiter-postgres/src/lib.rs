@@ -30,6 +30,13 @@
 //! paths and the batch leave a bucket with a line to it (one index probe of an empty table
 //! where nobody queues), and a request with `queue` or `ticket` always goes to it.
 //!
+//! Request ids (wire section 16) live in the database too (table `requests`): an acquire or peek
+//! named by an `id` is sent to `acquire_id()`, which locks the id (so servers presenting one id
+//! at once decide one after the other), answers a retry from its record as the first time, or
+//! has `acquire()` decide it and records a grant or filing in the same transaction; `release
+//! {id}` is `undo()`. Every other request is sent as before and never reads the table. The digest
+//! of the params a retry must repeat is the engine's own ([`redb_limiter::engine::params_digest`]).
+//!
 //! What it must never do: decide anything in Rust. The Rust engine is the oracle the SQL is
 //! tested against (`tests/postgres.rs` drives both with the same operations and instants); this
 //! crate only validates nothing further (requests arrive validated by
@@ -87,7 +94,7 @@ const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// [`batch`]); `__SCHEMA__` as above.
 const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 /// The steps from each earlier format version to the next: `MIGRATIONS[i]` takes a schema of
 /// version `i + 1` to version `i + 2` (`sql/migrate/N-M.sql`; `__SCHEMA__` as above). Each
 /// runs in its own transaction under the schema's advisory lock and does nothing unless the
@@ -96,6 +103,7 @@ const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [
     include_str!("../sql/migrate/1-2.sql"),
     include_str!("../sql/migrate/2-3.sql"),
     include_str!("../sql/migrate/3-4.sql"),
+    include_str!("../sql/migrate/4-5.sql"),
 ];
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
@@ -225,6 +233,9 @@ pub struct PgLimiter {
 struct Statements {
     acquire: String,
     peek: String,
+    acquire_id: String,
+    peek_id: String,
+    undo: String,
     acquire_window: String,
     acquire_windows: String,
     release: String,
@@ -256,6 +267,9 @@ impl Statements {
         Statements {
             acquire: call("SELECT S.acquire($1::jsonb, $2, $3, $4, $5)"),
             peek: call("SELECT S.acquire($1::jsonb, 'peek', $2, $3, $4)"),
+            acquire_id: call("SELECT S.acquire_id($1::jsonb, $2, $3, $4, $5, $6, $7)"),
+            peek_id: call("SELECT S.acquire_id($1::jsonb, 'peek', $2, '', $3, $4, $5)"),
+            undo: call("SELECT S.undo($1, $2::jsonb, $3)"),
             acquire_window: file(ACQUIRE_WINDOW_SQL),
             acquire_windows: file(ACQUIRE_WINDOWS_SQL),
             release: call("SELECT S.release($1, $2::jsonb, $3)"),
@@ -503,27 +517,29 @@ impl PgLimiter {
         Ok(Acquired { decision, report: None, ticket: None, no_ticket: None })
     }
 
-    /// Any acquire, by a call of the schema's `acquire()`.
+    /// Any acquire, by a call of the schema's `acquire()`, or of `acquire_id()` for one named by
+    /// an `id` (section 16).
     async fn acquire_any(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
         let permit = self.next_permit().to_string();
         let mode = if req.report { "report" } else { "acquire" };
-        let reply: Value = self
-            .call(
-                &self.sql.acquire,
-                &[
-                    &request_json(&req, self.options.line_horizon_ms),
-                    &mode,
-                    &to_i64(self.options.recheck_ms),
-                    &permit,
-                    &self.at(),
-                ],
-            )
-            .await?;
+        let body = request_json(&req, self.options.line_horizon_ms);
+        let recheck_ms = to_i64(self.options.recheck_ms);
+        let reply: Value = match req.id.as_deref() {
+            None => self.call(&self.sql.acquire, &[&body, &mode, &recheck_ms, &permit, &self.at()]).await?,
+            Some(id) => {
+                let (id, params) = (escape(id), params_hex(&req));
+                let id: &str = &id;
+                self.call(&self.sql.acquire_id, &[&body, &mode, &recheck_ms, &permit, &id, &params, &self.at()]).await?
+            }
+        };
         let decision = decision_from(&reply).ok_or_else(|| protocol(&reply))?;
         self.count(&decision);
         let report = if req.report { Some(report_from(&reply).ok_or_else(|| protocol(&reply))?) } else { None };
         let ticket = ticket_from(&reply).ok_or_else(|| protocol(&reply))?;
-        self.count_line(&req, &reply, ticket.as_ref());
+        // A retry answered from its id's record changed nothing of the line.
+        if reply.get("again").and_then(Value::as_bool) != Some(true) {
+            self.count_line(&req, &reply, ticket.as_ref());
+        }
         let no_ticket = reply.get("noTicket").and_then(Value::as_str).and_then(NoTicket::parse);
         Ok(Acquired { decision, report, ticket, no_ticket })
     }
@@ -682,14 +698,19 @@ impl PgLimiter {
         }
     }
 
-    /// Decides as an acquire would at the same instant and changes nothing.
+    /// Decides as an acquire would at the same instant and changes nothing (a request named by
+    /// an id answered before: as it would be answered again).
     pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
-        let reply: Value = self
-            .call(
-                &self.sql.peek,
-                &[&request_json(&req, self.options.line_horizon_ms), &to_i64(self.options.recheck_ms), &"", &self.at()],
-            )
-            .await?;
+        let body = request_json(&req, self.options.line_horizon_ms);
+        let recheck_ms = to_i64(self.options.recheck_ms);
+        let reply: Value = match req.id.as_deref() {
+            None => self.call(&self.sql.peek, &[&body, &recheck_ms, &"", &self.at()]).await?,
+            Some(id) => {
+                let (id, params) = (escape(id), params_hex(&req));
+                let id: &str = &id;
+                self.call(&self.sql.peek_id, &[&body, &recheck_ms, &id, &params, &self.at()]).await?
+            }
+        };
         let peeked = peeked_from(&reply).ok_or_else(|| protocol(&reply))?;
         match &peeked.refusal {
             None => self.metrics.decided("peek", "fits", ""),
@@ -753,12 +774,28 @@ impl PgLimiter {
         Ok(left)
     }
 
-    /// `release {id}` (section 16): not kept in PostgreSQL mode yet.
+    /// `release {id}` (section 16): undoes what the acquire named `req.id` got (its permit
+    /// released, settled first to `costs`; the window shares of a grant without one settled to
+    /// `costs`; its ticket out of the line), in one transaction, and remembers the id as
+    /// released. `true` when it changed something; an id never seen is remembered as released
+    /// (`false`).
     pub async fn undo(&self, req: UndoRequest) -> Result<bool, LimiterError> {
-        let _ = req;
-        Err(LimiterError::BadRequest(redb_limiter::BadRequest(
-            "id: request ids are not kept in PostgreSQL mode yet".into(),
-        )))
+        let costs = (!req.costs.is_empty()).then(|| costs_json(&req.costs));
+        let id = escape(&req.id);
+        let id: &str = &id;
+        let reply: Value = match self.call(&self.sql.undo, &[&id, &costs, &self.at()]).await {
+            Err(e @ LimiterError::BadRequest(_)) => {
+                self.metrics.decided("release", "bad_request", "");
+                return Err(e);
+            }
+            other => other?,
+        };
+        let released = reply.get("released").and_then(Value::as_bool).ok_or_else(|| protocol(&reply))?;
+        self.metrics.decided("release", if released { "released" } else { "unknown" }, "");
+        if reply.get("left").and_then(Value::as_bool) == Some(true) {
+            self.metrics.ticket("left");
+        }
+        Ok(released)
     }
 
     /// Ends the throttle of a caller: `true` when one was in force.
@@ -968,22 +1005,40 @@ impl Backend for PgLimiter {
 }
 
 /// The limits of a request that `sql/acquire_window.sql` (one) or `sql/acquire_windows.sql`
-/// (more) decides: an acquire (no report, no permit, no `queue` or `ticket`) of window limits
-/// only, each with a cost above 0. Those statements leave a bucket with a line to `acquire()`.
+/// (more) decides: an acquire (no report, no permit, no `queue`, `ticket` or `id`) of window
+/// limits only, each with a cost above 0. Those statements leave a bucket with a line to
+/// `acquire()`.
 fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
     let plain = |l: &Limit| l.window.is_some() && l.concurrent.is_none() && l.cost > 0;
-    (!req.report && !req.permit && !req.in_line() && !req.limits.is_empty() && req.limits.iter().all(plain))
-        .then_some(req.limits.as_slice())
+    (!req.report
+        && !req.permit
+        && !req.in_line()
+        && req.id.is_none()
+        && !req.limits.is_empty()
+        && req.limits.iter().all(plain))
+    .then_some(req.limits.as_slice())
+}
+
+/// The digest of what a retry with the same id must repeat (section 16), as the engine computes
+/// it, in the 32 hex digits `acquire_id()` keeps.
+fn params_hex(req: &AcquireRequest) -> String {
+    format!("{:032x}", redb_limiter::engine::params_digest(req))
 }
 
 fn costs_json(costs: &[Cost]) -> Value {
     Value::Array(costs.iter().map(|c| json!({ "key": escape(&c.key), "cost": c.cost })).collect())
 }
 
-/// An acquire's JSON as `acquire()` takes it: the caller and limit keys escaped, and for a
-/// request in the line the server's horizon (section 12.9) as `lineHorizonMs`.
+/// An acquire's JSON as `acquire()` takes it: the caller and limit keys escaped, for a request
+/// in the line the server's horizon (section 12.9) as `lineHorizonMs`, and no `id` (which
+/// `acquire_id()` takes escaped, apart).
 fn request_json(req: &AcquireRequest, line_horizon_ms: u64) -> Value {
     let mut body = req.to_json();
+    if req.id.is_some()
+        && let Some(obj) = body.as_object_mut()
+    {
+        obj.remove("id");
+    }
     if req.in_line()
         && let Some(obj) = body.as_object_mut()
     {

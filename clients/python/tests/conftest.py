@@ -58,14 +58,14 @@ class Server:
             self.process.stdout.close()
 
 
-def start_server(folder: Path, token: str | None = None) -> Server:
+def start_server(folder: Path, token: str | None = None, args: tuple[str, ...] = ()) -> Server:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDB_LIMITER_")}
     if token is not None:
         env["REDB_LIMITER_TOKEN"] = token
     path = folder / "limiter.redb"
     log = open(folder / "server.log", "w")
     process = subprocess.Popen(
-        [str(server_binary()), "serve", "--path", str(path), "--listen", "127.0.0.1:0"],
+        [str(server_binary()), "serve", "--path", str(path), "--listen", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
@@ -87,6 +87,15 @@ def start_server(folder: Path, token: str | None = None) -> Server:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     started = start_server(tmp_path_factory.mktemp("server"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server whose concurrency refusals say "ask again in a minute" (``--recheck-ms
+    60000``): a waiter served sooner than that was woken (wire section 15)."""
+    started = start_server(tmp_path_factory.mktemp("slow-server"), args=("--recheck-ms", "60000"))
     yield started
     started.stop()
 

@@ -28,7 +28,8 @@ from urllib.parse import urlsplit
 class Act:
     """What the proxy does with one request: ``forward`` it to the server or not, wait ``delay``
     seconds, then ``reply`` ("pass": the server's answer; "drop": close the connection with no
-    answer; "hang": keep it open and never answer)."""
+    answer; "hang": keep it open and never answer; "not-found": a 404, as a server without the
+    path answers)."""
 
     forward: bool = True
     delay: float = 0.0
@@ -37,6 +38,9 @@ class Act:
 
 PASS = Act()
 HANG = Act(forward=False, reply="hang")
+NOT_FOUND = Act(forward=False, reply="not-found")
+
+_NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-type: text/plain\r\ncontent-length: 9\r\n\r\nnot found"
 
 
 @dataclass
@@ -148,7 +152,10 @@ class Proxy:
                     answer = _response_bytes(response, content)
                 if act.delay:
                     self._closed.wait(act.delay)
-                if act.reply == "pass" and answer is not None:
+                if act.reply == "not-found":
+                    seen.status = 404
+                    answer = _NOT_FOUND
+                if act.reply in ("pass", "not-found") and answer is not None:
                     try:
                         client.sendall(answer)
                         seen.answered = True

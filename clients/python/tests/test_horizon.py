@@ -209,7 +209,7 @@ async def test_a_call_beyond_its_max_wait_gets_no_ticket_horizon_and_times_out_a
 async def test_without_max_wait_the_servers_horizon_files_no_ticket(kind: str, server: Server, prefix: str) -> None:
     """A call ten minutes out lies beyond the server's horizon (300 s by default)."""
     me, window = f"{prefix}/me", Limit.window(f"{prefix}/10min", 1, 600_000)
-    limiter, seen = recording(kind, server.url, clock=NoSleep())
+    limiter, seen = recording(kind, server.url, clock=NoSleep(), wakes=False)
     try:
         assert (await acquire(limiter, me, window, permit=False)).at is not None
         with pytest.raises(Stop):

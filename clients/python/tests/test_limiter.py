@@ -337,7 +337,7 @@ async def test_sleeps_are_sized_on_the_server_clock_whatever_the_host_clock(
     kind: str, skew: float, server: Server, prefix: str
 ) -> None:
     clock = SkewedClock(skew)
-    twin = make_twin(kind, server.url, clock=clock)
+    twin = make_twin(kind, server.url, clock=clock, wakes=False)
     try:
         me, window = f"{prefix}/me", Limit.window(f"{prefix}/rps", 1, 500)
         first = await twin.acquire(me, [window], permit=False)
@@ -382,7 +382,7 @@ async def held_none(limiter: AsyncLimiter, me: str, conc: Limit, why: object, se
 async def test_cancelling_a_wait_leaves_the_line_and_releases_a_late_grant(server: Server, prefix: str) -> None:
     me, conc = f"{prefix}/me", Limit.concurrent(f"{prefix}/conc", 1)
     clock = SignallingClock()
-    async with AsyncLimiter(server.url, clock=clock) as limiter:
+    async with AsyncLimiter(server.url, clock=clock, wakes=False) as limiter:
         holder = await limiter.acquire(me, [conc])
         waiting = asyncio.ensure_future(limiter.acquire(me, [conc]))
         await clock.sleeping.wait()  # it asked, was refused, and sleeps on its retryAt

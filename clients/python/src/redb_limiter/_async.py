@@ -17,7 +17,7 @@ import inspect
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from datetime import datetime
-from typing import Any, Optional, Set, Type, TypeVar, cast
+from typing import Any, Optional, Set, Tuple, Type, TypeVar, cast
 
 import httpx
 
@@ -34,24 +34,30 @@ from ._base import (
     log,
     lost_answer,
     refused,
+    wait_body,
+    wait_timeout,
 )
-from ._errors import LimiterError, QueueTimeout, Unreachable
-from ._lines import AsyncLines
+from ._errors import LimiterError, ProtocolError, QueueTimeout, Unreachable
+from ._lines import AsyncLines, _Line, _Ready
 from ._request import AcquireRequest, Costs, Limits, check_key
 from ._time import ms_to_datetime
-from ._wire import Grant, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle
+from ._wire import Grant, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle, parse_wait
 
 __all__ = ["AsyncLimiter", "AsyncPermit", "AcquireContext"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+#: A head's ``/wait``: its ticket, and the task answering whether it is ready or gone.
+_Call = Tuple[str, "asyncio.Task[bool]"]
 
 
 class AsyncPermit:
     """A grant. Use it with ``async with``: on exit its places are released (after a settle in
     the body, the settled costs stand), whether the body returned, raised or was cancelled."""
 
-    def __init__(self, limiter: AsyncLimiter, grant: Grant) -> None:
+    def __init__(self, limiter: AsyncLimiter, grant: Grant, buckets: tuple[str, ...]) -> None:
         self._limiter = limiter
+        self._buckets = buckets
         self.at: datetime = ms_to_datetime(grant.at_ms)
         self.id: str | None = grant.permit
         self.released = False
@@ -66,7 +72,7 @@ class AsyncPermit:
         ``False`` when the permit is no longer live (or the grant has no permit id)."""
         if self.id is None or self.released:
             return False
-        settled = await self._limiter.settle(self.id, costs)
+        settled = await self._limiter._settle(self.id, costs, self._buckets)
         if settled:
             self.costs = dict(costs)
         return settled
@@ -76,7 +82,7 @@ class AsyncPermit:
         ``True`` when the permit was live. A second release sends nothing."""
         if self.id is None or self.released:
             return False
-        live = await self._limiter.release(self.id, costs)
+        live = await self._limiter._release(self.id, costs, self._buckets)
         self.released = True
         return live
 
@@ -141,8 +147,9 @@ class AsyncLimiter(LimiterBase):
         on_wait: Optional[Callable[[WaitReport], None]] = None,
         clock: Clock | None = None,
         http_client: httpx.AsyncClient | None = None,
+        wakes: bool = True,
     ) -> None:
-        super().__init__(url, token, timeout, max_waiters, clock, on_wait)
+        super().__init__(url, token, timeout, max_waiters, clock, on_wait, wakes)
         self._http = http_client if http_client is not None else httpx.AsyncClient(timeout=self.timeout)
         self._lines = AsyncLines()
         self._pending: Set[asyncio.Task[Any]] = set()
@@ -279,7 +286,7 @@ class AsyncLimiter(LimiterBase):
         async def start() -> AsyncPermit:
             outcome, now_ms = await self._ask(request, request.body(ask_id=self._new_id(), report=True))
             if isinstance(outcome, Grant):
-                return AsyncPermit(self, outcome)
+                return AsyncPermit(self, outcome, request.buckets)
             raise refused(outcome, now_ms, self.clock.monotonic())
 
         return AcquireContext(start)
@@ -308,14 +315,14 @@ class AsyncLimiter(LimiterBase):
         async def start() -> AsyncPermit:
             started = self.clock.monotonic()
             deadline = None if waited is None else started + waited
-            line = self._lines.join(request.shape, bound)
+            line = self._lines.join(request.shape, request.buckets, bound)
             try:
                 turn = None if deadline is None else deadline - self.clock.monotonic()
                 if not await self._lines.take_turn(line, turn):
                     raise QueueTimeout(self.clock.monotonic() - started, None)
                 failure: Unreachable | None = None
                 try:
-                    return await self._wait(request, queue, started, deadline)
+                    return await self._wait(line, request, queue, started, deadline)
                 except Unreachable as e:
                     failure = e  # those behind meet it now, not one timeout each in turn
                     raise
@@ -326,20 +333,25 @@ class AsyncLimiter(LimiterBase):
 
         return AcquireContext(start)
 
-    async def _wait(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> AsyncPermit:
+    async def _wait(
+        self, line: _Line[_Ready], request: AcquireRequest, queue: bool, started: float, deadline: float | None
+    ) -> AsyncPermit:
         wait = Wait(request, queue, started, deadline, self._new_id)
         answered_last = False
+        call: _Call | None = None  # this head's /wait, answered or not
         try:
             while True:
+                body = wait.body(self.clock.monotonic())
+                seen = line.woke  # a release answered after this is a reason to ask again
                 answered_last = False
-                outcome, now_ms = await self._ask(request, wait.body(self.clock.monotonic()), wait)
+                outcome, now_ms = await self._ask(request, body, wait)
                 answered_last = True
                 if isinstance(outcome, Grant):
                     wait.granted()
-                    return AsyncPermit(self, outcome)
+                    return AsyncPermit(self, outcome, request.buckets)
                 seconds = wait.refused(outcome, now_ms, self.clock.monotonic())
-                await self.clock.asleep(seconds)
-                self._report(seconds, wait.last)
+                call = await self._pause(line, wait, seen, seconds, call)
+                self._report(seconds, wait.last)  # the time to retryAt, as before wakes
         except BaseException as e:
             if wait.ticket is not None:
                 if answered_last and isinstance(e, Exception):
@@ -350,6 +362,64 @@ class AsyncLimiter(LimiterBase):
                     ticket = wait.ticket
                     self._later(lambda: self._leave(ticket))  # cancelled, or the limiter is out of reach
             raise
+        finally:
+            if call is not None:
+                call[1].cancel()  # a /wait still pending ends with the wait, whatever ended it
+
+    async def _pause(self, line: _Line[_Ready], wait: Wait, seen: int, seconds: float, call: _Call | None) -> _Call | None:
+        """Waits until ``retryAt`` (``seconds`` from now), or less: until a release through this
+        limiter wakes the line, or, holding a ticket, until the limiter says it is ready or gone
+        (``/wait``, wire section 15: a release by any host wakes it within a round trip). The
+        ``/wait`` is a task of its own, awaited again for the same ticket while pending, and
+        cancelled with the wait; cancellation and ``max_wait`` end this at once."""
+        start = self.clock.monotonic()
+        if not self.wakes:
+            await self.clock.asleep(seconds)
+            return None
+        within = None if self._no_waits else wait.wait_seconds(start)
+        if within is not None and wait.ticket is not None:
+            if call is None or call[1].done() or call[0] != wait.ticket:
+                if call is not None:
+                    call[1].cancel()
+                call = (wait.ticket, asyncio.ensure_future(self._wait_call(wait.ticket, within)))
+            task = call[1]
+            signal = self._lines.signal(line, seen)
+            if signal is None:
+                return call  # woken while it asked
+            woken = asyncio.ensure_future(signal.wait())
+            try:
+                bound = None if wait.deadline is None else max(wait.deadline - start, 0.0)
+                done, _ = await asyncio.wait({task, woken}, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+            if not done:
+                raise wait.timeout(self.clock.monotonic())  # max_wait ran out while waiting
+            if not task.done() or task.result():
+                return call  # woken here, or the ticket is ready or gone: ask again now
+            # Empty lists (its time passed, or the limiter's bound), a failure or a 404.
+        left = start + seconds - self.clock.monotonic()
+        signal = self._lines.signal(line, seen)
+        if left > 0 and signal is not None:
+            try:
+                await asyncio.wait_for(signal.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        return call
+
+    async def _wait_call(self, ticket: str, seconds: float) -> bool:
+        """One ``/wait`` for ``ticket``: whether it is ready or gone. A 404 is remembered (no
+        wire section 15: ``retryAt`` from now on); a failure is only logged."""
+        try:
+            data, _ = await self._post("wait", wait_body(ticket, seconds), wait_timeout(seconds))
+            return parse_wait(data)
+        except ProtocolError as e:
+            if e.status == 404:
+                self._no_waits = True
+            else:
+                log.debug("wait for ticket %s failed: %s", ticket, e)
+        except Exception as e:  # out of reach, or the limiter closed meanwhile: on to retryAt
+            log.debug("wait for ticket %s failed: %s", ticket, e)
+        return False
 
     async def _leave(self, ticket: str) -> None:
         try:
@@ -363,13 +433,22 @@ class AsyncLimiter(LimiterBase):
         return parse_peek((await self._post("peek", request.body()))[0])
 
     async def release(self, permit: str, costs: Costs | None = None) -> bool:
-        """Releases a permit's places (settling ``costs`` first, in one durable step)."""
-        data, _ = await self._post("release", self._release_body(permit, costs))
-        return parse_bool(data, "released", "release")
+        """Releases a permit's places (settling ``costs`` first, in one durable step); wakes
+        this limiter's waiting heads (see :meth:`Limiter.release`)."""
+        return await self._release(permit, costs, None)
 
     async def settle(self, permit: str, costs: Costs) -> bool:
         """Sets a permit's grant's real costs: ``True`` when the permit was live."""
+        return await self._settle(permit, costs, None)
+
+    async def _release(self, permit: str, costs: Costs | None, buckets: tuple[str, ...] | None) -> bool:
+        data, _ = await self._post("release", self._release_body(permit, costs))
+        self._lines.wake(buckets)  # answered: the heads it may let through ask again now
+        return parse_bool(data, "released", "release")
+
+    async def _settle(self, permit: str, costs: Costs, buckets: tuple[str, ...] | None) -> bool:
         data, _ = await self._post("settle", self._settle_body(permit, costs))
+        self._lines.wake(buckets)
         return parse_bool(data, "settled", "settle")
 
     async def throttle(self, key: str, until: datetime) -> datetime | None:

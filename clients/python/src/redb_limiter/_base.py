@@ -34,11 +34,19 @@ __all__ = ["Clock", "WaitReport"]
 UNDO_SECONDS = 2.0
 #: An ask in flight is abandoned when ``max_wait`` runs out, but is always given this long.
 MIN_ASK_SECONDS = 0.1
+#: A head holding a ticket waits on ``/wait`` (wire section 15) for at most this long at a time,
+#: and not at all when less than :data:`MIN_WAIT_SECONDS` remains of its ``max_wait``.
+WAIT_ROUND_SECONDS = 25.0
+MIN_WAIT_SECONDS = 1.0
+#: The HTTP bound on a ``/wait``: its own time and this margin for the answer.
+WAIT_MARGIN_SECONDS = 5.0
 
 
 class Clock:
     """The host's clocks, as the clients read them. Subclass it to test a host whose wall clock
-    is off, or to watch the sleeps; the default reads the real clocks."""
+    is off, or to watch the sleeps; the default reads the real clocks. With wakes (the
+    default) a wait is timed on :meth:`monotonic` and ended by a wake; :meth:`sleep` and
+    :meth:`asleep` are the waits of a limiter made with ``wakes=False``."""
 
     def wall(self) -> float:
         """Seconds since the epoch (``time.time()``)."""
@@ -176,6 +184,27 @@ class Wait:
     def timeout(self, monotonic: float) -> QueueTimeout:
         return QueueTimeout(monotonic - self.started, self.last)
 
+    def wait_seconds(self, monotonic: float) -> float | None:
+        """How long the head may wait on ``/wait`` for its ticket now: at most
+        :data:`WAIT_ROUND_SECONDS` and what remains of ``max_wait``; ``None`` without a ticket
+        or with less than :data:`MIN_WAIT_SECONDS` left (then it sleeps to ``retryAt``)."""
+        if self.ticket is None:
+            return None
+        seconds = WAIT_ROUND_SECONDS if self.deadline is None else min(self.deadline - monotonic, WAIT_ROUND_SECONDS)
+        return seconds if seconds >= MIN_WAIT_SECONDS else None
+
+
+class _WaitCall:
+    """One ``/wait`` of a head's for ``ticket``: ``done`` once answered (or failed), ``ready``
+    when it named the ticket ready or gone."""
+
+    __slots__ = ("ticket", "done", "ready")
+
+    def __init__(self, ticket: str) -> None:
+        self.ticket = ticket
+        self.done = False
+        self.ready = False
+
 
 def capped_timeout(timeout: httpx.Timeout, seconds: float) -> tuple[httpx.Timeout, bool]:
     """An HTTP client's timeouts, each at most ``seconds``, and whether that cut the read's."""
@@ -188,6 +217,16 @@ def capped_timeout(timeout: httpx.Timeout, seconds: float) -> tuple[httpx.Timeou
         connect=cap(timeout.connect), read=cap(timeout.read), write=cap(timeout.write), pool=cap(timeout.pool)
     )
     return phases, capped
+
+
+def wait_body(ticket: str, seconds: float) -> dict[str, Any]:
+    """A ``/wait`` for one ticket, for ``seconds`` (within the wire's 1 to 60 s)."""
+    return {"tickets": [ticket], "timeoutMs": min(max(int(seconds * 1000), 1_000), 60_000)}
+
+
+def wait_timeout(seconds: float) -> httpx.Timeout:
+    """The HTTP bound on a ``/wait`` of ``seconds``, whatever the client's own timeout."""
+    return httpx.Timeout(seconds + WAIT_MARGIN_SECONDS)
 
 
 def lost_answer(error: Unreachable) -> bool:
@@ -278,6 +317,7 @@ class LimiterBase:
         max_waiters: int | None,
         clock: Clock | None,
         on_wait: Optional[Callable[[WaitReport], None]],
+        wakes: bool = True,
     ) -> None:
         self._base = check_url(url)
         #: The server's address, as given (normalised: lower-case scheme, no trailing slash).
@@ -288,6 +328,11 @@ class LimiterBase:
         self.clock = clock if clock is not None else Clock()
         self.on_wait = on_wait
         self._server = ServerClock()
+        #: Whether a waiting head is woken by releases (its own process's, and the limiter's
+        #: ``/wait``); without, it sleeps to each ``retryAt`` (as clients before wire 4 did).
+        self.wakes = bool(wakes)
+        #: The limiter answered ``/wait`` with 404 (no wire section 15): not asked again.
+        self._no_waits = False
         #: Where ask ids come from (a fresh one per ask); tests may replace it.
         self._new_id: Callable[[], str] = new_ask_id
 

@@ -11,6 +11,10 @@ deadline, a cancellation, Ctrl-C or any other exception) leaves it, passing on a
 to it meanwhile; and when the head could not reach the limiter, the callers behind it are woken
 with that failure (each its own :class:`Unreachable`) rather than each waiting out a
 timeout of its own in turn.
+
+A line also knows the buckets its shape names, so that a release made through this limiter
+wakes the heads it may let through at once (:meth:`_Lines.wake`): each wake bumps the line's
+``woke`` count, and a head that saw the count change since it last asked asks again.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from typing import Deque, Dict, Generic, Optional, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Deque, Dict, FrozenSet, Generic, Optional, TypeVar
 
 from ._errors import QueueFull, Unreachable
 
@@ -32,10 +37,12 @@ def line_failure(failure: Unreachable) -> Unreachable:
 
 
 class _Line(Generic[W]):
-    def __init__(self) -> None:
+    def __init__(self, buckets: FrozenSet[str]) -> None:
         self.waiting = 0  # every caller in the line, the head included
         self.busy = False  # someone holds the turn
         self.queue: Deque[W] = deque()
+        self.buckets = buckets  # the buckets the shape names
+        self.woke = 0  # local wakes so far: a release here may have let the head through
 
 
 class _Lines(Generic[W]):
@@ -45,11 +52,11 @@ class _Lines(Generic[W]):
         self._lock = threading.Lock()
         self._lines: Dict[str, _Line[W]] = {}
 
-    def join(self, shape: str, max_waiters: int | None) -> _Line[W]:
+    def join(self, shape: str, buckets: Iterable[str], max_waiters: int | None) -> _Line[W]:
         with self._lock:
             line = self._lines.get(shape)
             if line is None:
-                line = self._lines[shape] = _Line()
+                line = self._lines[shape] = _Line(frozenset(buckets))
             if max_waiters is not None and line.waiting >= max_waiters:
                 raise QueueFull(line.waiting)
             line.waiting += 1
@@ -67,6 +74,22 @@ class _Lines(Generic[W]):
             line = self._lines.get(shape)
             return 0 if line is None else line.waiting
 
+    def wake(self, buckets: Iterable[str] | None) -> None:
+        """Wakes the heads of the lines that name one of ``buckets`` (every line when
+        ``None``: a release of a permit this limiter knows nothing about)."""
+        freed = None if buckets is None else frozenset(buckets)
+        with self._lock:
+            woken = False
+            for line in self._lines.values():
+                if freed is None or not line.buckets.isdisjoint(freed):
+                    line.woke += 1
+                    woken = True
+            if woken:
+                self._notify_locked()
+
+    def _notify_locked(self) -> None:
+        raise NotImplementedError
+
 
 class _Turn:
     """One caller waiting behind the head: woken with its turn, or with the head's failure."""
@@ -79,6 +102,20 @@ class _Turn:
 
 
 class SyncLines(_Lines[_Turn]):
+    def __init__(self) -> None:
+        super().__init__()
+        #: Notified on every local wake, and by a ``/wait`` of a head's when it is answered.
+        self.changed = threading.Condition(self._lock)
+
+    def _notify_locked(self) -> None:
+        self.changed.notify_all()
+
+    def pause(self, line: _Line[_Turn], seen: int, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Blocks until the line is woken (its ``woke`` count is no longer ``seen``), ``done()``
+        holds, or ``timeout`` seconds pass; ``True`` unless the time ran out. Ctrl-C ends it."""
+        with self.changed:
+            return self.changed.wait_for(lambda: line.woke != seen or done(), timeout)
+
     def take_turn(self, line: _Line[_Turn], timeout: float | None) -> bool:
         """Waits to be the head; ``False`` when ``timeout`` seconds passed first. Raises the
         head's :class:`Unreachable` when it could not reach the limiter; anything raised
@@ -134,6 +171,25 @@ _Ready = asyncio.Future[Optional[Unreachable]]
 
 
 class AsyncLines(_Lines[_Ready]):
+    def __init__(self) -> None:
+        super().__init__()
+        self._signal: Optional[asyncio.Event] = None  # made in the loop, replaced at each wake
+
+    def _notify_locked(self) -> None:
+        if self._signal is not None:
+            self._signal.set()
+            self._signal = None
+
+    def signal(self, line: _Line[_Ready], seen: int) -> Optional[asyncio.Event]:
+        """What a head awaits to be woken: ``None`` when the line was woken already (its ``woke``
+        count is no longer ``seen``)."""
+        with self._lock:
+            if line.woke != seen:
+                return None
+            if self._signal is None:
+                self._signal = asyncio.Event()
+            return self._signal
+
     async def take_turn(self, line: _Line[_Ready], timeout: float | None) -> bool:
         """Waits to be the head; ``False`` when ``timeout`` seconds passed first. Raises the
         head's :class:`Unreachable` when it could not reach the limiter. Cancelling the caller

@@ -166,6 +166,12 @@ class AcquireRequest:
         return cls(key, tuple(limits), cost, hold_ms, grace_ms, bool(permit))
 
     @property
+    def buckets(self) -> tuple[str, ...]:
+        """The buckets named: a release of a grant of this request may let through a waiter
+        on any of them."""
+        return tuple(limit.key for limit in self.limits)
+
+    @property
     def shape(self) -> str:
         """Waiters queue per shape: the caller key and the buckets named, whatever the costs,
         so a large call at the head of the line is never overtaken by smaller ones."""

@@ -25,6 +25,7 @@ import httpx
 from ._base import (
     UNDO_SECONDS,
     Clock,
+    _WaitCall,
     LimiterBase,
     Wait,
     WaitReport,
@@ -36,12 +37,14 @@ from ._base import (
     lost_answer,
     refused,
     timed_out,
+    wait_body,
+    wait_timeout,
 )
-from ._errors import LimiterError, QueueTimeout, Unreachable
-from ._lines import SyncLines
+from ._errors import LimiterError, ProtocolError, QueueTimeout, Unreachable
+from ._lines import SyncLines, _Line, _Turn
 from ._request import AcquireRequest, Costs, Limits, check_key
 from ._time import ms_to_datetime
-from ._wire import Grant, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle
+from ._wire import Grant, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle, parse_wait
 
 __all__ = ["Limiter", "Permit"]
 
@@ -55,8 +58,9 @@ class Permit:
     ``at`` is the grant's instant on the limiter's clock; ``id`` the permit id (``None`` when
     the grant holds no place and was not asked for one)."""
 
-    def __init__(self, limiter: Limiter, grant: Grant) -> None:
+    def __init__(self, limiter: Limiter, grant: Grant, buckets: tuple[str, ...]) -> None:
         self._limiter = limiter
+        self._buckets = buckets
         self.at: datetime = ms_to_datetime(grant.at_ms)
         self.id: str | None = grant.permit
         self.released = False
@@ -71,7 +75,7 @@ class Permit:
         ``False`` when the permit is no longer live (or the grant has no permit id)."""
         if self.id is None or self.released:
             return False
-        settled = self._limiter.settle(self.id, costs)
+        settled = self._limiter._settle(self.id, costs, self._buckets)
         if settled:
             self.costs = dict(costs)
         return settled
@@ -81,7 +85,7 @@ class Permit:
         ``True`` when the permit was live. A second release sends nothing."""
         if self.id is None or self.released:
             return False
-        live = self._limiter.release(self.id, costs)
+        live = self._limiter._release(self.id, costs, self._buckets)
         self.released = True
         return live
 
@@ -109,7 +113,9 @@ class Limiter(LimiterBase):
     ``url`` is the server's address (``http://127.0.0.1:7411``), ``token`` its bearer token,
     ``timeout`` the seconds one HTTP request may take. ``max_waiters`` bounds the callers that
     may wait for one request shape at once (a call beyond raises :class:`QueueFull`);
-    ``on_wait`` is called after every sleep. ``http_client`` replaces the ``httpx.Client``.
+    ``on_wait`` is called after every wait. ``http_client`` replaces the ``httpx.Client``.
+    ``wakes=False`` makes every wait sleep to its ``retryAt``, woken by nothing (as clients
+    before wire 4 did; for comparison).
     """
 
     def __init__(
@@ -122,8 +128,9 @@ class Limiter(LimiterBase):
         on_wait: Optional[Callable[[WaitReport], None]] = None,
         clock: Clock | None = None,
         http_client: httpx.Client | None = None,
+        wakes: bool = True,
     ) -> None:
-        super().__init__(url, token, timeout, max_waiters, clock, on_wait)
+        super().__init__(url, token, timeout, max_waiters, clock, on_wait, wakes)
         self._http = http_client if http_client is not None else httpx.Client(timeout=self.timeout)
         self._lines = SyncLines()
         self._cleanups: set[threading.Thread] = set()
@@ -241,7 +248,7 @@ class Limiter(LimiterBase):
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms, permit=permit)
         outcome, now_ms = self._ask(request, request.body(ask_id=self._new_id(), report=True))
         if isinstance(outcome, Grant):
-            return Permit(self, outcome)
+            return Permit(self, outcome, request.buckets)
         raise refused(outcome, now_ms, self.clock.monotonic())
 
     def acquire(
@@ -277,14 +284,14 @@ class Limiter(LimiterBase):
         bound = check_max_waiters(max_waiters) or self.max_waiters
         started = self.clock.monotonic()
         deadline = None if waited is None else started + waited
-        line = self._lines.join(request.shape, bound)
+        line = self._lines.join(request.shape, request.buckets, bound)
         try:
             turn = None if deadline is None else deadline - self.clock.monotonic()
             if not self._lines.take_turn(line, turn):
                 raise QueueTimeout(self.clock.monotonic() - started, None)
             failure: Unreachable | None = None
             try:
-                return self._wait(request, queue, started, deadline)
+                return self._wait(line, request, queue, started, deadline)
             except Unreachable as e:
                 failure = e  # those behind meet it now, not one timeout each in turn
                 raise
@@ -293,24 +300,28 @@ class Limiter(LimiterBase):
         finally:
             self._lines.leave(request.shape, line)
 
-    def _wait(self, request: AcquireRequest, queue: bool, started: float, deadline: float | None) -> Permit:
+    def _wait(
+        self, line: _Line[_Turn], request: AcquireRequest, queue: bool, started: float, deadline: float | None
+    ) -> Permit:
         wait = Wait(request, queue, started, deadline, self._new_id)
         body: dict[str, Any] = {}
         grant: Grant | None = None
         answered_last = False
+        call: _WaitCall | None = None  # this head's /wait, answered or not
         try:
             while True:
                 body = wait.body(self.clock.monotonic())
+                seen = line.woke  # a release answered after this is a reason to ask again
                 answered_last = False
                 outcome, now_ms = self._ask(request, body, wait)
                 answered_last = True
                 if isinstance(outcome, Grant):
                     grant = outcome
                     wait.granted()
-                    return Permit(self, outcome)
+                    return Permit(self, outcome, request.buckets)
                 seconds = wait.refused(outcome, now_ms, self.clock.monotonic())
-                self.clock.sleep(seconds)
-                self._report(seconds, wait.last)
+                call = self._pause(line, wait, seen, seconds, call)
+                self._report(seconds, wait.last)  # the time to retryAt, as before wakes
         except BaseException as e:
             if grant is not None:  # granted, and interrupted before the permit was handed over
                 self._undo(request.undo_body(body["id"]), grant.permit)
@@ -321,6 +332,58 @@ class Limiter(LimiterBase):
                     ticket = wait.ticket
                     self._later(lambda: self._leave(ticket))
             raise
+
+    def _pause(
+        self, line: _Line[_Turn], wait: Wait, seen: int, seconds: float, call: _WaitCall | None
+    ) -> _WaitCall | None:
+        """Waits until ``retryAt`` (``seconds`` from now), or less: until a release through this
+        limiter wakes the line, or, holding a ticket, until the limiter says it is ready or gone
+        (``/wait``, wire section 15: a release by any host wakes it within a round trip). The
+        ``/wait`` runs in a thread of its own, so that a local wake, ``max_wait`` or Ctrl-C end
+        this at once; one that is still pending is waited on again for the same ticket, and
+        ends by itself once the ticket does. Returns that ``/wait``."""
+        start = self.clock.monotonic()
+        if not self.wakes:
+            self.clock.sleep(seconds)
+            return None
+        within = None if self._no_waits else wait.wait_seconds(start)
+        if within is not None and wait.ticket is not None:
+            if call is None or call.done or call.ticket != wait.ticket:
+                call = self._start_wait(wait.ticket, within)
+            current = call
+            bound = None if wait.deadline is None else max(wait.deadline - start, 0.0)
+            if not self._lines.pause(line, seen, lambda: current.done, bound):
+                raise wait.timeout(self.clock.monotonic())  # max_wait ran out while waiting
+            if not current.done or current.ready:
+                return call  # woken here, or the ticket is ready or gone: ask again now
+            # Empty lists (its time passed, or the limiter's bound), a failure or a 404.
+        left = start + seconds - self.clock.monotonic()
+        if left > 0:
+            self._lines.pause(line, seen, lambda: False, left)
+        return call
+
+    def _start_wait(self, ticket: str, seconds: float) -> _WaitCall:
+        """``/wait`` for ``ticket`` in a daemon thread, which notifies the lines when answered."""
+        call = _WaitCall(ticket)
+
+        def run() -> None:
+            ready = False
+            try:
+                ready = parse_wait(self._post("wait", wait_body(ticket, seconds), wait_timeout(seconds))[0])
+            except ProtocolError as e:
+                if e.status == 404:
+                    self._no_waits = True  # no wire section 15: retryAt from now on
+                else:
+                    log.debug("wait for ticket %s failed: %s", ticket, e)
+            except Exception as e:  # out of reach, or the limiter closed meanwhile: on to retryAt
+                log.debug("wait for ticket %s failed: %s", ticket, e)
+            finally:
+                with self._lines.changed:
+                    call.ready, call.done = ready, True
+                    self._lines.changed.notify_all()
+
+        threading.Thread(target=run, name="redb-limiter-wait", daemon=True).start()
+        return call
 
     def _leave(self, ticket: str) -> None:
         """Leaves the limiter's line (a ticket not asked again would hold it for its grace)."""
@@ -336,12 +399,23 @@ class Limiter(LimiterBase):
 
     def release(self, permit: str, costs: Costs | None = None) -> bool:
         """Releases a permit's places (settling ``costs`` first, in one durable step);
-        ``True`` when it was live."""
-        return parse_bool(self._post("release", self._release_body(permit, costs))[0], "released", "release")
+        ``True`` when it was live. Wakes this limiter's waiting heads (a :class:`Permit`'s own
+        release wakes only those of its buckets)."""
+        return self._release(permit, costs, None)
 
     def settle(self, permit: str, costs: Costs) -> bool:
         """Sets a permit's grant's real costs: ``True`` when the permit was live."""
-        return parse_bool(self._post("settle", self._settle_body(permit, costs))[0], "settled", "settle")
+        return self._settle(permit, costs, None)
+
+    def _release(self, permit: str, costs: Costs | None, buckets: tuple[str, ...] | None) -> bool:
+        live = parse_bool(self._post("release", self._release_body(permit, costs))[0], "released", "release")
+        self._lines.wake(buckets)  # answered: the heads it may let through ask again now
+        return live
+
+    def _settle(self, permit: str, costs: Costs, buckets: tuple[str, ...] | None) -> bool:
+        settled = parse_bool(self._post("settle", self._settle_body(permit, costs))[0], "settled", "settle")
+        self._lines.wake(buckets)
+        return settled
 
     def throttle(self, key: str, until: datetime) -> datetime | None:
         """Closes caller ``key`` until ``until`` (an aware ``datetime``; throttles only extend);

@@ -175,6 +175,16 @@ def parse_throttle(data: dict[str, Any]) -> datetime | None:
     return None if until is None else ms_to_datetime(until)
 
 
+def parse_wait(data: dict[str, Any]) -> bool:
+    """A ``/wait`` answer (wire section 15): whether a ticket it named is ready or gone (then
+    the head asks again at once); ``False`` for empty lists (its time passed, or the limiter
+    answered at once: past its bound on waits, or shutting down)."""
+    ready, gone = data.get("ready"), data.get("gone")
+    if not isinstance(ready, list) or not isinstance(gone, list):
+        raise ProtocolError(f"wait: the reply names no ready and gone lists: {data!r}"[:300])
+    return bool(ready or gone)
+
+
 def decode(method: str, status: int, content: bytes) -> dict[str, Any]:
     """The JSON object of a 200 reply, or the error a non-200 reply stands for."""
     try:

@@ -40,8 +40,15 @@ fn is_field(field: &str) -> bool {
             Some(sub) => ["key", "calls", "perMs", "concurrent", "cost", "holdMs"].contains(&sub),
         };
     }
-    ["key", "limits", "cost", "holdMs", "permit", "until", "body", "method", "params", "report", "costs", "queue", "ticket", "graceMs"]
-        .contains(&field)
+    if let Some(rest) = field.strip_prefix("tickets[") {
+        let Some(index) = rest.strip_suffix(']') else { return false };
+        return !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) && index.parse::<usize>().is_ok();
+    }
+    [
+        "key", "limits", "cost", "holdMs", "permit", "until", "body", "method", "params", "report", "costs", "queue",
+        "ticket", "graceMs", "maxWaitMs", "id", "tickets", "timeoutMs",
+    ]
+    .contains(&field)
 }
 
 fn check_error(err: &BadRequest, input: &[u8]) {

@@ -1069,34 +1069,54 @@ impl Engine {
         effects: &mut Vec<Effect>,
     ) -> Result<Settled, BadRequest> {
         let Some(id) = self.live_permit(permit, now) else { return Ok(Settled::Unknown) };
-        let state = self.permits.get(&id).expect("live");
+        let state = self.permits.get_mut(&id).expect("live");
+        let (at, mut shares) = (state.at, std::mem::take(&mut state.windows));
+        let outcome = self.settle_shares(at, &mut shares, costs, "the permit's grant", now, effects);
+        self.permits.get_mut(&id).expect("live").windows = shares;
+        if outcome.as_ref().is_ok_and(|o| *o != Settled::Unchanged) {
+            effects.push(Effect::PermitSet { id, permit: self.permits[&id].clone() });
+        }
+        outcome
+    }
+
+    /// Settles the window `shares` of a grant made at `at` to `costs` (each capped at its
+    /// share's `calls`), at the grant's own instant, updating each share's cost: what a settle
+    /// of a permit and a `release {id}` of a grant without one both do. All or nothing: a key
+    /// not among the shares is a `BadRequest` naming it (`of` names the grant). A share whose
+    /// grant already left its window changes nothing there; a window settled down notes its
+    /// bucket for the waits.
+    pub(super) fn settle_shares(
+        &mut self,
+        at: Millis,
+        shares: &mut [WindowShare],
+        costs: &[Cost],
+        of: &str,
+        now: Millis,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Settled, BadRequest> {
         for (i, c) in costs.iter().enumerate() {
-            if !state.windows.iter().any(|w| *w.bucket == *c.key) {
-                return Err(BadRequest(format!("costs[{i}].key is not a window limit of the permit's grant")));
+            if !shares.iter().any(|w| *w.bucket == *c.key) {
+                return Err(BadRequest(format!("costs[{i}].key is not a window limit of {of}")));
             }
         }
         let mut outcome = Settled::Unchanged;
         for c in costs {
             self.prune_bucket(&c.key, now);
-            let state = self.permits.get_mut(&id).expect("live");
-            let share = state.windows.iter_mut().find(|w| *w.bucket == *c.key).expect("checked above");
+            let share = shares.iter_mut().find(|w| *w.bucket == *c.key).expect("checked above");
             let new = c.cost.min(share.cap);
             if new == share.cost {
                 continue;
             }
             let Some(bucket) = self.buckets.get_mut(&*share.bucket) else { continue };
-            let Some(total) = bucket.window.settle(state.at, share.cost, new) else { continue };
+            let Some(total) = bucket.window.settle(at, share.cost, new) else { continue };
             outcome = outcome.max_with(if new > share.cost { Settled::Up } else { Settled::Down });
             let down = new < share.cost;
             share.cost = new;
-            effects.push(Effect::WindowGrant { bucket: bucket.key.clone(), at: state.at, cost: total });
+            effects.push(Effect::WindowGrant { bucket: bucket.key.clone(), at, cost: total });
             if down && self.watching {
                 let key = bucket.key.clone();
                 self.freed(&key);
             }
-        }
-        if outcome != Settled::Unchanged {
-            effects.push(Effect::PermitSet { id, permit: self.permits[&id].clone() });
         }
         Ok(outcome)
     }

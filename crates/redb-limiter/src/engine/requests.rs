@@ -238,57 +238,21 @@ impl Engine {
             None => (Arc::from(id), None),
         };
         let changed = match record.as_ref().map(|r| &r.outcome) {
-            None | Some(Outcome::Released) => false,
+            Some(Outcome::Released) => return Ok(false),
+            None => false,
             Some(Outcome::Granted { permit: Some(permit), .. }) => {
                 self.release_with(&permit.to_string(), costs, now, effects)?
             }
             Some(Outcome::Granted { at, permit: None, windows }) => {
-                self.settle_shares(*at, windows, costs, now, effects)?
+                let mut shares = windows.to_vec();
+                self.settle_shares(*at, &mut shares, costs, "the id's grant", now, effects)? != Settled::Unchanged
             }
             Some(Outcome::Ticketed { ticket, .. }) => self.leave(&ticket.to_string(), now, effects),
         };
-        if record.as_ref().is_some_and(|r| r.outcome == Outcome::Released) {
-            return Ok(false);
-        }
         let until = now.plus(REMEMBER_MS).max(record.as_ref().map_or(Millis::ZERO, |r| r.until));
         let (params, since) = record.map_or((0, now), |r| (r.params, r.since));
         self.keep_request(key, RequestRecord { params, since, until, outcome: Outcome::Released }, now, effects);
         Ok(changed)
-    }
-
-    /// Settles the window shares of a grant without a permit (made at `at`) to `costs`: true
-    /// when a window counts differently. All or nothing: a key not among them is a `BadRequest`.
-    fn settle_shares(
-        &mut self,
-        at: Millis,
-        windows: &[WindowShare],
-        costs: &[Cost],
-        now: Millis,
-        effects: &mut Vec<Effect>,
-    ) -> Result<bool, BadRequest> {
-        for (i, c) in costs.iter().enumerate() {
-            if !windows.iter().any(|w| *w.bucket == *c.key) {
-                return Err(BadRequest(format!("costs[{i}].key is not a window limit of the id's grant")));
-            }
-        }
-        let mut outcome = Settled::Unchanged;
-        for c in costs {
-            let share = windows.iter().find(|w| *w.bucket == *c.key).expect("checked above");
-            let new = c.cost.min(share.cap);
-            if new == share.cost {
-                continue;
-            }
-            self.prune_bucket(&c.key, now);
-            let Some(bucket) = self.buckets.get_mut(&*share.bucket) else { continue };
-            let Some(total) = bucket.window.settle(at, share.cost, new) else { continue };
-            outcome = outcome.max_with(if new > share.cost { Settled::Up } else { Settled::Down });
-            effects.push(Effect::WindowGrant { bucket: bucket.key.clone(), at, cost: total });
-            if new < share.cost {
-                let key = bucket.key.clone();
-                self.freed(&key);
-            }
-        }
-        Ok(outcome != Settled::Unchanged)
     }
 
     /// Runs the checks of records due by `now` (see [`RequestChecks`]): forgets each id whose

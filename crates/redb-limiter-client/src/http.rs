@@ -195,7 +195,7 @@ impl LimiterApi for HttpLimiter {
     }
 
     async fn undo(&self, id: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
-        let req = if costs.is_empty() { UndoRequest::new(id) } else { UndoRequest::with_costs(id, costs) };
+        let req = UndoRequest::with_costs(id, costs);
         let req = req.map_err(|e| ClientError::BadRequest(e.0))?;
         Ok(self.post::<ReleaseReply>("release", req.to_json()).await?.released)
     }

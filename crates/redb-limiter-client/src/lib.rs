@@ -302,7 +302,7 @@ impl LimiterApi for Limiter {
     }
 
     async fn undo(&self, id: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
-        let req = if costs.is_empty() { UndoRequest::new(id) } else { UndoRequest::with_costs(id, costs) };
+        let req = UndoRequest::with_costs(id, costs);
         Ok(Limiter::undo(self, req.map_err(|e| ClientError::BadRequest(e.0))?).await?)
     }
 

@@ -498,11 +498,14 @@ impl UndoRequest {
         Ok(UndoRequest { id, costs: Vec::new() })
     }
 
-    /// An undo that settles the grant's windows to `costs` (0: never made) first.
+    /// An undo that settles the grant's windows to `costs` (0: never made) first; no costs is
+    /// the plain undo.
     pub fn with_costs(id: impl Into<String>, costs: Vec<Cost>) -> Result<Self, BadRequest> {
         let id = id.into();
         check_id(&id)?;
-        check_costs(&costs)?;
+        if !costs.is_empty() {
+            check_costs(&costs)?;
+        }
         Ok(UndoRequest { id, costs })
     }
 

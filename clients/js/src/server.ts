@@ -7,7 +7,7 @@
 /// <reference types="node" />
 
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -46,12 +46,22 @@ export function serverBinaryName(target: ServerPlatform): string {
   return target.platform === 'win32' ? 'redb-limiter.exe' : 'redb-limiter';
 }
 
-/** This process's platform; on Linux, musl or glibc as Node's own report says (`glibcVersionRuntime`). */
+/**
+ * This process's platform; on Linux, musl or glibc as the runtime's own report says (Node names
+ * `glibcVersionRuntime` when it runs on glibc), else as `ldd` (a script on glibc) says.
+ */
 export function currentPlatform(): ServerPlatform {
   const { platform, arch } = process;
   if (platform !== 'linux') return { platform, arch };
-  const report = process.report?.getReport() as { header?: { glibcVersionRuntime?: string } } | undefined;
-  return { platform, arch, libc: report?.header?.glibcVersionRuntime ? 'glibc' : 'musl' };
+  const report = process.report?.getReport?.() as { header?: { glibcVersionRuntime?: string } } | undefined;
+  if (report?.header) return { platform, arch, libc: report.header.glibcVersionRuntime ? 'glibc' : 'musl' };
+  let ldd = '';
+  try {
+    ldd = readFileSync('/usr/bin/ldd', 'latin1');
+  } catch {
+    // No ldd: nothing says musl.
+  }
+  return { platform, arch, libc: ldd.includes('musl') ? 'musl' : 'glibc' };
 }
 
 /** How a platform reads in an error: `linux x64 (glibc)`. */

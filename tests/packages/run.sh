@@ -73,6 +73,7 @@ if as_user sh -c 'command -v cargo || command -v rustc'; then
 fi
 
 step "npm: pack"
+[ -x clients/js/node_modules/.bin/tsup ] || (cd clients/js && npm ci --no-audit --no-fund)
 (cd clients/js && npm run --silent pack:server -- --binary "$binary")
 version=$(node -p "require('./clients/js/package.json').version")
 platform=$(cd clients/js && node -e "const m = require('./dist/index.cjs'); console.log(m.serverPackage(m.currentPlatform()).replace('@redb-limiter/', ''))")

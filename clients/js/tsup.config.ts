@@ -6,6 +6,8 @@ export default defineConfig({
   dts: true,
   sourcemap: true,
   clean: true,
+  // `import.meta.url` in the CommonJS build (src/server.ts resolves the platform's package from it).
+  shims: true,
   target: 'node20',
   outExtension: ({ format }) =>
     format === 'cjs' ? { js: '.cjs', dts: '.d.cts' } : { js: '.mjs', dts: '.d.mts' },

@@ -49,3 +49,16 @@ export {
   type VernWireRequest,
 } from './vern.js';
 export { RateLimiter, type Interval, type RateLimiterOptions } from './limiter.js';
+export {
+  findServerBinary,
+  startServer,
+  serverPackage,
+  serverBinaryName,
+  currentPlatform,
+  ServerNotFoundError,
+  SERVER_BIN_ENV,
+  SERVER_PLATFORMS,
+  type LocalServer,
+  type ServerPlatform,
+  type StartServerOptions,
+} from './server.js';

@@ -7,7 +7,7 @@ import { dirname, join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { startServer } from './server.mjs';
+import { binary, startServer } from './server.mjs';
 import { startFakeProvider } from './vern-fake.mjs';
 
 const packageDir = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -33,6 +33,8 @@ for (const [i, code] of blocks.entries()) {
     const env = {
       ...process.env,
       REDB_LIMITER_URL: server.url,
+      // The example that starts a server of its own finds the binary through it.
+      REDB_LIMITER_BIN: binary(),
       OPENAI_BASE_URL: provider.url.replace(/\/chat\/completions$/, ''),
       OPENAI_API_KEY: 'test-key',
     };

@@ -1,12 +1,11 @@
-// Starts the real `redb-limiter` binary on a temporary file and a free port, and stops it by its
-// PID. The binary: $REDB_LIMITER_BIN, else <repo root>/target/release/redb-limiter, built with
-// cargo when neither exists.
-import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+// Starts the real `redb-limiter` binary on a temporary file and a free port (the package's own
+// `startServer`), and stops it with SIGTERM. The binary: $REDB_LIMITER_BIN, else
+// <repo root>/target/release/redb-limiter, built with cargo when neither exists.
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
-import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { startServer as start } from '../dist/index.mjs';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
@@ -23,40 +22,16 @@ export function binary() {
   return bin;
 }
 
-/** Starts a server (`args`: more flags of `serve`); resolves to { url, path, pid, stop() }. */
+/**
+ * Starts a server through the package's own `startServer` (on a temporary file and a free port;
+ * `args`: more flags of `serve`); resolves to { url, path, pid, stop() }.
+ */
 export async function startServer({ token, recheckMs, args: extra = [] } = {}) {
-  const dir = mkdtempSync(join(tmpdir(), 'redb-limiter-js-'));
-  const path = join(dir, 'limiter.redb');
-  const args = ['serve', '--path', path, '--listen', '127.0.0.1:0'];
-  if (recheckMs !== undefined) args.push('--recheck-ms', String(recheckMs));
-  args.push(...extra);
+  const args = [...(recheckMs === undefined ? [] : ['--recheck-ms', String(recheckMs)]), ...extra];
   const env = { ...process.env, RUST_LOG: 'warn' };
   delete env.REDB_LIMITER_TOKEN;
   if (token !== undefined) env.REDB_LIMITER_TOKEN = token;
-  const child = spawn(binary(), args, { env, stdio: ['ignore', 'pipe', 'inherit'] });
-  const lines = createInterface({ input: child.stdout });
-  const ready = await new Promise((resolveReady, reject) => {
-    const timer = setTimeout(() => reject(new Error('no ready line from the server within 30 s')), 30_000);
-    child.once('exit', (code) => reject(new Error(`the server exited (${code}) before its ready line`)));
-    lines.once('line', (line) => {
-      clearTimeout(timer);
-      resolveReady(JSON.parse(line));
-    });
-  });
-  if (ready.ready !== true) throw new Error(`unexpected ready line ${JSON.stringify(ready)}`);
-  return {
-    url: ready.url,
-    path: ready.path,
-    pid: child.pid,
-    async stop() {
-      if (child.exitCode === null) {
-        const exited = new Promise((r) => child.once('exit', r));
-        process.kill(child.pid, 'SIGTERM');
-        await exited;
-      }
-      rmSync(dir, { recursive: true, force: true });
-    },
-  };
+  return start({ binary: binary(), args, env });
 }
 
 let counter = 0;

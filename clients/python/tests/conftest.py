@@ -1,30 +1,28 @@
 """Starts the real redb-limiter server for the tests, and lets one suite drive both twins.
 
 The binary is ``$REDB_LIMITER_BIN``, else ``target/release/redb-limiter`` at the repository
-root, built with cargo when missing. Each server runs on a temporary file and a free port and
-is stopped by its PID. The sync twin runs in worker threads behind an async facade, so that
-each test is written once and run against ``Limiter`` and ``AsyncLimiter`` alike.
+root, built with cargo when missing. Each server runs on a temporary file and a free port,
+started and stopped (SIGTERM) by the package's own ``start_server``. The sync twin runs in
+worker threads behind an async facade, so that each test is written once and run against
+``Limiter`` and ``AsyncLimiter`` alike.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy import Proxy
-from redb_limiter import AsyncLimiter, Limiter, Permit
+import redb_limiter
+from redb_limiter import AsyncLimiter, Limiter, LocalServer, Permit
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -40,48 +38,19 @@ def server_binary() -> Path:
     return built
 
 
-@dataclass
-class Server:
-    url: str
-    path: Path
-    process: subprocess.Popen[str]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+Server = LocalServer
 
 
 def start_server(folder: Path, token: str | None = None, args: tuple[str, ...] = ()) -> Server:
+    """A server on ``folder/limiter.redb`` and a free port, started by the package's own
+    :func:`redb_limiter.start_server`; its log goes to ``folder/server.log``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDB_LIMITER_")}
     if token is not None:
         env["REDB_LIMITER_TOKEN"] = token
-    path = folder / "limiter.redb"
-    log = open(folder / "server.log", "w")
-    process = subprocess.Popen(
-        [str(server_binary()), "serve", "--path", str(path), "--listen", "127.0.0.1:0", *args],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        env=env,
-    )
-    log.close()
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline() if process.stdout else ""))
-    reader.start()
-    reader.join(timeout=60)
-    if not lines or not lines[0].strip():
-        process.kill()
-        raise RuntimeError(f"the server printed no ready line; see {folder / 'server.log'}")
-    ready = json.loads(lines[0])
-    assert ready["ready"] is True
-    return Server(ready["url"], path, process)
+    with open(folder / "server.log", "w") as log:
+        return redb_limiter.start_server(
+            folder / "limiter.redb", binary=server_binary(), args=args, env=env, stderr=log, ready_timeout=60
+        )
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ rate-limited provider, and wait as it says.
   ``Limit.concurrent(key, n)``, checked against the wire's bounds before sending.
 - Errors: :class:`Refused`, :class:`QueueTimeout`, :class:`QueueFull`, :class:`Unavailable`
   (and :class:`Unreachable`), :class:`BadRequest` naming the field, all :class:`LimiterError`.
+- :func:`find_server` (the ``redb-limiter`` binary the wheel installed) and :func:`start_server`
+  (a local server for a test or a laptop).
 - :mod:`redb_limiter.vendor` (providers' signals), :mod:`redb_limiter.estimate` (tokens),
   :mod:`redb_limiter.langchain` (``RedbRateLimiter``), :func:`wait_retry_at` (tenacity).
 
@@ -32,6 +34,7 @@ from ._errors import (
     Unreachable,
 )
 from ._request import Costs, Limit, Limits
+from ._server import LocalServer, ServerNotFound, find_server, start_server
 from ._sync import Limiter, Permit
 from ._wire import LimitFigures, Peek
 from .estimate import EstimateError, estimate_tokens, request_tokens, usage_tokens
@@ -51,6 +54,7 @@ __all__ = [
     "Limiter",
     "LimiterError",
     "Limits",
+    "LocalServer",
     "NoTicket",
     "Peek",
     "Permit",
@@ -58,12 +62,15 @@ __all__ = [
     "QueueFull",
     "QueueTimeout",
     "Refused",
+    "ServerNotFound",
     "Unauthorized",
     "Unavailable",
     "Unreachable",
     "WaitReport",
     "estimate_tokens",
+    "find_server",
     "request_tokens",
+    "start_server",
     "usage_tokens",
     "vendor_budget",
     "vendor_wait_ms",

@@ -7,6 +7,10 @@ export default defineConfig({
   sourcemap: true,
   clean: true,
   target: 'node20',
+  // Each build loads vern-llm (for the VernLLM adapter's errors) in its own module format.
+  esbuildOptions(options, { format }) {
+    options.define = { ...options.define, __CJS__: String(format === 'cjs') };
+  },
   outExtension: ({ format }) =>
     format === 'cjs' ? { js: '.cjs', dts: '.d.cts' } : { js: '.mjs', dts: '.d.mts' },
 });

@@ -40,12 +40,17 @@ export {
   vernRateLimit,
   VernRateLimitError,
   type VernAcquireResult,
+  type VernAimdOptions,
+  type VernErrorType,
+  type VernLLMClientLike,
+  type VernLLMErrorClass,
   type VernLogger,
   type VernRateLimit,
   type VernRateLimitCode,
   type VernRateLimitHint,
   type VernRateLimitOptions,
   type VernRateLimitState,
+  type VernWaitReason,
   type VernWireRequest,
 } from './vern.js';
 export { RateLimiter, type Interval, type RateLimiterOptions } from './limiter.js';

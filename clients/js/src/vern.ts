@@ -1,12 +1,20 @@
 // VernLLM's `RateLimiterAdapter` over the limiter: `rateLimit: vernRateLimit({...})` makes every
 // process of a VernLLM app count in one set of windows. Thin on purpose: the waiting, the line
-// and the settle are the client's.
+// and the settle are the client's; this file owns what VernLLM's own limiter would say — its
+// queue's count, its errors and codes, the reason a call waited — and reading a provider's 429
+// off the LLM client it wraps.
 
-import type { LimiterClient, Limit } from './client.js';
+import type { AcquireRequest, LimiterClient, Limit } from './client.js';
 import { estimateTokens } from './estimate.js';
-import { InvalidArgumentError, type Reason } from './errors.js';
-import type { Permit } from './permit.js';
-import { MAX_WAIT_MS, vendorWaitMs } from './vendor.js';
+import {
+  BadRequestError,
+  InvalidArgumentError,
+  LimitedError,
+  QueueFullError,
+  UnauthorizedError,
+  type Reason,
+} from './errors.js';
+import { MAX_WAIT_MS, vendorWaitMs, type HeadersLike } from './vendor.js';
 
 /** The request VernLLM estimates from (its `WireRequest`; only these fields are read). */
 export interface VernWireRequest {
@@ -21,12 +29,19 @@ export interface VernRateLimitHint {
   resetAfterMs?: number;
 }
 
-/** VernLLM's `RateLimitAcquireResult`. */
+/**
+ * VernLLM's `RateLimitAcquireResult`. A call that waited on a throttle (a provider's 429 closed
+ * the caller) reports `reason: 'throttle'`, a value VernLLM's own type has no member for; the
+ * field keeps VernLLM's type so that the adapter stays assignable to its `RateLimiterAdapter`.
+ */
 export interface VernAcquireResult {
   release: (actualTokens?: number, success?: boolean) => void;
   waitedMs: number;
   reason?: 'concurrency' | 'rpm' | 'tpm';
 }
+
+/** What held a call back: one of VernLLM's reasons, or a throttle on the caller. */
+export type VernWaitReason = 'concurrency' | 'rpm' | 'tpm' | 'throttle';
 
 /** VernLLM's `RateLimitState`. */
 export interface VernRateLimitState {
@@ -42,6 +57,15 @@ export interface VernLogger {
   error(message: string, meta?: Record<string, unknown>): void;
 }
 
+/** VernLLM's `AimdOptions`: named here only so that passing them says what to do instead. */
+export interface VernAimdOptions {
+  increaseBy: number;
+  decreaseFactor: number;
+  minCapacity: number;
+  maxCapacity: number;
+  proactiveFloor?: number;
+}
+
 export interface VernRateLimitOptions {
   client: LimiterClient;
   /** Names the buckets (`KEY/rpm`, `KEY/tpm`, `KEY/conc`) every process shares. */
@@ -51,32 +75,57 @@ export interface VernRateLimitOptions {
   requestsPerMinute?: number;
   tokensPerMinute?: number;
   maxConcurrent?: number;
-  /** Give up after this long in line, in ms (default 30000; 0 waits as long as it takes). */
+  /** Give up after this long in the queue, in ms (default 30000; 0 waits as long as it takes). */
   maxQueueMs?: number;
-  /** Reject at once when this many calls of this process already wait (default 0: unbounded). */
+  /** Reject at once when this many calls of this adapter already wait (default 0: unbounded). */
   maxQueueSize?: number;
   /** The pre-flight estimate (default: characters / 4 plus `max_tokens`, as VernLLM's). */
   estimateTokens?: (request: VernWireRequest) => number;
   /** Scales the estimate down (0 < f <= 1), as VernLLM's option does. */
   estimateFraction?: number;
+  /**
+   * Not supported yet: throws. The shared ceiling it needs (section 14 of the wire) is not in the
+   * limiter yet, and a ceiling each process adapted alone would not bind the others.
+   */
+  aimd?: VernAimdOptions;
   /** The window's length (default 60000: "per minute"); shorter for tests. */
   windowMs?: number;
   /** When a place never released lapses (default 600000). */
   holdMs?: number;
-  /** How long a 429 closes the caller, in ms (VernLLM names no wait; default 5000). */
+  /** How long a 429 that names no wait closes the caller, in ms (default 5000). */
   throttleAfterMs?: number;
   /**
-   * vern-llm's `LLMError`: pass it and a full line, a timeout in it, or a call that could never
-   * fit throw VernLLM's own error with its code, which VernLLM does not retry (this package
-   * imports nothing at run time, so it cannot construct one by itself).
+   * vern-llm's `LLMError`. Without it the adapter loads vern-llm's own (the copy this package
+   * resolves, in the module format it was loaded in); pass it when the app loads vern-llm in the
+   * other format, or from another copy.
    */
-  LLMError?: new (message: string, type: 'rate_limited', options: { code: VernRateLimitCode; cause?: unknown }) => Error;
+  LLMError?: VernLLMErrorClass;
 }
 
 /** VernLLM's codes for a call its rate limiter gave up on. */
 export type VernRateLimitCode = 'rate_limit_queue_full' | 'rate_limit_queue_timeout' | 'rate_limit_capacity_exceeded';
 
-/** The adapter, plus `flush()` to wait for the releases and throttles it sent in the background. */
+/** The `type`s of VernLLM's `LLMError` the adapter throws. */
+export type VernErrorType = 'rate_limited' | 'invalid_params';
+
+/** vern-llm's `LLMError` constructor, as the adapter calls it. */
+export type VernLLMErrorClass = new (
+  message: string,
+  type: VernErrorType,
+  options: { code?: VernRateLimitCode; cause?: unknown },
+) => Error;
+
+/** The LLM client shape VernLLM takes (`LLMClient`), as far as `wrapClient` reads it. */
+export interface VernLLMClientLike {
+  chat: {
+    completions: {
+      create(request: never, options: never): Promise<unknown>;
+      createStream?(request: never, options: never): AsyncIterable<unknown>;
+    };
+  };
+}
+
+/** The adapter, plus `wrapClient` for the provider's 429s and `flush()` for what it sent in the background. */
 export interface VernRateLimit {
   estimate(request: VernWireRequest): number;
   acquire(estimatedTokens: number, signal?: AbortSignal): Promise<VernAcquireResult>;
@@ -84,19 +133,91 @@ export interface VernRateLimit {
   reactToRateLimitHint(hint: VernRateLimitHint | undefined): void;
   readState(): Promise<VernRateLimitState>;
   setLogger(logger: VernLogger): void;
+  /**
+   * The same LLM client, reading each 429 it throws: the caller is closed, for every process,
+   * for the wait the provider asked (`Retry-After` and the providers' own headers), where
+   * `signalRateLimit()` alone knows of no wait. Pass the wrapped client to VernLLM.
+   */
+  wrapClient<C extends VernLLMClientLike>(llmClient: C): C;
   /** Resolves once every release and throttle sent so far has been answered. */
   flush(): Promise<void>;
 }
 
-/** A call the adapter gave up on, with VernLLM's `type` and `code` (when no `LLMError` is given). */
+/**
+ * A call the adapter gave up on, or a limiter that failed, with VernLLM's `type` and `code`:
+ * thrown only where vern-llm's `LLMError` could be neither loaded nor was passed.
+ */
 export class VernRateLimitError extends Error {
-  readonly type = 'rate_limited';
-  readonly code: VernRateLimitCode;
-  constructor(code: VernRateLimitCode, message: string, cause?: unknown) {
+  readonly type: VernErrorType;
+  readonly code: VernRateLimitCode | undefined;
+  constructor(code: VernRateLimitCode | undefined, message: string, cause?: unknown, type: VernErrorType = 'rate_limited') {
     super(message, cause === undefined ? undefined : { cause });
     this.name = 'VernRateLimitError';
+    this.type = type;
     this.code = code;
   }
+}
+
+/** Every option `vernRateLimit` takes: anything else is an error, never silently ignored. */
+const OPTIONS: ReadonlySet<string> = new Set([
+  'client',
+  'key',
+  'callerKey',
+  'requestsPerMinute',
+  'tokensPerMinute',
+  'maxConcurrent',
+  'maxQueueMs',
+  'maxQueueSize',
+  'estimateTokens',
+  'estimateFraction',
+  'aimd',
+  'windowMs',
+  'holdMs',
+  'throttleAfterMs',
+  'LLMError',
+]);
+
+/** Set by the build: true in the CommonJS build, where `require` is the module's own. */
+declare const __CJS__: boolean;
+declare const require: (id: string) => unknown;
+
+let vernLLMError: Promise<VernLLMErrorClass | undefined> | undefined;
+
+/**
+ * vern-llm's own `LLMError`, loaded once, in this package's module format (the CommonJS build
+ * requires vern-llm's CommonJS build, the ES module build imports its ES module), as an app that
+ * loads both packages alike gets them; undefined where vern-llm is not installed.
+ */
+function loadLLMError(): Promise<VernLLMErrorClass | undefined> {
+  if (vernLLMError === undefined) {
+    const loading: Promise<unknown> = __CJS__
+      ? new Promise((resolve) => resolve(require('vern-llm')))
+      : import('vern-llm');
+    vernLLMError = loading.then(
+      (m) => (m as { LLMError?: VernLLMErrorClass }).LLMError,
+      () => undefined,
+    );
+  }
+  return vernLLMError;
+}
+
+/** The status of an error an LLM client threw, read as VernLLM reads it. */
+function statusOf(e: unknown): number | undefined {
+  if (typeof e !== 'object' || e === null) return undefined;
+  const { status, statusCode, $metadata } = e as { status?: unknown; statusCode?: unknown; $metadata?: { httpStatusCode?: unknown } };
+  for (const s of [status, statusCode, $metadata?.httpStatusCode]) if (typeof s === 'number') return s;
+  return undefined;
+}
+
+/** The headers, and the body when the error carries one, of a provider's failed response. */
+function responseOf(e: object): { headers: HeadersLike; body?: string } {
+  const { headers, response, error } = e as { headers?: unknown; response?: { headers?: unknown }; error?: unknown };
+  const found = headers ?? response?.headers;
+  const out: { headers: HeadersLike; body?: string } = {
+    headers: typeof found === 'object' && found !== null ? (found as HeadersLike) : {},
+  };
+  if (typeof error === 'object' && error !== null) out.body = JSON.stringify(error);
+  return out;
 }
 
 function limitOption(v: number | undefined, field: string): number | undefined {
@@ -107,6 +228,24 @@ function limitOption(v: number | undefined, field: string): number | undefined {
 
 /** A VernLLM `RateLimiterAdapter` whose buckets live in the limiter, shared by every process. */
 export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
+  if (typeof options !== 'object' || options === null) throw new InvalidArgumentError('options', 'must be an object');
+  for (const name of Object.keys(options)) {
+    if (!OPTIONS.has(name)) {
+      throw new InvalidArgumentError(name, `is not an option of vernRateLimit (it takes ${[...OPTIONS].join(', ')})`);
+    }
+  }
+  // Section 14 of the wire will take it: the rpm limit's `adapt` { min: minCapacity, max:
+  // maxCapacity, increase: increaseBy, keepPct: decreaseFactor × 100 }, a permit on every
+  // acquire, and the outcome on its release (`limited` on a 429, or a hint at or below
+  // proactiveFloor; `clean` on success).
+  if (options.aimd !== undefined) {
+    throw new InvalidArgumentError(
+      'aimd',
+      'is not supported yet: the limiter does not keep a shared adaptive ceiling yet, and one each process adapted ' +
+        'alone would not bind the others. Remove aimd and set requestsPerMinute to the limit the processes share; ' +
+        "a provider's 429 read through wrapClient() closes the caller for every process for the wait it asks.",
+    );
+  }
   const { client, key } = options;
   if (typeof key !== 'string' || key === '') throw new InvalidArgumentError('key', 'must be a non-empty string');
   const callerKey = options.callerKey ?? key;
@@ -122,12 +261,32 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
   if (!Number.isFinite(fraction) || fraction <= 0) throw new InvalidArgumentError('estimateFraction', 'must be a finite number above 0');
   const throttleAfterMs = options.throttleAfterMs ?? 5_000;
   const keys = { rpm: `${key}/rpm`, tpm: `${key}/tpm`, conc: `${key}/conc` };
-  const gaveUp = (code: VernRateLimitCode, message: string, cause?: unknown): Error =>
-    options.LLMError
-      ? new options.LLMError(message, 'rate_limited', cause === undefined ? { code } : { code, cause })
-      : new VernRateLimitError(code, message, cause);
+
+  /** VernLLM's own error, so that VernLLM reads its type and code (and never retries these codes). */
+  const vernError = async (type: VernErrorType, code: VernRateLimitCode | undefined, message: string, cause?: unknown) => {
+    const LLMError = options.LLMError ?? (await loadLLMError());
+    const opts: { code?: VernRateLimitCode; cause?: unknown } = {};
+    if (code !== undefined) opts.code = code;
+    if (cause !== undefined) opts.cause = cause;
+    return LLMError ? new LLMError(message, type, opts) : new VernRateLimitError(code, message, cause, type);
+  };
+  /** A failure of the limiter itself, named as such (not as the provider's). */
+  const limiterFailed = (e: unknown) => {
+    const misuse = e instanceof BadRequestError || e instanceof UnauthorizedError || e instanceof InvalidArgumentError;
+    const why = e instanceof Error ? e.message : String(e);
+    return vernError(misuse ? 'invalid_params' : 'rate_limited', undefined, `rate limiter (redb-limiter at ${client.url}) failed: ${why}`, e);
+  };
+
   let logger: VernLogger | undefined;
   const pending = new Set<Promise<unknown>>();
+  /** Calls of this adapter that wait, as VernLLM counts its queue: from their first refusal on. */
+  let queued = 0;
+  /** What held back the latest call that had to wait: the reason of a call queued behind it. */
+  let heldBy: VernWaitReason | undefined;
+  /** 429s read through `wrapClient` whose `signalRateLimit()` (VernLLM's, right after) is not to throttle again. */
+  const readFromClient = new Set<object>();
+  /** Settles once the latest call has been decided (granted at once, or queued): calls are decided in the order they came. */
+  let decided: Promise<void> = Promise.resolve();
 
   /** Runs `work` in the background; a failure is logged, never thrown at VernLLM. */
   const background = (what: string, work: Promise<unknown>) => {
@@ -146,11 +305,28 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
     return out;
   };
 
-  const reasonOf = (reason: Reason, limit: string): VernAcquireResult['reason'] =>
-    reason === 'concurrency' || limit === keys.conc ? 'concurrency' : limit === keys.tpm ? 'tpm' : 'rpm';
+  const reasonOf = (reason: Reason, limit: string): VernWaitReason =>
+    reason === 'throttle' ? 'throttle' : reason === 'concurrency' || limit === keys.conc ? 'concurrency' : limit === keys.tpm ? 'tpm' : 'rpm';
 
   const throttleFor = (ms: number) => {
     background('throttle', client.throttle(callerKey, client.serverNow() + ms));
+  };
+
+  /** The grant as VernLLM takes it: a `release` that settles the tokens window and frees the place. */
+  const granted = (permit: string | undefined, waitedMs: number, reason: VernWaitReason | undefined): VernAcquireResult => {
+    let done = false;
+    const result: VernAcquireResult = {
+      release: (actualTokens?: number) => {
+        if (done || permit === undefined) return;
+        done = true;
+        const real = tpm !== undefined && actualTokens !== undefined && Number.isFinite(actualTokens);
+        background('release', client.release(permit, real ? { [keys.tpm]: Math.max(0, Math.round(actualTokens)) } : undefined));
+      },
+      waitedMs,
+    };
+    // VernLLM's type has no throttle; the value says what held the call (see `VernAcquireResult`).
+    if (waitedMs > 0 && reason !== undefined) result.reason = reason as VernAcquireResult['reason'];
+    return result;
   };
 
   return {
@@ -167,45 +343,67 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
       }
       const tokens = Math.ceil(estimatedTokens);
       if (tpm !== undefined && tokens > tpm) {
-        throw gaveUp(
+        throw await vernError(
+          'rate_limited',
           'rate_limit_capacity_exceeded',
           `estimatedTokens (${tokens}) exceeds tokensPerMinute (${tpm}); this call could never acquire capacity`,
         );
       }
-      let permit: Permit;
+      if (signal?.aborted) throw new LimitedError('aborted', undefined, 0, signal.reason);
+      const arrived = performance.now();
+      const request: AcquireRequest = { key: callerKey, limits: limits(tokens), cost: 1, holdMs, permit: tpm !== undefined };
+      const full = () => vernError('rate_limited', 'rate_limit_queue_full', 'Rate limit queue is full', new QueueFullError(queued));
+      // As VernLLM's limiter, in the order the calls came: with nobody waiting, one ask goes
+      // straight through when there is room; a call that finds others waiting, or is refused,
+      // queues (and counts) behind them.
+      const before = decided;
+      let decide!: () => void;
+      decided = new Promise((resolve) => (decide = resolve));
+      let reason: VernWaitReason | undefined;
       try {
-        permit = await client.acquire(
-          { key: callerKey, limits: limits(tokens), cost: 1, holdMs, permit: tpm !== undefined },
-          {
-            ...(signal ? { signal } : {}),
-            ...(maxQueueMs > 0 ? { maxWaitMs: maxQueueMs } : {}),
-            ...(maxQueueSize !== undefined ? { maxWaiters: maxQueueSize } : {}),
-          },
-        );
-      } catch (e) {
-        if (e instanceof Error && e.name === 'QueueFullError') {
-          throw gaveUp('rate_limit_queue_full', 'Rate limit queue is full', e);
+        await before;
+        if (queued === 0) {
+          let reply;
+          try {
+            reply = await client.tryAcquire(request);
+          } catch (e) {
+            throw await limiterFailed(e);
+          }
+          if (reply.granted) return granted(reply.permit, 0, undefined);
+          reason = heldBy = reasonOf(reply.reason, reply.limit);
+        } else {
+          reason = heldBy;
         }
-        if (e instanceof Error && e.name === 'LimitedError' && (e as { trigger?: string }).trigger === 'maxWait') {
-          throw gaveUp('rate_limit_queue_timeout', e.message, e);
-        }
-        throw e;
+        if (maxQueueSize !== undefined && queued >= maxQueueSize) throw await full();
+        queued++;
+      } finally {
+        decide();
       }
-      let done = false;
-      const result: VernAcquireResult = {
-        release: (actualTokens?: number) => {
-          if (done) return;
-          done = true;
-          const real = tpm !== undefined && actualTokens !== undefined && Number.isFinite(actualTokens);
-          background('release', real ? permit.release({ [keys.tpm]: Math.max(0, Math.round(actualTokens)) }) : permit.release());
-        },
-        waitedMs: permit.waitedMs,
-      };
-      if (permit.waitedFor) result.reason = reasonOf(permit.waitedFor.reason, permit.waitedFor.limit);
-      return result;
+      try {
+        const permit = await client.acquire(request, {
+          ...(signal ? { signal } : {}),
+          ...(maxQueueMs > 0 ? { maxWaitMs: maxQueueMs } : {}),
+        });
+        if (permit.waitedFor) reason = heldBy = reasonOf(permit.waitedFor.reason, permit.waitedFor.limit);
+        return granted(permit.id, Math.max(1, Math.round(performance.now() - arrived)), reason);
+      } catch (e) {
+        if (e instanceof LimitedError && e.trigger === 'maxWait') {
+          throw await vernError('rate_limited', 'rate_limit_queue_timeout', `Rate limit queue timed out before capacity was available: ${e.message}`, e);
+        }
+        if (e instanceof LimitedError) throw e;
+        throw await limiterFailed(e);
+      } finally {
+        queued--;
+      }
     },
 
     signalRateLimit() {
+      // Right after a 429 that `wrapClient` read, VernLLM calls this too: that 429's own wait stands.
+      const read = readFromClient.values().next();
+      if (!read.done) {
+        readFromClient.delete(read.value);
+        return;
+      }
       throttleFor(vendorWaitMs({}, null, { defaultMs: throttleAfterMs }));
     },
 
@@ -217,7 +415,12 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
     },
 
     async readState() {
-      const peeked = await client.peek({ key: callerKey, limits: limits(0) });
+      let peeked;
+      try {
+        peeked = await client.peek({ key: callerKey, limits: limits(0) });
+      } catch (e) {
+        throw await limiterFailed(e);
+      }
       const state: VernRateLimitState = {};
       for (const f of peeked.limits) {
         if (f.key === keys.rpm) state.requestsRemaining = f.remaining;
@@ -229,6 +432,46 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
 
     setLogger(l) {
       logger = l;
+    },
+
+    wrapClient(llmClient) {
+      const completions = llmClient.chat.completions as {
+        create(request: unknown, options: unknown): Promise<unknown>;
+        createStream?(request: unknown, options: unknown): AsyncIterable<unknown>;
+      };
+      const read = (e: unknown) => {
+        if (statusOf(e) !== 429) return;
+        const { headers, body } = responseOf(e as object);
+        throttleFor(vendorWaitMs(headers, body, { now: client.serverNow(), defaultMs: throttleAfterMs }));
+        // VernLLM signals within the same turn, if at all; a 429 it never signals (its own
+        // timeout came first) must not swallow a later one's.
+        const token = {};
+        readFromClient.add(token);
+        setTimeout(() => readFromClient.delete(token), 0);
+      };
+      const wrapped: Record<string, unknown> = {
+        ...completions,
+        async create(request: unknown, opts: unknown) {
+          try {
+            return await completions.create(request, opts);
+          } catch (e) {
+            read(e);
+            throw e;
+          }
+        },
+      };
+      const stream = completions.createStream;
+      if (stream) {
+        wrapped.createStream = async function* (request: unknown, opts: unknown) {
+          try {
+            yield* stream.call(completions, request, opts);
+          } catch (e) {
+            read(e);
+            throw e;
+          }
+        };
+      }
+      return { ...llmClient, chat: { ...llmClient.chat, completions: wrapped } } as typeof llmClient;
     },
 
     async flush() {

@@ -17,6 +17,8 @@ vernRateLimit({ client, key: 'openai', requestsPerMinute: 60, LLMError });
 // The value satisfies the adapter type as VernLLM declares it, and VernLLM takes it.
 adapter satisfies Vern;
 new VernLLM({ client: fromFetch({ url: 'http://127.0.0.1:1/v1', mapRequest: (r) => r, mapResponse: () => ({ content: '' }) }), model: 'm', rateLimit: adapter });
+// The client it wraps (to read a provider's 429s) is still the LLM client VernLLM takes.
+new VernLLM({ client: adapter.wrapClient(fromFetch({ url: 'http://127.0.0.1:1/v1', mapRequest: (r) => r, mapResponse: () => ({ content: '' }) })), model: 'm', rateLimit: adapter });
 
 // Methods are checked bivariantly by TypeScript, so check each side exactly: every argument
 // VernLLM passes is one we take, and everything we return is what VernLLM expects.

@@ -7,7 +7,9 @@ import { fileURLToPath } from 'node:url';
 
 /**
  * A chat-completions endpoint that records every request (arrival instant, worker, phase) and
- * reports `usage(request, n)` tokens as the real usage of the n-th request.
+ * reports `usage(request, n, headers)` tokens as the real usage of the n-th request; where that
+ * returns `{ status, headers }` instead of a number, it answers that status (a 429, say) with
+ * those headers.
  */
 export async function startFakeProvider(usage) {
   const requests = [];
@@ -17,6 +19,12 @@ export async function startFakeProvider(usage) {
     req.on('end', () => {
       const parsed = JSON.parse(body);
       const total = usage(parsed, requests.length, req.headers);
+      if (typeof total === 'object') {
+        requests.push({ at: Date.now(), worker: req.headers['x-worker'], phase: req.headers['x-phase'], status: total.status });
+        res.writeHead(total.status, { 'content-type': 'application/json', ...total.headers });
+        res.end(JSON.stringify({ error: { message: `status ${total.status}` } }));
+        return;
+      }
       const completion = Math.min(total, 5);
       requests.push({ at: Date.now(), worker: req.headers['x-worker'], phase: req.headers['x-phase'], total, maxTokens: parsed.max_tokens });
       res.setHeader('content-type', 'application/json');

@@ -1,23 +1,67 @@
-// A real VernLLM (the published package) in two Node processes, each with our adapter, against
-// the test's own OpenAI-compatible provider: one requestsPerMinute and tokensPerMinute shared by
-// both. Short windows stand in for the minute so it runs in seconds.
+// A real VernLLM (the published package) against the test's own OpenAI-compatible provider,
+// with our adapter: in two Node processes, one requestsPerMinute and tokensPerMinute shared by
+// both, and in this process, each of VernLLM's own behaviours as VernLLM's limiter has it (its
+// options, a provider's wait, its error codes, its queue's count, its events, a limiter outage).
+// Short windows stand in for the minute so it runs in seconds.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { LimiterClient } from '../dist/index.mjs';
+import http from 'node:http';
+import { after, before, describe, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { LLMError, RateLimiter, VernLLM, fromFetch } from 'vern-llm';
+import { InvalidArgumentError, LimiterClient, vernRateLimit } from '../dist/index.mjs';
 import { fresh, startServer } from './server.mjs';
 import { busiest, runWorker, startFakeProvider } from './vern-fake.mjs';
 
 let server;
 let provider;
+let client;
 before(async () => {
   server = await startServer();
-  // Phase "limits": 150 real tokens a call (the estimate is 200); phase "usage": 10, 17, 24, ...
-  provider = await startFakeProvider((_req, n, headers) => (headers['x-phase'] === 'usage' ? 10 + 7 * n : 150));
+  client = new LimiterClient({ url: server.url });
+  // Phase "limits": 150 real tokens a call (the estimate is 200); phase "usage": 10, 17, 24, ...;
+  // phase "429-N": a 429 with `Retry-After: N`.
+  provider = await startFakeProvider((_req, n, headers) => {
+    const phase = headers['x-phase'] ?? '';
+    const retryAfter = /^429-(\d+)$/.exec(phase);
+    if (retryAfter) return { status: 429, headers: { 'retry-after': retryAfter[1] } };
+    return phase === 'usage' ? 10 + 7 * n : 150;
+  });
 });
 after(async () => {
   await provider?.close();
   await server?.stop();
 });
+
+/** VernLLM's client of the test's provider, in `phase`; `delayMs` before each request. */
+function providerClient(phase, delayMs = 0) {
+  return fromFetch({
+    url: provider.url,
+    headers: { 'x-phase': phase },
+    request: async (url, init) => {
+      if (delayMs > 0) await sleep(delayMs);
+      return fetch(url, init);
+    },
+    mapRequest: (request) => request,
+    mapResponse: (json) => ({
+      content: json.choices[0].message.content,
+      usage: { promptTokens: json.usage.prompt_tokens, completionTokens: json.usage.completion_tokens, totalTokens: json.usage.total_tokens },
+    }),
+  });
+}
+
+/** A VernLLM over `llmClient` limited by `rateLimit`; `events` collects its `rate_limited` events. */
+function vern(llmClient, rateLimit, { maxRetries = 0, events } = {}) {
+  return new VernLLM({
+    client: llmClient,
+    model: 'fake-model',
+    maxRetries,
+    baseDelayMs: 10,
+    rateLimit,
+    ...(events ? { onEvent: (e) => e.kind === 'rate_limited' && events.push(e) } : {}),
+  });
+}
+
+const ask = (llm, chars = 400, maxTokens = 100) => llm.call({ userContent: 'x'.repeat(chars), jsonMode: false, maxTokens });
 
 test('two processes together never exceed the shared requests or tokens per window', async () => {
   const key = fresh('vern-limits');
@@ -31,13 +75,14 @@ test('two processes together never exceed the shared requests or tokens per wind
   const seen = provider.requests.filter((r) => r.phase === 'limits');
   assert.equal(seen.length, 16);
   assert.deepEqual(new Set(seen.map((r) => r.worker)), new Set(['a', 'b']));
-  // Grants are judged on the limiter's clock; arrivals here lag them by a little, so the span
-  // checked is the window less a margin for that lag.
-  const most = busiest(seen, windowMs - 150);
+  // Grants are judged on the limiter's clock; arrivals here lag them, by more on a loaded
+  // machine (a worker's event loop stalls), so the span checked is the window less a margin for
+  // that lag. Calls let through unlimited would all arrive within it.
+  const most = busiest(seen, windowMs - 300);
   assert.ok(most.calls <= rpm, `${most.calls} requests arrived within one window (limit ${rpm})`);
   assert.ok(most.tokens <= tpm, `${most.tokens} tokens arrived within one window (limit ${tpm})`);
   const span = Math.max(...seen.map((r) => r.at)) - Math.min(...seen.map((r) => r.at));
-  assert.ok(span >= 3 * windowMs - 150, `16 calls at most ${rpm} a window took only ${span} ms`);
+  assert.ok(span >= 3 * windowMs - 300, `16 calls at most ${rpm} a window took only ${span} ms`);
   console.log(`limits: 16 calls over ${span} ms (${Date.now() - started} ms in all); busiest window: ${most.calls}/${rpm} requests, ${most.tokens}/${tpm} tokens`);
 });
 
@@ -52,4 +97,157 @@ test('the window holds the real usage the provider reported, not the estimates',
   assert.equal(peek.limits[0].used, 6);
   assert.equal(peek.limits[1].used, reported, `the window holds ${peek.limits[1].used}; the provider reported ${reported} (the estimates were ${6 * 200})`);
   assert.notEqual(reported, 6 * 200);
+});
+
+describe('as VernLLM has it', () => {
+  test('a VernLLM config with aimd is refused, saying it is not supported yet and what to use; an unknown option is named', () => {
+    const config = { requestsPerMinute: 60, aimd: { increaseBy: 1, decreaseFactor: 0.5, minCapacity: 5, maxCapacity: 60, proactiveFloor: 2 } };
+    // VernLLM's own limiter takes it ...
+    vern(providerClient('limits'), config);
+    // ... and the adapter, given it unchanged, says it cannot honour it, rather than ignore it.
+    assert.throws(
+      () => vern(providerClient('limits'), vernRateLimit({ client, key: fresh('vern-aimd'), ...config })),
+      (e) => e instanceof InvalidArgumentError && e.field === 'aimd' && /not supported yet/.test(e.message) && /requestsPerMinute/.test(e.message),
+    );
+    assert.throws(
+      () => vernRateLimit({ client, key: 'k', requestPerMinute: 60 }),
+      (e) => e instanceof InvalidArgumentError && e.field === 'requestPerMinute' && /not an option/.test(e.message),
+    );
+  });
+
+  /** Calls the provider through `a`'s wrapped client in `phase`, meeting its 429: how long the caller `key` is closed then, in ms. */
+  const closedAfter429 = async (a, key, phase) => {
+    const err = await ask(vern(a.wrapClient(providerClient(phase)), a)).catch((e) => e);
+    assert.ok(err instanceof LLMError && err.status === 429, String(err));
+    await a.flush();
+    const p = await client.peek({ key, limits: [] });
+    assert.equal(p.reason, 'throttle');
+    return p.retryAt - p.now;
+  };
+
+  test("a provider's 429 with Retry-After: 20 closes the caller for 20 s, and another process calls the provider no sooner", async () => {
+    const key = fresh('vern-retry-after');
+    const closed = await closedAfter429(vernRateLimit({ client, key, requestsPerMinute: 100 }), key, '429-20');
+    assert.ok(Math.abs(closed - 20_000) < 1_000, `closed for ${closed} ms`);
+    // Another process's VernLLM on the same limits gives up at once (its queue cannot outlast
+    // the throttle) without calling the provider.
+    const b = vernRateLimit({ client: new LimiterClient({ url: server.url }), key, requestsPerMinute: 100, maxQueueMs: 1_000 });
+    const calls = provider.requests.length;
+    const later = await ask(vern(b.wrapClient(providerClient('429-20')), b)).catch((e) => e);
+    assert.ok(later instanceof LLMError && later.code === 'rate_limit_queue_timeout', String(later));
+    assert.equal(provider.requests.length, calls);
+  });
+
+  test("a 429 asking for 2 s closes the caller for 2 s: VernLLM's signalRateLimit() after it adds no default wait", async () => {
+    const key = fresh('vern-retry-short');
+    const closed = await closedAfter429(vernRateLimit({ client, key, requestsPerMinute: 100, throttleAfterMs: 5_000 }), key, '429-2');
+    assert.ok(Math.abs(closed - 2_000) < 800, `closed for ${closed} ms`);
+  });
+
+  test("without LLMError, a timeout in the queue and a full queue are VernLLM's own errors with its codes, never retried", async () => {
+    const key = fresh('vern-codes');
+    const a = vernRateLimit({ client, key, maxConcurrent: 1, maxQueueMs: 1_000, maxQueueSize: 1 });
+    const llm = vern(providerClient('limits'), a, { maxRetries: 3 });
+    const holder = await a.acquire(1);
+    const calls = provider.requests.length;
+    const started = Date.now();
+    const queued = ask(llm).catch((e) => e);
+    // Once that call waits in the limiter's line, the queue holds one.
+    const line = { key, limits: [{ key: `${key}/conc`, concurrent: 1 }] };
+    while (((await client.peek(line)).limits[0].queued ?? 0) === 0) await sleep(10);
+    const full = await ask(llm).catch((e) => e);
+    const timedOut = await queued;
+    const took = Date.now() - started;
+    for (const [e, code] of [[full, 'rate_limit_queue_full'], [timedOut, 'rate_limit_queue_timeout']]) {
+      assert.ok(e instanceof LLMError, String(e));
+      assert.equal(e.code, code);
+      assert.equal(e.type, 'rate_limited');
+      assert.equal(e.retryable, false);
+    }
+    assert.ok(took >= 500 && took < 2_500, `one wait of at most maxQueueMs, not one per retry: ${took} ms`);
+    assert.equal(provider.requests.length, calls);
+    holder.release();
+    await a.flush();
+  });
+
+  test("maxQueueSize counts as VernLLM's own limiter does: three calls at once with size 1 are ok, ok, full", async () => {
+    const threeAtOnce = async (limiter) => {
+      const calls = [1, 1, 1].map((t) => limiter.acquire(t).then((ok) => ({ ok }), (e) => ({ code: e.code ?? String(e) })));
+      const first = await calls[0];
+      const third = await calls[2];
+      first.ok?.release();
+      const second = await calls[1];
+      second.ok?.release();
+      return [first, second, third].map((c) => (c.ok ? 'ok' : c.code));
+    };
+    const theirs = await threeAtOnce(new RateLimiter({ maxConcurrent: 1, maxQueueSize: 1 }));
+    assert.deepEqual(theirs, ['ok', 'ok', 'rate_limit_queue_full']);
+    const a = vernRateLimit({ client, key: fresh('vern-size'), maxConcurrent: 1, maxQueueSize: 1 });
+    assert.deepEqual(await threeAtOnce(a), theirs);
+    await a.flush();
+  });
+
+  test('rate_limited events come only for real waits, with the reason that held the call', async () => {
+    // Room for all: five calls at once wait for nothing, so VernLLM reports nothing.
+    let events = [];
+    const roomy = vernRateLimit({ client, key: fresh('vern-roomy'), requestsPerMinute: 100, maxConcurrent: 10 });
+    await Promise.all([1, 2, 3, 4, 5].map(() => ask(vern(providerClient('limits'), roomy, { events }))));
+    assert.deepEqual(events, []);
+    await roomy.flush();
+
+    // A place held by a slow call: the second waits for concurrency.
+    events = [];
+    const conc = vernRateLimit({ client, key: fresh('vern-conc'), maxConcurrent: 1 });
+    const slow = vern(providerClient('limits', 300), conc, { events });
+    await Promise.all([ask(slow), ask(slow)]);
+    assert.deepEqual(events.map((e) => e.reason), ['concurrency']);
+    assert.ok(events[0].waitedMs >= 150, `waited ${events[0].waitedMs} ms`);
+    await conc.flush();
+
+    // A full tokens window: the second waits for tpm (150 tokens each, 200 a window).
+    events = [];
+    const tokens = vernRateLimit({ client, key: fresh('vern-tpm'), tokensPerMinute: 200, windowMs: 700 });
+    const llm = vern(providerClient('limits'), tokens, { events });
+    await ask(llm, 200, 100);
+    await tokens.flush();
+    await ask(llm, 200, 100);
+    assert.deepEqual(events.map((e) => e.reason), ['tpm']);
+    await tokens.flush();
+
+    // A throttle on the caller (a provider's 429 elsewhere): the wait is the throttle's.
+    events = [];
+    const key = fresh('vern-throttled');
+    const throttled = vernRateLimit({ client, key, requestsPerMinute: 100 });
+    await client.throttle(key, client.serverNow() + 500);
+    await ask(vern(providerClient('limits'), throttled, { events }));
+    assert.deepEqual(events.map((e) => e.reason), ['throttle']);
+    assert.ok(events[0].waitedMs >= 250, `waited ${events[0].waitedMs} ms`);
+    await throttled.flush();
+  });
+
+  test("a limiter outage is an error that names the limiter, not the provider's server_error or an unknown failure", async () => {
+    // One limiter that cannot commit (503), one that cannot be reached.
+    const unavailable = http.createServer((_req, res) => {
+      res.writeHead(503, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ error: { code: 'unavailable', message: 'the store cannot commit: disk full' } }));
+    });
+    await new Promise((r) => unavailable.listen(0, '127.0.0.1', r));
+    const gone = await startServer();
+    await gone.stop();
+    try {
+      for (const url of [`http://127.0.0.1:${unavailable.address().port}`, gone.url]) {
+        const a = vernRateLimit({ client: new LimiterClient({ url, timeoutMs: 2_000 }), key: fresh('vern-outage'), requestsPerMinute: 10 });
+        const calls = provider.requests.length;
+        const err = await ask(vern(providerClient('limits'), a)).catch((e) => e);
+        assert.ok(err instanceof LLMError, String(err));
+        assert.match(err.message, /rate limiter \(redb-limiter at http:\/\/127\.0\.0\.1:\d+\) failed/);
+        assert.equal(err.type, 'rate_limited');
+        assert.notEqual(err.code, 'server_error');
+        assert.equal(provider.requests.length, calls);
+        await assert.rejects(a.readState(), (e) => e instanceof LLMError && /rate limiter/.test(e.message));
+      }
+    } finally {
+      await new Promise((r) => unavailable.close(r));
+    }
+  });
 });

@@ -17,6 +17,8 @@
 //!   [`Permit::settle`] sets its grant's real costs after the call.
 //! - [`Client::peek`]: would a call fit now, and how full is each limit; nothing changes.
 //! - [`Client::observe_response`]: a provider's 429 or exhausted budget throttles the caller.
+//! - [`warn`]: observers told when a shape's line reaches a fraction of `max_waiters`, which may
+//!   turn the joining acquire away.
 //! - [`estimate`]: an LLM request's token estimate before the call, its real usage from the
 //!   provider's reply after it.
 
@@ -25,6 +27,7 @@ pub mod estimate;
 mod http;
 mod permit;
 pub mod vendor;
+pub mod warn;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -36,6 +39,7 @@ pub use http::HttpLimiter;
 pub use permit::{Permit, PermitStream};
 
 use crate::vendor::{vendor_budget, vendor_wait};
+use crate::warn::{InvalidWarnFraction, LineUsage, WarnError, Warning};
 use redb_limiter::engine::{Decision, Figures, Reason, TicketNote};
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{
@@ -150,6 +154,10 @@ pub enum ClientError {
     /// `max_waiters` callers of this shape were already waiting.
     #[error("{waiting} callers already wait for this request shape")]
     QueueFull { waiting: usize },
+    /// A wait-warning observer turned the acquire away ([`Client::with_warning`]); the text is
+    /// its error's.
+    #[error("turned away by a wait-warning observer: {0}")]
+    TurnedAway(String),
     /// The limiter says the request is malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -353,6 +361,8 @@ struct Line {
     /// them sends its head (which then asks again at once).
     buckets: Vec<String>,
     woken: tokio::sync::Notify,
+    /// The refusal the head was last told: what the line waits for, as warnings report it.
+    last: Mutex<Option<Refusal>>,
     /// The latest failure of a head to get an answer (the limiter unreachable or unavailable),
     /// and when: a waiter that was already waiting then fails with it at once, rather than ask
     /// again into the same outage, so the n-th waiter never waits n timeouts.
@@ -366,6 +376,7 @@ impl Line {
             waiting: AtomicUsize::new(0),
             buckets: req.limits.iter().map(|l| l.key.clone()).collect(),
             woken: tokio::sync::Notify::new(),
+            last: Mutex::new(None),
             failure: Mutex::new(None),
         }
     }
@@ -490,6 +501,8 @@ pub struct Client<L: LimiterApi> {
     limiter: Arc<L>,
     lines: Arc<Mutex<HashMap<String, Arc<Line>>>>,
     observer: Option<Observer>,
+    /// Called as an acquire joins a line that reached their fraction of its `max_waiters`.
+    warnings: Vec<Warning>,
     /// The wait a 429 stands for when the provider names none.
     throttle_after_ms: u64,
     /// Wait on `/wait` and local wakes (section 15); off, only on each `retryAt`.
@@ -502,6 +515,7 @@ impl<L: LimiterApi> Clone for Client<L> {
             limiter: self.limiter.clone(),
             lines: self.lines.clone(),
             observer: self.observer.clone(),
+            warnings: self.warnings.clone(),
             throttle_after_ms: self.throttle_after_ms,
             wakes: self.wakes,
         }
@@ -522,7 +536,14 @@ fn shape_of(req: &AcquireRequest) -> String {
 impl<L: LimiterApi> Client<L> {
     #[must_use]
     pub fn new(limiter: Arc<L>) -> Self {
-        Client { limiter, lines: Arc::default(), observer: None, throttle_after_ms: 5_000, wakes: true }
+        Client {
+            limiter,
+            lines: Arc::default(),
+            observer: None,
+            warnings: Vec::new(),
+            throttle_after_ms: 5_000,
+            wakes: true,
+        }
     }
 
     /// Waits on each refusal's `retryAt` alone, as a host did before wake-ups (section 15): no
@@ -538,6 +559,22 @@ impl<L: LimiterApi> Client<L> {
     pub fn with_observer(mut self, observer: impl Fn(&WaitReport) + Send + Sync + 'static) -> Self {
         self.observer = Some(Arc::new(observer));
         self
+    }
+
+    /// Calls `observer` as an acquire with `max_waiters` joins the line of its request shape,
+    /// once the callers waiting there (the joining one included) reach `warn_fraction` of its
+    /// `max_waiters`, with the line's figures. An `Err` turns that acquire away with
+    /// [`ClientError::TurnedAway`], after it gave back its place in the line (it has asked the
+    /// limiter nothing). Observers are called in the order they were added; an acquire past
+    /// `max_waiters` is refused with `QueueFull` before any is called. `warn_fraction` is above 0
+    /// and at most 1.
+    pub fn with_warning(
+        mut self,
+        warn_fraction: f64,
+        observer: impl Fn(&LineUsage) -> Result<(), WarnError> + Send + Sync + 'static,
+    ) -> Result<Self, InvalidWarnFraction> {
+        self.warnings.push(Warning::new(warn_fraction, observer)?);
+        Ok(self)
     }
 
     /// The throttle a 429 without any wait in its headers or body stands for.
@@ -666,10 +703,21 @@ impl<L: LimiterApi> Client<L> {
             (line, waiting)
         };
         let _count = LineCount { lines: &self.lines, shape, line: &line };
-        if let Some(max) = options.max_waiters
-            && waiting >= max
-        {
-            return Err(ClientError::QueueFull { waiting });
+        if let Some(max) = options.max_waiters {
+            if waiting >= max {
+                return Err(ClientError::QueueFull { waiting });
+            }
+            if !self.warnings.is_empty() {
+                let usage = LineUsage {
+                    key: req.key.clone(),
+                    limits: line.buckets.clone(),
+                    waiting: waiting + 1,
+                    max_waiters: max,
+                    last: line.last.lock().expect("last lock").clone(),
+                };
+                // `_count` gives the place in the line back as this returns.
+                warn::warn(&self.warnings, &usage).map_err(ClientError::TurnedAway)?;
+            }
         }
         let started = tokio::time::Instant::now();
         let deadline = options.max_wait.map(|d| tokio::time::Instant::now() + d);
@@ -708,11 +756,13 @@ impl<L: LimiterApi> Client<L> {
             let refusal = match asked? {
                 Outcome::Granted { at, permit } => {
                     ticket.id = None; // a grant ends the ticket
+                    *line.last.lock().expect("last lock") = None;
                     return Ok(Permit::new(self.limiter.clone(), at, permit, Some(self.local_wake(&req))));
                 }
                 Outcome::Refused(refusal) => refusal,
             };
             last = Some(refusal.clone());
+            *line.last.lock().expect("last lock") = last.clone();
             // A refusal naming no ticket (a throttle before any was filed, or `no_ticket`: beyond
             // the horizon, or full lines) leaves none standing: the ticket presented, if any, is
             // no longer live, and the next ask joins the line afresh.

@@ -10,8 +10,17 @@
 //! first (to keep memory small) and then changes the state, `peek` changes nothing. Where no
 //! ticket lives, rule Q costs one test.
 //!
-//! It owns the in-memory state (buckets with their windows, places and lines, permits,
-//! throttles, tickets) and the timers that forget what has lapsed. It never reads a clock (every
+//! Each limit kind is a file that answers the same few questions (does this cost fit at `now`,
+//! when will it, what does a grant or a settle change, what do the figures say, when is it
+//! forgotten): a rolling window (`window.rs`, rules 2 and 3), a concurrency place (`place.rs`,
+//! rule 4) and a token bucket (`token_bucket.rs`, section 13's rule B). One decision path here
+//! (`refusal`, `grant`, `settle_shares`, `figures`) asks every kind a request names, and the line
+//! (`line.rs`) reserves instants in windows and token buckets through the same questions. What
+//! this file keeps is what all kinds share: the buckets (a key's window, places, token level and
+//! line), permits, throttles, tickets and request ids.
+//!
+//! It owns the in-memory state (buckets with their windows, places, token levels and lines,
+//! permits, throttles, tickets) and the timers that forget what has lapsed. It never reads a clock (every
 //! call takes `now`), never does I/O and never draws randomness of its own: permit and ticket
 //! ids come from a seed.
 //!

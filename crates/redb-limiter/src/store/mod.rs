@@ -30,17 +30,18 @@
 //! else, so doing them again leaves the same records. Without a journal (the file alone) every
 //! commit is a redb commit.
 //!
-//! # Layout (format version 6)
+//! # Layout (format version 7)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
 //! | `meta` | `"format_version"`, `"clock_floor"`; behind a journal `"journal_id"`, `"journal_seq"`, `"journal_open"` ([`FileClaim`]) | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
-//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
+//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the shares as (bucket key, cost, calls or burst at the grant, a token bucket's (refill, perMs)) |
 //! | `throttles` | caller key | `until` ms |
-//! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, and the limits it binds (defaults resolved, sorted by bucket key) |
-//! | `requests` | (first kept at ms, request id) (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, window shares; a filing's ticket and refusal; or released) |
+//! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, the limits it binds (defaults resolved, sorted by bucket key), and the instant its horizon ends |
+//! | `requests` | (first kept at ms, request id) (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, its shares; a filing's ticket and refusal; or released) |
+//! | `levels` | bucket key (section 13) | record: a token bucket's level (units of `1/perMs` token), at an instant, with the `refill`, `perMs` and `burst` that wrote it |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -81,6 +82,21 @@
 //! journal takes any commit of this build; notes of schemas 1 and 2 left by a crash of an older
 //! release are redone as they were. An older build refuses a version-6 file, and a note of
 //! schema 3, rather than forget a request id.
+//!
+//! Version 7 (token buckets, section 13) added the `levels` table, and journal notes of schema
+//! 4: a level set (after every grant and settle that changes it, committed before the reply)
+//! rewrites its record, a level forgotten (full, no place held) deletes it and may be lost in a
+//! crash (the level kept refills to full by the restart, and is forgotten again then). Its
+//! permit records (schema byte 3) and request ids' (schema byte 2) may hold a token bucket's
+//! share; its tickets (schema byte 2) may bind token buckets and keep the instant their horizon
+//! ends (section 12.9), so a restart keeps a ticket's own `maxWaitMs`. Files of versions 2 to 6
+//! open unchanged: their records (permits of schema 1 and 2, tickets and request ids of schema 1)
+//! are read as they were written, a ticket without its horizon bounded by the server's from its
+//! filing; the marking creates the `levels` table empty. Notes of schemas 1 to 3 left by a crash
+//! of an older release are redone as they were. An older build refuses a version-7 file, and a
+//! note of schema 4, rather than forget a bucket's level. On load a level refills from its
+//! instant by the time that passed, so a bucket is never fuller after a restart than its refill
+//! allows.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one

@@ -11,6 +11,9 @@
 //! Request ids (section 16): the grant in line again, each ask named by a fresh id, as the
 //! clients send them.
 //!
+//! Token buckets (section 13): a grant and a refusal from one bucket limit, beside the same of
+//! one window limit (the target: a bucket decision within 1.2 times a window decision).
+//!
 //! Wide lines (section 12.9's cost): 600 live tickets of 64 limits each stand in the same 64
 //! buckets; a request naming all of them (refused, the walk of every line), and, beside it, a
 //! grant on a bucket of its own, which the line must not slow down.
@@ -120,6 +123,15 @@ fn decisions(c: &mut Criterion) {
     // Each bucket takes one call a minute, so after the warm-up every decision is a refusal.
     let refused = requests(|i| vec![Limit::window(format!("bench/b:{i}"), 1, 60_000)]);
     run_engine(c, "engine refused, 1 limit, 10k buckets", &refused);
+
+    // The same decisions from token buckets (section 13): one that always has tokens (a burst of
+    // 10^9 refilled a token a minute, so that it never fills up and is forgotten, as the window
+    // above never empties), and one of 1 token a minute, so that after the warm-up every
+    // decision is a refusal.
+    let tokens = requests(|i| vec![Limit::bucket(format!("bench/b:{i}"), 1, 60_000).with_burst(1_000_000_000)]);
+    run_engine(c, "engine granted, 1 token bucket limit, 10k buckets", &tokens);
+    let empty = requests(|i| vec![Limit::bucket(format!("bench/b:{i}"), 1, 60_000)]);
+    run_engine(c, "engine refused, 1 token bucket limit, 10k buckets", &empty);
 
     // The same, through the line's entry, for a host that never queues.
     run(c, "engine granted in line (no queue), 1 limit, 10k buckets", &single, true);

@@ -22,6 +22,11 @@
 //! instant keeps its place and lapses no sooner than the restart plus its grace
 //! (`Reference::restart`).
 //!
+//! Token buckets (section 13) ride along: a limit may name the bucket `t{n}` (refill, `perMs`,
+//! burst and initial fixed per key, as in tests.rs) instead of the window `b{n}`, with or without
+//! `concurrent`; settles name them too, and their levels are kept in the file and refilled by
+//! the time that passed after every restart and crash.
+//!
 //! Checked after every operation: identical decisions and `retryAt`s, no window over its
 //! `calls` (for buckets named with one window and never settled up), no committed change lost
 //! (`facts`), and nothing held past its instant.
@@ -37,12 +42,14 @@ use redb_limiter::Millis;
 use redb_limiter::engine::model::Reference;
 use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, Facts, NoTicket, PermitId, TicketId};
 use redb_limiter::request::Cost as SettledCost;
-use redb_limiter::request::{AcquireRequest, Limit, ThrottleRequest, WindowLimit};
+use redb_limiter::request::{AcquireRequest, BucketLimit, Limit, ThrottleRequest, WindowLimit};
 use redb_limiter::store::faulty::{FaultPlan, faulty_journal_opener};
 use redb_limiter::store::{Store, file_opener};
 
 /// Every bucket key has a fixed `calls` and two windows it may be named with (see tests.rs).
 const SHAPES: [(u64, [u64; 2]); 4] = [(3, [100, 100]), (5, [250, 900]), (2, [40, 400]), (8, [1000, 1000])];
+/// Every token bucket key `t{n}` has fixed figures: (refill, perMs, burst, initial) (see tests.rs).
+const TOKEN_SHAPES: [(u64, u64, u64, u64); 4] = [(3, 1000, 5, 5), (1, 700, 2, 0), (7, 300, 7, 3), (2, 50, 10, 10)];
 const CALLERS: [&str; 2] = ["c0", "c1"];
 const RECHECK_MS: u64 = 250;
 /// The line's horizon here: short, so that requests beyond it are common.
@@ -86,6 +93,8 @@ struct LimitSpec {
     bucket: Between<0, 3>,
     long: bool,
     window: bool,
+    /// The token bucket `t{bucket}` instead of the window `b{bucket}`.
+    tokens: bool,
     concurrent: Option<Between<1, 3>>,
     cost: Cost,
     hold_ms: Between<1, 2000>,
@@ -115,11 +124,11 @@ enum LineChoice {
     Text(String),
 }
 
-/// What a settle names: window buckets (maybe not of the grant) and their real costs.
+/// What a settle names: window or token buckets (maybe not of the grant) and their real costs.
 #[derive(Arbitrary, Debug, Clone)]
 struct SettleOp {
     permit: PermitChoice,
-    costs: Vec<(Between<0, 3>, Cost)>,
+    costs: Vec<(Between<0, 3>, bool, Cost)>,
 }
 
 #[derive(Arbitrary, Debug, Clone)]
@@ -225,16 +234,19 @@ impl FuzzOperation {
 fn to_request(op: &AcquireOp) -> AcquireRequest {
     let mut limits: Vec<Limit> = Vec::new();
     for spec in op.limits.iter().take(MAX_LIMITS) {
-        let key = format!("b{}", spec.bucket.0);
+        let key = format!("{}{}", if spec.tokens { "t" } else { "b" }, spec.bucket.0);
         if limits.iter().any(|l| l.key == key) {
             continue; // bucket keys are unique within a request; the first stays, in order
         }
         let (calls, pers) = SHAPES[spec.bucket.0 as usize];
         let per_ms = pers[usize::from(spec.long)];
         let concurrent = spec.concurrent.map(|c| c.0);
+        let (refill, token_ms, burst, initial) = TOKEN_SHAPES[spec.bucket.0 as usize];
+        let tokens = spec.tokens.then_some(BucketLimit { refill, per_ms: token_ms, burst, initial });
         limits.push(Limit {
             key,
-            window: (spec.window || concurrent.is_none()).then_some(WindowLimit { calls, per_ms }),
+            window: (!spec.tokens && (spec.window || concurrent.is_none())).then_some(WindowLimit { calls, per_ms }),
+            bucket: tokens,
             concurrent,
             cost: cost_of(spec.cost),
             hold_ms: spec.hold_ms.0,
@@ -268,8 +280,8 @@ fn cost_of(cost: Cost) -> u64 {
 /// A settle's costs: unique keys, in the order first named.
 fn to_costs(op: &SettleOp) -> Vec<SettledCost> {
     let mut costs: Vec<SettledCost> = Vec::new();
-    for (bucket, cost) in op.costs.iter().take(MAX_LIMITS) {
-        let key = format!("b{}", bucket.0);
+    for (bucket, tokens, cost) in op.costs.iter().take(MAX_LIMITS) {
+        let key = format!("{}{}", if *tokens { "t" } else { "b" }, bucket.0);
         if !costs.iter().any(|c| c.key == key) {
             costs.push(SettledCost::new(key, cost_of(*cost)));
         }
@@ -677,8 +689,7 @@ impl Harness {
             (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
                 assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()), "{r:?}");
                 assert!(
-                    effects.iter().all(|f| f.is_line()
-                        || matches!(f, Effect::BucketMeta { .. } | Effect::WindowPruned { .. } | Effect::BucketForgotten { .. })),
+                    effects.iter().all(redb_limiter::engine::model::refusal_may_push),
                     "a refusal changed more than retention and the line: {effects:?}"
                 );
                 assert!(*retry_at > now);

@@ -178,6 +178,7 @@ pub fn render(state: &StateReply) -> String {
         let _ = writeln!(out, "{:width$}  {window:>21}  {per:>10}  {oldest:>14}  {places:>9}", b.key);
     }
     lines(&mut out, state, |ms| format!("{ms}ms"));
+    levels(&mut out, state);
     if !state.throttles.is_empty() {
         let _ = writeln!(out, "\nTHROTTLED CALLER{}  TIME LEFT", " ".repeat(width.saturating_sub(16)));
         for t in &state.throttles {
@@ -208,6 +209,22 @@ fn lines(out: &mut String, state: &StateReply, span: impl Fn(u64) -> String) {
     for b in queued {
         let waited = b.first_ticket_at.map_or("-".into(), |at| span(state.now.0.0.saturating_sub(at.0.0)));
         let _ = writeln!(out, "{:width$}  {:>6}  {waited}", b.key, b.queued);
+    }
+}
+
+/// The token buckets (section 13): each one's level against its burst (`[###.......] 7/10`, a
+/// debt named as one); nothing when no bucket keeps a level.
+fn levels(out: &mut String, state: &StateReply) {
+    let kept: Vec<_> = state.buckets.iter().filter_map(|b| Some((b.key.as_str(), b.level?, b.burst?))).collect();
+    if kept.is_empty() {
+        return;
+    }
+    let width = kept.iter().map(|(key, _, _)| key.len()).max().unwrap_or(0).max(12);
+    let _ = writeln!(out, "\n{:width$}  TOKENS (LEVEL/BURST)", "TOKEN BUCKET");
+    for (key, level, burst) in kept {
+        let shown = meter(u64::try_from(level).unwrap_or(0), burst).replacen("] 0/", &format!("] {level}/"), 1);
+        let debt = if level < 0 { "  in debt" } else { "" };
+        let _ = writeln!(out, "{key:width$}  {shown}{debt}");
     }
 }
 
@@ -290,6 +307,7 @@ pub fn render_live(state: &StateReply, recent: Option<&RecentReply>, bucket_rows
         let _ = writeln!(out, "… and {} emptier buckets (narrow with --prefix)", buckets.len() - shown.len());
     }
     lines(&mut out, state, span);
+    levels(&mut out, state);
     if !state.throttles.is_empty() {
         let width = state.throttles.iter().map(|t| t.key.len()).max().unwrap_or(0).max(16);
         let _ = writeln!(out, "\n{:width$}  TIME LEFT", "THROTTLED CALLER");
@@ -527,6 +545,24 @@ mod tests {
                           "concurrency": vec![0; 300], "throttle": vec![0; 300]}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn token_buckets_show_their_level_against_their_burst_and_a_debt_as_one() {
+        let mut state = state();
+        let bucket = |key: &str, level: i64| -> redb_limiter::wire::BucketState {
+            serde_json::from_value(serde_json::json!({"key": key, "windowUsed": 0, "calls": 0, "perMs": 0,
+                "concurrent": 0, "oldestGrant": null, "placesHeld": 0, "nextLapse": null, "level": level, "burst": 10}))
+            .unwrap()
+        };
+        state.buckets.push(bucket("anthropic/itpm", 7));
+        state.buckets.push(bucket("anthropic/otpm", -3));
+        for out in [render(&state), render_live(&state, None, 10)] {
+            assert!(out.contains("\nTOKEN BUCKET    TOKENS (LEVEL/BURST)\n"), "{out}");
+            assert!(out.contains("anthropic/itpm  [#######...] 7/10\n"), "{out}");
+            assert!(out.contains("anthropic/otpm  [..........] -3/10  in debt\n"), "{out}");
+        }
+        assert!(!render(&super::tests::state()).contains("TOKEN BUCKET"), "nothing where no bucket keeps a level");
     }
 
     #[test]

@@ -1102,8 +1102,13 @@ COMMENT ON FUNCTION __SCHEMA__._wake(text[]) IS
 
 -- Ends ticket p_num (granted, left or lapsed): it leaves every line, counted out of each under
 -- its bucket row's lock (taken in key order), and the lines that still hold tickets are woken
--- (_wake). The caller holds the ticket's row lock.
-CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint) RETURNS void
+-- (_wake). Granted (p_granted), it wakes only the lines where a ticket wants a place: a ticket
+-- behind it that wants a place waited for it to end (rule Q lets no place be taken past a
+-- ticket ahead), while one that wants only window room was told its instant with this grant
+-- counted at its own, which the grant does not bring closer. The caller holds the ticket's row
+-- lock.
+DROP FUNCTION IF EXISTS __SCHEMA__._end_ticket(bigint);
+CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint, p_granted boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
@@ -1118,7 +1123,8 @@ BEGIN
   END IF;
   FOR v_key IN SELECT k FROM unnest(v_keys) AS k ORDER BY k COLLATE "C" LOOP
     UPDATE __SCHEMA__.buckets SET queued = queued - 1 WHERE key = v_key RETURNING queued INTO v_left;
-    IF v_left > 0 THEN
+    IF v_left > 0 AND (NOT p_granted OR EXISTS (SELECT 1 FROM __SCHEMA__.line q
+                                                 WHERE q.bucket = v_key AND q.num <> p_num AND q.conc > 0)) THEN
       v_wake := v_wake || v_key;
     END IF;
   END LOOP;
@@ -1462,7 +1468,7 @@ BEGIN
       IF (v_reply->>'granted')::boolean THEN
         v_now := greatest(v_now, (v_reply->>'now')::bigint);
         IF v_mine IS NOT NULL THEN
-          PERFORM __SCHEMA__._end_ticket(v_mine);
+          PERFORM __SCHEMA__._end_ticket(v_mine, true);
           v_reply := v_reply || jsonb_build_object('waitedMs', (v_reply->>'at')::bigint - t.filed_at);
         END IF;
       ELSE

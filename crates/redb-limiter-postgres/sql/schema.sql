@@ -1077,24 +1077,62 @@ $$
      WHERE me.num = p_num) c
 $$;
 
+-- Wake-ups (wire section 15): every change that can make a waited ticket ready sends, inside
+-- its transaction, one notification per key it freed on the channel named after this schema
+-- (so it is delivered when the change commits, and only if it does): a bucket key whose line
+-- holds tickets (a place released, a ticket ahead ended or gone, a settle down), or a caller
+-- key (a throttle lifted). Every server LISTENs on that channel and wakes its waits on the key.
+-- A key is at most 1,024 bytes escaped, well under a notification's 8,000; identical
+-- notifications of one transaction are delivered once. A change to a bucket with no line
+-- notifies nobody: no wait can name it, and a notifying commit takes PostgreSQL's notify
+-- queue lock.
+CREATE OR REPLACE FUNCTION __SCHEMA__._wake(p_keys text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_key text;
+BEGIN
+  FOR v_key IN SELECT DISTINCT k FROM unnest(p_keys) AS k LOOP
+    PERFORM pg_notify(btrim('__SCHEMA__', '"'), v_key);
+  END LOOP;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._wake(text[]) IS
+  'notify the servers'' waits (section 15) that room may have come back in these keys, at commit';
+
 -- Ends ticket p_num (granted, left or lapsed): it leaves every line, counted out of each under
--- its bucket row's lock (taken in key order). The caller holds the ticket's row lock.
-CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint) RETURNS void
+-- its bucket row's lock (taken in key order), and the lines that still hold tickets are woken
+-- (_wake). Granted (p_granted), it wakes only the lines where a ticket wants a place: a ticket
+-- behind it that wants a place waited for it to end (rule Q lets no place be taken past a
+-- ticket ahead), while one that wants only window room was told its instant with this grant
+-- counted at its own, which the grant does not bring closer. The caller holds the ticket's row
+-- lock.
+DROP FUNCTION IF EXISTS __SCHEMA__._end_ticket(bigint);
+CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint, p_granted boolean DEFAULT false) RETURNS void
 LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
   v_keys text[];
   v_key text;
+  v_left bigint;
+  v_wake text[] := '{}';
 BEGIN
   SELECT t.keys INTO v_keys FROM __SCHEMA__.tickets t WHERE t.num = p_num;
   IF NOT FOUND THEN
     RETURN;
   END IF;
   FOR v_key IN SELECT k FROM unnest(v_keys) AS k ORDER BY k COLLATE "C" LOOP
-    UPDATE __SCHEMA__.buckets SET queued = queued - 1 WHERE key = v_key;
+    UPDATE __SCHEMA__.buckets SET queued = queued - 1 WHERE key = v_key RETURNING queued INTO v_left;
+    IF v_left > 0 AND (NOT p_granted OR EXISTS (SELECT 1 FROM __SCHEMA__.line q
+                                                 WHERE q.bucket = v_key AND q.num <> p_num AND q.conc > 0)) THEN
+      v_wake := v_wake || v_key;
+    END IF;
   END LOOP;
   DELETE FROM __SCHEMA__.line q WHERE q.bucket = ANY (v_keys) AND q.num = p_num;
   DELETE FROM __SCHEMA__.tickets WHERE num = p_num;
+  IF cardinality(v_wake) > 0 THEN
+    PERFORM __SCHEMA__._wake(v_wake);  -- the tickets behind it may be ready now
+  END IF;
 END
 $$;
 
@@ -1430,7 +1468,7 @@ BEGIN
       IF (v_reply->>'granted')::boolean THEN
         v_now := greatest(v_now, (v_reply->>'now')::bigint);
         IF v_mine IS NOT NULL THEN
-          PERFORM __SCHEMA__._end_ticket(v_mine);
+          PERFORM __SCHEMA__._end_ticket(v_mine, true);
           v_reply := v_reply || jsonb_build_object('waitedMs', (v_reply->>'at')::bigint - t.filed_at);
         END IF;
       ELSE
@@ -1570,6 +1608,64 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__.resume_line(bigint) IS
   'a server''s start: tickets live at the latest instant keep their place, lapsing no sooner than now + grace (12.6)';
 
+-- /wait (wire section 15): how each ticket of p_tickets stands at now, in one round trip: gone
+-- (unknown, ended or lapsed), ready (its request, asked with it now, would be granted: a peek of
+-- _acquire_line() with the ticket, rule Q and 12.9 included, so the database decides it as it
+-- decides the acquire), or not yet, with the retryAt that peek tells it and the keys a change
+-- wakes it by (its buckets and its caller: _wake()). With p_hold_ms, when no ticket is ready or
+-- gone (the wait goes on), each ticket is held from lapsing until now + p_hold_ms + its grace,
+-- never past its deadline (12.9): a renewal's write, which may be lost in a crash (12.6), so it
+-- commits without waiting for the WAL flush. Answers {"now", "tickets": [{"s": "r" | "g" |
+-- "n", "retryAt", "keys"}, ...]} in the order of p_tickets. Reads only, but for the hold.
+CREATE OR REPLACE FUNCTION __SCHEMA__.wait_check(p_tickets text[], p_hold_ms bigint, recheck_ms bigint,
+                                                 at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
+  v_ticket text;
+  t record;
+  v_peek jsonb;
+  v_out jsonb := '[]'::jsonb;
+  v_waiting bigint[] := '{}';
+  v_over boolean := false;
+BEGIN
+  FOREACH v_ticket IN ARRAY p_tickets LOOP
+    SELECT tk.num, tk.caller, tk.bound, tk.keys, tk.lapse_at INTO t
+      FROM __SCHEMA__.tickets tk WHERE tk.ticket = v_ticket;
+    IF NOT FOUND OR t.lapse_at <= v_now THEN
+      v_out := v_out || jsonb_build_array(jsonb_build_object('s', 'g'));
+      v_over := true;
+      CONTINUE;
+    END IF;
+    v_peek := __SCHEMA__._acquire_line(
+      jsonb_build_object('key', t.caller, 'limits', t.bound, 'ticket', v_ticket), 'peek', recheck_ms, '', at_ms);
+    IF (v_peek->>'fits')::boolean THEN
+      v_out := v_out || jsonb_build_array(jsonb_build_object('s', 'r'));
+      v_over := true;
+    ELSE
+      v_out := v_out || jsonb_build_array(jsonb_build_object(
+        's', 'n', 'retryAt', (v_peek->>'retryAt')::bigint, 'keys', to_jsonb(t.keys || t.caller)));
+      v_waiting := v_waiting || t.num;
+    END IF;
+  END LOOP;
+  IF p_hold_ms IS NOT NULL AND NOT v_over AND cardinality(v_waiting) > 0 THEN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    WITH held AS (
+      UPDATE __SCHEMA__.tickets tk SET lapse_at = least(v_now + p_hold_ms + tk.grace_ms, tk.deadline)
+       WHERE tk.num = ANY (v_waiting) AND tk.lapse_at < least(v_now + p_hold_ms + tk.grace_ms, tk.deadline)
+      RETURNING tk.num, tk.keys, tk.lapse_at
+    )
+    UPDATE __SCHEMA__.line q SET lapse_at = held.lapse_at FROM held
+     WHERE q.bucket = ANY (held.keys) AND q.num = held.num;
+  END IF;
+  RETURN jsonb_build_object('now', v_now, 'tickets', v_out);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.wait_check(text[], bigint, bigint, bigint) IS
+  '/wait (section 15): whether each ticket is ready, gone or not yet (until when, woken by which keys); holds waited tickets';
+
 -- The writing half of the server's one-statement acquire of one window limit
 -- (acquire_window.sql, beside this script), called by that statement only when it does not
 -- refuse. p_grant: the statement's snapshot decided a grant; p_xm, p_now, p_total and p_seq
@@ -1674,7 +1770,8 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_windows(boolean, text[], bigint[], bigin
 -- {"windows": the shares with their new costs, "changed": whether a window counts otherwise}.
 -- A share whose bucket was forgotten and created again since the grant ("b" another id; a share
 -- without "b", a request id's, is settled in the bucket of its key, as the engine settles it),
--- whose grant row is gone or has left the bucket's kept window, changes nothing there.
+-- whose grant row is gone or has left the bucket's kept window, changes nothing there. A settle
+-- down in a bucket with a line wakes it (_wake).
 CREATE OR REPLACE FUNCTION __SCHEMA__._settle_grant(p_at bigint, p_windows jsonb, costs jsonb,
                                                     p_clock bigint)
 RETURNS jsonb
@@ -1694,6 +1791,7 @@ DECLARE
   v_r bigint;
   v_w bigint;
   v_changed boolean := false;
+  v_wake text[] := '{}';
 BEGIN
   SELECT array_agg(x.key ORDER BY x.key COLLATE "C") INTO v_keys
     FROM jsonb_to_recordset(costs) AS x(key text);
@@ -1732,7 +1830,13 @@ BEGIN
        SET dtotal = dtotal + v_d, fen = true, retain_ms = v_r, pruned_to = v_w
      WHERE id = b.id;
     v_changed := true;
+    IF v_d < 0 AND b.queued > 0 THEN
+      v_wake := v_wake || e.key;  -- room came back where tickets wait
+    END IF;
   END LOOP;
+  IF cardinality(v_wake) > 0 THEN
+    PERFORM __SCHEMA__._wake(v_wake);
+  END IF;
   RETURN jsonb_build_object('windows', v_windows, 'changed', v_changed);
 END
 $$;
@@ -1774,8 +1878,8 @@ COMMENT ON FUNCTION __SCHEMA__.settle(text, jsonb, bigint) IS
   'settle a live permit''s window costs (spec 9.3); RL400 names a key that was not a window limit';
 
 ---------------------------------------------------------------------------------------------
--- release: true when the permit was live (its places freed, no longer settleable). With
--- costs, settles first, in the same transaction (spec 9.3).
+-- release: true when the permit was live (its places freed, no longer settleable; the lines of
+-- their buckets woken). With costs, settles first, in the same transaction (spec 9.3).
 CREATE OR REPLACE FUNCTION __SCHEMA__.release(permit text, costs jsonb DEFAULT NULL,
                                               at_ms bigint DEFAULT NULL)
 RETURNS boolean
@@ -1798,7 +1902,15 @@ BEGIN
     DELETE FROM __SCHEMA__.places pl
      WHERE pl.bucket = p.place_buckets[i] AND pl.lapse = p.place_lapses[i] AND pl.permit = p.id;
   END LOOP;
-  RETURN p.lapse > greatest(v_clock, p.at);
+  IF p.lapse <= greatest(v_clock, p.at) THEN
+    RETURN false;
+  END IF;
+  IF cardinality(p.place_buckets) > 0 THEN
+    -- Places came back: the lines waiting for them are woken.
+    PERFORM __SCHEMA__._wake(ARRAY(SELECT bk.key FROM __SCHEMA__.buckets bk
+                                    WHERE bk.id = ANY (p.place_buckets) AND bk.queued > 0));
+  END IF;
+  RETURN true;
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.release(text, jsonb, bigint) IS
@@ -2026,7 +2138,7 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__.throttle(text, bigint, bigint) IS
   'throttle a caller key (section 5): only extends; returns the until in force';
 
--- lift: ends a throttle in force; true when there was one.
+-- lift: ends a throttle in force (and wakes the caller's waits); true when there was one.
 CREATE OR REPLACE FUNCTION __SCHEMA__.lift(key text, at_ms bigint DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS
@@ -2038,7 +2150,11 @@ BEGIN
     RETURN false;  -- nothing in force: nothing written
   END IF;
   DELETE FROM __SCHEMA__.throttles t WHERE t.key = lift.key AND t.until > v_now;
-  RETURN FOUND;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  PERFORM __SCHEMA__._wake(ARRAY[lift.key]);  -- the caller's tickets hold again, and may be ready
+  RETURN true;
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.lift(text, bigint) IS 'lift a throttle in force (spec 9.4)';
@@ -2347,6 +2463,8 @@ DECLARE
   v_now bigint := coalesce(at_ms, __SCHEMA__._clock_ms());
   v_nums bigint[];
   v_counted integer;
+  v_left bigint;
+  v_wake text[] := '{}';
   r record;
 BEGIN
   UPDATE __SCHEMA__.meta SET alive_at = v_now WHERE alive_at < v_now;
@@ -2361,11 +2479,17 @@ BEGIN
              FROM __SCHEMA__.tickets t CROSS JOIN LATERAL unnest(t.keys) AS k(key)
             WHERE t.num = ANY (v_nums)
             GROUP BY k.key ORDER BY k.key COLLATE "C" LOOP
-    UPDATE __SCHEMA__.buckets SET queued = queued - r.c WHERE key = r.key;
+    UPDATE __SCHEMA__.buckets SET queued = queued - r.c WHERE key = r.key RETURNING queued INTO v_left;
+    IF v_left > 0 THEN
+      v_wake := v_wake || r.key;
+    END IF;
   END LOOP;
   DELETE FROM __SCHEMA__.line q USING __SCHEMA__.tickets t
    WHERE t.num = ANY (v_nums) AND q.bucket = ANY (t.keys) AND q.num = t.num;
   DELETE FROM __SCHEMA__.tickets t WHERE t.num = ANY (v_nums);
+  IF cardinality(v_wake) > 0 THEN
+    PERFORM __SCHEMA__._wake(v_wake);  -- the tickets behind the lapsed ones may be ready now
+  END IF;
   RETURN v_counted;
 END
 $$;

@@ -37,6 +37,11 @@
 //! {id}` is `undo()`. Every other request is sent as before and never reads the table. The digest
 //! of the params a retry must repeat is the engine's own ([`redb_limiter::engine::params_digest`]).
 //!
+//! Wake-ups (wire section 15) are [`wakes`]: `/wait` asks the database's `wait_check()` how its
+//! tickets stand (one round trip for all of them), and every change that can make a ticket ready
+//! notifies (`pg_notify`, delivered at commit) the keys it freed to every server, each of which
+//! listens on one connection of its own and wakes its waits on those keys.
+//!
 //! What it must never do: decide anything in Rust. The Rust engine is the oracle the SQL is
 //! tested against (`tests/postgres.rs` drives both with the same operations and instants); this
 //! crate only validates nothing further (requests arrive validated by
@@ -63,6 +68,7 @@
 pub mod batch;
 pub mod faults;
 pub mod keys;
+mod wakes;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -73,9 +79,10 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use redb_limiter::backend::Backend;
 use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateView, ThrottleView, Totals};
 use redb_limiter::engine::{Figures, NoTicket, Refusal, TicketId, TicketNote};
-use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage};
+use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage, WaitAnswer};
 use redb_limiter::request::{
-    AcquireRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
+    AcquireRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
+    UndoRequest, WaitRequest,
 };
 use redb_limiter::time::Clock;
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
@@ -142,6 +149,8 @@ pub struct PgOptions {
     /// sit unused, holding a backend each, and a session unused for long may meanwhile have
     /// been cut by the network or by the server's `idle_session_timeout`.
     pub idle_session: Duration,
+    /// At most this many `/wait`s pending at once (section 15); past it a wait answers at once.
+    pub max_waits: usize,
 }
 
 /// [`PgOptions::idle_session`] unless set otherwise.
@@ -160,6 +169,7 @@ impl PgOptions {
             clock: None,
             batchers: batch::DEFAULT_BATCHERS,
             idle_session: DEFAULT_IDLE_SESSION,
+            max_waits: redb_limiter::limiter::DEFAULT_MAX_WAITS,
         }
     }
 }
@@ -174,6 +184,7 @@ impl std::fmt::Debug for PgOptions {
             .field("line_horizon_ms", &self.line_horizon_ms)
             .field("batchers", &self.batchers)
             .field("idle_session", &self.idle_session)
+            .field("max_waits", &self.max_waits)
             .finish_non_exhaustive()
     }
 }
@@ -226,6 +237,16 @@ pub struct PgLimiter {
     window_left: AtomicU64,
     /// Gathers the one-window acquires of concurrent requests into one statement.
     batcher: Arc<batch::Batcher>,
+    /// The pending `/wait`s and the listener that wakes them ([`wakes`]).
+    wakes: Arc<wakes::Wakes>,
+    /// How the listener connects: the pool's settings, under a name of its own.
+    listen_config: tokio_postgres::Config,
+}
+
+impl Drop for PgLimiter {
+    fn drop(&mut self) {
+        self.wakes.stop();
+    }
 }
 
 /// The text of every statement the limiter sends, for its schema: built once, so that a call
@@ -246,6 +267,7 @@ struct Statements {
     state: String,
     sweep: String,
     sweep_tickets: String,
+    wait_check: String,
 }
 
 impl Statements {
@@ -280,6 +302,7 @@ impl Statements {
             state: call("SELECT * FROM S.state_rows($1, $2, $3, $4)"),
             sweep: call("SELECT S.sweep($1, $2)"),
             sweep_tickets: call("SELECT S.sweep_tickets($1, $2)"),
+            wait_check: call("SELECT S.wait_check($1, $2, $3, $4)"),
         }
     }
 }
@@ -364,6 +387,10 @@ impl PgLimiter {
         // Named per schema, so an operator (or a test) can tell whose connections are whose.
         config.application_name(format!("redb-limiter/{}", options.schema));
         config.connect_timeout(Duration::from_secs(5));
+        let mut listen_config = config.clone();
+        listen_config.application_name(format!("redb-limiter/{}/wakes", options.schema));
+        // A listener whose connection the network cut learns it within a minute.
+        listen_config.keepalives_idle(Duration::from_secs(30));
         let manager = Manager::from_config(config, tls(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
         // Last in, first out: the session used last is used next, so only as many sessions as
         // the load needs stay busy (and their backends' caches warm). First in, first out sent
@@ -405,6 +432,8 @@ impl PgLimiter {
         let faults = Arc::new(faults::Faults::new(options.clock.clone()));
         let batcher = Arc::new(batch::Batcher::new(pool.clone(), batch_sql, options.batchers, Arc::clone(&faults)));
         Ok(PgLimiter {
+            wakes: Arc::new(wakes::Wakes::new(options.max_waits)),
+            listen_config,
             batcher,
             pool,
             schema: options.schema.clone(),
@@ -1000,6 +1029,15 @@ impl Backend for PgLimiter {
     }
     async fn lift(&self, req: LiftRequest) -> Result<bool, LimiterError> {
         PgLimiter::lift(self, req).await
+    }
+    fn keeps_waits(&self) -> bool {
+        true
+    }
+    async fn wait(&self, req: WaitRequest) -> Result<WaitAnswer, LimiterError> {
+        PgLimiter::wait(self, req).await
+    }
+    fn end_waits(&self) {
+        PgLimiter::end_waits(self);
     }
     async fn state_page(&self, prefix: String, after: String, limit: usize) -> Result<StatePage, LimiterError> {
         PgLimiter::state_page(self, &prefix, &after, limit).await

@@ -978,6 +978,9 @@ enum Op {
     UndoUnseen(u8, Vec<LimitSpec>),
     /// A peek with the n-th named id: as it would be answered again while remembered.
     PeekNamed(usize),
+    /// A wait's look at the n-th ticket held (section 15): ready, gone, or not yet and until
+    /// when; one not yet is held as a wait of that many ms holds it.
+    Ready(usize, u64),
 }
 
 /// A limit of a generated request: (window, cost, concurrent).
@@ -1027,6 +1030,7 @@ fn line_op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Leave),
         1 => any::<usize>().prop_map(Op::PeekLine),
         1 => any::<usize>().prop_map(Op::Misbound),
+        2 => (any::<usize>(), prop::sample::select(vec![1_000u64, 25_000])).prop_map(|(n, ms)| Op::Ready(n, ms)),
     ]
 }
 
@@ -1326,6 +1330,15 @@ async fn differential(
                 let got = pg.leave(redb_limiter::request::LeaveRequest { ticket: p.clone() }).await.map_err(fail)?;
                 prop_assert_eq!(want, got, "op {}: leave", i);
             }
+            Op::Ready(n, hold_ms) if !held.is_empty() => {
+                let (_, e, p) = &held[n % held.len()];
+                let want = engine.readiness(e, now);
+                if matches!(want, redb_limiter::engine::Readiness::NotYet { .. }) {
+                    engine.hold_ticket(e, now.plus(*hold_ms), now, &mut effects);
+                }
+                let got = pg.readiness(p, Some(*hold_ms)).await.map_err(fail)?;
+                prop_assert_eq!(want, got, "op {}: readiness of ticket {}", i, e);
+            }
             Op::PeekLine(n) if !held.is_empty() => {
                 let (base, e, p) = &held[n % held.len()];
                 let ereq = base.clone().with_ticket(e.clone()).unwrap();
@@ -1469,7 +1482,8 @@ async fn differential(
             | Op::Retry(..)
             | Op::Reuse(_)
             | Op::Undo(..)
-            | Op::PeekNamed(_) => {}
+            | Op::PeekNamed(_)
+            | Op::Ready(..) => {}
             Op::Throttle(caller, ahead) => {
                 let key = names.callers[usize::from(*caller)].clone();
                 let until = now.plus(*ahead);
@@ -3097,4 +3111,272 @@ fn acquire_costs_with_and_without_id() {
             );
         }
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wake-ups (wire section 15). The recheck is a minute and every wait's timeout half a minute, so
+// a wait answered within a few seconds was woken by the change, never by a timer; the fake
+// clock stands still unless a test moves it.
+
+mod wakes {
+    use super::*;
+    use redb_limiter::limiter::WaitAnswer;
+    use redb_limiter::request::{Cost, LeaveRequest, LiftRequest, SettleRequest, UndoRequest, WaitRequest};
+    use std::time::Duration;
+
+    /// A limiter whose recheck is a minute, on the test's clock.
+    async fn limiter(
+        url: &str,
+        name: &str,
+        clock: &Arc<FakeClock>,
+        set: impl FnOnce(&mut PgOptions),
+    ) -> Arc<PgLimiter> {
+        Arc::new(
+            fresh_options(url, name, clock.clone(), |o| {
+                o.recheck_ms = 60_000;
+                set(o);
+            })
+            .await,
+        )
+    }
+
+    /// A wait on `ticket` (timeout 30 s), once it is registered: it answers only when woken.
+    async fn waiting(pg: &Arc<PgLimiter>, ticket: &str) -> tokio::task::JoinHandle<WaitAnswer> {
+        let before = pg.pending_waits();
+        let (pg2, req) = (pg.clone(), WaitRequest::new(vec![ticket.to_owned()], 30_000).unwrap());
+        let wait = tokio::spawn(async move { pg2.wait(req).await.unwrap() });
+        let registered = tokio::time::Instant::now() + Duration::from_secs(10);
+        while pg.pending_waits() == before {
+            assert!(!wait.is_finished(), "the wait answered before the change");
+            assert!(tokio::time::Instant::now() < registered, "the wait never registered");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!wait.is_finished(), "the wait answered before the change");
+        wait
+    }
+
+    /// The wait's answer, which must come within 10 s (the timers say 30 s and a minute): `ready`
+    /// holds `ticket`.
+    async fn woken(wait: tokio::task::JoinHandle<WaitAnswer>, ticket: &str, by: &str) {
+        let answer = tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .unwrap_or_else(|_| panic!("{by} woke no wait"))
+            .unwrap();
+        assert_eq!((answer.ready, answer.gone), (vec![ticket.to_owned()], vec![]), "{by}");
+    }
+
+    async fn ticket_of(pg: &PgLimiter, req: &AcquireRequest) -> String {
+        let acquired = pg.acquire(req.clone().with_queue()).await.unwrap();
+        assert!(!acquired.decision.is_granted(), "{acquired:?}");
+        acquired.ticket.expect("a ticket").id.to_string()
+    }
+
+    async fn permit_of(pg: &PgLimiter, req: AcquireRequest) -> String {
+        match pg.acquire(req).await.unwrap().decision {
+            Decision::Granted { permit: Some(permit), .. } => permit.to_string(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_wait_is_woken_by_every_kind_of_change_that_can_make_its_ticket_ready() {
+        let Some(url) = database_url() else { return };
+        runtime().block_on(async {
+            let clock = Arc::new(FakeClock::new(T0));
+            let pg = limiter(&url, "wakes", &clock, |_| {}).await;
+
+            // A release frees the place its ticket waits for; then a lift of its caller's throttle.
+            let one = AcquireRequest::new("k", vec![Limit::concurrent("c1", 1)]).unwrap();
+            let permit = permit_of(&pg, one.clone()).await;
+            let ticket = ticket_of(&pg, &one).await;
+            let wait = waiting(&pg, &ticket).await;
+            assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
+            woken(wait, &ticket, "a release").await;
+            let until = clock.now().plus(600_000);
+            pg.throttle(ThrottleRequest::new("k", until, clock.now()).unwrap()).await.unwrap();
+            let wait = waiting(&pg, &ticket).await;
+            assert!(pg.lift(LiftRequest::new("k").unwrap()).await.unwrap());
+            woken(wait, &ticket, "a lift").await;
+            let granted = pg.acquire(one.clone().with_ticket(ticket).unwrap()).await.unwrap();
+            assert!(granted.decision.is_granted(), "ready, and granted when asked: {granted:?}");
+
+            // A ticket ahead (naming x, whose place is held, and y) is granted, or leaves, or
+            // lapses: the ticket behind it in y's line is ready.
+            let ahead = AcquireRequest::new("k", vec![Limit::concurrent("x", 1), Limit::concurrent("y", 2)]).unwrap();
+            let behind = AcquireRequest::new("j", vec![Limit::concurrent("y", 2)]).unwrap();
+            let x = AcquireRequest::new("h", vec![Limit::concurrent("x", 1)]).unwrap();
+            for how in ["granted", "left", "lapsed"] {
+                let held = permit_of(&pg, x.clone()).await;
+                let first = ticket_of(&pg, &ahead.clone().with_grace_ms(100).unwrap()).await;
+                let second = ticket_of(&pg, &behind.clone().with_grace_ms(60_000).unwrap()).await;
+                assert!(pg.release(ReleaseRequest::new(held).unwrap()).await.unwrap());
+                let wait = waiting(&pg, &second).await;
+                let mut release = None;
+                match how {
+                    "granted" => {
+                        let req = ahead.clone().with_grace_ms(100).unwrap().with_ticket(first).unwrap();
+                        release = Some(permit_of(&pg, req).await);
+                    }
+                    "left" => assert!(pg.leave(LeaveRequest::new(first).unwrap()).await.unwrap()),
+                    _ => {
+                        // Past the first ticket's lapse (its recheck and grace), and the sweep.
+                        clock.advance(60_200);
+                        assert!(pg.sweep(1_000).await.unwrap() > 0);
+                    }
+                }
+                woken(wait, &second, &format!("a ticket ahead {how}")).await;
+                let req = behind.clone().with_grace_ms(60_000).unwrap().with_ticket(second).unwrap();
+                assert!(pg.release(ReleaseRequest::new(permit_of(&pg, req).await).unwrap()).await.unwrap());
+                if let Some(permit) = release {
+                    assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
+                }
+            }
+
+            // A settle down makes room in a window; so does release {id} with costs of 0.
+            let w = |cost| AcquireRequest::new("k", vec![window("w", 10, 60_000).with_cost(cost)]).unwrap();
+            let permit = permit_of(&pg, w(10).with_permit()).await;
+            let ticket = ticket_of(&pg, &w(5)).await;
+            let wait = waiting(&pg, &ticket).await;
+            assert!(pg.settle(SettleRequest::new(permit, vec![Cost::new("w", 2)]).unwrap()).await.unwrap());
+            woken(wait, &ticket, "a settle down").await;
+            assert!(pg.acquire(w(5).with_ticket(ticket).unwrap()).await.unwrap().decision.is_granted());
+            let granted = pg.acquire(w(3).with_id("r-1").unwrap()).await.unwrap();
+            assert!(granted.decision.is_granted(), "{granted:?}");
+            let ticket = ticket_of(&pg, &w(3)).await;
+            let wait = waiting(&pg, &ticket).await;
+            assert!(pg.undo(UndoRequest::with_costs("r-1", vec![Cost::new("w", 0)]).unwrap()).await.unwrap());
+            woken(wait, &ticket, "release {id}").await;
+            assert_eq!(pg.pending_waits(), 0, "every wait unregistered");
+        });
+    }
+
+    /// A change that frees nothing where a ticket waits notifies nobody: a settle up, a release
+    /// in a bucket without a line, an unknown permit or ticket, a lift of no throttle.
+    #[test]
+    fn a_change_that_frees_nothing_sends_no_notification() {
+        let Some(url) = database_url() else { return };
+        runtime().block_on(async {
+            let clock = Arc::new(FakeClock::new(T0));
+            let pg = limiter(&url, "quiet", &clock, |_| {}).await;
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut connection = connection;
+            tokio::spawn(async move {
+                while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                        let _ = tx.send(n.payload().to_owned());
+                    }
+                }
+            });
+            client.batch_execute(&format!("LISTEN \"{}\"", pg.schema())).await.unwrap();
+            let conc = AcquireRequest::new("k", vec![Limit::concurrent("free", 1)]).unwrap();
+            let permit = permit_of(&pg, conc).await;
+            assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
+            let w = AcquireRequest::new("k", vec![window("w", 10, 3_600_000).with_cost(2)]).unwrap().with_permit();
+            let permit = permit_of(&pg, w).await;
+            assert!(pg.settle(SettleRequest::new(permit.clone(), vec![Cost::new("w", 9)]).unwrap()).await.unwrap());
+            assert!(!pg.release(ReleaseRequest::new("p-nobody").unwrap()).await.unwrap());
+            assert!(!pg.leave(LeaveRequest::new("t-nobody").unwrap()).await.unwrap());
+            assert!(!pg.lift(LiftRequest::new("k").unwrap()).await.unwrap());
+            // Then one that does (a release where a ticket waits): the first notification seen.
+            let one = AcquireRequest::new("k", vec![Limit::concurrent("lined", 1)]).unwrap();
+            let held = permit_of(&pg, one.clone()).await;
+            ticket_of(&pg, &one).await;
+            assert!(pg.release(ReleaseRequest::new(held).unwrap()).await.unwrap());
+            let first = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+            assert_eq!(first, "lined", "the changes before it notified nothing");
+            assert!(rx.try_recv().is_err());
+        });
+    }
+
+    /// While waited, a ticket does not lapse (up to its horizon, which the wait never extends);
+    /// past the bound a wait answers at once; `end_waits` answers every pending wait at once,
+    /// and every later one.
+    #[test]
+    fn a_waited_ticket_is_held_the_bound_answers_at_once_and_end_waits_answers_all() {
+        let Some(url) = database_url() else { return };
+        runtime().block_on(async {
+            let clock = Arc::new(FakeClock::new(T0));
+            let pg = limiter(&url, "held", &clock, |o| {
+                o.recheck_ms = 1_000;
+                o.max_waits = 2;
+            })
+            .await;
+            let db = plain_client(&url).await;
+            let lapse = |ticket: String| {
+                let (db, schema) = (&db, pg.schema().to_owned());
+                async move {
+                    let sql = format!("SELECT lapse_at FROM \"{schema}\".tickets WHERE ticket = $1");
+                    db.query_one(&sql, &[&ticket]).await.unwrap().get::<_, i64>(0) as u64
+                }
+            };
+            let one = |key: &str| AcquireRequest::new("k", vec![Limit::concurrent(key, 1)]).unwrap();
+            permit_of(&pg, one("a")).await;
+            permit_of(&pg, one("b")).await;
+            // Grace 100 ms: told the recheck (1 s), it would lapse 1.1 s after its filing.
+            // Its horizon 20 s (maxWaitMs): it never lapses later.
+            let a = ticket_of(&pg, &one("a").with_grace_ms(100).unwrap().with_max_wait_ms(20_000).unwrap()).await;
+            assert_eq!(lapse(a.clone()).await, T0.plus(1_100).0);
+            let wait_a = waiting(&pg, &a).await;
+            assert_eq!(lapse(a.clone()).await, T0.plus(20_000).0, "held to its horizon, not past it");
+            clock.advance(2_000);
+            let b = ticket_of(&pg, &one("b").with_grace_ms(100).unwrap()).await;
+            let wait_b = waiting(&pg, &b).await;
+            assert_eq!(lapse(b.clone()).await, T0.plus(2_000 + 30_000 + 100).0, "held for the wait and its grace");
+            // Past every lapse it was told: still in line, and the sweep leaves it.
+            clock.advance(5_000);
+            pg.sweep(1_000).await.unwrap();
+            let again = pg.acquire(one("b").with_grace_ms(100).unwrap().with_ticket(b.clone()).unwrap()).await.unwrap();
+            assert_eq!(again.ticket.map(|t| t.id.to_string()), Some(b.clone()), "the same ticket, still live");
+            assert_eq!(pg.pending_waits(), 2);
+            // The bound: a third wait answers at once, with empty lists, and holds nothing.
+            let started = std::time::Instant::now();
+            let third = pg.wait(WaitRequest::new(vec![b.clone()], 30_000).unwrap()).await.unwrap();
+            assert!((third.ready.is_empty(), third.gone.is_empty()) == (true, true), "{third:?}");
+            assert!(started.elapsed() < Duration::from_secs(5), "answered at once past the bound");
+            pg.end_waits();
+            for wait in [wait_a, wait_b] {
+                let answer =
+                    tokio::time::timeout(Duration::from_secs(5), wait).await.expect("answered at once").unwrap();
+                assert!(answer.ready.is_empty() && answer.gone.is_empty(), "{answer:?}");
+            }
+            let started = std::time::Instant::now();
+            let later = pg.wait(WaitRequest::new(vec![a, "t-nobody".into()], 30_000).unwrap()).await.unwrap();
+            assert_eq!(later.gone, vec!["t-nobody".to_owned()]);
+            assert!(started.elapsed() < Duration::from_secs(5), "a later wait answers at once");
+            assert_eq!(pg.pending_waits(), 0);
+        });
+    }
+
+    /// A listener whose connection is cut opens it again, and wakes every wait once (a
+    /// notification sent meanwhile may have been missed); a wake then reaches the waits again.
+    #[test]
+    fn a_lost_listener_connection_is_opened_again_and_wakes_every_wait() {
+        let Some(url) = database_url() else { return };
+        runtime().block_on(async {
+            let clock = Arc::new(FakeClock::new(T0));
+            let pg = limiter(&url, "relisten", &clock, |_| {}).await;
+            let db = plain_client(&url).await;
+            let one = AcquireRequest::new("k", vec![Limit::concurrent("c", 1)]).unwrap();
+            let permit = permit_of(&pg, one.clone()).await;
+            let ticket = ticket_of(&pg, &one).await;
+            let wait = waiting(&pg, &ticket).await;
+            let name = format!("redb-limiter/{}/wakes", pg.schema());
+            let cut = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1";
+            let cut: i64 = db.query_one(cut, &[&name]).await.unwrap().get(0);
+            assert_eq!(cut, 1, "one listener connection");
+            // Woken once by the reconnection: not ready yet, it waits again.
+            let listening = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while db.query_one(listening, &[&name]).await.unwrap().get::<_, i64>(0) == 0 {
+                assert!(tokio::time::Instant::now() < deadline, "the listener never came back");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(!wait.is_finished());
+            assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
+            woken(wait, &ticket, "a release after the listener came back").await;
+        });
+    }
 }

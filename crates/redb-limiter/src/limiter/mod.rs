@@ -22,7 +22,7 @@
 mod pipeline;
 mod wait;
 
-pub use wait::WaitAnswer;
+pub use wait::{WaitAnswer, Waits};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};

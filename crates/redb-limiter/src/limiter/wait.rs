@@ -35,24 +35,30 @@ pub struct WaitAnswer {
     pub now: Millis,
 }
 
-/// The pending waits, by id, and the ids registered under each key.
+/// The pending waits, by id, and the ids registered under each key: each wait registers the keys
+/// it is woken by with its [`Notify`], and a change wakes those registered under the keys it
+/// freed. Shared with PostgreSQL mode, whose changes arrive as notifications.
 #[derive(Debug, Default)]
-pub(super) struct Waits {
+pub struct Waits {
     next: u64,
     by_id: HashMap<u64, (Vec<Arc<str>>, Arc<Notify>)>,
     by_key: HashMap<Arc<str>, Vec<u64>>,
 }
 
 impl Waits {
-    pub(super) fn is_empty(&self) -> bool {
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }
 
-    fn len(&self) -> usize {
+    /// How many waits are registered.
+    #[must_use]
+    pub fn len(&self) -> usize {
         self.by_id.len()
     }
 
-    fn register(&mut self, keys: Vec<Arc<str>>, notify: Arc<Notify>) -> u64 {
+    /// Registers a wait woken by `keys` through `notify`; its id, to [unregister](Waits::unregister) it.
+    pub fn register(&mut self, keys: Vec<Arc<str>>, notify: Arc<Notify>) -> u64 {
         self.next += 1;
         let id = self.next;
         for key in &keys {
@@ -62,7 +68,7 @@ impl Waits {
         id
     }
 
-    fn unregister(&mut self, id: u64) {
+    pub fn unregister(&mut self, id: u64) {
         let Some((keys, _)) = self.by_id.remove(&id) else { return };
         for key in keys {
             if let Some(ids) = self.by_key.get_mut(&key) {
@@ -75,8 +81,9 @@ impl Waits {
     }
 
     /// Wakes every wait registered under one of `keys`.
-    pub(super) fn wake(&self, keys: &[Arc<str>]) {
+    pub fn wake<K: std::borrow::Borrow<str>>(&self, keys: &[K]) {
         for key in keys {
+            let key: &str = key.borrow();
             for id in self.by_key.get(key).into_iter().flatten() {
                 if let Some((_, notify)) = self.by_id.get(id) {
                     notify.notify_one();
@@ -85,7 +92,8 @@ impl Waits {
         }
     }
 
-    pub(super) fn wake_all(&self) {
+    /// Wakes every wait.
+    pub fn wake_all(&self) {
         for (_, notify) in self.by_id.values() {
             notify.notify_one();
         }

@@ -2,7 +2,11 @@
 //!
 //! It owns the registry and the handles the limiter updates (decisions by method, outcome and
 //! reason, peeks, settles and lifts included; commit latency; batch size; live buckets, held places, throttles; the database's length,
-//! journal included; the line's tickets filed, granted, lapsed and left, and their wait from filing to grant). Updating a handle is a few atomic operations; nothing here touches the engine or the store.
+//! journal included; the line's tickets filed, granted, lapsed and left, and their wait from filing to grant;
+//! hand-offs: from a place released while its line waited to the next grant of a place there, and
+//! the place-time that stood idle while a line waited). Updating a handle is a few atomic operations; nothing here touches the engine or the store.
+
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -44,6 +48,8 @@ pub struct Metrics {
     pub tickets: Family<TicketLabels, Counter>,
     pub ticket_wait_seconds: Histogram,
     pub release_to_grant_seconds: Histogram,
+    /// Place-time idle while a line waited (section 15's figure of what hand-offs cost).
+    pub line_idle_place_seconds: Counter<f64, AtomicU64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -95,6 +101,12 @@ impl Default for Metrics {
             "From a place released while its bucket's line waited to the next grant of a place there (the hand-off)",
             release_to_grant_seconds.clone(),
         );
+        let line_idle_place_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "line_idle_place_seconds",
+            "Place-time that stood idle while a line waited: from each place released while its bucket's line waited until a grant took a place there again, or until the line emptied",
+            line_idle_place_seconds.clone(),
+        );
         Metrics {
             registry,
             decisions,
@@ -108,6 +120,7 @@ impl Default for Metrics {
             tickets,
             ticket_wait_seconds,
             release_to_grant_seconds,
+            line_idle_place_seconds,
         }
     }
 }

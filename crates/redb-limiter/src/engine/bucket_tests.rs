@@ -4,6 +4,7 @@
 
 use super::model::EffectLog;
 use super::tests::{T0, acquire, engine, req};
+use super::token_bucket::KEPT_FULL_MS;
 use super::*;
 use crate::request::{AcquireRequest, Cost, Limit};
 
@@ -60,12 +61,17 @@ fn initial_is_the_level_when_first_named_and_a_refusal_that_creates_it_is_kept()
     assert!(effects.iter().all(Effect::needs_commit), "committed before the reply");
     // Refilling from then, not from the next ask.
     assert!(acquire(&mut e, &r, T0.plus(100)).is_granted());
-    // Full again, it is forgotten; named again, it starts at `initial` again.
+    // Full again (at T0 + 1100), it is kept while it stands full for an hour, so a host coming
+    // back finds it full; then it is forgotten, and named again it starts at `initial` again.
     let mut effects = Vec::new();
     e.sweep(T0.plus(1100), &mut effects);
+    assert!(!effects.iter().any(|e| matches!(e, Effect::LevelForgotten { .. })));
+    assert_eq!(e.figures(&r, T0.plus(1100 + KEPT_FULL_MS - 1))[0].bucket, Some((10, 10)));
+    e.sweep(T0.plus(1100 + KEPT_FULL_MS), &mut effects);
     assert!(effects.iter().any(|e| matches!(e, Effect::LevelForgotten { .. })));
     assert_eq!(e.totals().buckets, 0);
-    assert_eq!(acquire(&mut e, &r, T0.plus(1100)), refused(T0.plus(1200), "b"));
+    let later = T0.plus(1100 + KEPT_FULL_MS);
+    assert_eq!(acquire(&mut e, &r, later), refused(later.plus(100), "b"));
     // A bucket named full (the default) keeps nothing when refused.
     let full = req(vec![Limit::bucket("f", 1, 1000)]);
     let mut effects = Vec::new();
@@ -136,12 +142,16 @@ fn a_bucket_with_concurrent_holds_places_and_is_kept_while_they_are_held() {
     );
     let figures = &e.figures(&r, T0.plus(10))[0];
     assert_eq!((figures.bucket, figures.places), (Some((9, 10)), Some((1, 0))));
-    // Full after 100 ms, but it holds a place: kept (and shown) until it is released.
+    // Full after 100 ms, but it holds a place: kept (and shown) until it is released, and then
+    // until it has stood full for an hour.
     let mut effects = Vec::new();
     e.sweep(T0.plus(2000), &mut effects);
     assert_eq!(e.view(T0.plus(2000), "").buckets[0].level, Some((10, 10)));
     assert!(e.release(&p.to_string(), T0.plus(2000), &mut effects));
-    assert_eq!(e.totals().buckets, 0, "full and holding no place: forgotten");
+    e.sweep(T0.plus(100 + KEPT_FULL_MS - 1), &mut effects);
+    assert_eq!(e.totals().buckets, 1, "full for less than an hour: kept");
+    e.sweep(T0.plus(100 + KEPT_FULL_MS), &mut effects);
+    assert_eq!(e.totals().buckets, 0, "full for an hour and holding no place: forgotten");
 }
 
 #[test]
@@ -223,9 +233,9 @@ fn a_restart_from_the_store_refills_from_the_last_committed_level() {
         assert!(again.acquire(&r, T0.plus(300), &mut Vec::new()).is_granted());
     }
     assert_eq!(again.acquire(&r, T0.plus(300), &mut Vec::new()), refused(T0.plus(400), "b"));
-    // Rebuilt after it filled: forgotten, and the file told so.
+    // Rebuilt once it has stood full for an hour: forgotten, and the file told so.
     let mut later = log.clone();
-    let full = later.rebuild(config, T0.plus(5000));
+    let full = later.rebuild(config, T0.plus(1000 + KEPT_FULL_MS));
     assert_eq!(full.totals().buckets, 0);
     assert!(later.levels.is_empty());
 }
@@ -245,9 +255,26 @@ fn a_peek_reads_a_full_bucket_not_yet_swept_as_forgotten_as_the_acquire_does() {
     let mut e = engine();
     let r = req(vec![Limit::bucket("b", 10, 1000).with_initial(0)]);
     assert_eq!(acquire(&mut e, &r, T0), refused(T0.plus(100), "b"), "created at 0");
-    // Full at T0 + 1000 and not swept since: forgotten all the same, so a peek and the acquire
-    // after it both find `initial` again.
-    assert_eq!(e.peek(&r, T0.plus(1500)).map(Decision::from), Some(refused(T0.plus(1600), "b")));
-    assert_eq!(e.figures(&r, T0.plus(1500))[0].bucket, Some((0, 10)));
-    assert_eq!(acquire(&mut e, &r, T0.plus(1500)), refused(T0.plus(1600), "b"));
+    // Full at T0 + 1000, forgotten an hour later and not swept since: forgotten all the same,
+    // so a peek and the acquire after it both find `initial` again.
+    let later = T0.plus(1500 + KEPT_FULL_MS);
+    assert_eq!(e.peek(&r, later).map(Decision::from), Some(refused(later.plus(100), "b")));
+    assert_eq!(e.figures(&r, later)[0].bucket, Some((0, 10)));
+    assert_eq!(acquire(&mut e, &r, later), refused(later.plus(100), "b"));
+}
+
+/// node `limiter`'s "removing 10 tokens takes 1 second": a bucket created empty by a refusal
+/// refills from then, and a cost of the whole burst asked at the `retryAt` it was told (when the
+/// bucket is full) is granted; the full bucket is not forgotten and re-created empty under it.
+#[test]
+fn a_whole_burst_asked_at_its_retry_at_is_granted_from_a_bucket_created_empty() {
+    let mut e = engine();
+    let r = req(vec![Limit::bucket("n", 10, 1000).with_initial(0).with_cost(10)]);
+    assert_eq!(acquire(&mut e, &r, T0), refused(T0.plus(1000), "n"));
+    let mut effects = Vec::new();
+    e.sweep(T0.plus(1000), &mut effects);
+    assert!(acquire(&mut e, &r, T0.plus(1000)).is_granted());
+    assert_eq!(acquire(&mut e, &r, T0.plus(1000)), refused(T0.plus(2000), "n"));
+    // Asked late, long after it filled, it is still the full bucket it is.
+    assert!(acquire(&mut e, &r, T0.plus(30_000)).is_granted());
 }

@@ -55,7 +55,7 @@ pub mod token_bucket;
 mod wait;
 mod window;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketId, TicketNote, TicketState};
@@ -268,8 +268,8 @@ pub enum Effect {
     BucketForgotten { bucket: Arc<str>, grants: Vec<Millis> },
     /// A token bucket's level (section 13) is now `level`: created, granted from or settled.
     LevelSet { bucket: Arc<str>, level: BucketLevel },
-    /// A token bucket is full and holds no places: its level is forgotten. May be lost in a
-    /// crash (the level kept refills to full by the restart).
+    /// A token bucket stood full long enough and holds no places: its level is forgotten. May
+    /// be lost in a crash (the level kept refills to full by the restart).
     LevelForgotten { bucket: Arc<str> },
     /// A permit was granted or settled: its record is now `permit`.
     PermitSet { id: PermitId, permit: PermitState },
@@ -339,7 +339,8 @@ struct Bucket {
     window: Window,
     /// Held places (rule 4).
     places: Places,
-    /// The token bucket's level (section 13), while it is not full or holds places.
+    /// The token bucket's level (section 13), until it has stood full for its keeping time
+    /// (`token_bucket::KEPT_FULL_MS`) with no place held.
     level: Option<BucketLevel>,
     /// The level was forgotten (full) since the file last heard of this bucket.
     level_dropped: bool,
@@ -351,9 +352,10 @@ struct Bucket {
     /// The line (section 12): the numbers of the tickets waiting here, oldest first, each with
     /// its lapse instant. Lapsed tickets leave it at their timers; until then they are skipped.
     line: BTreeMap<u64, Waiting>,
-    /// When a place was released while its line waited, until the next grant of a place here
-    /// (the hand-off, measured by [`Engine::take_handoffs`]).
-    handoff_from: Option<Millis>,
+    /// The instants of places released while its line waited and not yet taken again, oldest
+    /// first: each is idle until the next grant of a place here (the hand-off, measured by
+    /// [`Engine::take_handoffs`]) or until the line empties ([`Engine::take_idle_place_ms`]).
+    handoff_from: VecDeque<Millis>,
 }
 
 impl Bucket {
@@ -402,16 +404,16 @@ impl Bucket {
             timer_at: Millis(u64::MAX),
             unpersisted_prune: Vec::new(),
             line: BTreeMap::new(),
-            handoff_from: None,
+            handoff_from: VecDeque::new(),
         }
     }
 
     /// Drops lapsed places, grants no request can count any more, and a token level that is
-    /// full with nothing else kept (section 13); returns how many places lapsed.
+    /// that stood full long enough with nothing else kept (section 13); returns how many places lapsed.
     fn prune(&mut self, now: Millis) -> usize {
         self.window.prune(now, self.meta.retain_ms, &mut self.unpersisted_prune);
         let lapsed = self.places.prune(now);
-        if self.window.is_empty() && self.places.is_empty() && self.level.is_some_and(|l| l.is_full(now)) {
+        if self.window.is_empty() && self.places.is_empty() && self.level.is_some_and(|l| l.is_forgotten(now)) {
             self.level = None;
             self.level_dropped = true;
         }
@@ -419,11 +421,12 @@ impl Bucket {
     }
 
     /// The token level as a request reads it at `now`, whether or not the bucket was pruned:
-    /// none once it is full with nothing else kept (forgotten, so an acquire finds `initial`).
+    /// none once it stood full long enough with nothing else kept (forgotten, so an acquire finds
+    /// `initial`).
     fn live_level(&self, now: Millis) -> Option<&BucketLevel> {
         let level = self.level.as_ref()?;
         let window_empty = self.window.newest().is_none_or(|t| t.plus(self.meta.retain_ms) <= now);
-        let forgotten = level.is_full(now) && window_empty && self.places.held(now) == 0;
+        let forgotten = level.is_forgotten(now) && window_empty && self.places.held(now) == 0;
         (!forgotten).then_some(level)
     }
 
@@ -478,8 +481,8 @@ impl Bucket {
     fn idle_at(&self) -> Millis {
         let window_end = self.window.newest().map_or(Millis::ZERO, |t| t.plus(self.meta.retain_ms));
         let last_lapse = self.places.last_lapse().unwrap_or(Millis::ZERO);
-        let full_at = self.level.map_or(Millis::ZERO, |l| l.full_at());
-        window_end.max(last_lapse).max(full_at)
+        let forget_at = self.level.map_or(Millis::ZERO, |l| l.forget_at());
+        window_end.max(last_lapse).max(forget_at)
     }
 }
 
@@ -510,6 +513,10 @@ pub struct Engine {
     /// Hand-offs since the limiter last looked (ms from a release to the next grant of a place
     /// in a bucket whose line waited), at most [`MAX_HANDOFFS`].
     handoffs: Vec<u64>,
+    /// Place-time (ms) that stood idle while a line waited, since the limiter last looked: each
+    /// place released while its bucket's line waited, until a grant took it again or the line
+    /// emptied.
+    idle_place_ms: u64,
 }
 
 /// The most hand-offs kept for the limiter to read ([`Engine::take_handoffs`]).
@@ -626,6 +633,7 @@ impl Engine {
             freed: Vec::new(),
             watching: false,
             handoffs: Vec::new(),
+            idle_place_ms: 0,
         }
     }
 
@@ -903,6 +911,12 @@ impl Engine {
         for limit in &ticket.state.limits {
             if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
                 bucket.line.remove(&number);
+                if bucket.line.is_empty() {
+                    // No one waits any more: the places freed for the line stop counting as idle.
+                    for from in bucket.handoff_from.drain(..) {
+                        self.idle_place_ms = self.idle_place_ms.saturating_add(now.since(from));
+                    }
+                }
                 if self.watching {
                     let key = bucket.key.clone();
                     self.freed(&key);
@@ -1002,10 +1016,11 @@ impl Engine {
                 }
             }
             if let (Some(_), Some(id)) = (limit.concurrent, permit) {
-                if let Some(from) = bucket.handoff_from.take()
-                    && self.handoffs.len() < MAX_HANDOFFS
-                {
-                    self.handoffs.push(now.since(from));
+                if let Some(from) = bucket.handoff_from.pop_front() {
+                    self.idle_place_ms = self.idle_place_ms.saturating_add(now.since(from));
+                    if self.handoffs.len() < MAX_HANDOFFS {
+                        self.handoffs.push(now.since(from));
+                    }
                 }
                 let lapse = now.plus(limit.hold_ms);
                 bucket.places.insert(lapse, id);
@@ -1094,6 +1109,13 @@ impl Engine {
     /// waited, the ms until the next grant of a place there (the `/metrics` histogram).
     pub fn take_handoffs(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.handoffs)
+    }
+
+    /// The place-time (ms) that stood idle while a line waited, since the last call: from each
+    /// place released while its bucket's line waited until a grant took a place there again, or
+    /// until the line emptied (the `/metrics` counter).
+    pub fn take_idle_place_ms(&mut self) -> u64 {
+        std::mem::take(&mut self.idle_place_ms)
     }
 
     /// Rule 3: an acquire naming `per_ms` for a bucket that keeps its grants less long makes it
@@ -1303,8 +1325,8 @@ impl Engine {
             let Some(bucket) = self.buckets.get_mut(key) else { continue };
             if bucket.places.remove(*lapse, id) {
                 self.held_places -= 1;
-                if !bucket.line.is_empty() {
-                    bucket.handoff_from.get_or_insert(now);
+                if !bucket.line.is_empty() && bucket.handoff_from.len() < MAX_HANDOFFS {
+                    bucket.handoff_from.push_back(now);
                 }
                 self.freed(key);
             }
@@ -1760,7 +1782,8 @@ pub struct Facts {
     pub tickets: std::collections::BTreeMap<TicketId, TicketState>,
     /// Each bucket's line: the live tickets' numbers, oldest first, with their lapses.
     pub lines: std::collections::BTreeMap<String, Vec<(u64, Millis)>>,
-    /// Each token bucket not full: its level in whole tokens (section 13).
+    /// Each token bucket not full: its level in whole tokens (section 13; a full one reads as a
+    /// bucket never named with its burst as `initial`).
     pub levels: std::collections::BTreeMap<String, i64>,
 }
 

@@ -24,6 +24,7 @@
 
 use std::collections::BTreeMap;
 
+use super::token_bucket::kept_full_ms;
 use super::{
     BucketLevel, BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId, PermitState,
     Reason, RequestRecord, TicketId, TicketState,
@@ -74,6 +75,9 @@ pub struct Reference {
     /// Token buckets not forgotten: the level in units of `1/perMs` token at the reference's
     /// last instant, and the figures they are named with.
     pub levels: BTreeMap<String, (i128, BucketLimit)>,
+    /// Since when each level kept has stood full (set by [`Reference::advance`], cleared by
+    /// every write of the level): it is forgotten once full for `kept_full_ms` with no place.
+    pub full_since: BTreeMap<String, Millis>,
     /// The figures each token bucket key is named with (the property test names each key as a
     /// bucket with one set of figures, or never as one).
     pub token_figures: BTreeMap<String, BucketLimit>,
@@ -96,14 +100,20 @@ impl Reference {
     /// Moves time to `now`: buckets forget the grants they no longer keep, and idle buckets
     /// forget their retention.
     pub fn advance(&mut self, now: Millis) {
-        // Levels refill a millisecond at a time; one full with no place held is forgotten.
+        // Levels refill a millisecond at a time; one that has stood full for its keeping time
+        // with no place held is forgotten (places only lapse meanwhile, so looking at `now` is
+        // looking at the first instant it could be).
         let keys: Vec<String> = self.levels.keys().cloned().collect();
         for key in keys {
             let mut t = self.at;
             loop {
                 let (units, b) = self.levels[&key];
-                if units >= i128::from(b.burst) * i128::from(b.per_ms) && self.live_places(&key, t).next().is_none() {
-                    self.levels.remove(&key);
+                if units >= i128::from(b.burst) * i128::from(b.per_ms) {
+                    let since = *self.full_since.entry(key.clone()).or_insert(t);
+                    if now >= since.plus(kept_full_ms(b.per_ms)) && self.live_places(&key, now).next().is_none() {
+                        self.levels.remove(&key);
+                        self.full_since.remove(&key);
+                    }
                     break;
                 }
                 if t >= now {
@@ -551,6 +561,7 @@ impl Reference {
                 if cost > 0 {
                     let units = self.level(&l.key, &b) - need_units(&b, cost);
                     self.levels.insert(l.key.clone(), (units, b));
+                    self.full_since.remove(&l.key);
                 } else {
                     self.name_bucket(l);
                 }
@@ -609,6 +620,7 @@ impl Reference {
                     if new < old { units.max((units + (old - new) * per).min(cap)) } else { units - (new - old) * per };
                 share.1 = new as u64;
                 self.levels.insert(c.key.clone(), (after, *b));
+                self.full_since.remove(&c.key);
                 continue;
             }
             let kept = self.grants.get_mut(&c.key).and_then(|g| g.iter_mut().find(|(_, _, p)| *p == Some(id)));

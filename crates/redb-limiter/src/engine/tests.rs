@@ -1434,3 +1434,30 @@ proptest! {
         run_model(&ops)?;
     }
 }
+
+/// Section 15's figures: each place released while its line waits is a hand-off, timed until a
+/// grant takes a place there again; the place-time idle meanwhile counts until then, or until the
+/// line empties (a place nobody waits for is not idle for the line).
+#[test]
+fn places_freed_while_a_line_waits_count_as_idle_until_taken_or_the_line_empties() {
+    let mut e = engine();
+    let two = req(vec![Limit::concurrent("c", 2)]);
+    let (a, b) = (acquire(&mut e, &two, T0), acquire(&mut e, &two, T0));
+    let queued = two.clone().with_queue();
+    let note = ticket_of(&line(&mut e, &queued, T0));
+    // Released with no line: no hand-off, nothing idle.
+    let c = acquire(&mut e, &req(vec![Limit::concurrent("d", 1)]), T0);
+    assert!(e.release(&granted_permit(&c).to_string(), T0.plus(5), &mut Vec::new()));
+    assert!(e.release(&granted_permit(&a).to_string(), T0.plus(10), &mut Vec::new()));
+    assert!(e.release(&granted_permit(&b).to_string(), T0.plus(20), &mut Vec::new()));
+    assert_eq!((e.take_handoffs(), e.take_idle_place_ms()), (vec![], 0), "nothing taken yet");
+    // The ticket takes the first place freed (40 ms after its release); it was the whole line,
+    // so the second place stops counting then (30 ms idle).
+    assert!(line(&mut e, &asking_again(&queued, note), T0.plus(50)).decision.is_granted());
+    assert_eq!(e.take_handoffs(), vec![40]);
+    assert_eq!(e.take_idle_place_ms(), 40 + 30);
+    assert_eq!(e.take_idle_place_ms(), 0, "taken once");
+    // A grant with the line empty is no hand-off.
+    assert!(acquire(&mut e, &two, T0.plus(60)).is_granted());
+    assert_eq!((e.take_handoffs(), e.take_idle_place_ms()), (vec![], 0));
+}

@@ -100,8 +100,7 @@ impl BucketLevel {
         BucketLimit { refill: self.refill, per_ms: self.unit_ms, burst: self.burst, initial: self.burst }
     }
 
-    /// When it is full under the figures that wrote it, if nothing else happens: then it is
-    /// forgotten (with no place held and an empty window).
+    /// When it is full under the figures that wrote it, if nothing else happens.
     #[must_use]
     pub fn full_at(&self) -> Millis {
         let cap = i128::from(self.burst) * i128::from(self.unit_ms);
@@ -118,6 +117,34 @@ impl BucketLevel {
     pub fn is_full(&self, now: Millis) -> bool {
         self.full_at() <= now
     }
+
+    /// When it is forgotten (with no place held and an empty window), if nothing else happens:
+    /// once it has stood full for [`KEPT_FULL_MS`] or its `perMs`, whichever is longer.
+    #[must_use]
+    pub fn forget_at(&self) -> Millis {
+        self.full_at().plus(kept_full_ms(self.unit_ms))
+    }
+
+    /// Whether it is forgotten at `now` (see [`BucketLevel::forget_at`]).
+    #[must_use]
+    pub fn is_forgotten(&self, now: Millis) -> bool {
+        self.forget_at() <= now
+    }
+}
+
+/// How long a full bucket is kept before it is forgotten, at least (its `perMs` when longer).
+///
+/// A bucket named with `initial` below its `burst` starts there only the first time: forgotten
+/// the moment it is full, it would start at `initial` again for the host that asks at the
+/// `retryAt` it was told (when it is full), and a cost that needs the whole burst would never be
+/// granted. Kept an hour, it reads as the full bucket it is for any host that comes back within
+/// the hour; one that comes back later finds it at `initial` again (section 13).
+pub const KEPT_FULL_MS: u64 = 3_600_000;
+
+/// How long a full bucket whose figures have `per_ms` is kept: [`KEPT_FULL_MS`] or `per_ms`.
+#[must_use]
+pub fn kept_full_ms(per_ms: u64) -> u64 {
+    per_ms.max(KEPT_FULL_MS)
 }
 
 /// What a request's bucket limit reads of a bucket: its level, or none (a bucket never named or

@@ -296,6 +296,10 @@ impl Shared {
         for ms in core.engine.take_handoffs() {
             self.metrics.release_to_grant_seconds.observe(ms as f64 / 1000.0);
         }
+        let idle_ms = core.engine.take_idle_place_ms();
+        if idle_ms > 0 {
+            self.metrics.line_idle_place_seconds.inc_by(idle_ms as f64 / 1000.0);
+        }
         // A ticket's renewal or lapse may be lost in a crash (section 12.6): it rides with the
         // next commit, like a sweep's effects, and its answer does not wait.
         let needs_commit = core.effects[before..].iter().any(Effect::needs_commit);

@@ -34,7 +34,16 @@ from ._errors import (
 from ._request import Costs, Limit, Limits
 from ._sync import Limiter, Permit
 from ._wire import LimitFigures, Peek
-from .estimate import EstimateError, estimate_tokens, request_tokens, usage_tokens
+from .estimate import (
+    EstimateError,
+    Usage,
+    estimate_tokens,
+    request_tokens,
+    request_usage,
+    token_usage,
+    usage_costs,
+    usage_tokens,
+)
 from .retry import wait_retry_at
 from .vendor import vendor_budget, vendor_wait_ms
 
@@ -61,9 +70,13 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Unreachable",
+    "Usage",
     "WaitReport",
     "estimate_tokens",
     "request_tokens",
+    "request_usage",
+    "token_usage",
+    "usage_costs",
     "usage_tokens",
     "vendor_budget",
     "vendor_wait_ms",

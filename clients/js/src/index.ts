@@ -59,4 +59,4 @@ export {
   type VernRateLimitState,
   type VernWireRequest,
 } from './vern.js';
-export { RateLimiter, type Interval, type RateLimiterOptions } from './limiter.js';
+export { RateLimiter, TokenBucket, UNITS_PER_TOKEN, type Interval, type RateLimiterOptions, type TokenBucketOptions } from './limiter.js';

@@ -180,6 +180,10 @@ struct StateQuery {
 
 /// The page size of `GET /state` when the query names none, and the most it may name.
 pub const STATE_LIMIT_DEFAULT: usize = 1000;
+/// The wire version `/health` names (section 15): a server that keeps `/wait` speaks 4; one
+/// that does not (it answers `/wait` 404) says 3, so a host waits on `retryAt` there.
+pub const WIRE_WITH_WAITS: u32 = 4;
+pub const WIRE_WITHOUT_WAITS: u32 = 3;
 pub const STATE_LIMIT_MAX: usize = 100_000;
 
 /// What a path serves and with which HTTP method.
@@ -256,6 +260,7 @@ async fn dispatch<B: Backend>(app: &App<B>, req: HttpRequest<Body>) -> Result<Re
                 backend: limiter.kind().to_owned(),
                 path: limiter.path().map(|p| p.display().to_string()),
                 uptime_ms: limiter.uptime().as_millis() as u64,
+                wire: if limiter.keeps_waits() { WIRE_WITH_WAITS } else { WIRE_WITHOUT_WAITS },
                 reason,
             };
             Ok((status, json(&reply)).into_response())

@@ -334,6 +334,8 @@ async fn reads_health_state_and_metrics() {
     let health: Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["ok"], true);
     assert!(health["path"].as_str().unwrap().ends_with("limiter.redb"));
+    // It keeps `/wait`, so it speaks wire 4 (section 15).
+    assert_eq!(health["wire"], 4, "{health}");
     let (_, state) = s.get("/state?prefix=team%2F").await;
     let state: Value = serde_json::from_str(&state).unwrap();
     assert_eq!(state["buckets"].as_array().unwrap().len(), 1);

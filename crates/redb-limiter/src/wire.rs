@@ -313,6 +313,10 @@ pub struct HealthReply {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub path: Option<String>,
     pub uptime_ms: u64,
+    /// The wire version the server speaks (section 15): 4 where it keeps `/wait`, else 3.
+    /// Absent from a server of an earlier release.
+    #[serde(default)]
+    pub wire: u32,
     /// Why the store cannot commit, while it cannot (then `ok` is false).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reason: Option<String>,

@@ -27,9 +27,15 @@ fn acquire_body(req: &AcquireRequest, max_wait: Option<Duration>) -> Value {
     body
 }
 
-/// An acquire's reply as the client's [`Outcome`], `noTicket` included.
+/// An acquire's reply as the client's [`Outcome`], `noTicket` and a refusal's reported figures
+/// included.
 fn acquire_outcome(reply: Value) -> Result<Outcome, ClientError> {
     let no_ticket = reply.get("noTicket").and_then(Value::as_str).and_then(NoTicket::parse);
+    let reported = match reply.get("limits") {
+        None => Vec::new(),
+        Some(limits) => Vec::<LimitFigures>::deserialize(limits)
+            .map_err(|e| ClientError::Protocol(format!("acquire: limits: {e}")))?,
+    };
     let reply = AcquireReply::deserialize(reply).map_err(|e| ClientError::Protocol(format!("acquire: {e}")))?;
     Ok(match reply {
         AcquireReply::Granted { at, permit, .. } => Outcome::Granted { at: at.0, permit },
@@ -49,7 +55,8 @@ fn acquire_outcome(reply: Value) -> Result<Outcome, ClientError> {
                     return Err(ClientError::Protocol("acquire: a ticket without lapseAt, ahead and now".into()));
                 }
             };
-            Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit, line, no_ticket })
+            let figures = reported.into_iter().map(figures).collect();
+            Outcome::Refused(Refusal { retry_at: retry_at.0, reason, limit, line, no_ticket, figures })
         }
     })
 }

@@ -107,6 +107,38 @@ async fn kill_9_after_a_settle_keeps_the_settled_cost() {
     server.child.wait().unwrap();
 }
 
+/// A token bucket's level is durable before its reply (section 13): `kill -9` straight after a
+/// grant and a settle keeps the level, and the restart refills it by the time that passed, never
+/// fuller; `/state` shows it with its burst.
+#[tokio::test]
+async fn kill_9_keeps_a_bucket_level_and_the_restart_refills_it_by_the_time_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    // One token an hour, burst 10: what passes during the test refills nothing.
+    let tokens = |cost: u64| {
+        json!({"key": "caller", "permit": true, "report": true, "limits": [
+            {"key": "itpm", "refill": 10, "perMs": 36_000_000, "cost": cost}]})
+    };
+    let granted = post(&server.url, "/acquire", tokens(7)).await;
+    assert_eq!((granted["granted"].as_bool(), &granted["limits"][0]["level"]), (Some(true), &json!(3)), "{granted}");
+    let settle = json!({"permit": granted["permit"], "costs": [{"key": "itpm", "cost": 9}]});
+    assert_eq!(post(&server.url, "/settle", settle).await, json!({"settled": true}));
+    server.child.kill().unwrap(); // SIGKILL, straight after the reply
+    server.child.wait().unwrap();
+
+    let mut server = start(&path);
+    let peek = post(&server.url, "/peek", tokens(1)).await;
+    assert_eq!(peek["limits"][0], json!({"key": "itpm", "level": 1, "burst": 10}), "{peek}");
+    assert_eq!(post(&server.url, "/peek", tokens(2)).await["fits"], false, "never fuller after the restart");
+    let state: Value =
+        reqwest::Client::new().get(format!("{}/state", server.url)).send().await.unwrap().json().await.unwrap();
+    let bucket = &state["buckets"][0];
+    assert_eq!((&bucket["key"], &bucket["level"], &bucket["burst"]), (&json!("itpm"), &json!(1), &json!(10)));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
 /// Tickets are in the file: after a `kill -9` (straight after a renewal, which may be lost) and
 /// after a clean stop, each ticket keeps its place and order in the line.
 #[tokio::test]

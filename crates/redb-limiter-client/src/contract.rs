@@ -66,6 +66,11 @@ pub const CASES: &[&str] = &[
     "ids: release {id} of an id never seen is false, and the acquire arriving after it changes nothing",
     "wait: a release wakes the wait on a ticket it makes ready; asked with it, the ticket is granted",
     "wait: a ticket that left is gone, a wait times out with empty lists, bad fields are a 400 naming them",
+    "bucket: starts full, refuses at burst with rule B's retryAt, and refills continuously",
+    "bucket: initial is the first level, and a cost above burst waits for a full bucket",
+    "bucket: settle refunds up to burst and takes into debt; figures give level and burst",
+    "bucket: with concurrent it holds a place; in the line a later call waits behind the ticket",
+    "bucket: calls with refill, burst or initial without refill, initial above burst are a 400 naming them",
 ];
 
 #[derive(Clone)]
@@ -116,6 +121,35 @@ impl Contract {
     fn window(&self, bucket: &str, calls: u64, per_ms: u64) -> Value {
         json!({"key": self.key("caller"), "limits": [{"key": self.key(bucket), "calls": calls, "perMs": per_ms}]})
     }
+
+    /// An acquire of `cost` from the token bucket `bucket` (section 13), with `extra` fields in
+    /// its limit (`burst`, `initial`, `concurrent`).
+    fn bucket(&self, bucket: &str, refill: u64, per_ms: u64, cost: u64, extra: Value) -> Value {
+        let mut limit = json!({"key": self.key(bucket), "refill": refill, "perMs": per_ms, "cost": cost});
+        if let (Some(limit), Value::Object(extra)) = (limit.as_object_mut(), extra) {
+            limit.extend(extra);
+        }
+        json!({"key": self.key("caller"), "report": true, "limits": [limit]})
+    }
+}
+
+/// A refusal by `limit` for rate told `at` exactly, or (asked late) a grant at or after it.
+fn refused_until_or_granted_after(v: &Value, limit: &str, at: Millis) -> Check {
+    if v["granted"] == true {
+        let granted_at = instant(v, "at")?;
+        ensure!(granted_at >= at, "granted at {granted_at}, before {at}: {v}");
+        return Ok(());
+    }
+    let retry = refused(v, "rate", limit)?;
+    ensure!(retry == at, "retryAt {retry} is not rule B's {at}: {v}");
+    Ok(())
+}
+
+/// The `(level, burst)` a report or peek gives for its first limit.
+fn level_of(v: &Value) -> Result<(i64, u64), String> {
+    let f = &v["limits"][0];
+    let level = f["level"].as_i64().ok_or_else(|| format!("no level in {v}"))?;
+    Ok((level, f["burst"].as_u64().ok_or_else(|| format!("no burst in {v}"))?))
 }
 
 fn instant(v: &Value, field: &str) -> Result<Millis, String> {
@@ -915,6 +949,113 @@ async fn run_case(c: &Contract, case: usize) -> Check {
                 let message = v["error"]["message"].as_str().unwrap_or_default();
                 ensure!(status == 400 && message.starts_with(field), "/wait {body}: {status} {v}");
             }
+            Ok(())
+        }
+        45 => {
+            // One token every 6 s, 10 at most: ten at once, then refused until the next token.
+            let b = c.bucket("b45", 10, 60_000, 1, json!({}));
+            let mut last = None;
+            for _ in 0..10 {
+                last = Some(c.acquire(b.clone()).await?);
+                granted(last.as_ref().expect("asked"))?;
+            }
+            ensure!(level_of(last.as_ref().expect("asked"))? == (0, 10), "ten taken from a full bucket: {last:?}");
+            let refusal = c.acquire(b).await?;
+            let retry = refused(&refusal, "rate", &c.key("b45"))?;
+            let now = instant(&refusal, "now")?;
+            ensure!(retry > now && retry <= now.plus(6_000), "retryAt {retry} is not within one token of {now}");
+            // Continuous: 1 token per 100 ms, burst 5; 5 taken at `at` are back at `at + 500`, and
+            // not before.
+            let five = c.bucket("b45c", 10, 1_000, 5, json!({"burst": 5}));
+            let at = granted(&c.acquire(five.clone()).await?)?;
+            refused_until_or_granted_after(&c.acquire(five).await?, &c.key("b45c"), at.plus(500))
+        }
+        46 => {
+            // Created at 0 by the refusal that first names it; 1 token per 100 ms, burst 3.
+            let first = c.bucket("b46", 1, 100, 1, json!({"burst": 3, "initial": 0}));
+            let v = c.acquire(first).await?;
+            let now = instant(&v, "now")?;
+            ensure!(level_of(&v)? == (0, 3), "initial 0: {v}");
+            refused_until_or_granted_after(&v, &c.key("b46"), now.plus(100))?;
+            // A cost of 100 counts as the burst of 3: it waits for a full bucket, 300 ms after the
+            // bucket was created (the refusal above was kept).
+            let big = c.bucket("b46", 1, 100, 100, json!({"burst": 3, "initial": 0}));
+            refused_until_or_granted_after(&c.acquire(big).await?, &c.key("b46"), now.plus(300))?;
+            // A peek reads `initial` and creates nothing.
+            let peek = c.post("/peek", c.bucket("b46p", 1, 100, 1, json!({"burst": 3, "initial": 2}))).await?;
+            ensure!(peek["fits"] == true && level_of(&peek)? == (2, 3), "a peek of a new bucket: {peek}");
+            Ok(())
+        }
+        47 => {
+            // One token every 6 s, 10 at most: a grant of 6 and one of 4 empty it.
+            let mut a = c.bucket("b47", 10, 60_000, 6, json!({}));
+            a["permit"] = json!(true);
+            let permit = c.acquire(a).await?;
+            granted(&permit)?;
+            let permit = permit["permit"].as_str().ok_or("a permit was asked for")?.to_owned();
+            let settle = |cost: u64| json!({"permit": permit, "costs": [{"key": c.key("b47"), "cost": cost}]});
+            ensure!(c.post("/settle", settle(1)).await?["settled"] == true, "settled");
+            let peek = c.post("/peek", c.bucket("b47", 10, 60_000, 1, json!({}))).await?;
+            ensure!(level_of(&peek)? == (9, 10), "5 went back: {peek}");
+            ensure!(c.post("/settle", settle(0)).await?["settled"] == true, "settled");
+            let peek = c.post("/peek", c.bucket("b47", 10, 60_000, 1, json!({}))).await?;
+            ensure!(level_of(&peek)? == (10, 10), "never above burst: {peek}");
+            granted(&c.acquire(c.bucket("b47", 10, 60_000, 10, json!({}))).await?)?;
+            ensure!(c.post("/settle", settle(4)).await?["settled"] == true, "settled");
+            let peek = c.post("/peek", c.bucket("b47", 10, 60_000, 1, json!({}))).await?;
+            ensure!(level_of(&peek)? == (-4, 10), "taken into debt: {peek}");
+            // Five tokens to refill for a cost of 1: about 30 s.
+            let refusal = c.acquire(c.bucket("b47", 10, 60_000, 1, json!({}))).await?;
+            let (retry, now) = (refused(&refusal, "rate", &c.key("b47"))?, instant(&refusal, "now")?);
+            ensure!(retry > now.plus(24_000) && retry <= now.plus(30_000), "in debt, retryAt {retry} from {now}");
+            Ok(())
+        }
+        48 => {
+            // With concurrent: a place held by the first grant refuses the second for concurrency.
+            let placed = c.bucket("b48c", 10, 60_000, 1, json!({"concurrent": 1}));
+            let first = c.acquire(placed.clone()).await?;
+            granted(&first)?;
+            refused(&c.acquire(placed).await?, "concurrency", &c.key("b48c"))?;
+            let f = &first["limits"][0];
+            ensure!(f["held"] == 1 && f["free"] == 0 && f["level"] == 9, "figures of both kinds: {first}");
+            // The line: one token a minute, 2 at most, emptied; a ticket for 1 is reserved the
+            // next token, and a call after it the one after that.
+            granted(&c.acquire(c.bucket("b48", 1, 60_000, 2, json!({"burst": 2}))).await?)?;
+            let mut queued = c.bucket("b48", 1, 60_000, 1, json!({"burst": 2}));
+            queued["queue"] = json!(true);
+            let (ticket, retry, _, _) = ticketed(&c.acquire(queued).await?, "rate", &c.key("b48"))?;
+            let behind = c.acquire(c.bucket("b48", 1, 60_000, 1, json!({"burst": 2}))).await?;
+            let behind = refused(&behind, "rate", &c.key("b48"))?;
+            ensure!(behind == retry.plus(60_000), "behind the ticket at {retry}: told {behind}");
+            ensure!(c.post("/release", json!({"ticket": ticket})).await?["released"] == true, "left");
+            Ok(())
+        }
+        49 => {
+            let caller = c.key("caller");
+            let limit = |extra: Value| {
+                let mut limit = json!({"key": c.key("x")});
+                if let (Some(limit), Value::Object(extra)) = (limit.as_object_mut(), extra) {
+                    limit.extend(extra);
+                }
+                json!({"key": caller, "limits": [{"key": c.key("ok"), "refill": 1, "perMs": 60_000}, limit]})
+            };
+            let bad = [
+                (limit(json!({"calls": 5, "refill": 5, "perMs": 1000})), "limits[1].calls and limits[1].refill"),
+                (limit(json!({"burst": 5, "concurrent": 1})), "limits[1].burst"),
+                (limit(json!({"initial": 1, "calls": 5, "perMs": 1000})), "limits[1].initial"),
+                (limit(json!({"refill": 5, "perMs": 1000, "burst": 3, "initial": 4})), "limits[1].initial"),
+                (limit(json!({"refill": 0, "perMs": 1000})), "limits[1].refill"),
+                (limit(json!({"refill": 5})), "limits[1].perMs"),
+            ];
+            for (body, field) in bad {
+                let (status, v) = c.send(reqwest::Method::POST, "/acquire", Some(body.to_string())).await?;
+                ensure!(status == 400 && v["error"]["code"] == "bad_request", "{body}: {status} {v}");
+                let message = v["error"]["message"].as_str().unwrap_or_default();
+                ensure!(message.starts_with(field), "{body}: message {message:?} does not name {field}");
+            }
+            // Nothing was taken from the first limit's bucket.
+            let peek = c.post("/peek", c.bucket("ok", 1, 60_000, 1, json!({}))).await?;
+            ensure!(level_of(&peek)? == (1, 1), "a request that errs changes nothing: {peek}");
             Ok(())
         }
         _ => Err(format!("no case {case}")),

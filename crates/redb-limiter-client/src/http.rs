@@ -63,7 +63,13 @@ fn acquire_outcome(reply: Value) -> Result<Outcome, ClientError> {
 
 /// One limit's figures as the wire gave them.
 fn figures(f: LimitFigures) -> Figures {
-    Figures { key: f.key, window: f.used.zip(f.remaining), places: f.held.zip(f.free), queued: f.queued }
+    Figures {
+        key: f.key,
+        window: f.used.zip(f.remaining),
+        places: f.held.zip(f.free),
+        bucket: f.level.zip(f.burst),
+        queued: f.queued,
+    }
 }
 
 /// A remote limiter at `url` (for example `http://127.0.0.1:7411`), with an optional token.

@@ -506,6 +506,7 @@ impl PgLimiter {
     /// Decides an acquire (with the figures after it when the request asked for a report); a
     /// grant is answered only once the database committed it.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
+        no_buckets(&req)?;
         let result = match windows_only(&req) {
             Some([limit]) => self.acquire_window_grouped(&req, limit).await,
             Some(_) => self.acquire_windows(&req).await,
@@ -701,6 +702,7 @@ impl PgLimiter {
     /// Decides as an acquire would at the same instant and changes nothing (a request named by
     /// an id answered before: as it would be answered again).
     pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
+        no_buckets(&req)?;
         let body = request_json(&req, self.options.line_horizon_ms);
         let recheck_ms = to_i64(self.options.recheck_ms);
         let reply: Value = match req.id.as_deref() {
@@ -1008,6 +1010,17 @@ impl Backend for PgLimiter {
 /// (more) decides: an acquire (no report, no permit, no `queue`, `ticket` or `id`) of window
 /// limits only, each with a cost above 0. Those statements leave a bucket with a line to
 /// `acquire()`.
+/// Token buckets (section 13) are not kept in the database yet: a limit with `refill` is a
+/// `bad_request` naming it, never read as something else.
+fn no_buckets(req: &AcquireRequest) -> Result<(), LimiterError> {
+    match req.limits.iter().position(|l| l.bucket.is_some()) {
+        Some(i) => Err(LimiterError::BadRequest(redb_limiter::BadRequest(format!(
+            "limits[{i}].refill: token buckets are not served in PostgreSQL mode yet; use a window (calls and perMs)"
+        )))),
+        None => Ok(()),
+    }
+}
+
 fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
     let plain = |l: &Limit| l.window.is_some() && l.concurrent.is_none() && l.cost > 0;
     (!req.report
@@ -1078,6 +1091,7 @@ fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
             key: key_at(f, "key")?,
             window: pair("used", "remaining"),
             places: pair("held", "free"),
+            bucket: None,
             queued: f.get("queued").and_then(Value::as_u64),
         });
     }
@@ -1207,6 +1221,7 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 queued: 0,
                 first_ticket_at: None,
                 first_ticket: None,
+                level: None,
             }),
             "p" => {
                 let keys: Vec<&str> = row.try_get(11).map_err(|e| bad(&e))?;
@@ -1256,6 +1271,7 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                         queued: usize::try_from(queued).unwrap_or(usize::MAX),
                         first_ticket_at: first,
                         first_ticket,
+                        level: None,
                     },
                 ),
             }

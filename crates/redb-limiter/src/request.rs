@@ -59,11 +59,32 @@ pub struct WindowLimit {
     pub per_ms: u64,
 }
 
+/// A token bucket (section 13): `refill` tokens every `per_ms`, added continuously, up to
+/// `burst`; `initial` is its level the first time an acquire names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketLimit {
+    pub refill: u64,
+    pub per_ms: u64,
+    pub burst: u64,
+    pub initial: u64,
+}
+
+impl BucketLimit {
+    /// `refill` per `per_ms`, starting full, with a burst of `refill`.
+    #[must_use]
+    pub fn new(refill: u64, per_ms: u64) -> Self {
+        BucketLimit { refill, per_ms, burst: refill, initial: refill }
+    }
+}
+
 /// One bucket a call counts in, with its defaults already resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
     pub key: String,
+    /// A rolling window (`calls` per `perMs`); never with `bucket`.
     pub window: Option<WindowLimit>,
+    /// A token bucket (`refill` per `perMs`, section 13); never with `window`.
+    pub bucket: Option<BucketLimit>,
     pub concurrent: Option<u64>,
     /// What this call counts in this bucket's window (0 to 10^9).
     pub cost: u64,
@@ -243,6 +264,7 @@ impl Limit {
         Limit {
             key: key.into(),
             window: Some(WindowLimit { calls, per_ms }),
+            bucket: None,
             concurrent: None,
             cost: DEFAULT_COST,
             hold_ms: DEFAULT_HOLD_MS,
@@ -255,9 +277,55 @@ impl Limit {
         Limit {
             key: key.into(),
             window: None,
+            bucket: None,
             concurrent: Some(concurrent),
             cost: DEFAULT_COST,
             hold_ms: DEFAULT_HOLD_MS,
+        }
+    }
+
+    /// A token-bucket limit (section 13) with the request defaults (cost 1): `refill` tokens
+    /// every `per_ms`, a burst of `refill`, starting full.
+    #[must_use]
+    pub fn bucket(key: impl Into<String>, refill: u64, per_ms: u64) -> Self {
+        Limit {
+            key: key.into(),
+            window: None,
+            bucket: Some(BucketLimit::new(refill, per_ms)),
+            concurrent: None,
+            cost: DEFAULT_COST,
+            hold_ms: DEFAULT_HOLD_MS,
+        }
+    }
+
+    /// Sets a bucket's `burst`, and its `initial` to it (a bucket starts full unless
+    /// [`Limit::with_initial`] follows). No effect on a limit without a bucket.
+    #[must_use]
+    pub fn with_burst(mut self, burst: u64) -> Self {
+        if let Some(b) = &mut self.bucket {
+            b.burst = burst;
+            b.initial = burst;
+        }
+        self
+    }
+
+    /// Sets a bucket's `initial` level. No effect on a limit without a bucket.
+    #[must_use]
+    pub fn with_initial(mut self, initial: u64) -> Self {
+        if let Some(b) = &mut self.bucket {
+            b.initial = initial;
+        }
+        self
+    }
+
+    /// What a grant takes from this limit's window or bucket: its cost, capped at `calls` or
+    /// `burst` (rule 2, rule B); 0 for a limit with neither.
+    #[must_use]
+    pub fn counted_cost(&self) -> u64 {
+        match (self.window, self.bucket) {
+            (Some(w), _) => self.cost.min(w.calls),
+            (None, Some(b)) => self.cost.min(b.burst),
+            (None, None) => 0,
         }
     }
 
@@ -286,11 +354,23 @@ impl Limit {
             check_range(f("calls"), w.calls, 1, MAX_CALLS)?;
             check_range(f("perMs"), w.per_ms, 1, MAX_PER_MS)?;
         }
+        if let Some(b) = self.bucket {
+            if self.window.is_some() {
+                return Err(calls_with_refill(at));
+            }
+            check_range(f("refill"), b.refill, 1, MAX_CALLS)?;
+            check_range(f("perMs"), b.per_ms, 1, MAX_PER_MS)?;
+            check_range(f("burst"), b.burst, 1, MAX_CALLS)?;
+            check_range(f("initial"), b.initial, 0, b.burst)?;
+        }
         if let Some(c) = self.concurrent {
             check_range(f("concurrent"), c, 1, MAX_CONCURRENT)?;
         }
-        if self.window.is_none() && self.concurrent.is_none() {
-            return Err(BadRequest::field(f(""), "must have a window (calls and perMs), a concurrent, or both"));
+        if self.window.is_none() && self.bucket.is_none() && self.concurrent.is_none() {
+            return Err(BadRequest::field(
+                f(""),
+                "must have a window (calls and perMs) or a bucket (refill and perMs), a concurrent, or both",
+            ));
         }
         check_range(f("cost"), self.cost, 0, MAX_COST)?;
         check_range(f("holdMs"), self.hold_ms, 1, MAX_HOLD_MS)?;
@@ -432,17 +512,23 @@ impl AcquireRequest {
             let f = |name| LimitField { at: i, name };
             let lim = object(raw, f(""))?;
             let key = required_str(lim, "key", f("key"))?;
+            if lim.contains_key("calls") && lim.contains_key("refill") {
+                return Err(calls_with_refill(i));
+            }
             let calls = optional_int(lim, "calls", f("calls"), 1, MAX_CALLS)?;
             let per_ms = optional_int(lim, "perMs", f("perMs"), 1, MAX_PER_MS)?;
+            let bucket = parse_bucket(lim, i, per_ms)?;
             let window = match (calls, per_ms) {
                 (Some(calls), Some(per_ms)) => Some(WindowLimit { calls, per_ms }),
                 (None, None) => None,
+                (None, Some(_)) if bucket.is_some() => None,
                 (Some(_), None) => return Err(BadRequest::field(f("perMs"), "is required with calls")),
                 (None, Some(_)) => return Err(BadRequest::field(f("calls"), "is required with perMs")),
             };
             limits.push(Limit {
                 key: key.to_owned(),
                 window,
+                bucket,
                 concurrent: optional_int(lim, "concurrent", f("concurrent"), 1, MAX_CONCURRENT)?,
                 cost: optional_int(lim, "cost", f("cost"), 0, MAX_COST)?.unwrap_or(cost),
                 hold_ms: optional_int(lim, "holdMs", f("holdMs"), 1, MAX_HOLD_MS)?.unwrap_or(hold_ms),
@@ -478,6 +564,37 @@ impl AcquireRequest {
         req.validate()?;
         Ok(req)
     }
+}
+
+/// `calls` and `refill` in one limit: a limit is a window or a bucket, never both.
+fn calls_with_refill(at: usize) -> BadRequest {
+    BadRequest(format!(
+        "limits[{at}].calls and limits[{at}].refill never go together: a limit is a window (calls) or a bucket (refill)"
+    ))
+}
+
+/// The token bucket of `limits[at]` (section 13), when it names `refill`: `burst` defaults to
+/// `refill`, `initial` to `burst`; `burst` or `initial` without `refill` is an error naming it.
+fn parse_bucket(lim: &Map<String, Value>, at: usize, per_ms: Option<u64>) -> Result<Option<BucketLimit>, BadRequest> {
+    let f = |name| LimitField { at, name };
+    let Some(refill) = optional_int(lim, "refill", f("refill"), 1, MAX_CALLS)? else {
+        for name in ["burst", "initial"] {
+            if lim.contains_key(name) {
+                return Err(BadRequest::field(f(name), "needs refill (a token bucket)"));
+            }
+        }
+        return Ok(None);
+    };
+    let per_ms = per_ms.ok_or_else(|| BadRequest::field(f("perMs"), "is required with refill"))?;
+    let burst = optional_int(lim, "burst", f("burst"), 1, MAX_CALLS)?.unwrap_or(refill);
+    let initial = match optional_int(lim, "initial", f("initial"), 0, MAX_CALLS)? {
+        Some(initial) if initial > burst => {
+            return Err(BadRequest::field(f("initial"), format_args!("must be an integer from 0 to burst ({burst})")));
+        }
+        Some(initial) => initial,
+        None => burst,
+    };
+    Ok(Some(BucketLimit { refill, per_ms, burst, initial }))
 }
 
 fn id_error() -> BadRequest {
@@ -780,6 +897,73 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_limit_parses_with_its_defaults_and_every_error_names_its_fields() {
+        let req = AcquireRequest::from_json(&json!({
+            "key": "k", "cost": 3,
+            "limits": [
+                { "key": "a", "refill": 10, "perMs": 1000 },
+                { "key": "b", "refill": 10, "perMs": 1000, "burst": 40, "concurrent": 2 },
+                { "key": "c", "refill": 1, "perMs": 60000, "burst": 5, "initial": 0, "cost": 9 }
+            ]
+        }))
+        .unwrap();
+        let b = |l: &Limit| l.bucket.map(|b| (b.refill, b.per_ms, b.burst, b.initial));
+        assert_eq!(b(&req.limits[0]), Some((10, 1000, 10, 10)), "burst defaults to refill, initial to burst");
+        assert_eq!(b(&req.limits[1]), Some((10, 1000, 40, 40)));
+        assert_eq!(req.limits[1].concurrent, Some(2));
+        assert_eq!((b(&req.limits[2]), req.limits[2].cost), (Some((1, 60000, 5, 0)), 9));
+        assert_eq!(req.limits[0].window, None);
+        assert_eq!((req.limits[0].counted_cost(), req.limits[2].counted_cost()), (3, 5), "capped at burst");
+        let one = |limit: Value| err(json!({"key": "k", "limits": [{"key": "z", "calls": 1, "perMs": 1}, limit]}));
+        assert_eq!(
+            one(json!({"key": "a", "calls": 5, "refill": 5, "perMs": 1000})),
+            "limits[1].calls and limits[1].refill never go together: a limit is a window (calls) or a bucket (refill)"
+        );
+        assert_eq!(one(json!({"key": "a", "refill": 5})), "limits[1].perMs is required with refill");
+        assert_eq!(
+            one(json!({"key": "a", "refill": 0, "perMs": 1000})),
+            "limits[1].refill must be an integer from 1 to 1000000000"
+        );
+        assert_eq!(
+            one(json!({"key": "a", "refill": 1.5, "perMs": 1000})),
+            "limits[1].refill must be an integer from 1 to 1000000000"
+        );
+        assert_eq!(
+            one(json!({"key": "a", "refill": 1, "perMs": 1000, "burst": 0})),
+            "limits[1].burst must be an integer from 1 to 1000000000"
+        );
+        assert_eq!(
+            one(json!({"key": "a", "refill": 1, "perMs": 1000, "burst": 5, "initial": 6})),
+            "limits[1].initial must be an integer from 0 to burst (5)"
+        );
+        assert_eq!(
+            one(json!({"key": "a", "refill": 7, "perMs": 1000, "initial": 8})),
+            "limits[1].initial must be an integer from 0 to burst (7)"
+        );
+        assert_eq!(
+            one(json!({"key": "a", "burst": 5, "concurrent": 1})),
+            "limits[1].burst needs refill (a token bucket)"
+        );
+        assert_eq!(
+            one(json!({"key": "a", "calls": 5, "perMs": 9, "initial": 1})),
+            "limits[1].initial needs refill (a token bucket)"
+        );
+        assert_eq!(
+            one(json!({"key": "a", "refill": 1, "perMs": 2678400001u64})),
+            "limits[1].perMs must be an integer from 1 to 2678400000"
+        );
+        // Built in code, the same bounds hold.
+        let built = |limit: Limit| AcquireRequest::new("k", vec![limit]).unwrap_err().0;
+        assert_eq!(
+            built(Limit::bucket("a", 5, 10).with_burst(4).with_initial(5)),
+            "limits[0].initial must be an integer from 0 to 4"
+        );
+        let mut both = Limit::bucket("a", 5, 10);
+        both.window = Some(WindowLimit { calls: 1, per_ms: 1 });
+        assert!(built(both).contains("never go together"));
+    }
+
+    #[test]
     fn every_error_names_its_field() {
         assert_eq!(err(json!({"limits": []})), "key is required");
         assert_eq!(err(json!({"key": "", "limits": []})), "key must be a string of 1 to 512 bytes");
@@ -814,7 +998,7 @@ mod tests {
         );
         assert_eq!(
             err(json!({"key": "k", "limits": [{"key": "a"}]})),
-            "limits[0] must have a window (calls and perMs), a concurrent, or both"
+            "limits[0] must have a window (calls and perMs) or a bucket (refill and perMs), a concurrent, or both"
         );
         assert_eq!(
             err(json!({"key": "k", "limits": [{"key": "a", "concurrent": 0}]})),

@@ -156,7 +156,7 @@ impl AcquireReply {
 }
 
 /// One limit's figures (section 9.1): `used`/`remaining` for a window, `held`/`free` for
-/// concurrency.
+/// concurrency, `level`/`burst` for a token bucket (section 13).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitFigures {
     pub key: String,
@@ -168,6 +168,11 @@ pub struct LimitFigures {
     pub held: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub free: Option<u64>,
+    /// A token bucket's level in whole tokens, rounded down (negative while in debt).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub level: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub burst: Option<u64>,
     /// The live tickets in the bucket's line (section 12.7).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub queued: Option<u64>,
@@ -181,6 +186,8 @@ impl From<&Figures> for LimitFigures {
             remaining: f.window.map(|w| w.1),
             held: f.places.map(|p| p.0),
             free: f.places.map(|p| p.1),
+            level: f.bucket.map(|b| b.0),
+            burst: f.bucket.map(|b| b.1),
             queued: f.queued,
         }
     }
@@ -360,6 +367,13 @@ pub struct BucketState {
     /// Its first live ticket (section 12.9), or `null`: an operator may `release {ticket}` it.
     #[serde(default)]
     pub first_ticket: Option<String>,
+    /// A token bucket's level in whole tokens, rounded down (section 13; absent for a bucket
+    /// without one).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub level: Option<i64>,
+    /// A token bucket's `burst`, beside its `level`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub burst: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -407,6 +421,8 @@ impl StateReply {
                     queued: b.queued as u64,
                     first_ticket_at: b.first_ticket_at.map(Instant),
                     first_ticket: b.first_ticket.map(|t| t.to_string()),
+                    level: b.level.map(|l| l.0),
+                    burst: b.level.map(|l| l.1),
                 })
                 .collect(),
             permits: view
@@ -465,8 +481,8 @@ mod tests {
         let report = Report {
             now: at,
             limits: vec![
-                Figures { key: "a/rpm".into(), window: Some((50, 0)), places: None, queued: None },
-                Figures { key: "a/conc".into(), window: None, places: Some((1, 3)), queued: None },
+                Figures { key: "a/rpm".into(), window: Some((50, 0)), places: None, bucket: None, queued: None },
+                Figures { key: "a/conc".into(), window: None, places: Some((1, 3)), bucket: None, queued: None },
             ],
         };
         let refusal = Refusal { retry_at: at.plus(500), reason: Reason::Rate, limit: "a/rpm".into() };
@@ -517,7 +533,7 @@ mod tests {
             serde_json::to_string(&AcquireReply::with_ticket(&granted, Some(&note))).unwrap(),
             r#"{"granted":true,"at":"2026-11-29T03:11:09.123Z"}"#
         );
-        let figures = |queued| Figures { key: "b".into(), window: Some((3, 2)), places: None, queued };
+        let figures = |queued| Figures { key: "b".into(), window: Some((3, 2)), places: None, bucket: None, queued };
         assert_eq!(
             serde_json::to_string(&LimitFigures::from(&figures(Some(4)))).unwrap(),
             r#"{"key":"b","used":3,"remaining":2,"queued":4}"#

@@ -25,6 +25,12 @@
 //! previous release's (format version 5, notes of schema 2) `serve` binary wrote, over HTTP,
 //! `v5-limiter.redb` (then SIGTERM) and `v5-killed-limiter.redb` with its `-journal` (then
 //! `kill -9`, every commit a note in the journal); see [`V5`] for what each holds.
+//!
+//! Format version 7 keeps token buckets' levels (section 13) and each ticket's own horizon, and
+//! its journal notes have schema 4. The previous release's (format version 6, notes of schema 3)
+//! `serve` binary wrote, over HTTP, `v6-limiter.redb` (then SIGTERM) and `v6-killed-limiter.redb`
+//! with its `-journal` (then `kill -9`): what a format-5 fixture holds, plus a grant named by a
+//! request id and an id released before its acquire (see [`V6_CLEAN`]).
 
 use redb_limiter::UndoRequest;
 
@@ -260,17 +266,22 @@ fn notes_left_by_a_kill_of_the_previous_release_are_redone_and_the_file_is_marke
     assert_eq!(again.ticket.map(|t| (t.id, t.ahead)), Some((ticket, 0)), "the ticket survived");
 }
 
-/// What the previous release wrote into each format-5 fixture, all on 2026-12-02: three grants of
-/// cost 2 in `fixture/tpd` (10 per 31 days); one holding a place in `fixture/conc` (2 at once,
+/// What the previous releases wrote into each format-5 fixture, all on 2026-12-02: three grants
+/// of cost 2 in `fixture/tpd` (10 per 31 days); one holding a place in `fixture/conc` (2 at once,
 /// held 24 h) and counting in `fixture/rpd` (5 per day), with its permit; a throttle of
 /// `fixture/cred:2` until 2026-12-03T01:00:00.000Z; a grant in `fixture/rpm` (1 a minute), then a
-/// ticket filed behind it (`queue`, `graceMs` 60,000), told its `retryAt`.
+/// ticket filed behind it (`queue`, `graceMs` 60,000), told its `retryAt`. The format-6 fixtures
+/// hold the same on 2026-12-03 (the throttle until 2026-12-04T01:00:00.000Z), and then a grant of
+/// cost 2 in `fixture/ids` (5 a day) with `permit` and the id `v6-grant`, and a `release {id}` of
+/// `v6-released`, an id never seen.
 struct V5 {
     file: &'static str,
     tpd_first: &'static str,
     permit: &'static str,
     ticket: &'static str,
     retry_at: &'static str,
+    /// Format 6: the grant named `v6-grant` (its instant and permit).
+    id_grant: Option<(&'static str, &'static str)>,
 }
 
 const V5_CLEAN: V5 = V5 {
@@ -279,6 +290,7 @@ const V5_CLEAN: V5 = V5 {
     permit: "p-1318841f7eaa97100000000000000000",
     ticket: "t-a88dace7c4fa76150000000000000001",
     retry_at: "2026-12-02T01:25:09.544Z",
+    id_grant: None,
 };
 
 const V5_KILLED: V5 = V5 {
@@ -287,14 +299,43 @@ const V5_KILLED: V5 = V5 {
     permit: "p-d5fa25c1fc96340d0000000000000000",
     ticket: "t-cdaf76f49871c8180000000000000001",
     retry_at: "2026-12-02T01:25:10.030Z",
+    id_grant: None,
 };
+
+const V6_CLEAN: V5 = V5 {
+    file: "v6-limiter.redb",
+    tpd_first: "2026-12-03T18:09:02.311Z",
+    permit: "p-2a3705d5ddc832fe0000000000000000",
+    ticket: "t-590633d0a4ac2c600000000000000001",
+    retry_at: "2026-12-03T18:10:02.477Z",
+    id_grant: Some(("2026-12-03T18:09:02.546Z", "p-4c6cc2b5b156e10b0000000000000001")),
+};
+
+const V6_KILLED: V5 = V5 {
+    file: "v6-killed-limiter.redb",
+    tpd_first: "2026-12-03T18:09:03.557Z",
+    permit: "p-f32e7127299befe10000000000000000",
+    ticket: "t-b316fa7b8f4dde8d0000000000000001",
+    retry_at: "2026-12-03T18:10:03.756Z",
+    id_grant: Some(("2026-12-03T18:09:03.828Z", "p-e4b9da22c6d007dc0000000000000001")),
+};
+
+/// The request `v6-grant` named in a format-6 fixture.
+fn v6_grant() -> AcquireRequest {
+    AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/ids", 5, 86_400_000).with_cost(2)])
+        .unwrap()
+        .with_permit()
+        .with_id("v6-grant")
+        .unwrap()
+}
 
 fn rpm() -> AcquireRequest {
     AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/rpm", 1, 60_000)]).unwrap()
 }
 
-/// A format-5 fixture serves as it was left (windows, place, throttle, the ticket in its line),
-/// is marked format 6, and from then on keeps request ids across a restart.
+/// A format-5 or format-6 fixture serves as it was left (windows, place, throttle, the ticket in
+/// its line, format 6's request ids), is marked format 7, and from then on keeps request ids and
+/// token buckets across a restart.
 fn a_format_5_file_serves_as_before(fixture: &V5) {
     let (dir, path) = fixture_copy(fixture.file);
     let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -304,23 +345,34 @@ fn a_format_5_file_serves_as_before(fixture: &V5) {
         std::fs::copy(&source, redb_limiter::store::journal::journal_path(&path)).unwrap();
     }
     let _keep = dir;
-    let clock = Arc::new(FakeClock::new(at("2026-12-02T01:24:30.000Z")));
+    let day = if fixture.id_grant.is_some() { "2026-12-03T18:09:30.000Z" } else { "2026-12-02T01:24:30.000Z" };
+    let clock = Arc::new(FakeClock::new(at(day)));
     let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
     let limiter = Limiter::open_with(&path, options).unwrap();
     let snapshot = limiter.state_blocking("fixture/").unwrap();
     let buckets: Vec<(String, u64, usize, usize)> =
         snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held, b.queued)).collect();
-    assert_eq!(
-        buckets,
-        vec![
-            ("fixture/conc".to_owned(), 0, 1, 0),
-            ("fixture/rpd".to_owned(), 1, 0, 0),
-            ("fixture/rpm".to_owned(), 1, 0, 1),
-            ("fixture/tpd".to_owned(), 6, 0, 0),
-        ]
-    );
-    assert_eq!(snapshot.view.permits[0].id.to_string(), fixture.permit);
-    assert_throttled_until(&limiter, at("2026-12-03T01:00:00.000Z"));
+    let mut expected = vec![
+        ("fixture/conc".to_owned(), 0, 1, 0),
+        ("fixture/rpd".to_owned(), 1, 0, 0),
+        ("fixture/rpm".to_owned(), 1, 0, 1),
+        ("fixture/tpd".to_owned(), 6, 0, 0),
+    ];
+    if fixture.id_grant.is_some() {
+        expected.insert(1, ("fixture/ids".to_owned(), 2, 0, 0));
+    }
+    assert_eq!(buckets, expected);
+    assert!(snapshot.view.permits.iter().any(|p| p.id.to_string() == fixture.permit));
+    let throttle_end = if fixture.id_grant.is_some() { "2026-12-04T01:00:00.000Z" } else { "2026-12-03T01:00:00.000Z" };
+    assert_throttled_until(&limiter, at(throttle_end));
+    if let Some((granted_at, permit)) = fixture.id_grant {
+        // Format 6's request ids: the retry gets its first answer, counted once; the id released
+        // before its acquire stays released.
+        let again = limiter.acquire_blocking(v6_grant()).unwrap();
+        assert_eq!(again, Decision::Granted { at: at(granted_at), permit: Some(permit.parse().unwrap()) });
+        let released = AcquireRequest::new("fixture/cred:1", vec![]).unwrap().with_id("v6-released").unwrap();
+        assert!(limiter.acquire_blocking(released).is_err());
+    }
     assert_tpd_waits_for(&limiter, 5, at(fixture.tpd_first));
     // The ticket kept its place: asked again before its retryAt it is refused, first in line;
     // at its retryAt it is granted.
@@ -342,10 +394,14 @@ fn a_format_5_file_serves_as_before(fixture: &V5) {
     let granted = limiter.acquire_blocking(named.clone()).unwrap();
     assert!(granted.is_granted());
     assert!(!limiter.undo_blocking(UndoRequest::new("ask-2").unwrap()).unwrap(), "never seen: released");
+    // A token bucket, from this build on.
+    let bucket =
+        AcquireRequest::new("fixture/cred:1", vec![Limit::bucket("fixture/tokens", 10, 60_000).with_cost(8)]).unwrap();
+    assert!(limiter.acquire_blocking(bucket.clone()).unwrap().is_granted());
     drop(limiter);
 
     let store = Store::open(&path, &file_opener()).unwrap();
-    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (6, 6));
+    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (7, 7));
     drop(store);
     let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
     let limiter = Limiter::open_with(&path, options).unwrap();
@@ -356,6 +412,15 @@ fn a_format_5_file_serves_as_before(fixture: &V5) {
         .unwrap();
     assert!(limiter.acquire_blocking(late).is_err(), "released before it arrived, across a restart");
     assert!(limiter.undo_blocking(UndoRequest::new("ask-1").unwrap()).unwrap(), "its place is freed");
+    // The bucket kept its level: 2 tokens, refilling one every 6 s (the clock stood still).
+    assert_eq!(
+        limiter.acquire_blocking(bucket).unwrap(),
+        Decision::Refused {
+            retry_at: at(fixture.retry_at).plus(36_000),
+            reason: Reason::Rate,
+            limit: "fixture/tokens".into()
+        }
+    );
 }
 
 #[test]
@@ -368,4 +433,16 @@ fn a_format_5_file_of_the_previous_release_serves_with_its_line_and_keeps_reques
 #[test]
 fn notes_of_schema_2_left_by_a_kill_of_the_previous_release_are_redone_with_their_ticket() {
     a_format_5_file_serves_as_before(&V5_KILLED);
+}
+
+#[test]
+fn a_format_6_file_of_the_previous_release_serves_with_its_request_ids_and_keeps_buckets_from_then_on() {
+    a_format_5_file_serves_as_before(&V6_CLEAN);
+}
+
+/// The previous release's notes (schema 3, request ids among them) are redone as they were, and
+/// the file is marked version 7 before the journal takes a note of this build.
+#[test]
+fn notes_of_schema_3_left_by_a_kill_of_the_previous_release_are_redone_with_their_request_ids() {
+    a_format_5_file_serves_as_before(&V6_KILLED);
 }

@@ -13,10 +13,15 @@
 //!   earliest instant, no sooner than the one reserved before it, at which the window (its own
 //!   `calls` and `perMs` there) has room for its cost, counting the grants the bucket keeps and
 //!   the costs reserved ahead of it at their instants. A ticket with no window there (or a cost
-//!   of 0) reserves nothing.
+//!   of 0) reserves nothing in it. A token bucket (section 13) is asked the same question of its
+//!   level: each ticket naming it as one is reserved the earliest instant, no sooner than the
+//!   one before, at which the level, refilling with its own figures and with the costs reserved
+//!   ahead taken at their instants, reaches its `min(cost, burst)`.
 //! - A request *backfills* past the tickets ahead of it when it takes no place in the bucket and
 //!   its cost, counted at `now`, leaves every reserved ticket room at its reserved instant (so
-//!   it delays none of them). Otherwise the line refuses it until its own reserved instant
+//!   it delays none of them): in a window, the window there still holds it; in a token bucket,
+//!   the level there still reaches the ticket's cost with this one taken now (a take now lowers
+//!   the level later by at most its cost). Otherwise the line refuses it until its own reserved instant
 //!   behind them (not the first ticket's `retryAt`), and for a place until the places the
 //!   tickets ahead want have come back, at most a recheck on.
 //!
@@ -31,8 +36,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use super::token_bucket::Reservations;
 use super::{Bucket, Engine, Ticket};
-use crate::request::Limit;
+use crate::request::{BucketLimit, Limit};
 use crate::time::Millis;
 
 /// At most this many live tickets wait in one bucket's line (section 12.1).
@@ -136,6 +142,10 @@ pub struct TicketState {
     /// ...and the limits with their defaults resolved, sorted by bucket key. Its lines are the
     /// buckets these name.
     pub limits: Vec<Limit>,
+    /// It never lapses later than this (section 12.9): its filing plus the horizon it was filed
+    /// under (`None` for a ticket kept by a file that did not record it: its filing plus the
+    /// server's horizon then).
+    pub deadline: Option<Millis>,
 }
 
 impl TicketState {
@@ -157,6 +167,8 @@ pub(crate) struct Waiting {
     pub(crate) lapse: Millis,
     /// `(calls, perMs, cost)` of its window here (cost capped at calls), if it names one.
     window: Option<(u64, u64, u64)>,
+    /// Its token bucket here with its cost (capped at burst), if it names one (section 13).
+    bucket: Option<(BucketLimit, u64)>,
     /// It asks for a place here.
     wants_place: bool,
 }
@@ -166,6 +178,7 @@ impl Waiting {
         Waiting {
             lapse,
             window: limit.window.map(|w| (w.calls, w.per_ms, limit.cost.min(w.calls))),
+            bucket: limit.bucket.map(|b| (b, limit.cost.min(b.burst))),
             wants_place: limit.concurrent.is_some(),
         }
     }
@@ -260,12 +273,21 @@ impl Engine {
             .peekable();
         let first = *holding.peek()?.0;
         let cost = limit.window.map_or(0, |w| limit.cost.min(w.calls));
+        let tokens = limit.bucket.map_or(0, |b| limit.cost.min(b.burst));
         let mut schedule = Schedule::new(bucket, now);
+        let mut levels = Reservations::new(bucket.live_level(now), now);
         // A place may be held until it lapses: a request that takes one never backfills.
         let mut backfills = limit.concurrent.is_none();
         let mut wanting_places = 0u64;
         for (_, waiting) in holding {
             wanting_places += u64::from(waiting.wants_place);
+            if let Some((b, c)) = waiting.bucket.filter(|w| w.1 > 0) {
+                let (_, slack) = levels.reserve(&b, c);
+                // This request's take now lowers the level there by at most its cost.
+                if backfills && tokens > 0 && slack < i128::from(tokens) {
+                    backfills = false;
+                }
+            }
             let Some((calls, per_ms, c)) = waiting.window.filter(|w| w.2 > 0) else { continue };
             let (at, used) = schedule.reserve(calls, per_ms, c);
             // This request's cost, granted now, still counts there at `at`: it must leave room.
@@ -281,6 +303,11 @@ impl Engine {
             && cost > 0
         {
             at = at.max(schedule.earliest(w.calls, w.per_ms, cost).0);
+        }
+        if let Some(b) = limit.bucket
+            && tokens > 0
+        {
+            at = at.max(levels.earliest(&b, tokens).0);
         }
         if let Some(c) = limit.concurrent {
             let first = &self.tickets[&first];
@@ -299,7 +326,7 @@ impl Engine {
         let need = held + wanting + 1;
         let at = if need > concurrent && need - concurrent <= held {
             let nth = (need - concurrent - 1) as usize;
-            bucket.live_places(now).nth(nth).expect("nth < held")
+            bucket.places.live(now).nth(nth).expect("nth < held")
         } else {
             let retry_at = first.state.retry_at;
             if retry_at > now {
@@ -448,6 +475,7 @@ mod tests {
             grace_ms: 1,
             key: Arc::from("caller"),
             limits: bound_limits(&limits),
+            deadline: None,
         };
         assert!(state.binds("caller", &limits));
         assert!(state.binds("caller", &[limits[1].clone(), limits[0].clone()]));

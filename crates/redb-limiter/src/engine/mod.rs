@@ -10,8 +10,17 @@
 //! first (to keep memory small) and then changes the state, `peek` changes nothing. Where no
 //! ticket lives, rule Q costs one test.
 //!
-//! It owns the in-memory state (buckets with their windows, places and lines, permits,
-//! throttles, tickets) and the timers that forget what has lapsed. It never reads a clock (every
+//! Each limit kind is a file that answers the same few questions (does this cost fit at `now`,
+//! when will it, what does a grant or a settle change, what do the figures say, when is it
+//! forgotten): a rolling window (`window.rs`, rules 2 and 3), a concurrency place (`place.rs`,
+//! rule 4) and a token bucket (`token_bucket.rs`, section 13's rule B). One decision path here
+//! (`refusal`, `grant`, `settle_shares`, `figures`) asks every kind a request names, and the line
+//! (`line.rs`) reserves instants in windows and token buckets through the same questions. What
+//! this file keeps is what all kinds share: the buckets (a key's window, places, token level and
+//! line), permits, throttles, tickets and request ids.
+//!
+//! It owns the in-memory state (buckets with their windows, places, token levels and lines,
+//! permits, throttles, tickets) and the timers that forget what has lapsed. It never reads a clock (every
 //! call takes `now`), never does I/O and never draws randomness of its own: permit and ticket
 //! ids come from a seed.
 //!
@@ -39,8 +48,10 @@ mod line;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 mod permit;
+mod place;
 mod requests;
 mod timers;
+pub mod token_bucket;
 mod wait;
 mod window;
 
@@ -51,14 +62,16 @@ pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketI
 use line::{Waiting, bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
+use place::Places;
 use requests::RequestChecks;
 pub use requests::{Outcome, REMEMBER_MS, RequestRecord, params_digest};
 use timers::{Due, Timers};
+pub use token_bucket::BucketLevel;
 pub use wait::Readiness;
 use window::Window;
 
 use crate::policy::PRUNE_BATCH;
-use crate::request::{AcquireRequest, BadRequest, Cost};
+use crate::request::{AcquireRequest, BadRequest, BucketLimit, Cost, Limit};
 use crate::time::Millis;
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -161,6 +174,9 @@ pub struct Figures {
     pub window: Option<(u64, u64)>,
     /// `(held, free)` when the limit has `concurrent`.
     pub places: Option<(u64, u64)>,
+    /// `(level, burst)` when the limit is a token bucket (section 13): the level in whole
+    /// tokens, rounded down (negative while in debt).
+    pub bucket: Option<(i64, u64)>,
     /// The live tickets in the bucket's line (section 12.7): given when the request takes part
     /// in the line or the line is not empty, so a limiter where nobody queues answers as before.
     pub queued: Option<u64>,
@@ -206,13 +222,24 @@ impl Settled {
     }
 }
 
-/// One window bucket a permit's grant counts in: what it counts there now (capped at `cap`),
-/// and the bucket's `calls` at the grant (the cap of a settle).
+/// One window or token bucket a permit's grant counts in: what it counts there now (capped at
+/// `cap`), and the bucket's `calls` (for a token bucket, its `burst`) at the grant (the cap of a
+/// settle).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowShare {
     pub bucket: Arc<str>,
     pub cost: u64,
     pub cap: u64,
+    /// For a token bucket's share (section 13): the grant's `(refill, perMs)`, with which a
+    /// settle refunds or takes; `None` for a window's.
+    pub tokens: Option<(u64, u64)>,
+}
+
+impl WindowShare {
+    /// The token bucket figures of the grant, for a token bucket's share.
+    fn bucket_limit(&self) -> Option<BucketLimit> {
+        self.tokens.map(|(refill, per_ms)| BucketLimit { refill, per_ms, burst: self.cap, initial: self.cap })
+    }
 }
 
 /// A live permit: its grant's instant, until when it lives, its places (bucket, lapse) and its
@@ -236,9 +263,14 @@ pub enum Effect {
     WindowGrant { bucket: Arc<str>, at: Millis, cost: u64 },
     /// These grants of `bucket` are gone (no request can count them any more).
     WindowPruned { bucket: Arc<str>, grants: Vec<Millis> },
-    /// The bucket is idle (empty window, no places) and forgotten; `grants` are those of its
-    /// grants still in the file.
+    /// The bucket is idle (empty window, no places, no token level) and forgotten; `grants` are
+    /// those of its grants still in the file.
     BucketForgotten { bucket: Arc<str>, grants: Vec<Millis> },
+    /// A token bucket's level (section 13) is now `level`: created, granted from or settled.
+    LevelSet { bucket: Arc<str>, level: BucketLevel },
+    /// A token bucket is full and holds no places: its level is forgotten. May be lost in a
+    /// crash (the level kept refills to full by the restart).
+    LevelForgotten { bucket: Arc<str> },
     /// A permit was granted or settled: its record is now `permit`.
     PermitSet { id: PermitId, permit: PermitState },
     /// A permit is gone: released, or every one of its places lapsed.
@@ -267,7 +299,13 @@ impl Effect {
     /// be lost in a crash (section 12.6): it rides with the next commit instead.
     #[must_use]
     pub fn needs_commit(&self) -> bool {
-        !matches!(self, Effect::TicketRenewed { .. } | Effect::TicketLapsed { .. } | Effect::RequestForgotten { .. })
+        !matches!(
+            self,
+            Effect::TicketRenewed { .. }
+                | Effect::TicketLapsed { .. }
+                | Effect::RequestForgotten { .. }
+                | Effect::LevelForgotten { .. }
+        )
     }
 
     /// Whether this is a change of the line (a ticket's).
@@ -299,8 +337,12 @@ pub struct BucketMeta {
 struct Bucket {
     key: Arc<str>,
     window: Window,
-    /// Held places as (lapse, permit), soonest lapse first. A place is held while `now < lapse`.
-    places: BTreeSet<(Millis, PermitId)>,
+    /// Held places (rule 4).
+    places: Places,
+    /// The token bucket's level (section 13), while it is not full or holds places.
+    level: Option<BucketLevel>,
+    /// The level was forgotten (full) since the file last heard of this bucket.
+    level_dropped: bool,
     meta: BucketMeta,
     /// The instant of this bucket's one live timer.
     timer_at: Millis,
@@ -318,7 +360,7 @@ impl Bucket {
     /// How the bucket stands at `now`, for `/state`; `None` when nothing in it counts.
     fn view(&self, key: &str, now: Millis, tickets: &Map<u64, Ticket>) -> Option<BucketView> {
         let first = self.head(now, u64::MAX).and_then(|(n, _)| tickets.get(&n));
-        let live = self.places.range((now.plus(1), PermitId(0))..);
+        let live = self.places.live(now);
         let view = BucketView {
             key: key.to_string(),
             meta: self.meta,
@@ -326,12 +368,13 @@ impl Bucket {
             oldest_grant: self.window.iter().find(|(at, _)| at.plus(self.meta.retain_ms) > now).map(|(at, _)| at),
             grant_entries: self.window.len(),
             places_held: live.clone().count(),
-            next_lapse: live.map(|(lapse, _)| *lapse).next(),
+            next_lapse: live.clone().next(),
+            level: self.live_level(now).map(|l| (l.tokens_at(now), l.burst)),
             queued: self.queued(now) as usize,
             first_ticket_at: first.map(|t| t.state.filed_at),
             first_ticket: first.map(|t| t.id),
         };
-        (view.window_used > 0 || view.places_held > 0 || view.queued > 0).then_some(view)
+        (view.window_used > 0 || view.places_held > 0 || view.queued > 0 || view.level.is_some()).then_some(view)
     }
 
     /// The live tickets in the line at `now`.
@@ -352,7 +395,9 @@ impl Bucket {
         Bucket {
             key,
             window: Window::default(),
-            places: BTreeSet::new(),
+            places: Places::default(),
+            level: None,
+            level_dropped: false,
             meta: BucketMeta::default(),
             timer_at: Millis(u64::MAX),
             unpersisted_prune: Vec::new(),
@@ -361,20 +406,38 @@ impl Bucket {
         }
     }
 
-    /// Drops lapsed places and grants no request can count any more.
-    fn prune(&mut self, now: Millis) {
+    /// Drops lapsed places, grants no request can count any more, and a token level that is
+    /// full with nothing else kept (section 13); returns how many places lapsed.
+    fn prune(&mut self, now: Millis) -> usize {
         self.window.prune(now, self.meta.retain_ms, &mut self.unpersisted_prune);
-        while let Some(&(lapse, _)) = self.places.first() {
-            if lapse > now {
-                break;
-            }
-            self.places.pop_first();
+        let lapsed = self.places.prune(now);
+        if self.window.is_empty() && self.places.is_empty() && self.level.is_some_and(|l| l.is_full(now)) {
+            self.level = None;
+            self.level_dropped = true;
         }
+        lapsed
     }
 
-    /// Nothing counts in it: an empty window and no places (rule 3's idle; a line may wait).
+    /// The token level as a request reads it at `now`, whether or not the bucket was pruned:
+    /// none once it is full with nothing else kept (forgotten, so an acquire finds `initial`).
+    fn live_level(&self, now: Millis) -> Option<&BucketLevel> {
+        let level = self.level.as_ref()?;
+        let window_empty = self.window.newest().is_none_or(|t| t.plus(self.meta.retain_ms) <= now);
+        let forgotten = level.is_full(now) && window_empty && self.places.held(now) == 0;
+        (!forgotten).then_some(level)
+    }
+
+    /// Nothing counts in it: an empty window, no places and no token level (rule 3's idle; a
+    /// line may wait).
     fn is_idle(&self) -> bool {
-        self.window.is_empty() && self.places.is_empty()
+        self.window.is_empty() && self.places.is_empty() && self.level.is_none()
+    }
+
+    /// Sets the token level (a grant, a settle, a creation), pushing its effect.
+    fn set_level(&mut self, level: BucketLevel, effects: &mut Vec<Effect>) {
+        self.level = Some(level);
+        self.level_dropped = false;
+        effects.push(Effect::LevelSet { bucket: self.key.clone(), level });
     }
 
     /// Idle with no line either: it can be forgotten.
@@ -382,27 +445,28 @@ impl Bucket {
         self.is_idle() && self.line.is_empty()
     }
 
-    /// The effect that deletes the grants pruned so far from the file, if there are any.
-    fn take_pruned(&mut self) -> Option<Effect> {
-        (!self.unpersisted_prune.is_empty()).then(|| Effect::WindowPruned {
-            bucket: self.key.clone(),
-            grants: std::mem::take(&mut self.unpersisted_prune),
-        })
+    /// The effects that delete the grants pruned so far, and a level forgotten, from the file.
+    fn take_pruned(&mut self, effects: &mut Vec<Effect>) {
+        if !self.unpersisted_prune.is_empty() {
+            let grants = std::mem::take(&mut self.unpersisted_prune);
+            effects.push(Effect::WindowPruned { bucket: self.key.clone(), grants });
+        }
+        if std::mem::take(&mut self.level_dropped) {
+            effects.push(Effect::LevelForgotten { bucket: self.key.clone() });
+        }
     }
 
-    /// The effect that forgets this (idle) bucket and whatever of it is left in the file.
-    fn into_forgotten(self) -> Effect {
-        Effect::BucketForgotten { bucket: self.key, grants: self.unpersisted_prune }
-    }
-
-    /// Places unlapsed at `now` (those lapsed but not yet pruned are skipped), soonest first.
-    fn live_places(&self, now: Millis) -> impl Iterator<Item = Millis> + '_ {
-        self.places.range((now.plus(1), PermitId(0))..).map(|&(lapse, _)| lapse)
+    /// The effects that forget this (idle) bucket and whatever of it is left in the file.
+    fn forget(self, effects: &mut Vec<Effect>) {
+        if self.level_dropped {
+            effects.push(Effect::LevelForgotten { bucket: self.key.clone() });
+        }
+        effects.push(Effect::BucketForgotten { bucket: self.key, grants: self.unpersisted_prune });
     }
 
     /// The number of places unlapsed at `now`.
     fn held(&self, now: Millis) -> u64 {
-        (self.places.len() - self.places.range(..(now.plus(1), PermitId(0))).count()) as u64
+        self.places.held(now)
     }
 
     /// The grants of a window of `per_ms` that count at `now`: only those the bucket still keeps.
@@ -413,8 +477,9 @@ impl Bucket {
     /// When the bucket becomes idle if nothing else happens.
     fn idle_at(&self) -> Millis {
         let window_end = self.window.newest().map_or(Millis::ZERO, |t| t.plus(self.meta.retain_ms));
-        let last_lapse = self.places.last().map_or(Millis::ZERO, |&(lapse, _)| lapse);
-        window_end.max(last_lapse)
+        let last_lapse = self.places.last_lapse().unwrap_or(Millis::ZERO);
+        let full_at = self.level.map_or(Millis::ZERO, |l| l.full_at());
+        window_end.max(last_lapse).max(full_at)
     }
 }
 
@@ -456,8 +521,7 @@ struct Ticket {
     id: TicketId,
     state: TicketState,
     /// It never lapses later than this (section 12.9): its filing plus the horizon it was filed
-    /// under; after a restart, its filing plus the server's horizon, or its resumed lapse if later
-    /// (the file keeps no horizon of its own).
+    /// under (kept in its state); after a restart, or its resumed lapse if later.
     deadline: Millis,
     /// The instant of its one live timer (never after its lapse): a renewal that moves the lapse
     /// later arms no timer; the one armed re-arms itself when it fires early.
@@ -475,6 +539,9 @@ pub struct BucketView {
     pub grant_entries: usize,
     pub places_held: usize,
     pub next_lapse: Option<Millis>,
+    /// A token bucket's `(level, burst)` (section 13), the level in whole tokens rounded down,
+    /// read with the figures that last wrote it.
+    pub level: Option<(i64, u64)>,
     /// The live tickets in its line.
     pub queued: usize,
     /// When its first live ticket was filed.
@@ -589,7 +656,7 @@ impl Engine {
         }
         match self.refusal(req, now, None, true) {
             Some(refusal) => {
-                self.refused(req, effects);
+                self.refused(req, now, effects);
                 refusal.into()
             }
             None => self.grant(req, now, effects),
@@ -649,7 +716,7 @@ impl Engine {
                 Ok(LineAnswer { decision, ticket: None, no_ticket: None })
             }
             Some(refusal) => {
-                self.refused(req, effects);
+                self.refused(req, now, effects);
                 let (ticket, no_ticket) = match mine {
                     Some(number) => (Some(self.renew(number, refusal.retry_at, req.grace_ms, now, effects)), None),
                     None if refusal.reason != Reason::Throttle => {
@@ -673,12 +740,36 @@ impl Engine {
         }
     }
 
-    /// A refusal of `req`: rule 3 lengthens the retention of the buckets it names.
-    fn refused(&mut self, req: &AcquireRequest, effects: &mut Vec<Effect>) {
+    /// A refusal of `req`: rule 3 lengthens the retention of the windows it names, and a token
+    /// bucket named for the first time is created at its `initial` (section 13).
+    fn refused(&mut self, req: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) {
         for limit in &req.limits {
             if let Some(w) = limit.window {
                 self.lengthen(&limit.key, w.per_ms, effects);
             }
+            self.name_bucket(limit, now, effects);
+        }
+    }
+
+    /// A token bucket named by an acquire (granted or refused) that has no level starts at
+    /// `initial` (section 13): a level below its burst is kept (a full one is what a bucket
+    /// never named reads anyway, and is forgotten).
+    fn name_bucket(&mut self, limit: &Limit, now: Millis, effects: &mut Vec<Effect>) {
+        let Some(b) = limit.bucket else { return };
+        if b.initial >= b.burst || self.buckets.get(limit.key.as_str()).is_some_and(|k| k.level.is_some()) {
+            return;
+        }
+        let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key);
+        bucket.set_level(BucketLevel::initial(&b, now), effects);
+        Self::arm(&mut self.timers, bucket);
+    }
+
+    /// Brings the bucket's timer forward to when it becomes idle, if that is sooner.
+    fn arm(timers: &mut Timers, bucket: &mut Bucket) {
+        let idle_at = bucket.idle_at();
+        if idle_at < bucket.timer_at {
+            bucket.timer_at = idle_at;
+            timers.push(idle_at, Due::Bucket(bucket.key.clone()));
         }
     }
 
@@ -741,6 +832,7 @@ impl Engine {
             grace_ms: req.grace_ms,
             key: Arc::from(req.key.as_str()),
             limits: bound_limits(&req.limits),
+            deadline: Some(deadline),
         };
         for limit in &req.limits {
             bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key)
@@ -851,6 +943,26 @@ impl Engine {
         let mut places = Vec::new();
         let mut windows = Vec::new();
         for limit in &req.limits {
+            if let Some(b) = limit.bucket {
+                // Rule B: the grant takes min(cost, burst) from the level at its instant.
+                let cost = limit.counted_cost();
+                if cost > 0 {
+                    let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key);
+                    let level = token_bucket::take(bucket.level.as_ref(), &b, cost, now);
+                    bucket.set_level(level, effects);
+                    Self::arm(&mut self.timers, bucket);
+                } else {
+                    self.name_bucket(limit, now, effects);
+                }
+                if permit.is_some() {
+                    let key = match self.buckets.get_key_value(limit.key.as_str()) {
+                        Some((key, _)) => key.clone(),
+                        None => Arc::from(limit.key.as_str()),
+                    };
+                    let tokens = Some((b.refill, b.per_ms));
+                    windows.push(WindowShare { bucket: key, cost, cap: b.burst, tokens });
+                }
+            }
             let cost = limit.window.map_or(0, |w| limit.cost.min(w.calls));
             // A permit's grant counts in every window it names, at 0 too, so it can be settled.
             let records = limit.window.is_some() && (cost > 0 || permit.is_some());
@@ -876,7 +988,7 @@ impl Engine {
             // A window that grows must not let what it pruned under the old length count again
             // from the file: report those grants first, so the store deletes them with the record.
             if meta.retain_ms > old.retain_ms || bucket.unpersisted_prune.len() >= PRUNE_BATCH {
-                effects.extend(bucket.take_pruned());
+                bucket.take_pruned(effects);
             }
             if meta != old {
                 bucket.meta = meta;
@@ -886,7 +998,7 @@ impl Engine {
                 let total = bucket.window.record(now, cost);
                 effects.push(Effect::WindowGrant { bucket: key.clone(), at: now, cost: total });
                 if permit.is_some() {
-                    windows.push(WindowShare { bucket: key.clone(), cost, cap: w.calls });
+                    windows.push(WindowShare { bucket: key.clone(), cost, cap: w.calls, tokens: None });
                 }
             }
             if let (Some(_), Some(id)) = (limit.concurrent, permit) {
@@ -896,15 +1008,11 @@ impl Engine {
                     self.handoffs.push(now.since(from));
                 }
                 let lapse = now.plus(limit.hold_ms);
-                bucket.places.insert((lapse, id));
+                bucket.places.insert(lapse, id);
                 self.held_places += 1;
                 places.push((key.clone(), lapse));
             }
-            let idle_at = bucket.idle_at();
-            if idle_at < bucket.timer_at {
-                bucket.timer_at = idle_at;
-                self.timers.push(idle_at, Due::Bucket(key));
-            }
+            Self::arm(&mut self.timers, bucket);
         }
         if let Some(id) = permit {
             let last_lapse = places.iter().map(|&(_, lapse)| lapse).max().unwrap_or(Millis::ZERO);
@@ -963,9 +1071,14 @@ impl Engine {
                     let held = bucket.map_or(0, |b| b.held(now));
                     (held, c.saturating_sub(held))
                 });
+                let level = bucket.and_then(|b| b.live_level(now));
+                let tokens = limit.bucket.map(|b| {
+                    let units = token_bucket::level_units(level, &b, now);
+                    (units.div_euclid(i128::from(b.per_ms)) as i64, b.burst)
+                });
                 let queued = bucket.map_or(0, |b| b.queued(now));
                 let queued = (req.in_line() || queued > 0).then_some(queued);
-                Figures { key: limit.key.clone(), window, places, queued }
+                Figures { key: limit.key.clone(), window, places, bucket: tokens, queued }
             })
             .collect()
     }
@@ -973,9 +1086,7 @@ impl Engine {
     /// Prunes the bucket `key` at `now`, if it exists.
     fn prune_bucket(&mut self, key: &str, now: Millis) {
         if let Some(bucket) = self.buckets.get_mut(key) {
-            let before = bucket.places.len();
-            bucket.prune(now);
-            self.held_places -= before - bucket.places.len();
+            self.held_places -= bucket.prune(now);
         }
     }
 
@@ -992,7 +1103,7 @@ impl Engine {
         if per_ms <= bucket.meta.retain_ms || bucket.is_idle() {
             return;
         }
-        effects.extend(bucket.take_pruned());
+        bucket.take_pruned(effects);
         bucket.meta.retain_ms = per_ms;
         effects.push(Effect::BucketMeta { bucket: bucket.key.clone(), meta: bucket.meta });
         // Its idle instant moves later: its timer, when it fires, reschedules itself.
@@ -1020,8 +1131,16 @@ impl Engine {
             consider(until, Reason::Throttle, None);
         }
         for (i, limit) in req.limits.iter().enumerate() {
-            let Some(bucket) = self.buckets.get(limit.key.as_str()) else {
-                continue; // a new bucket always has room: cost is capped at calls, concurrent >= 1
+            let bucket = self.buckets.get(limit.key.as_str());
+            // Rule B: a token bucket never named reads its `initial`.
+            if let Some(b) = limit.bucket
+                && let Some(at) =
+                    token_bucket::refused_until(bucket.and_then(|k| k.live_level(now)), &b, limit.cost, now)
+            {
+                consider(at, Reason::Rate, Some(i));
+            }
+            let Some(bucket) = bucket else {
+                continue; // a new window or place always has room: cost is capped at calls, concurrent >= 1
             };
             if let Some(w) = limit.window
                 && let Some(at) = bucket.window.refused_until(
@@ -1035,15 +1154,13 @@ impl Engine {
                 consider(at, Reason::Rate, Some(i));
             }
             if lines && let Some(at) = self.line_refusal(bucket, limit, now, mine) {
-                consider(at, if limit.window.is_some() { Reason::Rate } else { Reason::Concurrency }, Some(i));
+                let counts = limit.window.is_some() || limit.bucket.is_some();
+                consider(at, if counts { Reason::Rate } else { Reason::Concurrency }, Some(i));
             }
-            if let Some(c) = limit.concurrent {
-                let held = bucket.held(now);
-                if held >= c {
-                    // Room comes back when held - c + 1 places have lapsed.
-                    let lapse = bucket.live_places(now).nth((held - c) as usize).expect("held > held - c");
-                    consider(lapse.min(now.plus(self.config.recheck_ms)), Reason::Concurrency, Some(i));
-                }
+            if let Some(c) = limit.concurrent
+                && let Some(at) = bucket.places.refused_until(c, now, now.plus(self.config.recheck_ms))
+            {
+                consider(at, Reason::Concurrency, Some(i));
             }
         }
         worst.map(|(retry_at, reason, limit)| Refusal {
@@ -1107,6 +1224,22 @@ impl Engine {
             if new == share.cost {
                 continue;
             }
+            if let Some(b) = share.bucket_limit() {
+                // Section 13: the difference goes back into the bucket or is taken from it.
+                let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &share.bucket);
+                let level = token_bucket::settle(bucket.level.as_ref(), &b, share.cost, new, now);
+                bucket.set_level(level, effects);
+                Self::arm(&mut self.timers, bucket);
+                let down = new < share.cost;
+                outcome = outcome.max_with(if down { Settled::Down } else { Settled::Up });
+                share.cost = new;
+                let key = bucket.key.clone();
+                if down && self.watching {
+                    self.freed(&key);
+                }
+                self.settle_bucket(&key, now, effects);
+                continue;
+            }
             let Some(bucket) = self.buckets.get_mut(&*share.bucket) else { continue };
             let Some(total) = bucket.window.settle(at, share.cost, new) else { continue };
             outcome = outcome.max_with(if new > share.cost { Settled::Up } else { Settled::Down });
@@ -1168,7 +1301,7 @@ impl Engine {
         let live = permit.expires > now;
         for (key, lapse) in &permit.places {
             let Some(bucket) = self.buckets.get_mut(key) else { continue };
-            if bucket.places.remove(&(*lapse, id)) {
+            if bucket.places.remove(*lapse, id) {
                 self.held_places -= 1;
                 if !bucket.line.is_empty() {
                     bucket.handoff_from.get_or_insert(now);
@@ -1186,23 +1319,19 @@ impl Engine {
     /// ticket leaves (each ticket's end or lapse settles its buckets).
     fn settle_bucket(&mut self, key: &str, now: Millis, effects: &mut Vec<Effect>) {
         let Some(bucket) = self.buckets.get_mut(key) else { return };
-        let before = bucket.places.len();
-        bucket.prune(now);
-        self.held_places -= before - bucket.places.len();
+        self.held_places -= bucket.prune(now);
         if bucket.is_idle() {
             if bucket.line.is_empty() {
                 self.bucket_keys.remove(key);
-                effects.extend(self.buckets.remove(key).map(Bucket::into_forgotten));
+                if let Some(bucket) = self.buckets.remove(key) {
+                    bucket.forget(effects);
+                }
             } else {
-                effects.extend(bucket.take_pruned());
+                bucket.take_pruned(effects);
             }
             return;
         }
-        let idle_at = bucket.idle_at();
-        if idle_at < bucket.timer_at {
-            bucket.timer_at = idle_at;
-            self.timers.push(idle_at, Due::Bucket(bucket.key.clone()));
-        }
+        Self::arm(&mut self.timers, bucket);
     }
 
     /// Throttles `key` until `until` (only ever extends; a past `until` changes nothing).
@@ -1249,7 +1378,7 @@ impl Engine {
                     }
                     bucket.timer_at = Millis(u64::MAX);
                     if !bucket.is_idle() {
-                        effects.extend(bucket.take_pruned());
+                        bucket.take_pruned(effects);
                     }
                     self.settle_bucket(&key, now, effects);
                     if let Some(bucket) = self.buckets.get_mut(&key)
@@ -1295,6 +1424,12 @@ impl Engine {
         bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).meta = meta;
     }
 
+    /// Restores a token bucket's persisted level (section 13): it refills from there by the time
+    /// that passed.
+    pub fn restore_level(&mut self, key: &str, level: BucketLevel) {
+        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).level = Some(level);
+    }
+
     /// Restores one persisted grant. Grants of one bucket must come in time order.
     pub fn restore_grant(&mut self, key: &str, at: Millis, cost: u64) {
         bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).window.restore(at, cost);
@@ -1304,7 +1439,7 @@ impl Engine {
     pub fn restore_permit(&mut self, id: PermitId, mut permit: PermitState) {
         for (key, lapse) in &mut permit.places {
             let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, key);
-            bucket.places.insert((*lapse, id));
+            bucket.places.insert(*lapse, id);
             self.held_places += 1;
             *key = bucket.key.clone();
         }
@@ -1327,7 +1462,9 @@ impl Engine {
         }
         self.next_ticket = self.next_ticket.max(number.saturating_add(1));
         let timer_at = state.lapse_at;
-        let deadline = state.filed_at.plus(self.config.line_horizon_ms).max(state.lapse_at);
+        // Its own horizon when the file kept it, else the server's (a file of format 6 or older).
+        let horizon_end = state.deadline.unwrap_or_else(|| state.filed_at.plus(self.config.line_horizon_ms));
+        let deadline = horizon_end.max(state.lapse_at);
         self.tickets.insert(number, Ticket { id, state, deadline, timer_at });
     }
 
@@ -1376,12 +1513,14 @@ impl Engine {
             bucket.prune(now);
             if bucket.is_forgettable() {
                 self.bucket_keys.remove(&key);
-                effects.extend(self.buckets.remove(&key).map(Bucket::into_forgotten));
+                if let Some(bucket) = self.buckets.remove(&key) {
+                    bucket.forget(effects);
+                }
             } else if bucket.is_idle() {
                 // Only a line keeps it: forgotten when its last ticket leaves.
-                effects.extend(bucket.take_pruned());
+                bucket.take_pruned(effects);
             } else {
-                effects.extend(bucket.take_pruned());
+                bucket.take_pruned(effects);
                 bucket.timer_at = bucket.idle_at();
                 self.timers.push(bucket.timer_at, Due::Bucket(key));
             }
@@ -1564,6 +1703,9 @@ impl Engine {
             if !grants.is_empty() || !places.is_empty() {
                 facts.buckets.insert(key.to_string(), (grants, places));
             }
+            if let Some(level) = b.level.filter(|l| !l.is_full(now)) {
+                facts.levels.insert(key.to_string(), level.tokens_at(now));
+            }
         }
         for (key, until) in &self.throttles {
             if *until > now {
@@ -1618,11 +1760,15 @@ pub struct Facts {
     pub tickets: std::collections::BTreeMap<TicketId, TicketState>,
     /// Each bucket's line: the live tickets' numbers, oldest first, with their lapses.
     pub lines: std::collections::BTreeMap<String, Vec<(u64, Millis)>>,
+    /// Each token bucket not full: its level in whole tokens (section 13).
+    pub levels: std::collections::BTreeMap<String, i64>,
 }
 
 fn unbound_ticket() -> BadRequest {
-    BadRequest("ticket was filed for another request: the caller key and the limits (key, calls, perMs, cost, concurrent, holdMs) must be the ones it was filed with".into())
+    BadRequest("ticket was filed for another request: the caller key and the limits (key, calls, refill, perMs, burst, initial, cost, concurrent, holdMs) must be the ones it was filed with".into())
 }
 
+#[cfg(test)]
+mod bucket_tests;
 #[cfg(test)]
 mod tests;

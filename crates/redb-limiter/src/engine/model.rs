@@ -11,6 +11,12 @@
 //! reserved instants are found by trying every instant at which something leaves a window, one
 //! after the other, from scratch for each ticket (the engine walks once).
 //!
+//! Token buckets in the reference (section 13): each key named as a bucket is named with one set
+//! of figures (the property test keeps it so); its level is kept in units of `1/perMs` of a
+//! token and refilled one millisecond at a time, `retryAt` found by stepping a millisecond at a
+//! time until it fits, and a line's reservations the same way; a backfill is checked by
+//! reserving again with the take counted and comparing every instant.
+//!
 //! Rule 3 in the reference: a bucket keeps its grants for the longest `perMs` any acquire
 //! (granted or refused, whatever its cost; never a peek) named for it while it was not idle; a
 //! bucket with no kept grant and no unlapsed place is idle and keeps nothing, not even that
@@ -19,10 +25,10 @@
 use std::collections::BTreeMap;
 
 use super::{
-    BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId, PermitState, Reason,
-    RequestRecord, TicketId, TicketState,
+    BucketLevel, BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId, PermitState,
+    Reason, RequestRecord, TicketId, TicketState,
 };
-use crate::request::{AcquireRequest, Cost};
+use crate::request::{AcquireRequest, BucketLimit, Cost, Limit};
 use crate::time::Millis;
 
 /// A live ticket in the reference: what it binds, and its instants.
@@ -65,12 +71,49 @@ pub struct Reference {
     pub first_per_ms: BTreeMap<String, u64>,
     /// Live tickets by number (lapsed ones leave at [`Reference::advance`]).
     pub tickets: BTreeMap<u64, RefTicket>,
+    /// Token buckets not forgotten: the level in units of `1/perMs` token at the reference's
+    /// last instant, and the figures they are named with.
+    pub levels: BTreeMap<String, (i128, BucketLimit)>,
+    /// The figures each token bucket key is named with (the property test names each key as a
+    /// bucket with one set of figures, or never as one).
+    pub token_figures: BTreeMap<String, BucketLimit>,
+    /// The reference's last instant (levels stand at it).
+    pub at: Millis,
+}
+
+/// One millisecond of refill: `refill` units, up to `burst` tokens (a level above is kept).
+fn refill_ms(units: i128, b: &BucketLimit) -> i128 {
+    let cap = i128::from(b.burst) * i128::from(b.per_ms);
+    if units >= cap { units } else { (units + i128::from(b.refill)).min(cap) }
+}
+
+/// The units a cost takes: `min(cost, burst)` tokens.
+fn need_units(b: &BucketLimit, cost: u64) -> i128 {
+    i128::from(cost.min(b.burst)) * i128::from(b.per_ms)
 }
 
 impl Reference {
     /// Moves time to `now`: buckets forget the grants they no longer keep, and idle buckets
     /// forget their retention.
     pub fn advance(&mut self, now: Millis) {
+        // Levels refill a millisecond at a time; one full with no place held is forgotten.
+        let keys: Vec<String> = self.levels.keys().cloned().collect();
+        for key in keys {
+            let mut t = self.at;
+            loop {
+                let (units, b) = self.levels[&key];
+                if units >= i128::from(b.burst) * i128::from(b.per_ms) && self.live_places(&key, t).next().is_none() {
+                    self.levels.remove(&key);
+                    break;
+                }
+                if t >= now {
+                    break;
+                }
+                t = t.plus(1);
+                self.levels.get_mut(&key).expect("kept").0 = refill_ms(units, &b);
+            }
+        }
+        self.at = self.at.max(now);
         self.tickets.retain(|_, t| t.state.lapse_at > now);
         let keys: Vec<String> = self.grants.keys().chain(self.retain.keys()).cloned().collect();
         for key in keys {
@@ -122,6 +165,40 @@ impl Reference {
         Some(at)
     }
 
+    /// The level of token bucket `key` read with `b` (the reference's instant is `now`): its
+    /// `initial` when not kept.
+    fn level(&self, key: &str, b: &BucketLimit) -> i128 {
+        self.levels.get(key).map_or(i128::from(b.initial) * i128::from(b.per_ms), |l| l.0)
+    }
+
+    /// The first instant from `at` on at which a level of `units` at `at`, refilling, reaches
+    /// `cost` (capped at burst), stepped a millisecond at a time; and the level then.
+    fn tokens_room(mut units: i128, b: &BucketLimit, cost: u64, mut at: Millis) -> (Millis, i128) {
+        while units < need_units(b, cost) {
+            units = refill_ms(units, b);
+            at = at.plus(1);
+        }
+        (at, units)
+    }
+
+    /// The reserved instants of the tickets that hold in token bucket `key`'s line, by number,
+    /// from a level of `units` at `now` (section 12.9 with 13).
+    fn token_reservations(&self, key: &str, now: Millis, mine: Option<u64>, units: i128) -> Vec<(u64, Millis)> {
+        let (mut at, mut units) = (now, units);
+        let mut out = Vec::new();
+        for t in self.holding(key, now, mine) {
+            let bound = t.state.limits.iter().find(|b| b.key == key).expect("in its line");
+            let Some(b) = bound.bucket else { continue };
+            if bound.cost.min(b.burst) == 0 {
+                continue;
+            }
+            (at, units) = Self::tokens_room(units, &b, bound.cost, at);
+            units -= need_units(&b, bound.cost);
+            out.push((t.id.number(), at));
+        }
+        out
+    }
+
     /// The refusal that stands for `r` at `now` as (retryAt, reason, key), or `None` to grant,
     /// for a request without a live ticket.
     #[must_use]
@@ -162,6 +239,14 @@ impl Reference {
             consider(until, Reason::Throttle, &r.key);
         }
         for l in &r.limits {
+            if let Some(b) = l.bucket
+                && l.cost > 0
+            {
+                let (at, _) = Self::tokens_room(self.level(&l.key, &b), &b, l.cost, now);
+                if at > now {
+                    consider(at, Reason::Rate, &l.key);
+                }
+            }
             if let Some(w) = l.window
                 && let Some(at) = self.room_at(&l.key, w.calls, w.per_ms, l.cost.min(w.calls), now)
             {
@@ -171,7 +256,8 @@ impl Reference {
             if let Some(mine) = mine
                 && let Some(at) = self.line_says(l, now, recheck_ms, mine)
             {
-                consider(at, if l.window.is_some() { Reason::Rate } else { Reason::Concurrency }, &l.key);
+                let counts = l.window.is_some() || l.bucket.is_some();
+                consider(at, if counts { Reason::Rate } else { Reason::Concurrency }, &l.key);
             }
             if let Some(c) = l.concurrent {
                 let mut lapses: Vec<Millis> = self.live_places(&l.key, now).collect();
@@ -261,7 +347,17 @@ impl Reference {
         let first = self.holding(&l.key, now, mine).next()?;
         let cost = l.window.map_or(0, |w| l.cost.min(w.calls));
         let reservations = self.reservations(&l.key, now, mine);
+        // A token bucket: reserved again with this request's take counted, no instant moves.
+        let tokens = l.bucket.map(|b| (b, self.level(&l.key, &b)));
+        let token_reserved = tokens.map(|(_, units)| self.token_reservations(&l.key, now, mine, units));
+        let token_backfills = match (tokens, &token_reserved) {
+            (Some((b, units)), Some(reserved)) if l.cost.min(b.burst) > 0 => {
+                self.token_reservations(&l.key, now, mine, units - need_units(&b, l.cost)) == *reserved
+            }
+            _ => true,
+        };
         let backfills = l.concurrent.is_none()
+            && token_backfills
             && reservations.iter().all(|(n, at, used)| {
                 let bound = self.tickets[n].state.limits.iter().find(|b| b.key == l.key).expect("in its line");
                 let w = bound.window.expect("reserved");
@@ -283,6 +379,19 @@ impl Reference {
                 .collect();
             let from = reserved.last().map_or(now, |(at, _)| *at);
             at = at.max(self.first_room(&l.key, (w.calls, w.per_ms, cost), now, from, &reserved).0);
+        }
+        if let Some((b, units)) = tokens
+            && l.cost.min(b.burst) > 0
+        {
+            // Behind every reservation: the level after their takes, from the last instant.
+            let (mut from, mut left) = (now, units);
+            for t in self.holding(&l.key, now, mine) {
+                let bound = t.state.limits.iter().find(|x| x.key == l.key).expect("in its line");
+                let Some(tb) = bound.bucket.filter(|tb| bound.cost.min(tb.burst) > 0) else { continue };
+                (from, left) = Self::tokens_room(left, &tb, bound.cost, from);
+                left -= need_units(&tb, bound.cost);
+            }
+            at = at.max(Self::tokens_room(left, &b, l.cost, from).0);
         }
         if let Some(c) = l.concurrent {
             let mut lapses: Vec<Millis> = self.live_places(&l.key, now).collect();
@@ -322,6 +431,7 @@ impl Reference {
                     let held = self.live_places(&l.key, now).count() as u64;
                     (held, c.saturating_sub(held))
                 }),
+                bucket: l.bucket.map(|b| (self.level(&l.key, &b).div_euclid(i128::from(b.per_ms)) as i64, b.burst)),
                 queued: {
                     let queued = self.line(&l.key).count() as u64;
                     (r.in_line() || queued > 0).then_some(queued)
@@ -358,6 +468,7 @@ impl Reference {
             grace_ms: r.grace_ms,
             key: r.key.as_str().into(),
             limits,
+            deadline: Some(deadline),
         };
         self.tickets.insert(id.number(), RefTicket { id, state, deadline });
     }
@@ -378,13 +489,15 @@ impl Reference {
     }
 
     /// A restart at `now` of a file whose latest instant is `floor` (section 12.6): every
-    /// ticket live at `floor` lapses no sooner than `now` plus its grace; the file keeps no
-    /// horizon of a ticket's, so each is bounded by the server's (`horizon_ms`) from its filing.
+    /// ticket live at `floor` lapses no sooner than `now` plus its grace; the file keeps each
+    /// ticket's own horizon (a ticket of an older file is bounded by the server's, `horizon_ms`,
+    /// from its filing).
     pub fn restart(&mut self, floor: Millis, now: Millis, horizon_ms: u64) {
         self.tickets.retain(|_, t| t.state.lapse_at > floor);
         for t in self.tickets.values_mut() {
             t.state.lapse_at = t.state.lapse_at.max(now.plus(t.state.grace_ms));
-            t.deadline = t.state.filed_at.plus(horizon_ms).max(t.state.lapse_at);
+            let horizon_end = t.state.deadline.unwrap_or_else(|| t.state.filed_at.plus(horizon_ms));
+            t.deadline = horizon_end.max(t.state.lapse_at);
         }
     }
 
@@ -402,13 +515,28 @@ impl Reference {
         }
     }
 
-    /// A refused acquire of `r` at `now`: it lengthens the retention of the buckets it names.
+    /// A refused acquire of `r` at `now`: it lengthens the retention of the buckets it names,
+    /// and a token bucket named for the first time starts at `initial`.
     pub fn refuse(&mut self, r: &AcquireRequest, now: Millis) {
         for l in &r.limits {
             if let Some(w) = l.window {
                 self.note_per_ms(&l.key, w.per_ms);
                 self.lengthen(&l.key, w.per_ms, now);
             }
+            self.name_bucket(l);
+        }
+    }
+
+    /// A token bucket named by an acquire starts at `initial` when not kept (a full one is
+    /// forgotten at once).
+    fn name_bucket(&mut self, l: &Limit) {
+        if let Some(b) = l.bucket {
+            self.token_figures.insert(l.key.clone(), b);
+        }
+        if let Some(b) = l.bucket
+            && b.initial < b.burst
+        {
+            self.levels.entry(l.key.clone()).or_insert((i128::from(b.initial) * i128::from(b.per_ms), b));
         }
     }
 
@@ -417,6 +545,19 @@ impl Reference {
         let mut places = Vec::new();
         let mut windows = Vec::new();
         for l in &r.limits {
+            if let Some(b) = l.bucket {
+                self.token_figures.insert(l.key.clone(), b);
+                let cost = l.cost.min(b.burst);
+                if cost > 0 {
+                    let units = self.level(&l.key, &b) - need_units(&b, cost);
+                    self.levels.insert(l.key.clone(), (units, b));
+                } else {
+                    self.name_bucket(l);
+                }
+                if permit.is_some() {
+                    windows.push((l.key.clone(), cost, b.burst));
+                }
+            }
             if let Some(w) = l.window {
                 self.note_per_ms(&l.key, w.per_ms);
                 let cost = l.cost.min(w.calls);
@@ -447,6 +588,7 @@ impl Reference {
         let Some(id) = id.filter(|id| self.permits.get(id).is_some_and(|p| p.expires > now)) else {
             return Ok(false);
         };
+        let token_figures = self.token_figures.clone();
         let permit = self.permits.get_mut(&id).expect("live");
         if costs.iter().any(|c| !permit.windows.iter().any(|(b, _, _)| *b == c.key)) {
             return Err(());
@@ -454,6 +596,21 @@ impl Reference {
         for c in costs {
             let share = permit.windows.iter_mut().find(|(b, _, _)| *b == c.key).expect("checked");
             let new = c.cost.min(share.2);
+            if let Some(b) = token_figures.get(&c.key) {
+                if new == share.1 {
+                    continue;
+                }
+                // Section 13: the difference goes back (never above burst) or is taken.
+                let per = i128::from(b.per_ms);
+                let cap = i128::from(b.burst) * per;
+                let units = self.levels.get(&c.key).map_or(cap, |l| l.0);
+                let (old, new) = (i128::from(share.1), i128::from(new));
+                let after =
+                    if new < old { units.max((units + (old - new) * per).min(cap)) } else { units - (new - old) * per };
+                share.1 = new as u64;
+                self.levels.insert(c.key.clone(), (after, *b));
+                continue;
+            }
             let kept = self.grants.get_mut(&c.key).and_then(|g| g.iter_mut().find(|(_, _, p)| *p == Some(id)));
             if let Some(grant) = kept {
                 if new > grant.1 {
@@ -525,6 +682,11 @@ impl Reference {
                 facts.permits.insert(*id, (p.at, p.expires, shares));
             }
         }
+        for (key, (units, b)) in &self.levels {
+            if *units < i128::from(b.burst) * i128::from(b.per_ms) {
+                facts.levels.insert(key.clone(), units.div_euclid(i128::from(b.per_ms)) as i64);
+            }
+        }
         for (number, t) in &self.tickets {
             if t.state.lapse_at > now {
                 facts.tickets.insert(t.id, t.state.clone());
@@ -577,6 +739,22 @@ impl Reference {
     }
 }
 
+/// Whether a refusal may push `effect`: the line's changes, rule 3's retention (and what a
+/// prune or a forget reports on the way), and a token bucket created at its `initial` by the
+/// refusal that first names it (section 13). Anything else is a change a refusal must not make.
+#[must_use]
+pub fn refusal_may_push(effect: &Effect) -> bool {
+    effect.is_line()
+        || matches!(
+            effect,
+            Effect::BucketMeta { .. }
+                | Effect::WindowPruned { .. }
+                | Effect::BucketForgotten { .. }
+                | Effect::LevelSet { .. }
+                | Effect::LevelForgotten { .. }
+        )
+}
+
 /// What the store would hold, as plain maps.
 #[derive(Default, Debug, Clone)]
 pub struct EffectLog {
@@ -586,6 +764,7 @@ pub struct EffectLog {
     pub throttles: BTreeMap<String, Millis>,
     pub tickets: BTreeMap<TicketId, TicketState>,
     pub requests: BTreeMap<String, RequestRecord>,
+    pub levels: BTreeMap<String, BucketLevel>,
 }
 
 impl EffectLog {
@@ -642,6 +821,12 @@ impl EffectLog {
                 Effect::RequestForgotten { id, .. } => {
                     assert!(self.requests.remove(&**id).is_some(), "a forgotten id was kept");
                 }
+                Effect::LevelSet { bucket, level } => {
+                    self.levels.insert(bucket.to_string(), *level);
+                }
+                Effect::LevelForgotten { bucket } => {
+                    self.levels.remove(&**bucket);
+                }
             }
         }
     }
@@ -672,6 +857,9 @@ impl EffectLog {
         }
         for (id, r) in &self.requests {
             e.restore_request(id, r.clone());
+        }
+        for (k, level) in &self.levels {
+            e.restore_level(k, *level);
         }
         let mut effects = Vec::new();
         e.resume_line(floor, now, &mut effects);

@@ -97,6 +97,13 @@ pub fn params_digest(req: &AcquireRequest) -> u128 {
         for n in [calls, per_ms, limit.concurrent.map_or(0, |c| c + 1), limit.cost, limit.hold_ms] {
             h.write_u64(n);
         }
+        // A token bucket's figures (section 13), only where one is named: the digests of
+        // requests without one stay those the previous release kept.
+        if let Some(b) = limit.bucket {
+            for n in [u64::MAX, b.refill, b.per_ms, b.burst, b.initial] {
+                h.write_u64(n);
+            }
+        }
     }
     h.write_u8(u8::from(req.permit) | u8::from(req.queue) << 1);
     match &req.ticket {
@@ -196,18 +203,23 @@ impl Engine {
         self.keep_request(Arc::from(id), record, now, effects);
     }
 
-    /// The window shares of a grant of `req` without a permit: every window limit, at the cost
-    /// it counts (capped at `calls`), the bucket key shared with the bucket's own.
+    /// The window shares of a grant of `req` without a permit: every window and token bucket
+    /// limit, at the cost it counts (capped at `calls` or `burst`), the bucket key shared with
+    /// the bucket's own.
     fn window_shares(&self, req: &AcquireRequest) -> Arc<[WindowShare]> {
         req.limits
             .iter()
             .filter_map(|l| {
-                let w = l.window?;
+                let (cap, tokens) = match (l.window, l.bucket) {
+                    (Some(w), _) => (w.calls, None),
+                    (None, Some(b)) => (b.burst, Some((b.refill, b.per_ms))),
+                    (None, None) => return None,
+                };
                 let bucket = self
                     .buckets
                     .get_key_value(l.key.as_str())
                     .map_or_else(|| Arc::from(l.key.as_str()), |(k, _)| k.clone());
-                Some(WindowShare { bucket, cost: l.cost.min(w.calls), cap: w.calls })
+                Some(WindowShare { bucket, cost: l.counted_cost(), cap, tokens })
             })
             .collect()
     }

@@ -7,17 +7,17 @@ use super::model::{EffectLog, Reference};
 use super::*;
 use crate::request::{AcquireRequest, Cost, Limit};
 
-const T0: Millis = Millis(1_000_000);
+pub(super) const T0: Millis = Millis(1_000_000);
 
-fn engine() -> Engine {
+pub(super) fn engine() -> Engine {
     Engine::new(EngineConfig::with(250, 1))
 }
 
-fn req(limits: Vec<Limit>) -> AcquireRequest {
+pub(super) fn req(limits: Vec<Limit>) -> AcquireRequest {
     AcquireRequest::new("caller", limits).unwrap()
 }
 
-fn acquire(e: &mut Engine, r: &AcquireRequest, now: Millis) -> Decision {
+pub(super) fn acquire(e: &mut Engine, r: &AcquireRequest, now: Millis) -> Decision {
     e.acquire(r, now, &mut Vec::new())
 }
 
@@ -863,6 +863,10 @@ proptest! {
 /// Requests queue, ask again with their tickets (the bound request, or another one), leave the
 /// line, and the limiter restarts with time passing meanwhile.
 const SHAPES: [(u64, [u64; 2]); 4] = [(3, [100, 100]), (5, [250, 900]), (2, [40, 400]), (8, [1000, 1000])];
+/// Token buckets (section 13), keys `t0` to `t3`, each always named with its own figures:
+/// (refill, perMs, burst, initial). Rates that do not divide a millisecond, a burst above the
+/// refill, buckets that start empty or half full.
+const TOKEN_SHAPES: [(u64, u64, u64, u64); 4] = [(3, 1000, 5, 5), (1, 700, 2, 0), (7, 300, 7, 3), (2, 50, 10, 10)];
 const CALLERS: [&str; 2] = ["c0", "c1"];
 
 #[derive(Debug, Clone)]
@@ -870,6 +874,8 @@ struct LimitSpec {
     bucket: usize,
     long: bool,
     window: bool,
+    /// A token bucket `t{bucket}` instead of the window `b{bucket}`.
+    tokens: bool,
     concurrent: Option<u64>,
     cost: u64,
     hold_ms: u64,
@@ -914,7 +920,7 @@ enum Op {
     Release {
         nth: usize,
         bogus: bool,
-        costs: Vec<(usize, u64)>,
+        costs: Vec<(usize, bool, u64)>,
     },
     Leave {
         nth: usize,
@@ -923,7 +929,7 @@ enum Op {
     Settle {
         nth: usize,
         bogus: bool,
-        costs: Vec<(usize, u64)>,
+        costs: Vec<(usize, bool, u64)>,
     },
     Throttle {
         caller: usize,
@@ -958,29 +964,30 @@ fn limit_spec() -> impl Strategy<Value = LimitSpec> {
         prop::option::of(1u64..=3),
         prop_oneof![Just(0u64), 1u64..=3, 5u64..=20],
         1u64..=600,
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(bucket, long, window, concurrent, cost, hold_ms)| {
+        .prop_map(|(bucket, long, window, concurrent, cost, hold_ms, tokens)| {
             let window = window || concurrent.is_none();
-            LimitSpec { bucket, long, window, concurrent, cost, hold_ms }
+            LimitSpec { bucket, long, window, tokens, concurrent, cost, hold_ms }
         })
 }
 
 fn limits() -> impl Strategy<Value = Vec<LimitSpec>> {
     prop::collection::vec(limit_spec(), 1..=3).prop_map(|mut limits| {
-        limits.sort_by_key(|l| l.bucket);
-        limits.dedup_by_key(|l| l.bucket);
+        limits.sort_by_key(|l| (l.bucket, l.tokens));
+        limits.dedup_by_key(|l| (l.bucket, l.tokens));
         limits
     })
 }
 
-fn costs() -> impl Strategy<Value = Vec<(usize, u64)>> {
-    prop::collection::vec((0..SHAPES.len(), prop_oneof![Just(0u64), 1u64..=4, 6u64..=30]), 0..=2).prop_map(
-        |mut costs| {
-            costs.sort_by_key(|c| c.0);
-            costs.dedup_by_key(|c| c.0);
-            costs
-        },
-    )
+/// What a settle names: `(bucket, a token bucket's, cost)`.
+fn costs() -> impl Strategy<Value = Vec<(usize, bool, u64)>> {
+    let cost = prop_oneof![Just(0u64), 1u64..=4, 6u64..=30];
+    prop::collection::vec((0..SHAPES.len(), prop::bool::weighted(0.3), cost), 0..=2).prop_map(|mut costs| {
+        costs.sort_by_key(|c| (c.0, c.1));
+        costs.dedup_by_key(|c| (c.0, c.1));
+        costs
+    })
 }
 
 fn line_op() -> impl Strategy<Value = LineOp> {
@@ -1037,9 +1044,22 @@ fn to_request(caller: usize, limits: &[LimitSpec]) -> AcquireRequest {
         .iter()
         .map(|l| {
             let (calls, pers) = SHAPES[l.bucket];
+            if l.tokens {
+                let (refill, per_ms, burst, initial) = TOKEN_SHAPES[l.bucket];
+                let bucket = crate::request::BucketLimit { refill, per_ms, burst, initial };
+                return Limit {
+                    key: format!("t{}", l.bucket),
+                    window: None,
+                    bucket: Some(bucket),
+                    concurrent: l.concurrent,
+                    cost: l.cost,
+                    hold_ms: l.hold_ms,
+                };
+            }
             Limit {
                 key: format!("b{}", l.bucket),
                 window: l.window.then_some(crate::request::WindowLimit { calls, per_ms: pers[usize::from(l.long)] }),
+                bucket: None,
                 concurrent: l.concurrent,
                 cost: l.cost,
                 hold_ms: l.hold_ms,
@@ -1049,8 +1069,8 @@ fn to_request(caller: usize, limits: &[LimitSpec]) -> AcquireRequest {
     AcquireRequest::new(CALLERS[caller], limits).unwrap()
 }
 
-fn to_costs(costs: &[(usize, u64)]) -> Vec<Cost> {
-    costs.iter().map(|&(b, cost)| Cost::new(format!("b{b}"), cost)).collect()
+fn to_costs(costs: &[(usize, bool, u64)]) -> Vec<Cost> {
+    costs.iter().map(|&(b, tokens, cost)| Cost::new(format!("{}{b}", if tokens { "t" } else { "b" }), cost)).collect()
 }
 
 const BOGUS_TICKET: &str = "t-ffffffffffffffffffffffffffffffff";
@@ -1166,11 +1186,7 @@ impl Model {
             (Decision::Refused { retry_at, reason, limit }, Some((at, why, key))) => {
                 prop_assert_eq!((*retry_at, *reason, limit.as_str()), (at, why, key.as_str()));
                 prop_assert!(
-                    self.effects.iter().all(|f| f.is_line()
-                        || matches!(
-                            f,
-                            Effect::BucketMeta { .. } | Effect::WindowPruned { .. } | Effect::BucketForgotten { .. }
-                        )),
+                    self.effects.iter().all(super::model::refusal_may_push),
                     "a refusal changes nothing but retention and the line: {:?}",
                     self.effects
                 );
@@ -1365,8 +1381,8 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
                 m.e = m.log.rebuild(model_config(recheck_ms, m.seed), now);
                 let after = m.e.facts(now);
                 prop_assert_eq!(
-                    (&after.buckets, &after.permits, &after.throttles),
-                    (&before.buckets, &before.permits, &before.throttles),
+                    (&after.buckets, &after.permits, &after.throttles, &after.levels),
+                    (&before.buckets, &before.permits, &before.throttles, &before.levels),
                     "rebuilt from the effects"
                 );
                 prop_assert_eq!(after.tickets.keys().collect::<Vec<_>>(), before.tickets.keys().collect::<Vec<_>>());

@@ -30,17 +30,18 @@
 //! else, so doing them again leaves the same records. Without a journal (the file alone) every
 //! commit is a redb commit.
 //!
-//! # Layout (format version 6)
+//! # Layout (format version 7)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
 //! | `meta` | `"format_version"`, `"clock_floor"`; behind a journal `"journal_id"`, `"journal_seq"`, `"journal_open"` ([`FileClaim`]) | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
-//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the window shares as (bucket key, cost, calls at the grant) |
+//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the shares as (bucket key, cost, calls or burst at the grant, a token bucket's (refill, perMs)) |
 //! | `throttles` | caller key | `until` ms |
-//! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, and the limits it binds (defaults resolved, sorted by bucket key) |
-//! | `requests` | (first kept at ms, request id) (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, window shares; a filing's ticket and refusal; or released) |
+//! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, the limits it binds (defaults resolved, sorted by bucket key), and the instant its horizon ends |
+//! | `requests` | (first kept at ms, request id) (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, its shares; a filing's ticket and refusal; or released) |
+//! | `levels` | bucket key (section 13) | record: a token bucket's level (units of `1/perMs` token), at an instant, with the `refill`, `perMs` and `burst` that wrote it |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -81,6 +82,21 @@
 //! journal takes any commit of this build; notes of schemas 1 and 2 left by a crash of an older
 //! release are redone as they were. An older build refuses a version-6 file, and a note of
 //! schema 3, rather than forget a request id.
+//!
+//! Version 7 (token buckets, section 13) added the `levels` table, and journal notes of schema
+//! 4: a level set (after every grant and settle that changes it, committed before the reply)
+//! rewrites its record, a level forgotten (full, no place held) deletes it and may be lost in a
+//! crash (the level kept refills to full by the restart, and is forgotten again then). Its
+//! permit records (schema byte 3) and request ids' (schema byte 2) may hold a token bucket's
+//! share; its tickets (schema byte 2) may bind token buckets and keep the instant their horizon
+//! ends (section 12.9), so a restart keeps a ticket's own `maxWaitMs`. Files of versions 2 to 6
+//! open unchanged: their records (permits of schema 1 and 2, tickets and request ids of schema 1)
+//! are read as they were written, a ticket without its horizon bounded by the server's from its
+//! filing; the marking creates the `levels` table empty. Notes of schemas 1 to 3 left by a crash
+//! of an older release are redone as they were. An older build refuses a version-7 file, and a
+//! note of schema 4, rather than forget a bucket's level. On load a level refills from its
+//! instant by the time that passed, so a bucket is never fuller after a restart than its refill
+//! allows.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -163,12 +179,12 @@ use redb::{
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{
-    BucketMeta, Effect, Engine, Outcome, PermitId, PermitState, REMEMBER_MS, Reason, RequestRecord, TicketId,
-    TicketState, WindowShare,
+    BucketLevel, BucketMeta, Effect, Engine, Outcome, PermitId, PermitState, REMEMBER_MS, Reason, RequestRecord,
+    TicketId, TicketState, WindowShare,
 };
 use crate::request::{
-    Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_ID_BYTES, MAX_KEY_BYTES, MAX_LIMITS, MAX_PER_MS,
-    MAX_THROTTLE_AHEAD_MS, MIN_GRACE_MS, WindowLimit,
+    BucketLimit, Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_ID_BYTES, MAX_KEY_BYTES, MAX_LIMITS,
+    MAX_PER_MS, MAX_THROTTLE_AHEAD_MS, MIN_GRACE_MS, WindowLimit,
 };
 use crate::time::Millis;
 
@@ -195,23 +211,32 @@ pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
 /// The file's layout version; a file of a version outside [`OLDEST_FORMAT_VERSION`] to this one
 /// is refused.
-pub const FORMAT_VERSION: u64 = 6;
+pub const FORMAT_VERSION: u64 = 7;
 /// The oldest version read: files of the versions before [`FORMAT_VERSION`] open unchanged and
 /// are marked current (see the module docs).
 pub const OLDEST_FORMAT_VERSION: u64 = 2;
 /// The first byte of every postcard record but a permit's.
 const RECORD_SCHEMA: u8 = 1;
-/// The first byte of a permit record of format version 3.
-const PERMIT_SCHEMA: u8 = 2;
+/// The first byte of a permit record of format versions 3 to 6 (window shares only).
+const PERMIT_SCHEMA_V3: u8 = 2;
+/// The first byte of a permit record since format version 7 (shares may be token buckets').
+const PERMIT_SCHEMA: u8 = 3;
+/// The first byte of a ticket's and a request id's record since format version 7 (a ticket's
+/// limits may be token buckets, and it keeps its horizon; an id's shares may be token buckets').
+const RECORD_SCHEMA_V7: u8 = 2;
 /// Schema byte of a journal note ([`Note`]) as format version 4 wrote it: no ticket effects.
 /// Still read (a crash of the previous release can leave such notes).
 const NOTE_SCHEMA_V4: u8 = 1;
 /// Schema byte of a journal note as format version 5 wrote it: its effects may be a ticket's,
 /// never a request id's. Still read (a crash of the previous release can leave such notes).
 const NOTE_SCHEMA_V5: u8 = 2;
-/// Schema byte of a journal note since format version 6: its effects may be a request id's,
-/// which an older build, reading schemas 1 and 2 only, refuses rather than misreads.
-const NOTE_SCHEMA: u8 = 3;
+/// Schema byte of a journal note as format version 6 wrote it: its effects may be a request
+/// id's, never a token bucket's. Still read (a crash of the previous release can leave such notes).
+const NOTE_SCHEMA_V6: u8 = 3;
+/// Schema byte of a journal note since format version 7: its effects may be a token bucket's,
+/// and its permits, tickets and request ids are written in their version-7 records, which an
+/// older build, reading schemas 1 to 3 only, refuses rather than misreads.
+const NOTE_SCHEMA: u8 = 4;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -220,6 +245,7 @@ const PERMITS: TableDefinition<u128, &[u8]> = TableDefinition::new("permits");
 const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
 const TICKETS: TableDefinition<u128, &[u8]> = TableDefinition::new("tickets");
 const REQUESTS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("requests");
+const LEVELS: TableDefinition<&str, &[u8]> = TableDefinition::new("levels");
 
 const KEY_FORMAT: &str = "format_version";
 const KEY_FLOOR: &str = "clock_floor";
@@ -359,13 +385,46 @@ struct PermitRecordV2 {
     places: Vec<(String, u64)>,
 }
 
-/// A permit (schema byte 2).
+/// A permit as format versions 3 to 6 wrote it (schema byte 2): window shares only.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct PermitRecordV3 {
+    at: u64,
+    expires: u64,
+    places: Vec<(String, u64)>,
+    windows: Vec<(String, u64, u64)>,
+}
+
+/// A share of a grant as a record holds it: (bucket key, cost, cap, a token bucket's
+/// `(refill, perMs)`).
+type ShareRecord = (String, u64, u64, Option<(u64, u64)>);
+
+fn share_record(w: &WindowShare) -> ShareRecord {
+    (w.bucket.to_string(), w.cost, w.cap, w.tokens)
+}
+
+fn share_state((bucket, cost, cap, tokens): ShareRecord) -> WindowShare {
+    WindowShare { bucket: Arc::from(bucket), cost, cap, tokens }
+}
+
+/// A window's share as format versions 3 to 6 wrote it.
+fn window_share((bucket, cost, cap): (String, u64, u64)) -> ShareRecord {
+    (bucket, cost, cap, None)
+}
+
+/// A permit (schema byte 3, format version 7).
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 struct PermitRecord {
     at: u64,
     expires: u64,
     places: Vec<(String, u64)>,
-    windows: Vec<(String, u64, u64)>,
+    windows: Vec<ShareRecord>,
+}
+
+impl From<PermitRecordV3> for PermitRecord {
+    fn from(old: PermitRecordV3) -> Self {
+        let windows = old.windows.into_iter().map(window_share).collect();
+        PermitRecord { at: old.at, expires: old.expires, places: old.places, windows }
+    }
 }
 
 impl PermitRecord {
@@ -374,7 +433,7 @@ impl PermitRecord {
             at: p.at.0,
             expires: p.expires.0,
             places: p.places.iter().map(|(b, lapse)| (b.to_string(), lapse.0)).collect(),
-            windows: p.windows.iter().map(|w| (w.bucket.to_string(), w.cost, w.cap)).collect(),
+            windows: p.windows.iter().map(share_record).collect(),
         }
     }
 
@@ -383,19 +442,41 @@ impl PermitRecord {
             at: Millis(self.at),
             expires: Millis(self.expires),
             places: self.places.into_iter().map(|(b, lapse)| (Arc::from(b), Millis(lapse))).collect(),
-            windows: self
-                .windows
-                .into_iter()
-                .map(|(b, cost, cap)| WindowShare { bucket: Arc::from(b), cost, cap })
-                .collect(),
+            windows: self.windows.into_iter().map(share_state).collect(),
         }
     }
 }
 
-/// One limit a ticket binds, its defaults resolved: (calls, perMs) of its window, its
-/// `concurrent`, cost and `holdMs`.
+/// A token bucket's level (schema byte 1, format version 7), keyed by the bucket.
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
-struct LimitRecord {
+struct LevelRecord {
+    units: i64,
+    unit_ms: u64,
+    refill: u64,
+    burst: u64,
+    at: u64,
+}
+
+impl LevelRecord {
+    fn from_state(l: &BucketLevel) -> Self {
+        LevelRecord { units: l.units, unit_ms: l.unit_ms, refill: l.refill, burst: l.burst, at: l.at.0 }
+    }
+
+    fn into_state(self) -> BucketLevel {
+        BucketLevel {
+            units: self.units,
+            unit_ms: self.unit_ms,
+            refill: self.refill,
+            burst: self.burst,
+            at: Millis(self.at),
+        }
+    }
+}
+
+/// One limit a ticket of format versions 5 and 6 binds, its defaults resolved: (calls, perMs) of
+/// its window, its `concurrent`, cost and `holdMs`.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct LimitRecordV5 {
     key: String,
     window: Option<(u64, u64)>,
     concurrent: Option<u64>,
@@ -403,7 +484,32 @@ struct LimitRecord {
     hold_ms: u64,
 }
 
-/// A live ticket (schema byte 1, format version 5), keyed by its id (see the module docs).
+/// A live ticket as format versions 5 and 6 wrote it (schema byte 1): no token bucket, no
+/// horizon of its own.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct TicketRecordV5 {
+    filed_at: u64,
+    retry_at: u64,
+    lapse_at: u64,
+    grace_ms: u64,
+    key: String,
+    limits: Vec<LimitRecordV5>,
+}
+
+/// One limit a ticket binds (format version 7): as version 5's, with a token bucket's
+/// `(refill, perMs, burst, initial)`.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct LimitRecord {
+    key: String,
+    window: Option<(u64, u64)>,
+    bucket: Option<(u64, u64, u64, u64)>,
+    concurrent: Option<u64>,
+    cost: u64,
+    hold_ms: u64,
+}
+
+/// A live ticket (schema byte 2, format version 7), keyed by its id (see the module docs): as
+/// version 5's, with token buckets among its limits and the instant its horizon ends.
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 struct TicketRecord {
     filed_at: u64,
@@ -412,6 +518,33 @@ struct TicketRecord {
     grace_ms: u64,
     key: String,
     limits: Vec<LimitRecord>,
+    deadline: Option<u64>,
+}
+
+impl From<TicketRecordV5> for TicketRecord {
+    fn from(old: TicketRecordV5) -> Self {
+        let limits = old
+            .limits
+            .into_iter()
+            .map(|l| LimitRecord {
+                key: l.key,
+                window: l.window,
+                bucket: None,
+                concurrent: l.concurrent,
+                cost: l.cost,
+                hold_ms: l.hold_ms,
+            })
+            .collect();
+        TicketRecord {
+            filed_at: old.filed_at,
+            retry_at: old.retry_at,
+            lapse_at: old.lapse_at,
+            grace_ms: old.grace_ms,
+            key: old.key,
+            limits,
+            deadline: None,
+        }
+    }
 }
 
 impl TicketRecord {
@@ -428,11 +561,13 @@ impl TicketRecord {
                 .map(|l| LimitRecord {
                     key: l.key.clone(),
                     window: l.window.map(|w| (w.calls, w.per_ms)),
+                    bucket: l.bucket.map(|b| (b.refill, b.per_ms, b.burst, b.initial)),
                     concurrent: l.concurrent,
                     cost: l.cost,
                     hold_ms: l.hold_ms,
                 })
                 .collect(),
+            deadline: t.deadline.map(|d| d.0),
         }
     }
 
@@ -449,22 +584,77 @@ impl TicketRecord {
                 .map(|l| Limit {
                     key: l.key,
                     window: l.window.map(|(calls, per_ms)| WindowLimit { calls, per_ms }),
+                    bucket: l.bucket.map(|(refill, per_ms, burst, initial)| BucketLimit {
+                        refill,
+                        per_ms,
+                        burst,
+                        initial,
+                    }),
                     concurrent: l.concurrent,
                     cost: l.cost,
                     hold_ms: l.hold_ms,
                 })
                 .collect(),
+            deadline: self.deadline.map(Millis),
         }
     }
 }
 
-/// What the acquire a request id names got, as its record holds it.
+/// Reads a ticket record of either schema.
+fn decode_ticket(bytes: &[u8]) -> Result<TicketRecord, String> {
+    match bytes.first() {
+        Some(&RECORD_SCHEMA) => decode::<TicketRecordV5>(bytes).map(TicketRecord::from),
+        _ => decode_schema(RECORD_SCHEMA_V7, bytes),
+    }
+}
+
+/// What the acquire a request id names got, as format version 6 kept it: window shares only.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+enum OutcomeRecordV6 {
+    Granted { at: u64, permit: Option<u128>, windows: Vec<(String, u64, u64)> },
+    Ticketed { ticket: u128, retry_at: u64, reason: u8, limit: String, lapse_at: u64 },
+    Released,
+}
+
+/// A request id's record as format version 6 wrote it (schema byte 1).
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct IdRecordV6 {
+    params: u128,
+    until: u64,
+    outcome: OutcomeRecordV6,
+}
+
+impl From<IdRecordV6> for IdRecord {
+    fn from(old: IdRecordV6) -> Self {
+        let outcome = match old.outcome {
+            OutcomeRecordV6::Granted { at, permit, windows } => {
+                OutcomeRecord::Granted { at, permit, windows: windows.into_iter().map(window_share).collect() }
+            }
+            OutcomeRecordV6::Ticketed { ticket, retry_at, reason, limit, lapse_at } => {
+                OutcomeRecord::Ticketed { ticket, retry_at, reason, limit, lapse_at }
+            }
+            OutcomeRecordV6::Released => OutcomeRecord::Released,
+        };
+        IdRecord { params: old.params, until: old.until, outcome }
+    }
+}
+
+/// Reads a request id's record of either schema.
+fn decode_id(bytes: &[u8]) -> Result<RequestRecord, String> {
+    let record = match bytes.first() {
+        Some(&RECORD_SCHEMA) => decode::<IdRecordV6>(bytes).map(IdRecord::from)?,
+        _ => decode_schema::<IdRecord>(RECORD_SCHEMA_V7, bytes)?,
+    };
+    record.into_state()
+}
+
+/// What the acquire a request id names got, as its record holds it (format version 7).
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 enum OutcomeRecord {
     Granted {
         at: u64,
         permit: Option<u128>,
-        windows: Vec<(String, u64, u64)>,
+        windows: Vec<ShareRecord>,
     },
     /// `reason`: 0 rate, 1 concurrency, 2 throttle.
     Ticketed {
@@ -477,7 +667,7 @@ enum OutcomeRecord {
     Released,
 }
 
-/// A request id's record (schema byte 1, format version 6), keyed by the id.
+/// A request id's record (schema byte 2, format version 7), keyed by the id.
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 struct IdRecord {
     params: u128,
@@ -493,7 +683,7 @@ impl IdRecord {
             Outcome::Granted { at, permit, windows } => OutcomeRecord::Granted {
                 at: at.0,
                 permit: permit.map(|p| p.0),
-                windows: windows.iter().map(|w| (w.bucket.to_string(), w.cost, w.cap)).collect(),
+                windows: windows.iter().map(share_record).collect(),
             },
             Outcome::Ticketed { ticket, retry_at, reason, limit, lapse_at } => OutcomeRecord::Ticketed {
                 ticket: ticket.0,
@@ -512,10 +702,7 @@ impl IdRecord {
             OutcomeRecord::Granted { at, permit, windows } => Outcome::Granted {
                 at: Millis(at),
                 permit: permit.map(PermitId),
-                windows: windows
-                    .into_iter()
-                    .map(|(b, cost, cap)| WindowShare { bucket: Arc::from(b), cost, cap })
-                    .collect(),
+                windows: windows.into_iter().map(share_state).collect(),
             },
             OutcomeRecord::Ticketed { ticket, retry_at, reason, limit, lapse_at } => Outcome::Ticketed {
                 ticket: TicketId(ticket),
@@ -564,9 +751,10 @@ enum NoteEffect<'a> {
         bucket: Cow<'a, str>,
         grants: Vec<u64>,
     },
+    /// A permit as notes of schemas 1 to 3 hold it (window shares only).
     PermitSet {
         id: u128,
-        permit: PermitRecord,
+        permit: PermitRecordV3,
     },
     PermitEnded {
         id: u128,
@@ -583,7 +771,7 @@ enum NoteEffect<'a> {
     // The line's effects (schema 2 only; appended, so a schema-1 note reads as it was written).
     TicketFiled {
         id: u128,
-        ticket: TicketRecord,
+        ticket: TicketRecordV5,
     },
     TicketRenewed {
         id: u128,
@@ -600,18 +788,58 @@ enum NoteEffect<'a> {
         #[serde(borrow)]
         id: Cow<'a, str>,
         since: u64,
-        record: IdRecord,
+        record: IdRecordV6,
     },
     RequestForgotten {
         #[serde(borrow)]
         id: Cow<'a, str>,
         since: u64,
     },
+    // Format version 7's (schema 4 only; appended, so older notes read as they were written):
+    // token buckets' levels, and the records that may name token buckets.
+    LevelSet {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+        level: LevelRecord,
+    },
+    LevelForgotten {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+    },
+    PermitSetV7 {
+        id: u128,
+        permit: PermitRecord,
+    },
+    TicketFiledV7 {
+        id: u128,
+        ticket: TicketRecord,
+    },
+    RequestKeptV7 {
+        #[serde(borrow)]
+        id: Cow<'a, str>,
+        since: u64,
+        record: IdRecord,
+    },
 }
 
 impl NoteEffect<'_> {
     fn is_request(&self) -> bool {
-        matches!(self, NoteEffect::RequestKept { .. } | NoteEffect::RequestForgotten { .. })
+        matches!(
+            self,
+            NoteEffect::RequestKept { .. } | NoteEffect::RequestKeptV7 { .. } | NoteEffect::RequestForgotten { .. }
+        )
+    }
+
+    /// Whether only a note of schema 4 (format version 7) may hold it.
+    fn is_v7(&self) -> bool {
+        matches!(
+            self,
+            NoteEffect::LevelSet { .. }
+                | NoteEffect::LevelForgotten { .. }
+                | NoteEffect::PermitSetV7 { .. }
+                | NoteEffect::TicketFiledV7 { .. }
+                | NoteEffect::RequestKeptV7 { .. }
+        )
     }
 }
 
@@ -636,23 +864,27 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
                 NoteEffect::BucketForgotten { bucket: Cow::Borrowed(bucket), grants: millis(grants) }
             }
             Effect::PermitSet { id, permit } => {
-                NoteEffect::PermitSet { id: id.0, permit: PermitRecord::from_state(permit) }
+                NoteEffect::PermitSetV7 { id: id.0, permit: PermitRecord::from_state(permit) }
             }
             Effect::PermitEnded { id } => NoteEffect::PermitEnded { id: id.0 },
             Effect::ThrottleSet { key, until } => NoteEffect::ThrottleSet { key: Cow::Borrowed(key), until: until.0 },
             Effect::ThrottleEnded { key } => NoteEffect::ThrottleEnded { key: Cow::Borrowed(key) },
             Effect::TicketFiled { id, ticket } => {
-                NoteEffect::TicketFiled { id: id.0, ticket: TicketRecord::from_state(ticket) }
+                NoteEffect::TicketFiledV7 { id: id.0, ticket: TicketRecord::from_state(ticket) }
             }
             Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
                 NoteEffect::TicketRenewed { id: id.0, retry_at: retry_at.0, lapse_at: lapse_at.0, grace_ms: *grace_ms }
             }
             Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => NoteEffect::TicketGone { id: id.0 },
-            Effect::RequestKept { id, record } => NoteEffect::RequestKept {
+            Effect::RequestKept { id, record } => NoteEffect::RequestKeptV7 {
                 id: Cow::Borrowed(id),
                 since: record.since.0,
                 record: IdRecord::from_state(record),
             },
+            Effect::LevelSet { bucket, level } => {
+                NoteEffect::LevelSet { bucket: Cow::Borrowed(bucket), level: LevelRecord::from_state(level) }
+            }
+            Effect::LevelForgotten { bucket } => NoteEffect::LevelForgotten { bucket: Cow::Borrowed(bucket) },
             Effect::RequestForgotten { id, since } => {
                 NoteEffect::RequestForgotten { id: Cow::Borrowed(id), since: since.0 }
             }
@@ -668,7 +900,10 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
             let is_line = |e: &NoteEffect<'_>| {
                 matches!(
                     e,
-                    NoteEffect::TicketFiled { .. } | NoteEffect::TicketRenewed { .. } | NoteEffect::TicketGone { .. }
+                    NoteEffect::TicketFiled { .. }
+                        | NoteEffect::TicketFiledV7 { .. }
+                        | NoteEffect::TicketRenewed { .. }
+                        | NoteEffect::TicketGone { .. }
                 )
             };
             if note.effects.iter().any(is_line) {
@@ -686,8 +921,13 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
             }
             note
         }
+        Some(&NOTE_SCHEMA_V6) => decode_schema(NOTE_SCHEMA_V6, bytes)?,
         _ => decode_schema(NOTE_SCHEMA, bytes)?,
     };
+    let schema = bytes.first().copied().unwrap_or(NOTE_SCHEMA);
+    if schema < NOTE_SCHEMA && note.effects.iter().any(NoteEffect::is_v7) {
+        return Err(format!("a note of schema {schema} names a record of format version 7"));
+    }
     let arc = |s: Cow<'_, str>| Arc::<str>::from(s.as_ref());
     let ats = |v: Vec<u64>| v.into_iter().map(Millis).collect();
     let effects = note
@@ -706,12 +946,18 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
                     Effect::BucketForgotten { bucket: arc(bucket), grants: ats(grants) }
                 }
                 NoteEffect::PermitSet { id, permit } => {
+                    Effect::PermitSet { id: PermitId(id), permit: PermitRecord::from(permit).into_state() }
+                }
+                NoteEffect::PermitSetV7 { id, permit } => {
                     Effect::PermitSet { id: PermitId(id), permit: permit.into_state() }
                 }
                 NoteEffect::PermitEnded { id } => Effect::PermitEnded { id: PermitId(id) },
                 NoteEffect::ThrottleSet { key, until } => Effect::ThrottleSet { key: arc(key), until: Millis(until) },
                 NoteEffect::ThrottleEnded { key } => Effect::ThrottleEnded { key: arc(key) },
                 NoteEffect::TicketFiled { id, ticket } => {
+                    Effect::TicketFiled { id: TicketId(id), ticket: TicketRecord::from(ticket).into_state() }
+                }
+                NoteEffect::TicketFiledV7 { id, ticket } => {
                     Effect::TicketFiled { id: TicketId(id), ticket: ticket.into_state() }
                 }
                 NoteEffect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => Effect::TicketRenewed {
@@ -723,8 +969,16 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
                 NoteEffect::TicketGone { id } => Effect::TicketLapsed { id: TicketId(id) },
                 NoteEffect::RequestKept { id, since, record } => Effect::RequestKept {
                     id: arc(id),
+                    record: RequestRecord { since: Millis(since), ..IdRecord::from(record).into_state()? },
+                },
+                NoteEffect::RequestKeptV7 { id, since, record } => Effect::RequestKept {
+                    id: arc(id),
                     record: RequestRecord { since: Millis(since), ..record.into_state()? },
                 },
+                NoteEffect::LevelSet { bucket, level } => {
+                    Effect::LevelSet { bucket: arc(bucket), level: level.into_state() }
+                }
+                NoteEffect::LevelForgotten { bucket } => Effect::LevelForgotten { bucket: arc(bucket) },
                 NoteEffect::RequestForgotten { id, since } => {
                     Effect::RequestForgotten { id: arc(id), since: Millis(since) }
                 }
@@ -743,6 +997,9 @@ fn decode_permit(bytes: &[u8]) -> Result<PermitState, String> {
             // The grant's instant was not kept; it lived `holdMs` before its places' lapses,
             // and it names no window, so nothing reads it.
             Ok(PermitRecord { at: 0, expires, places: old.places, windows: Vec::new() }.into_state())
+        }
+        Some(&PERMIT_SCHEMA_V3) => {
+            decode_schema::<PermitRecordV3>(PERMIT_SCHEMA_V3, bytes).map(|r| PermitRecord::from(r).into_state())
         }
         _ => decode_schema::<PermitRecord>(PERMIT_SCHEMA, bytes).map(PermitRecord::into_state),
     }
@@ -1208,6 +1465,7 @@ impl Store {
             txn.open_table(THROTTLES).map_err(|e| self.commit_error(e))?;
             txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
             txn.open_table(REQUESTS).map_err(|e| self.commit_error(e))?;
+            txn.open_table(LEVELS).map_err(|e| self.commit_error(e))?;
         }
         txn.commit().map_err(|e| self.commit_error(e))
     }
@@ -1242,6 +1500,8 @@ impl Store {
         txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
         // Version 6's table, empty: no older release knew request ids.
         txn.open_table(REQUESTS).map_err(|e| self.commit_error(e))?;
+        // Version 7's table, empty: no older release knew token buckets.
+        txn.open_table(LEVELS).map_err(|e| self.commit_error(e))?;
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
@@ -1317,7 +1577,7 @@ impl Store {
         for row in rows.into_iter().flatten() {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let id = TicketId(k.value());
-            let ticket = decode::<TicketRecord>(v.value()).map_err(|e| bad("tickets", e))?.into_state();
+            let ticket = decode_ticket(v.value()).map_err(|e| bad("tickets", e))?.into_state();
             if id.number() > MAX_PERMIT_SEQUENCE
                 || !key_ok(&ticket.key)
                 || ticket.limits.is_empty()
@@ -1347,8 +1607,7 @@ impl Store {
         for row in rows.into_iter().flatten() {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let (since, id) = k.value();
-            let record =
-                decode::<IdRecord>(v.value()).and_then(IdRecord::into_state).map_err(|e| bad("requests", e))?;
+            let record = decode_id(v.value()).map_err(|e| bad("requests", e))?;
             let record = RequestRecord { since: Millis(since), ..record };
             let windows_ok = match &record.outcome {
                 Outcome::Granted { windows, .. } => {
@@ -1362,6 +1621,31 @@ impl Store {
                 return Err(bad("requests", format!("a request id's record out of bounds: {id:?}")));
             }
             engine.restore_request(id, record);
+        }
+        let levels = match txn.open_table(LEVELS) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(self.corrupt(e)),
+        };
+        let rows = match &levels {
+            Some(table) => Some(table.iter().map_err(|e| self.corrupt(e))?),
+            None => None,
+        };
+        for row in rows.into_iter().flatten() {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let level = decode::<LevelRecord>(v.value()).map_err(|e| bad("levels", e))?.into_state();
+            // Never above the largest burst a request may name, in the units it was written in.
+            let most = i128::from(MAX_CALLS) * i128::from(level.unit_ms);
+            if !key_ok(k.value())
+                || !(1..=MAX_PER_MS).contains(&level.unit_ms)
+                || !(1..=MAX_CALLS).contains(&level.refill)
+                || !(1..=MAX_CALLS).contains(&level.burst)
+                || i128::from(level.units) > most
+                || level.at > floor
+            {
+                return Err(bad("levels", format!("a level out of bounds: {:?} {level:?}", k.value())));
+            }
+            engine.restore_level(k.value(), level);
         }
         Ok(floor)
     }
@@ -1458,7 +1742,7 @@ impl Store {
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
         let (mut buckets, mut grants, mut permits, mut throttles, mut tickets) = (None, None, None, None, None);
-        let mut requests = None;
+        let (mut requests, mut levels) = (None, None);
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
@@ -1515,28 +1799,35 @@ impl Store {
                         opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
                     }
                     Effect::TicketFiled { id, ticket } => {
-                        let record = encode(&TicketRecord::from_state(ticket));
+                        let record = encode_schema(RECORD_SCHEMA_V7, &TicketRecord::from_state(ticket));
                         opened(&mut tickets, txn, TICKETS)?.insert(id.0, record.as_slice())?;
                     }
                     Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
                         // A renewal of a ticket already gone (ended in the same batch, or a note
                         // redone after its end reached the file) writes nothing.
                         let table = opened(&mut tickets, txn, TICKETS)?;
-                        let kept = table.get(id.0)?.map(|v| decode::<TicketRecord>(v.value()));
+                        let kept = table.get(id.0)?.map(|v| decode_ticket(v.value()));
                         if let Some(Ok(mut record)) = kept {
                             (record.retry_at, record.lapse_at, record.grace_ms) = (retry_at.0, lapse_at.0, *grace_ms);
-                            table.insert(id.0, encode(&record).as_slice())?;
+                            table.insert(id.0, encode_schema(RECORD_SCHEMA_V7, &record).as_slice())?;
                         }
                     }
                     Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
                         opened(&mut tickets, txn, TICKETS)?.remove(id.0)?;
                     }
                     Effect::RequestKept { id, record: kept } => {
-                        let record = encode(&IdRecord::from_state(kept));
+                        let record = encode_schema(RECORD_SCHEMA_V7, &IdRecord::from_state(kept));
                         opened(&mut requests, txn, REQUESTS)?.insert((kept.since.0, &**id), record.as_slice())?;
                     }
                     Effect::RequestForgotten { id, since } => {
                         opened(&mut requests, txn, REQUESTS)?.remove((since.0, &**id))?;
+                    }
+                    Effect::LevelSet { bucket, level } => {
+                        let record = encode(&LevelRecord::from_state(level));
+                        opened(&mut levels, txn, LEVELS)?.insert(&**bucket, record.as_slice())?;
+                    }
+                    Effect::LevelForgotten { bucket } => {
+                        opened(&mut levels, txn, LEVELS)?.remove(&**bucket)?;
                     }
                 }
             }
@@ -1603,14 +1894,29 @@ mod tests {
             at: Millis(5),
             expires: Millis(900),
             places: vec![(Arc::from("c"), Millis(900))],
-            windows: vec![WindowShare { bucket: Arc::from("w"), cost: 3, cap: 10 }],
+            windows: vec![WindowShare { bucket: Arc::from("w"), cost: 3, cap: 10, tokens: None }],
         };
         let bytes = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(&state));
-        assert_eq!(decode_permit(&bytes), Ok(state));
+        assert_eq!(decode_permit(&bytes), Ok(state.clone()));
         let old = encode(&PermitRecordV2 { places: vec![("c".into(), 700), ("d".into(), 800)] });
         let read = decode_permit(&old).unwrap();
         assert_eq!((read.expires, read.places.len(), read.windows.len()), (Millis(800), 2, 0));
-        assert!(decode_permit(&[3, 0]).unwrap_err().contains("schema 3"));
+        let v3 =
+            PermitRecordV3 { at: 5, expires: 900, places: vec![("c".into(), 900)], windows: vec![("w".into(), 3, 10)] };
+        let v3 = decode_permit(&encode_schema(PERMIT_SCHEMA_V3, &v3)).unwrap();
+        assert_eq!(
+            v3,
+            PermitState { windows: vec![WindowShare { tokens: None, ..state.windows[0].clone() }], ..state.clone() }
+        );
+        let buckets = PermitState {
+            windows: vec![WindowShare { bucket: Arc::from("t"), cost: 4, cap: 9, tokens: Some((3, 1000)) }],
+            ..state
+        };
+        assert_eq!(decode_permit(&encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(&buckets))), Ok(buckets));
+        assert!(decode_permit(&[4, 0]).unwrap_err().contains("schema 4"));
+        let level = BucketLevel { units: -7, unit_ms: 1000, refill: 3, burst: 9, at: Millis(12) };
+        let bytes = encode(&LevelRecord::from_state(&level));
+        assert_eq!(decode::<LevelRecord>(&bytes).map(LevelRecord::into_state), Ok(level));
     }
 
     fn grant(key: &str, at: u64, cost: u64) -> Effect {
@@ -1708,7 +2014,12 @@ mod tests {
             lapse_at: Millis(lapse_at),
             grace_ms: 500,
             key: Arc::from("caller"),
-            limits: vec![Limit::concurrent("a", 2).with_hold_ms(9_000), Limit::window("b", 5, 60_000)],
+            limits: vec![
+                Limit::concurrent("a", 2).with_hold_ms(9_000),
+                Limit::window("b", 5, 60_000),
+                Limit::bucket("c", 5, 1_000).with_burst(9).with_initial(2),
+            ],
+            deadline: Some(Millis(lapse_at + 10_000)),
         }
     }
 
@@ -1721,7 +2032,7 @@ mod tests {
             .unwrap()
             .map(|row| {
                 let (k, v) = row.unwrap();
-                (k.value(), decode::<TicketRecord>(v.value()).unwrap().into_state())
+                (k.value(), decode_ticket(v.value()).unwrap().into_state())
             })
             .collect()
     }
@@ -1768,8 +2079,9 @@ mod tests {
         let note = encode_note(Millis(9), &[filed(one, 3_000), Effect::TicketLapsed { id: two }]);
         assert_eq!(note[0], NOTE_SCHEMA);
         // What the previous release reads a note with: the schema byte refuses it.
-        assert!(decode_schema::<Note<'_>>(NOTE_SCHEMA_V4, &note).err().unwrap().contains("schema 3"));
-        assert!(decode_schema::<Note<'_>>(NOTE_SCHEMA_V5, &note).err().unwrap().contains("schema 3"));
+        for older in [NOTE_SCHEMA_V4, NOTE_SCHEMA_V5, NOTE_SCHEMA_V6] {
+            assert!(decode_schema::<Note<'_>>(older, &note).err().unwrap().contains("schema 4"));
+        }
         let (floor, effects) = decode_note(&note).unwrap();
         assert_eq!(floor, Millis(9));
         assert!(
@@ -1783,6 +2095,31 @@ mod tests {
         let mut forged = note.clone();
         forged[0] = NOTE_SCHEMA_V4;
         assert!(decode_note(&forged).unwrap_err().contains("names a ticket"));
+        // A ticket of the previous release's notes (schema 3) reads with no token bucket and no
+        // horizon of its own; this build's record under that schema is no note it wrote.
+        forged[0] = NOTE_SCHEMA_V6;
+        assert!(decode_note(&forged).unwrap_err().contains("format version 7"));
+        let mut previous = ticket_state(3_000);
+        previous.limits.retain(|l| l.bucket.is_none());
+        let v5 = TicketRecordV5 {
+            filed_at: 1_000,
+            retry_at: 2_500,
+            lapse_at: 3_000,
+            grace_ms: 500,
+            key: "caller".into(),
+            limits: vec![
+                LimitRecordV5 { key: "a".into(), window: None, concurrent: Some(2), cost: 1, hold_ms: 9_000 },
+                LimitRecordV5 {
+                    key: "b".into(),
+                    window: Some((5, 60_000)),
+                    concurrent: None,
+                    cost: 1,
+                    hold_ms: 600_000,
+                },
+            ],
+        };
+        let read = decode_ticket(&encode(&v5)).unwrap().into_state();
+        assert_eq!(read, TicketState { deadline: None, ..previous });
     }
 
     /// Request id records (section 16) are kept, rewritten and forgotten as notes behind the
@@ -1793,7 +2130,7 @@ mod tests {
     fn request_ids_are_kept_as_records_and_as_notes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limiter.redb");
-        let share = WindowShare { bucket: Arc::from("w"), cost: 2, cap: 5 };
+        let share = WindowShare { bucket: Arc::from("w"), cost: 2, cap: 5, tokens: Some((5, 1000)) };
         let granted = RequestRecord {
             params: 0x1234_5678_9abc_def0_0fed_cba9_8765_4321,
             since: Millis(1_000),
@@ -1821,7 +2158,7 @@ mod tests {
             let rows = table.iter().unwrap().map(|row| {
                 let (k, v) = row.unwrap();
                 let (since, id) = k.value();
-                let record = decode::<IdRecord>(v.value()).and_then(IdRecord::into_state).unwrap();
+                let record = decode_id(v.value()).unwrap();
                 (id.to_owned(), RequestRecord { since: Millis(since), ..record })
             });
             rows.collect()

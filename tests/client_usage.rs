@@ -1,7 +1,8 @@
 //! The Rust client's figures, over the embedded limiter and the real server binary alike: a
 //! refusal from `try_acquire` says which limit refused and its figures (also in its message),
 //! and `usage()` reads each limit's figures with the count of this process's callers waiting
-//! for the same shape.
+//! for the same shape. A token bucket with a burst above its rate (cuca's `burst`) reports its
+//! level and burst the same way.
 
 mod common;
 use common::start_server;
@@ -70,12 +71,31 @@ async fn usage_counts_this_processs_waiters<L: LimiterApi>(client: Client<L>) {
     }
 }
 
+/// cuca's shape: 10 a minute with a burst of 20, as a token bucket that starts full.
+async fn a_bucket_with_a_burst_says_its_level<L: LimiterApi>(client: Client<L>) {
+    let req = AcquireRequest::new("me", vec![Limit::bucket("cuca/rpm", 10, 60_000).with_burst(20)]).unwrap();
+    for _ in 0..20 {
+        client.try_acquire(req.clone()).await.unwrap();
+    }
+    let Err(ClientError::Refused(refusal)) = client.try_acquire(req.clone()).await else {
+        panic!("the 21st of a burst of 20 must be refused")
+    };
+    assert_eq!(refusal.limit_figures().and_then(|f| f.bucket), Some((0, 20)));
+    let message = ClientError::Refused(refusal.clone()).to_string();
+    assert!(message.ends_with("(level 0, burst 20)"), "{message}");
+    // A token every 6 s: the refusal names the instant the next one is in.
+    let usage = client.usage(req).await.unwrap();
+    assert_eq!((usage.limits[0].bucket, usage.waiting), (Some((0, 20)), 0));
+    assert_eq!(usage.refusal.map(|r| r.retry_at), Some(refusal.retry_at));
+}
+
 #[tokio::test]
 async fn embedded() {
     let dir = tempfile::tempdir().unwrap();
     let limiter = Arc::new(Limiter::open_with(dir.path().join("limiter.redb"), LimiterOptions::default()).unwrap());
     a_refusal_names_its_limit_and_figures(Client::new(limiter.clone())).await;
-    usage_counts_this_processs_waiters(Client::new(limiter)).await;
+    usage_counts_this_processs_waiters(Client::new(limiter.clone())).await;
+    a_bucket_with_a_burst_says_its_level(Client::new(limiter)).await;
 }
 
 #[tokio::test]
@@ -83,5 +103,6 @@ async fn over_http() {
     let server = start_server(&[]);
     let limiter = Arc::new(HttpLimiter::new(server.url.clone(), None));
     a_refusal_names_its_limit_and_figures(Client::new(limiter.clone())).await;
-    usage_counts_this_processs_waiters(Client::new(limiter)).await;
+    usage_counts_this_processs_waiters(Client::new(limiter.clone())).await;
+    a_bucket_with_a_burst_says_its_level(Client::new(limiter)).await;
 }

@@ -114,6 +114,9 @@ impl std::fmt::Display for Refusal {
         if let Some((used, remaining)) = figures.window {
             parts.push(format!("used {used}, remaining {remaining}"));
         }
+        if let Some((level, burst)) = figures.bucket {
+            parts.push(format!("level {level}, burst {burst}"));
+        }
         if let Some((held, free)) = figures.places {
             parts.push(format!("held {held}, free {free}"));
         }
@@ -471,7 +474,8 @@ fn request_id() -> String {
 /// lapses as it would have).
 const UNDO_WITHIN: Duration = Duration::from_secs(5);
 
-/// What undoes one ask: its id, and a cost of 0 for each window it names (a call never made).
+/// What undoes one ask: its id, and a cost of 0 for each window and token bucket it names (a
+/// call never made).
 struct Undo<L: LimiterApi> {
     limiter: Arc<L>,
     id: String,
@@ -486,7 +490,12 @@ impl<L: LimiterApi> Clone for Undo<L> {
 
 impl<L: LimiterApi> Undo<L> {
     fn new(limiter: Arc<L>, id: String, req: &AcquireRequest) -> Self {
-        let zero = req.limits.iter().filter(|l| l.window.is_some()).map(|l| Cost::new(l.key.clone(), 0)).collect();
+        let zero = req
+            .limits
+            .iter()
+            .filter(|l| l.window.is_some() || l.bucket.is_some())
+            .map(|l| Cost::new(l.key.clone(), 0))
+            .collect();
         Undo { limiter, id, zero }
     }
 

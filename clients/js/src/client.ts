@@ -27,13 +27,22 @@ import {
 import { Permit, type Costs } from './permit.js';
 import { type HeadersLike, vendorBudget, vendorWaitMs } from './vendor.js';
 
-/** One bucket a call counts in: a rolling window (`calls` per `perMs`), concurrency, or both. */
+/**
+ * One bucket a call counts in: a rolling window (`calls` per `perMs`) or a token bucket (`refill`
+ * per `perMs`, up to `burst`), concurrency, or a window or token bucket with concurrency.
+ */
 export interface Limit {
   key: string;
   calls?: number;
   perMs?: number;
+  /** A token bucket (wire section 13): `refill` tokens every `perMs`, continuously. Never with `calls`. */
+  refill?: number;
+  /** The most a token bucket holds (default: `refill`). */
+  burst?: number;
+  /** A token bucket's level the first time it is named (default: `burst`, full). */
+  initial?: number;
   concurrent?: number;
-  /** What this call counts in this bucket's window (default: the request's `cost`). */
+  /** What this call counts in this limit's window or takes from its token bucket (default: the request's `cost`). */
   cost?: number;
   /** When a place never released lapses (default: the request's `holdMs`). */
   holdMs?: number;
@@ -54,11 +63,18 @@ export interface AcquireRequest {
   graceMs?: number;
 }
 
-/** One limit's figures (`report`, `peek`): window `used`/`remaining`, places `held`/`free`. */
+/**
+ * One limit's figures (`report`, `peek`): window `used`/`remaining`, token bucket `level`/`burst`,
+ * places `held`/`free`.
+ */
 export interface LimitFigures {
   key: string;
   used?: number;
   remaining?: number;
+  /** A token bucket's whole tokens, rounded down; negative while a settle left it in debt. */
+  level?: number;
+  /** A token bucket's most. */
+  burst?: number;
   held?: number;
   free?: number;
   /** Live tickets in the bucket's line (servers of wire version 3). */
@@ -347,15 +363,25 @@ function checkRequest(req: AcquireRequest): void {
     const earlier = seen.get(l.key);
     if (earlier !== undefined) throw new InvalidArgumentError(`${at}.key`, `repeats limits[${earlier}].key`);
     seen.set(l.key, i);
-    if ((l.calls === undefined) !== (l.perMs === undefined)) {
-      const [missing, given] = l.calls === undefined ? ['calls', 'perMs'] : ['perMs', 'calls'];
-      throw new InvalidArgumentError(`${at}.${missing}`, `is required with ${given}`);
+    if (l.calls !== undefined && l.refill !== undefined) {
+      throw new InvalidArgumentError(`${at}.refill`, `and ${at}.calls never go together: a limit is a window or a token bucket`);
     }
+    const rate = l.refill === undefined ? l.calls : l.refill;
+    if (rate !== undefined && l.perMs === undefined) {
+      throw new InvalidArgumentError(`${at}.perMs`, `is required with ${l.refill === undefined ? 'calls' : 'refill'}`);
+    }
+    if (rate === undefined && l.perMs !== undefined) throw new InvalidArgumentError(`${at}.calls`, 'or refill is required with perMs');
     optionalInteger(l.calls, `${at}.calls`, 1, MAX_CALLS);
+    optionalInteger(l.refill, `${at}.refill`, 1, MAX_CALLS);
     optionalInteger(l.perMs, `${at}.perMs`, 1, MAX_PER_MS);
+    for (const name of ['burst', 'initial'] as const) {
+      if (l[name] !== undefined && l.refill === undefined) throw new InvalidArgumentError(`${at}.${name}`, 'needs refill (a token bucket)');
+    }
+    optionalInteger(l.burst, `${at}.burst`, 1, MAX_CALLS);
+    optionalInteger(l.initial, `${at}.initial`, 0, l.burst ?? l.refill ?? MAX_CALLS);
     optionalInteger(l.concurrent, `${at}.concurrent`, 1, MAX_CONCURRENT);
-    if (l.calls === undefined && l.concurrent === undefined) {
-      throw new InvalidArgumentError(at, 'needs a window (calls and perMs), a concurrent, or both');
+    if (l.perMs === undefined && l.concurrent === undefined) {
+      throw new InvalidArgumentError(at, 'needs a window (calls and perMs), a token bucket (refill and perMs), a concurrent, or one of the first two with a concurrent');
     }
     optionalInteger(l.cost, `${at}.cost`, 0, MAX_COST);
     optionalInteger(l.holdMs, `${at}.holdMs`, 1, MAX_HOLD_MS);
@@ -791,12 +817,13 @@ export class LimiterClient {
   }
 
   /**
-   * `release {id}` in the background, with a zero cost in each window limit so that a grant the
-   * caller never saw counts nowhere. Resolves to whether the limiter answered it (never rejects).
+   * `release {id}` in the background, with a zero cost in each window and token bucket so that a
+   * grant the caller never saw counts nowhere. Resolves to whether the limiter answered it (never
+   * rejects).
    */
   #undo(id: string, limits: readonly Limit[]): Promise<boolean> {
     const body: Record<string, unknown> = { id };
-    const costs = limits.filter((l) => l.calls !== undefined).map((l) => ({ key: l.key, cost: 0 }));
+    const costs = limits.filter((l) => l.perMs !== undefined).map((l) => ({ key: l.key, cost: 0 }));
     if (costs.length > 0) body.costs = costs;
     return this.#background('/release', body).then((undone) => {
       // Whatever it got is given back: its room may be a waiter's here.

@@ -18,6 +18,12 @@ export class LimiterError extends Error {
     super(message, options);
     this.name = new.target.name;
   }
+
+  /** `InvalidArgumentError` is a `RangeError`, as node's own bad input is, and a `LimiterError` too. */
+  static [Symbol.hasInstance](value: unknown): boolean {
+    if (this === LimiterError && value instanceof InvalidArgumentError) return true;
+    return Function.prototype[Symbol.hasInstance].call(this, value);
+  }
 }
 
 /** The limiter answered with an error status; `code` is the wire's error code. */
@@ -46,11 +52,15 @@ export class ConnectionError extends LimiterError {}
 /** The limiter answered something the wire does not allow. */
 export class ProtocolError extends LimiterError {}
 
-/** Bad input caught before anything was sent; `field` names it. */
-export class InvalidArgumentError extends LimiterError {
+/**
+ * Bad input caught before anything was sent; `field` names it. A `RangeError` (as node throws for
+ * an argument out of range) that is also `instanceof LimiterError`.
+ */
+export class InvalidArgumentError extends RangeError {
   readonly field: string;
   constructor(field: string, message: string) {
     super(`${field} ${message}`);
+    this.name = 'InvalidArgumentError';
     this.field = field;
   }
 }

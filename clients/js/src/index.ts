@@ -35,7 +35,18 @@ export {
   type Reason,
 } from './errors.js';
 export { MAX_WAIT_MS, MIN_WAIT_MS, vendorBudget, vendorWaitMs, type HeadersLike, type Instant } from './vendor.js';
-export { estimateTokens, usageTokens, type MessageLike, type Tokenizer } from './estimate.js';
+export {
+  estimateTokens,
+  requestUsage,
+  tokenUsage,
+  usageCosts,
+  usageTokens,
+  type MessageLike,
+  type Provider,
+  type Tokenizer,
+  type Usage,
+  type UsageBuckets,
+} from './estimate.js';
 export {
   vernRateLimit,
   VernRateLimitError,
@@ -53,7 +64,7 @@ export {
   type VernWaitReason,
   type VernWireRequest,
 } from './vern.js';
-export { RateLimiter, type Interval, type RateLimiterOptions } from './limiter.js';
+export { RateLimiter, TokenBucket, UNITS_PER_TOKEN, type Interval, type RateLimiterOptions, type TokenBucketOptions } from './limiter.js';
 export {
   findServerBinary,
   startServer,

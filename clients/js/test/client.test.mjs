@@ -479,6 +479,19 @@ describe('errors', () => {
       [{ holdMs: 0, limits: [w()] }, 'holdMs'],
       [{ graceMs: 50, limits: [w()] }, 'graceMs'],
       [{ permit: 'yes', limits: [w()] }, 'permit'],
+      // Token buckets (wire section 13).
+      [{ limits: [{ key: 'b', refill: 0, perMs: 1_000 }] }, 'limits[0].refill'],
+      [{ limits: [{ key: 'b', refill: 1e9 + 1, perMs: 1_000 }] }, 'limits[0].refill'],
+      [{ limits: [{ key: 'b', refill: 2.5, perMs: 1_000 }] }, 'limits[0].refill'],
+      [{ limits: [{ key: 'b', refill: 5 }] }, 'limits[0].perMs'],
+      [{ limits: [w({ refill: 5 })] }, 'limits[0].refill'],
+      [{ limits: [{ key: 'b', refill: 5, perMs: 1_000, burst: 0 }] }, 'limits[0].burst'],
+      [{ limits: [{ key: 'b', refill: 5, perMs: 1_000, initial: 6 }] }, 'limits[0].initial'],
+      [{ limits: [{ key: 'b', refill: 5, perMs: 1_000, burst: 9, initial: 10 }] }, 'limits[0].initial'],
+      [{ limits: [{ key: 'b', refill: 5, perMs: 1_000, initial: -1 }] }, 'limits[0].initial'],
+      [{ limits: [w({ burst: 5 })] }, 'limits[0].burst'],
+      [{ limits: [w({ initial: 0 })] }, 'limits[0].initial'],
+      [{ limits: [{ key: 'b', concurrent: 1, burst: 5 }] }, 'limits[0].burst'],
     ];
     for (const [overrides, field] of cases) {
       const req = { key: 'k', ...overrides };

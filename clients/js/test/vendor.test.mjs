@@ -4,7 +4,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { MAX_WAIT_MS, vendorBudget, vendorWaitMs } from '../dist/index.mjs';
+import { MAX_WAIT_MS, requestUsage, tokenUsage, usageCosts, vendorBudget, vendorWaitMs } from '../dist/index.mjs';
 
 const NOW = Date.parse('2026-01-01T00:00:00Z');
 const RFC_DATE = Date.parse('2015-10-21T07:28:00Z');
@@ -162,4 +162,35 @@ test('the shared provider-signal vectors', (t) => {
     const got = vendorBudget(headersOf(c.headers), { now: instant(c.now) });
     assert.equal(got?.toISOString() ?? null, c.expect === null ? null : new Date(Date.parse(c.expect)).toISOString(), `budget vector ${c.name}`);
   }
+});
+
+// The usage cases: a reply's (or a request's) usage per kind, and its costs in the buckets the
+// case declares; or the error, by its exact message, that the Rust and Python clients give too.
+test('the shared usage and estimate vectors', (t) => {
+  if (!existsSync(vectorsPath)) {
+    const why = `the shared vectors are missing (${vectorsPath})`;
+    if (process.env.CI) assert.fail(why);
+    console.log(`\n!!! usage vectors DID NOT RUN: ${why}\n`);
+    t.skip(why);
+    return;
+  }
+  const vectors = JSON.parse(readFileSync(vectorsPath, 'utf8'));
+  assert.ok(vectors.usage.length >= 20 && vectors.estimate.length >= 5);
+  const check = (c, read, body) => {
+    let got;
+    try {
+      const usage = read(c.provider, body);
+      got = { usage, costs: usageCosts(c.provider, usage, c.buckets) };
+    } catch (e) {
+      if (c.error === null) throw new Error(`${c.name}: ${e.message}`);
+      assert.equal(e.message, c.error, c.name);
+      assert.equal(e.name, 'InvalidArgumentError', c.name);
+      return;
+    }
+    assert.equal(c.error, null, `${c.name}: expected the error ${c.error}, got ${JSON.stringify(got)}`);
+    assert.deepEqual(got, { usage: c.usage, costs: c.costs }, c.name);
+  };
+  for (const c of vectors.usage) check(c, tokenUsage, c.body);
+  for (const c of vectors.estimate) check(c, requestUsage, c.request);
+  console.log(`vectors: ${vectors.usage.length} usage and ${vectors.estimate.length} estimate cases`);
 });

@@ -116,6 +116,10 @@ class ThreadedPermit:
     def released(self) -> bool:
         return self.permit.released
 
+    @property
+    def limits(self) -> Any:
+        return self.permit.limits
+
     async def settle(self, costs: dict[str, int]) -> bool:
         return await asyncio.to_thread(self.permit.settle, costs)
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from redb_limiter import BadRequest, Limit, NoTicket, ProtocolError, QueueTimeout, Unauthorized, Unavailable
-from redb_limiter._base import ServerClock, Wait, capped_timeout
+from redb_limiter._base import ServerClock, Wait, capped_timeout, refused
 from redb_limiter._request import AcquireRequest
 from redb_limiter._time import parse_instant
 from redb_limiter._wire import Grant, Refusal, decode, parse_acquire, parse_peek
@@ -211,3 +211,32 @@ def test_a_limit_in_a_request_is_named_by_its_place() -> None:
     with pytest.raises(BadRequest) as alone:
         Limit.concurrent("b", 0).check()
     assert alone.value.field == "concurrency"
+
+
+def test_a_token_bucket_carries_the_wire_names_and_is_undone_with_the_windows() -> None:
+    bucket = Limit.bucket("a/itpm", 400, 60_000, burst=800, initial=0, cost=7)
+    req = AcquireRequest.build("me", [bucket, WINDOW, Limit.concurrent("a/conc", 2)])
+    assert req.body()["limits"][0] == {
+        "key": "a/itpm", "refill": 400, "perMs": 60_000, "burst": 800, "initial": 0, "cost": 7,
+    }
+    # Defaults stay the limiter's: a bucket names no burst or initial it was not given.
+    assert Limit.bucket("b", 5, 1_000).to_wire() == {"key": "b", "refill": 5, "perMs": 1_000}
+    # A lost ask's undo gives back what it took from the bucket too (section 16).
+    assert req.undo_body("a-1")["costs"] == [{"key": "a/itpm", "cost": 0}, {"key": "a/rpm", "cost": 0}]
+
+
+def test_a_token_buckets_figures_are_read_from_peeks_grants_and_refusals() -> None:
+    now = "2026-11-30T03:11:09.500Z"
+    figures = [{"key": "a/itpm", "level": -12, "burst": 800}, {"key": "a/conc", "held": 1, "free": 1}]
+    peek = parse_peek({"fits": False, "now": now, "retryAt": "2026-11-30T03:11:10.000Z", "reason": "rate",
+                       "limit": "a/itpm", "limits": figures})
+    assert (peek.limits[0].level, peek.limits[0].burst, peek.limits[0].remaining) == (-12, 800, None)
+    grant = parse_acquire({"granted": True, "at": now, "now": now, "limits": figures})
+    assert isinstance(grant, Grant) and grant.limits[0].level == -12 and grant.limits[1].free == 1
+    refusal = parse_acquire({"granted": False, "retryAt": "2026-11-30T03:11:10.000Z", "reason": "rate",
+                             "limit": "a/itpm", "now": now, "limits": figures})
+    assert isinstance(refusal, Refusal) and refusal.limits[0].burst == 800
+    error = refused(refusal, parse_instant(now), 0.0)
+    assert error.limit == "a/itpm" and error.limits[0].level == -12 and error.retry_after == 0.5
+    with pytest.raises(ProtocolError):
+        parse_acquire({"granted": True, "at": now, "limits": {"a": 1}})

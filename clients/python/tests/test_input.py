@@ -45,6 +45,17 @@ async def test_limit_errors_name_the_limit_by_its_place(kind: str, proxy: Proxy,
         (Limit.concurrent(f"{prefix}/b", 10**6 + 1), "limits[1].concurrency"),
         (Limit(f"{prefix}/b", calls=5), "limits[1].per_ms"),
         (Limit(f"{prefix}/b"), "limits[1].calls"),
+        (Limit.bucket(f"{prefix}/b", 0, 1_000), "limits[1].refill"),
+        (Limit.bucket(f"{prefix}/b", 10**9 + 1, 1_000), "limits[1].refill"),
+        (Limit.bucket(f"{prefix}/b", 5, 0), "limits[1].per_ms"),
+        (Limit(f"{prefix}/b", refill=5), "limits[1].per_ms"),
+        (Limit(f"{prefix}/b", calls=5, refill=5, per_ms=1_000), "limits[1].refill"),
+        (Limit.bucket(f"{prefix}/b", 5, 1_000, burst=0), "limits[1].burst"),
+        (Limit.bucket(f"{prefix}/b", 5, 1_000, burst=3, initial=4), "limits[1].initial"),
+        (Limit.bucket(f"{prefix}/b", 5, 1_000, initial=6), "limits[1].initial"),
+        (Limit.bucket(f"{prefix}/b", 5, 1_000, cost=-1), "limits[1].cost"),
+        (Limit(f"{prefix}/b", calls=5, per_ms=1_000, burst=3), "limits[1].burst"),
+        (Limit(f"{prefix}/b", calls=5, per_ms=1_000, initial=0), "limits[1].initial"),
     ]
     try:
         for limit, field in cases:

@@ -13,6 +13,14 @@
 //!   `usage.total_tokens` (Chat Completions and the Responses API), checked against its parts
 //!   (`prompt_tokens + completion_tokens`, or `input_tokens + output_tokens`) when they are
 //!   given. Google: `usageMetadata.totalTokenCount`.
+//! - [`Estimate::usage`] and [`Estimate::request_usage`]: the same figures per kind ([`Usage`]:
+//!   input, output, cache reads and cache writes apart), from a reply and from a request (whose
+//!   output part is the most the reply may hold, so a settle after the call brings it down to
+//!   the real output).
+//! - [`Usage::costs`]: a usage as the costs of the buckets a host declares ([`Buckets`]): the
+//!   input its provider counts to an input bucket, the output to an output bucket, both to a
+//!   tokens bucket. Anthropic counts no cache reads towards its input limits; OpenAI and Google
+//!   count cached prompt tokens like any other.
 //!
 //! ```
 //! use redb_limiter_client::estimate::{Estimate, Provider};
@@ -22,6 +30,23 @@
 //! assert_eq!(estimate.request_tokens(request)?, 4 + 100); // "user" + "Hello there!": 16 characters
 //! let reply = br#"{"usage":{"input_tokens":9,"output_tokens":41,"cache_read_input_tokens":2}}"#;
 //! assert_eq!(estimate.usage_tokens(reply)?, 52);
+//! # Ok::<(), redb_limiter_client::estimate::EstimateError>(())
+//! ```
+//!
+//! An Anthropic host with input and output token buckets acquires with the request's usage and
+//! settles to the reply's:
+//!
+//! ```
+//! use redb_limiter_client::estimate::{Buckets, Estimate, Provider};
+//!
+//! let estimate = Estimate::new(Provider::Anthropic);
+//! let buckets = Buckets::new().input("a/itpm").output("a/otpm");
+//! let request = br#"{"max_tokens":256,"messages":[{"role":"user","content":"Hello there!"}]}"#;
+//! let before = estimate.request_usage(request)?.costs(Provider::Anthropic, &buckets)?;
+//! assert_eq!(before, [("a/itpm".to_owned(), 4), ("a/otpm".to_owned(), 256)]);
+//! let reply = br#"{"usage":{"input_tokens":9,"output_tokens":41,"cache_read_input_tokens":2000}}"#;
+//! let after = estimate.usage(reply)?.costs(Provider::Anthropic, &buckets)?;
+//! assert_eq!(after, [("a/itpm".to_owned(), 9), ("a/otpm".to_owned(), 41)]);
 //! # Ok::<(), redb_limiter_client::estimate::EstimateError>(())
 //! ```
 
@@ -36,6 +61,123 @@ pub enum Provider {
     OpenAi,
     /// The Gemini API (`generateContent`).
     Google,
+}
+
+impl std::str::FromStr for Provider {
+    type Err = EstimateError;
+
+    /// `anthropic`, `openai` or `google`, as the JavaScript and Python clients name them.
+    fn from_str(name: &str) -> Result<Self, EstimateError> {
+        match name {
+            "anthropic" => Ok(Provider::Anthropic),
+            "openai" => Ok(Provider::OpenAi),
+            "google" => Ok(Provider::Google),
+            _ => Err(EstimateError("provider must be one of anthropic, openai, google".to_owned())),
+        }
+    }
+}
+
+/// A call's tokens per kind, as its provider counts them. `input` holds no cached tokens:
+/// the prompt is `input + cache_read + cache_write`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens read neither from nor into a cache.
+    pub input: u64,
+    /// Reply tokens (reasoning included).
+    pub output: u64,
+    /// Prompt tokens read from a cache.
+    pub cache_read: u64,
+    /// Prompt tokens written into a cache (Anthropic's `cache_creation_input_tokens`).
+    pub cache_write: u64,
+}
+
+/// The buckets a host declares for a provider's tokens, by their keys; each is optional, and
+/// at least one is named.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Buckets {
+    /// Counts the input the provider counts (Anthropic's ITPM).
+    pub input: Option<String>,
+    /// Counts the output (Anthropic's OTPM).
+    pub output: Option<String>,
+    /// Counts input and output together (OpenAI's TPM).
+    pub tokens: Option<String>,
+}
+
+impl Buckets {
+    #[must_use]
+    pub fn new() -> Self {
+        Buckets::default()
+    }
+
+    #[must_use]
+    pub fn input(mut self, key: impl Into<String>) -> Self {
+        self.input = Some(key.into());
+        self
+    }
+
+    #[must_use]
+    pub fn output(mut self, key: impl Into<String>) -> Self {
+        self.output = Some(key.into());
+        self
+    }
+
+    #[must_use]
+    pub fn tokens(mut self, key: impl Into<String>) -> Self {
+        self.tokens = Some(key.into());
+        self
+    }
+}
+
+/// The wire's bound on a bucket key, in bytes.
+const MAX_KEY_BYTES: usize = 512;
+
+impl Usage {
+    /// Every token of the call, cached or not.
+    pub fn total(&self) -> Result<u64, EstimateError> {
+        sum(&[self.input, self.output, self.cache_read, self.cache_write], "usage")
+    }
+
+    /// The input that `provider` counts towards its input limits: all of the prompt, but for
+    /// Anthropic, whose cache reads count towards none.
+    pub fn counted_input(&self, provider: Provider) -> Result<u64, EstimateError> {
+        let reads = if provider == Provider::Anthropic { 0 } else { self.cache_read };
+        sum(&[self.input, self.cache_write, reads], "usage")
+    }
+
+    /// The cost of each bucket named, in the order input, output, tokens: the counted input,
+    /// the output, and both. An error names the bucket at fault (none named, a key named
+    /// twice, an empty or overlong key).
+    pub fn costs(&self, provider: Provider, buckets: &Buckets) -> Result<Vec<(String, u64)>, EstimateError> {
+        let input = self.counted_input(provider)?;
+        let named = [
+            ("input", &buckets.input, input),
+            ("output", &buckets.output, self.output),
+            ("tokens", &buckets.tokens, sum(&[input, self.output], "usage")?),
+        ];
+        let mut costs: Vec<(String, u64)> = Vec::new();
+        for (i, (name, key, cost)) in named.iter().enumerate() {
+            let Some(key) = key else { continue };
+            if key.is_empty() || key.len() > MAX_KEY_BYTES {
+                let got = key.len();
+                return Err(EstimateError(format!(
+                    "buckets.{name} must be 1 to {MAX_KEY_BYTES} bytes of UTF-8, got {got}"
+                )));
+            }
+            if let Some((earlier, _, _)) = named[..i].iter().find(|(_, k, _)| k.as_ref() == Some(key)) {
+                return Err(EstimateError(format!("buckets.{name} repeats buckets.{earlier}")));
+            }
+            costs.push((key.clone(), *cost));
+        }
+        if costs.is_empty() {
+            return Err(EstimateError("buckets must name input, output or tokens".to_owned()));
+        }
+        Ok(costs)
+    }
+}
+
+/// A count that a larger one holds, and what is left of the larger one.
+fn part_of(part: u64, whole: u64, part_field: &str, whole_field: &str) -> Result<u64, EstimateError> {
+    whole.checked_sub(part).ok_or_else(|| EstimateError(format!("{part_field} exceeds {whole_field}")))
 }
 
 /// Why a body gives no figure. The message names the field at fault.
@@ -113,6 +255,15 @@ impl Estimate {
     /// The guess before the call: prompt characters / `chars_per_token` (rounded up) plus the
     /// most the reply may hold.
     pub fn request_tokens(&self, body: &[u8]) -> Result<u64, EstimateError> {
+        let usage = self.request_usage(body)?;
+        sum(&[usage.input, usage.output], "the estimate")
+    }
+
+    /// The guess before the call, per kind: the prompt (characters / `chars_per_token`,
+    /// rounded up) as input, and as output the most the reply may hold (`max_tokens` and its
+    /// equivalents, or `default_max_output`). It names no cache: a settle to the reply's
+    /// [`Estimate::usage`] brings each bucket to what the provider counted.
+    pub fn request_usage(&self, body: &[u8]) -> Result<Usage, EstimateError> {
         let value = parse(body)?;
         let obj = object(&value, "body")?;
         let prompt: u64 = prompt_fields(self.provider).iter().filter_map(|f| obj.get(*f)).map(chars).sum();
@@ -132,8 +283,71 @@ impl Estimate {
                 }
             },
         };
-        let prompt_tokens = prompt.div_ceil(self.chars_per_token.max(1));
-        sum(&[prompt_tokens, max_output.unwrap_or(self.default_max_output)], "the estimate")
+        let input = prompt.div_ceil(self.chars_per_token.max(1));
+        Ok(Usage { input, output: max_output.unwrap_or(self.default_max_output), ..Usage::default() })
+    }
+
+    /// The provider's usage of the call, per kind, from its reply body, strictly (a missing or
+    /// malformed figure is an error naming it). Anthropic: `usage.input_tokens` and
+    /// `output_tokens`, `cache_read_input_tokens` and `cache_creation_input_tokens` (0 when
+    /// absent). OpenAI: `prompt_tokens` and `completion_tokens` (Chat Completions) or
+    /// `input_tokens` and `output_tokens` (the Responses API), their `*_details.cached_tokens`
+    /// as cache reads, and `total_tokens`, when given, checked against the two. Google:
+    /// `usageMetadata.promptTokenCount` (its `cachedContentTokenCount` as cache reads), and
+    /// the rest of `totalTokenCount` (reply and thoughts) as output.
+    pub fn usage(&self, body: &[u8]) -> Result<Usage, EstimateError> {
+        let value = parse(body)?;
+        let obj = object(&value, "body")?;
+        match self.provider {
+            Provider::Anthropic => {
+                let usage = member(obj, "usage")?;
+                Ok(Usage {
+                    input: required(usage, "input_tokens", "usage.input_tokens")?,
+                    output: required(usage, "output_tokens", "usage.output_tokens")?,
+                    cache_read: count(usage, "cache_read_input_tokens", "usage.cache_read_input_tokens")?.unwrap_or(0),
+                    cache_write: count(usage, "cache_creation_input_tokens", "usage.cache_creation_input_tokens")?
+                        .unwrap_or(0),
+                })
+            }
+            Provider::OpenAi => {
+                let usage = member(obj, "usage")?;
+                let responses = usage.contains_key("input_tokens") || usage.contains_key("output_tokens");
+                let (a, b) = if responses { ("input", "output") } else { ("prompt", "completion") };
+                let prompt = required(usage, &format!("{a}_tokens"), &format!("usage.{a}_tokens"))?;
+                let output = required(usage, &format!("{b}_tokens"), &format!("usage.{b}_tokens"))?;
+                let details = format!("{a}_tokens_details");
+                let cached = match usage.get(&details) {
+                    None | Some(Value::Null) => 0,
+                    Some(v) => {
+                        let field = format!("usage.{details}");
+                        count(object(v, &field)?, "cached_tokens", &format!("{field}.cached_tokens"))?.unwrap_or(0)
+                    }
+                };
+                let input =
+                    part_of(cached, prompt, &format!("usage.{details}.cached_tokens"), &format!("usage.{a}_tokens"))?;
+                if let Some(total) = count(usage, "total_tokens", "usage.total_tokens")?
+                    && prompt.checked_add(output) != Some(total)
+                {
+                    return Err(EstimateError(format!(
+                        "usage.total_tokens is not usage.{a}_tokens + usage.{b}_tokens"
+                    )));
+                }
+                Ok(Usage { input, output, cache_read: cached, cache_write: 0 })
+            }
+            Provider::Google => {
+                let meta = member(obj, "usageMetadata")?;
+                let prompt = required(meta, "promptTokenCount", "usageMetadata.promptTokenCount")?;
+                let total = required(meta, "totalTokenCount", "usageMetadata.totalTokenCount")?;
+                let cached =
+                    count(meta, "cachedContentTokenCount", "usageMetadata.cachedContentTokenCount")?.unwrap_or(0);
+                let input =
+                    part_of(cached, prompt, "usageMetadata.cachedContentTokenCount", "usageMetadata.promptTokenCount")?;
+                let output = total.checked_sub(prompt).ok_or_else(|| {
+                    EstimateError("usageMetadata.totalTokenCount is below usageMetadata.promptTokenCount".to_owned())
+                })?;
+                Ok(Usage { input, output, cache_read: cached, cache_write: 0 })
+            }
+        }
     }
 
     /// The tokens the provider reports for the call, from its reply body.
@@ -141,16 +355,7 @@ impl Estimate {
         let value = parse(body)?;
         let obj = object(&value, "body")?;
         match self.provider {
-            Provider::Anthropic => {
-                let usage = member(obj, "usage")?;
-                let parts = [
-                    required(usage, "input_tokens", "usage.input_tokens")?,
-                    required(usage, "output_tokens", "usage.output_tokens")?,
-                    count(usage, "cache_creation_input_tokens", "usage.cache_creation_input_tokens")?.unwrap_or(0),
-                    count(usage, "cache_read_input_tokens", "usage.cache_read_input_tokens")?.unwrap_or(0),
-                ];
-                sum(&parts, "usage")
-            }
+            Provider::Anthropic => self.usage(body)?.total(),
             Provider::OpenAi => {
                 let usage = member(obj, "usage")?;
                 let total = required(usage, "total_tokens", "usage.total_tokens")?;

@@ -16,11 +16,15 @@
 //! - [`Permit`]: the grant as a guard that holds its places until it is dropped or released;
 //!   [`Permit::settle`] sets its grant's real costs after the call.
 //! - [`Client::peek`]: would a call fit now, and how full is each limit; nothing changes.
+//!   [`Client::usage`] adds how many callers of the same shape wait in this process, and a
+//!   refusal from [`Client::try_acquire`] carries each limit's figures and names the refusing
+//!   limit's in its message.
 //! - [`Client::observe_response`]: a provider's 429 or exhausted budget throttles the caller.
 //! - [`warn`]: observers told when a shape's line reaches a fraction of `max_waiters`, which may
 //!   turn the joining acquire away.
 //! - [`estimate`]: an LLM request's token estimate before the call, its real usage from the
-//!   provider's reply after it.
+//!   provider's reply after it, in all or per kind (input, output, cache reads and writes) with
+//!   the costs of the input, output and tokens buckets a host declares.
 
 pub mod contract;
 pub mod estimate;
@@ -69,7 +73,7 @@ impl Outcome {
                     ahead: t.ahead,
                     now: t.now,
                 });
-                Outcome::Refused(Refusal { retry_at, reason, limit, line, no_ticket: None })
+                Outcome::Refused(Refusal { retry_at, reason, limit, line, no_ticket: None, figures: Vec::new() })
             }
         }
     }
@@ -77,7 +81,9 @@ impl Outcome {
 
 /// A refusal: when to ask again, why, and which limit (or caller key, for a throttle); `line`
 /// is the ticket it filed or renewed when the request queued (section 12), `no_ticket` why a
-/// queued request got none, when the limiter said (section 12.9).
+/// queued request got none, when the limiter said (section 12.9). `figures` holds each limit's
+/// figures at the refusal, in the request's order, when the limiter reported them
+/// ([`Client::try_acquire`] asks for them); [`Refusal::limit_figures`] picks the refusing one's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub retry_at: Millis,
@@ -85,14 +91,59 @@ pub struct Refusal {
     pub limit: String,
     pub line: Option<InLine>,
     pub no_ticket: Option<NoTicket>,
+    pub figures: Vec<Figures>,
 }
 
 impl Refusal {
-    /// A refusal that names no ticket.
+    /// A refusal that names no ticket and reports no figures.
     #[must_use]
     pub fn new(retry_at: Millis, reason: Reason, limit: impl Into<String>) -> Self {
-        Refusal { retry_at, reason, limit: limit.into(), line: None, no_ticket: None }
+        Refusal { retry_at, reason, limit: limit.into(), line: None, no_ticket: None, figures: Vec::new() }
     }
+
+    /// The figures of the limit that refused, when they were reported (none for a throttle).
+    #[must_use]
+    pub fn limit_figures(&self) -> Option<&Figures> {
+        self.figures.iter().find(|f| f.key == self.limit)
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    /// `refused (rate) by a/rpm until 1800000060000 (used 50, remaining 0)`: the figures are
+    /// those of the refusing limit, when reported.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refused ({}) by {} until {}", self.reason.as_str(), self.limit, self.retry_at)?;
+        let Some(figures) = self.limit_figures() else { return Ok(()) };
+        let mut parts = Vec::new();
+        if let Some((used, remaining)) = figures.window {
+            parts.push(format!("used {used}, remaining {remaining}"));
+        }
+        if let Some((level, burst)) = figures.bucket {
+            parts.push(format!("level {level}, burst {burst}"));
+        }
+        if let Some((held, free)) = figures.places {
+            parts.push(format!("held {held}, free {free}"));
+        }
+        if let Some(queued) = figures.queued {
+            parts.push(format!("queued {queued}"));
+        }
+        if parts.is_empty() { Ok(()) } else { write!(f, " ({})", parts.join(", ")) }
+    }
+}
+
+/// How full each limit of a request is now, and how many callers of its shape wait for it in
+/// this process ([`Client::usage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeUsage {
+    /// The limiter's clock at the reading.
+    pub now: Millis,
+    /// Each limit's figures, in the request's order.
+    pub limits: Vec<Figures>,
+    /// What an acquire would be refused with now; `None` when it would be granted.
+    pub refusal: Option<Refusal>,
+    /// Callers of this request's shape inside [`Client::acquire`] in this process (the one
+    /// asking included).
+    pub waiting: usize,
 }
 
 /// Why a refusal in the line filed no ticket (`noTicket`, section 12.9): the engine's own type.
@@ -145,7 +196,7 @@ impl PeekOutcome {
 #[non_exhaustive]
 pub enum ClientError {
     /// `try_acquire` only: the limiter refused (a local limit, or a throttle a provider set).
-    #[error("refused ({}) by {} until {}", .0.reason.as_str(), .0.limit, .0.retry_at)]
+    #[error("{0}")]
     Refused(Refusal),
     /// Waited `max_wait` without a grant; `last` is the refusal that stood then (none when the
     /// time ran out in line behind earlier callers of the same shape).
@@ -266,6 +317,7 @@ impl LimiterApi for Limiter {
         let mut outcome = Outcome::from_decision(acquired.decision, acquired.ticket);
         if let Outcome::Refused(refusal) = &mut outcome {
             refusal.no_ticket = acquired.no_ticket;
+            refusal.figures = acquired.report.map(|r| r.limits).unwrap_or_default();
         }
         Ok(outcome)
     }
@@ -433,7 +485,8 @@ fn request_id() -> String {
 /// lapses as it would have).
 const UNDO_WITHIN: Duration = Duration::from_secs(5);
 
-/// What undoes one ask: its id, and a cost of 0 for each window it names (a call never made).
+/// What undoes one ask: its id, and a cost of 0 for each window and token bucket it names (a
+/// call never made).
 struct Undo<L: LimiterApi> {
     limiter: Arc<L>,
     id: String,
@@ -448,7 +501,12 @@ impl<L: LimiterApi> Clone for Undo<L> {
 
 impl<L: LimiterApi> Undo<L> {
     fn new(limiter: Arc<L>, id: String, req: &AcquireRequest) -> Self {
-        let zero = req.limits.iter().filter(|l| l.window.is_some()).map(|l| Cost::new(l.key.clone(), 0)).collect();
+        let zero = req
+            .limits
+            .iter()
+            .filter(|l| l.window.is_some() || l.bucket.is_some())
+            .map(|l| Cost::new(l.key.clone(), 0))
+            .collect();
         Undo { limiter, id, zero }
     }
 
@@ -594,8 +652,26 @@ impl<L: LimiterApi> Client<L> {
         self.limiter.peek(req).await
     }
 
-    /// Asks once; never waits.
-    pub async fn try_acquire(&self, req: AcquireRequest) -> Result<Permit<L>, ClientError> {
+    /// How full each limit of `req` is now (a peek: nothing changes), and how many callers of
+    /// its shape wait for it in this process.
+    pub async fn usage(&self, req: AcquireRequest) -> Result<ShapeUsage, ClientError> {
+        let waiting = self.waiting(&req);
+        let peeked = self.limiter.peek(req).await?;
+        Ok(ShapeUsage { now: peeked.now, limits: peeked.limits, refusal: peeked.refusal, waiting })
+    }
+
+    /// How many callers of `req`'s shape (its caller key and buckets) are inside
+    /// [`Client::acquire`] in this process now, the one asking included.
+    #[must_use]
+    pub fn waiting(&self, req: &AcquireRequest) -> usize {
+        let lines = self.lines.lock().expect("lines lock");
+        lines.get(&shape_of(req)).map_or(0, |line| line.waiting.load(Ordering::SeqCst))
+    }
+
+    /// Asks once; never waits. A refusal ([`ClientError::Refused`]) carries each limit's
+    /// figures at that instant, and says the refusing limit's.
+    pub async fn try_acquire(&self, mut req: AcquireRequest) -> Result<Permit<L>, ClientError> {
+        req.report = true;
         let wake = self.local_wake(&req);
         match self.ask(req, None).await? {
             Outcome::Granted { at, permit } => Ok(Permit::new(self.limiter.clone(), at, permit, Some(wake))),

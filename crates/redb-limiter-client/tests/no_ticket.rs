@@ -69,7 +69,14 @@ impl LimiterApi for Scripted {
             Answer::Refuse { in_ms, ticket, no_ticket } => {
                 let retry_at = now.plus(in_ms);
                 let line = ticket.map(|t| InLine { ticket: t.into(), lapse_at: retry_at.plus(2_000), ahead: 0, now });
-                Outcome::Refused(Refusal { retry_at, reason: Reason::Rate, limit: "a/rpm".into(), line, no_ticket })
+                Outcome::Refused(Refusal {
+                    retry_at,
+                    reason: Reason::Rate,
+                    limit: "a/rpm".into(),
+                    line,
+                    no_ticket,
+                    figures: Vec::new(),
+                })
             }
         })
     }

@@ -1,5 +1,6 @@
 //! The shared provider-signal vectors (`tests/vectors/vendor-signals.json` at the repository
-//! root) against `vendor_wait` and `vendor_budget`.
+//! root) against `vendor_wait` and `vendor_budget`, and its usage cases against `Estimate::usage`,
+//! `Estimate::request_usage` and `Usage::costs`.
 //!
 //! The JavaScript and Python clients read the same file, so the three implementations of the
 //! rules cannot drift apart. Every case is checked and every failure is reported by name; the
@@ -10,6 +11,7 @@ use std::collections::HashSet;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use redb_limiter::Millis;
 use redb_limiter::time::{format_instant, parse_instant};
+use redb_limiter_client::estimate::{Buckets, Estimate, EstimateError, Provider, Usage};
 use redb_limiter_client::vendor::{vendor_budget, vendor_wait};
 use serde_json::{Map, Value};
 
@@ -121,4 +123,104 @@ fn every_budget_case_matches_vendor_budget() {
         }
     }
     report("budget", cases.len(), &failures);
+}
+
+/// The buckets a usage case declares: `input`, `output` and `tokens`, each a key, none required.
+fn buckets(case: &Map<String, Value>, name: &str) -> Buckets {
+    let given = case.get("buckets").and_then(Value::as_object).unwrap_or_else(|| panic!("{name:?}: buckets"));
+    let mut buckets = Buckets::new();
+    for (kind, key) in given {
+        let key = key.as_str().unwrap_or_else(|| panic!("{name:?}: buckets.{kind} must be a string")).to_owned();
+        match kind.as_str() {
+            "input" => buckets.input = Some(key),
+            "output" => buckets.output = Some(key),
+            "tokens" => buckets.tokens = Some(key),
+            other => panic!("{name:?}: buckets.{other} is no kind of bucket"),
+        }
+    }
+    buckets
+}
+
+/// A case's expected usage, `{input, output, cacheRead, cacheWrite}`, or null for an error.
+fn expected_usage(case: &Map<String, Value>, name: &str) -> Option<Usage> {
+    let usage = match &case["usage"] {
+        Value::Null => return None,
+        Value::Object(usage) => usage,
+        _ => panic!("{name:?}: usage must be an object or null"),
+    };
+    let mut keys: Vec<&str> = usage.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["cacheRead", "cacheWrite", "input", "output"], "{name:?}: the usage's fields");
+    Some(Usage {
+        input: integer(usage, name, "input"),
+        output: integer(usage, name, "output"),
+        cache_read: integer(usage, name, "cacheRead"),
+        cache_write: integer(usage, name, "cacheWrite"),
+    })
+}
+
+/// Checks one usage or estimate case: `read` gives the usage of its body, then the costs of its
+/// buckets follow; the error (exactly one of `usage` and `error` is given) is the first met.
+fn check_usage_case(
+    name: &str,
+    case: &Map<String, Value>,
+    read: impl Fn(&Estimate, &[u8]) -> Result<Usage, EstimateError>,
+    body: &str,
+) -> Option<String> {
+    let want_usage = expected_usage(case, name);
+    let want_error = case["error"].as_str();
+    assert!(want_usage.is_some() != want_error.is_some(), "{name:?}: exactly one of usage and error");
+    let costs = |usage: Usage, provider: Provider| usage.costs(provider, &buckets(case, name));
+    let got = case["provider"].as_str().unwrap_or_else(|| panic!("{name:?}: provider")).parse::<Provider>().and_then(
+        |provider| {
+            let usage = read(&Estimate::new(provider), body.as_bytes())?;
+            Ok((usage, costs(usage, provider)?))
+        },
+    );
+    match (got, want_usage) {
+        (Ok((usage, got_costs)), Some(want)) => {
+            let want_costs: Vec<(String, u64)> = case["costs"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{name:?}: costs must be an object"))
+                .iter()
+                .map(|(key, cost)| (key.clone(), cost.as_u64().unwrap_or_else(|| panic!("{name:?}: costs[{key}]"))))
+                .collect();
+            let mut sorted = got_costs.clone();
+            sorted.sort();
+            let mut want_sorted = want_costs.clone();
+            want_sorted.sort();
+            (usage != want || sorted != want_sorted)
+                .then(|| format!("  {name:?}: expected {want:?} {want_costs:?}, got {usage:?} {got_costs:?}"))
+        }
+        (Err(e), None) if Some(e.0.as_str()) == want_error => None,
+        (got, _) => Some(format!("  {name:?}: expected {:?}, got {got:?}", want_error.unwrap_or("a usage"))),
+    }
+}
+
+#[test]
+fn every_usage_case_matches_estimate_usage() {
+    let all = vectors();
+    let cases = cases(&all, "usage", &["name", "provider", "body", "buckets", "usage", "costs", "error"]);
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(name, case)| {
+            let body = case["body"].as_str().unwrap_or_else(|| panic!("{name:?}: body must be a string"));
+            check_usage_case(name, case, Estimate::usage, body)
+        })
+        .collect();
+    report("usage", cases.len(), &failures);
+}
+
+#[test]
+fn every_estimate_case_matches_request_usage() {
+    let all = vectors();
+    let cases = cases(&all, "estimate", &["name", "provider", "request", "buckets", "usage", "costs", "error"]);
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(name, case)| {
+            let body = case["request"].as_str().unwrap_or_else(|| panic!("{name:?}: request must be a string"));
+            check_usage_case(name, case, Estimate::request_usage, body)
+        })
+        .collect();
+    report("estimate", cases.len(), &failures);
 }

@@ -37,7 +37,16 @@ from ._request import Costs, Limit, Limits
 from ._server import LocalServer, ServerNotFound, find_server, start_server
 from ._sync import Limiter, Permit
 from ._wire import LimitFigures, Peek
-from .estimate import EstimateError, estimate_tokens, request_tokens, usage_tokens
+from .estimate import (
+    EstimateError,
+    Usage,
+    estimate_tokens,
+    request_tokens,
+    request_usage,
+    token_usage,
+    usage_costs,
+    usage_tokens,
+)
 from .retry import wait_retry_at
 from .vendor import vendor_budget, vendor_wait_ms
 
@@ -66,11 +75,15 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Unreachable",
+    "Usage",
     "WaitReport",
     "estimate_tokens",
     "find_server",
     "request_tokens",
+    "request_usage",
     "start_server",
+    "token_usage",
+    "usage_costs",
     "usage_tokens",
     "vendor_budget",
     "vendor_wait_ms",

@@ -41,7 +41,7 @@ from ._errors import LimiterError, ProtocolError, QueueTimeout, Unreachable
 from ._lines import AsyncLines, _Line, _Ready
 from ._request import AcquireRequest, Costs, Limits, check_key
 from ._time import ms_to_datetime
-from ._wire import Grant, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle, parse_wait
+from ._wire import Grant, LimitFigures, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle, parse_wait
 
 __all__ = ["AsyncLimiter", "AsyncPermit", "AcquireContext"]
 
@@ -60,6 +60,9 @@ class AsyncPermit:
         self._buckets = buckets
         self.at: datetime = ms_to_datetime(grant.at_ms)
         self.id: str | None = grant.permit
+        #: Each limit's figures after the grant (a window's ``used``/``remaining``, a token
+        #: bucket's ``level``/``burst``, places ``held``/``free``), in the request's order.
+        self.limits: list[LimitFigures] = list(grant.limits)
         self.released = False
         #: The costs of the latest successful settle, if any.
         self.costs: dict[str, int] | None = None

@@ -123,6 +123,7 @@ def refused(refusal: Refusal, server_now_ms: float, received_at: float) -> Refus
         max(refusal.retry_at_ms - server_now_ms, 0.0) / 1000,
         received_at=received_at,
         no_ticket=refusal.no_ticket,
+        limits=refusal.limits,
     )
 
 

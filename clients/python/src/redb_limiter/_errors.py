@@ -4,8 +4,12 @@ without a grant. Every error that concerns one field of a request names it (``.f
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from ._wire import LimitFigures
 
 __all__ = [
     "BadRequest",
@@ -42,7 +46,9 @@ class Refused(LimiterError):
     instant a new ask could be granted; ``retry_after`` the seconds until then as measured on
     the limiter's clock when it answered. ``no_ticket`` (a refusal in the line, as
     :class:`QueueTimeout`'s ``last``) says why the limiter filed no ticket, ``None`` when it did
-    not say.
+    not say. ``limits`` holds each limit's figures at the refusal (a window's
+    ``used``/``remaining``, a token bucket's ``level``/``burst``, places ``held``/``free``),
+    in the request's order, when the limiter reported them.
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class Refused(LimiterError):
         *,
         received_at: float = 0.0,
         no_ticket: NoTicket | None = None,
+        limits: Sequence[LimitFigures] = (),
     ) -> None:
         why = "" if no_ticket is None else f", no ticket ({no_ticket})"
         super().__init__(f"refused ({reason}) by {limit} until {retry_at.isoformat()}{why}")
@@ -62,6 +69,7 @@ class Refused(LimiterError):
         self.retry_at = retry_at
         self.retry_after = retry_after
         self.no_ticket: NoTicket | None = no_ticket
+        self.limits: list[LimitFigures] = list(limits)
         #: The host's monotonic clock when the refusal arrived (``time.monotonic()``).
         self.received_at = received_at
 

@@ -51,11 +51,14 @@ def check_key(field: str, value: object, max_bytes: int = MAX_KEY_BYTES) -> str:
 
 @dataclass(frozen=True)
 class Limit:
-    """One bucket a call counts in: a rolling window (``calls`` per ``per_ms``), a concurrency
+    """One bucket a call counts in: a rolling window (``calls`` per ``per_ms``) or a token
+    bucket (``refill`` tokens every ``per_ms``, continuously, up to ``burst``), a concurrency
     limit (``concurrency`` places, each lapsing ``hold_ms`` after its grant unless released),
-    or both. ``cost`` overrides the request's cost in this bucket's window.
+    or a window or token bucket with a concurrency limit. ``cost`` overrides the request's cost
+    in this limit's window or token bucket.
 
-    Build one with :meth:`Limit.window` or :meth:`Limit.concurrent` (or both fields at once).
+    Build one with :meth:`Limit.window`, :meth:`Limit.bucket` or :meth:`Limit.concurrent` (or
+    several fields at once).
     Every field is checked against the wire's bounds when a request names the limit, before
     anything is sent, and an error names it by its place in the request (``limits[1].calls``),
     as the server's own errors do.
@@ -67,22 +70,43 @@ class Limit:
     concurrency: int | None = None
     cost: int | None = None
     hold_ms: int | None = None
+    refill: int | None = None
+    burst: int | None = None
+    initial: int | None = None
 
     def check(self, where: str = "") -> Limit:
         """Raises :class:`BadRequest` naming the first field out of the wire's bounds, each name
         prefixed with ``where`` (``"limits[1]."``); returns the limit."""
         check_key(f"{where}key", self.key)
-        if (self.calls is None) != (self.per_ms is None):
-            given, missing = ("calls", "per_ms") if self.per_ms is None else ("per_ms", "calls")
-            raise BadRequest(f"{where}{missing} is required with {where}{given}", f"{where}{missing}")
-        if self.calls is not None:
-            _int(f"{where}calls", self.calls, 1, MAX_CALLS)
+        if self.calls is not None and self.refill is not None:
+            raise BadRequest(
+                f"{where}calls and {where}refill never go together: a limit is a window or a token bucket",
+                f"{where}refill",
+            )
+        rate = "calls" if self.refill is None else "refill"
+        if (getattr(self, rate) is None) != (self.per_ms is None):
+            given, missing = (rate, "per_ms") if self.per_ms is None else ("per_ms", "calls")
+            also = " (or refill)" if missing == "calls" else ""
+            raise BadRequest(f"{where}{missing}{also} is required with {where}{given}", f"{where}{missing}")
+        if self.per_ms is not None:
+            _int(f"{where}{rate}", getattr(self, rate), 1, MAX_CALLS)
             _int(f"{where}per_ms", self.per_ms, 1, MAX_PER_MS)
+        for name in ("burst", "initial"):
+            if getattr(self, name) is not None and self.refill is None:
+                raise BadRequest(f"{where}{name} needs refill (a token bucket)", f"{where}{name}")
+        if self.burst is not None:
+            _int(f"{where}burst", self.burst, 1, MAX_CALLS)
+        if self.initial is not None:
+            _int(f"{where}initial", self.initial, 0, self.burst if self.burst is not None else self.refill or 0)
         if self.concurrency is not None:
             _int(f"{where}concurrency", self.concurrency, 1, MAX_CONCURRENT)
-        if self.calls is None and self.concurrency is None:
+        if self.per_ms is None and self.concurrency is None:
             named = where[:-1] if where else "a limit"
-            raise BadRequest(f"{named} needs a window (calls and per_ms), a concurrency, or both", f"{where}calls")
+            raise BadRequest(
+                f"{named} needs a window (calls and per_ms), a token bucket (refill and per_ms), a concurrency, "
+                "or one of the first two with a concurrency",
+                f"{where}calls",
+            )
         if self.cost is not None:
             _int(f"{where}cost", self.cost, 0, MAX_COST)
         if self.hold_ms is not None:
@@ -91,12 +115,29 @@ class Limit:
 
     @property
     def has_window(self) -> bool:
-        return self.calls is not None
+        """Whether the limit counts costs: a window or a token bucket (what a settle names)."""
+        return self.per_ms is not None
 
     @classmethod
     def window(cls, key: str, calls: int, per_ms: int, cost: int | None = None) -> Limit:
         """At most ``calls`` (counting each call's cost) in any stretch of ``per_ms``."""
         return cls(key, calls=calls, per_ms=per_ms, cost=cost)
+
+    @classmethod
+    def bucket(
+        cls,
+        key: str,
+        refill: int,
+        per_ms: int,
+        burst: int | None = None,
+        initial: int | None = None,
+        cost: int | None = None,
+    ) -> Limit:
+        """A token bucket (wire section 13): ``refill`` tokens every ``per_ms``, added
+        continuously, up to ``burst`` (default ``refill``). It holds ``initial`` (default
+        ``burst``: full) the first time it is named. A call takes its cost from it, and waits
+        while it holds less (a cost above ``burst`` waits for a full bucket)."""
+        return cls(key, per_ms=per_ms, cost=cost, refill=refill, burst=burst, initial=initial)
 
     @classmethod
     def concurrent(cls, key: str, n: int, hold_ms: int | None = None) -> Limit:
@@ -107,7 +148,14 @@ class Limit:
         body: dict[str, Any] = {"key": self.key}
         if self.calls is not None:
             body["calls"] = self.calls
+        if self.refill is not None:
+            body["refill"] = self.refill
+        if self.per_ms is not None:
             body["perMs"] = self.per_ms
+        if self.burst is not None:
+            body["burst"] = self.burst
+        if self.initial is not None:
+            body["initial"] = self.initial
         if self.concurrency is not None:
             body["concurrent"] = self.concurrency
         if self.cost is not None:
@@ -214,8 +262,8 @@ class AcquireRequest:
 
     def undo_body(self, ask_id: str) -> dict[str, Any]:
         """``release {id}`` for an ask whose answer was lost: it frees whatever that ask got (a
-        place, a ticket), and costs of 0 in every window make a call that was never made count
-        nowhere (wire section 16). Costs name window buckets only; none without a window."""
+        place, a ticket), and costs of 0 in every window and token bucket make a call that was
+        never made count nowhere (wire section 16); a limit with neither is named in none."""
         body: dict[str, Any] = {"id": ask_id}
         windows = [{"key": limit.key, "cost": 0} for limit in self.limits if limit.has_window]
         if windows:

@@ -18,11 +18,13 @@ __all__ = ["Grant", "LimitFigures", "Peek", "Refusal"]
 
 @dataclass(frozen=True)
 class Grant:
-    """A grant: its instant on the limiter's clock, and the permit id when it holds one."""
+    """A grant: its instant on the limiter's clock, the permit id when it holds one, and each
+    limit's figures after it when the acquire asked for a report."""
 
     at_ms: int
     permit: str | None
     now_ms: int | None = None
+    limits: tuple[LimitFigures, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,15 @@ class Refusal:
     lapse_at_ms: int | None = None
     ahead: int | None = None
     no_ticket: NoTicket | None = None
+    limits: tuple[LimitFigures, ...] = ()
 
 
 @dataclass(frozen=True)
 class LimitFigures:
-    """How full one limit is: a window's ``used``/``remaining``, a concurrency limit's
-    ``held``/``free``, and the live tickets in its line (``queued``) when the limiter keeps one."""
+    """How full one limit is: a window's ``used``/``remaining``, a token bucket's
+    ``level``/``burst`` (``level`` in whole tokens, rounded down, negative while a settle left it
+    in debt), a concurrency limit's ``held``/``free``, and the live tickets in its line
+    (``queued``) when the limiter keeps one."""
 
     key: str
     used: int | None = None
@@ -51,6 +56,8 @@ class LimitFigures:
     held: int | None = None
     free: int | None = None
     queued: int | None = None
+    level: int | None = None
+    burst: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ def parse_refusal(data: dict[str, Any], method: str) -> Refusal:
         lapse_at_ms=_opt_instant(data, "lapseAt", method),
         ahead=_opt_int(data, "ahead"),
         no_ticket=_no_ticket(data.get("noTicket")),
+        limits=tuple(_limits(data, method)),
     )
 
 
@@ -136,13 +144,23 @@ def parse_acquire(data: dict[str, Any]) -> Outcome:
         permit = data.get("permit")
         if permit is not None and not isinstance(permit, str):
             raise ProtocolError(f"acquire: permit must be a string, got {permit!r}")
-        return Grant(_instant(data, "at", "acquire"), permit, _opt_instant(data, "now", "acquire"))
+        return Grant(
+            _instant(data, "at", "acquire"), permit, _opt_instant(data, "now", "acquire"), tuple(_limits(data, "acquire"))
+        )
     return parse_refusal(data, "acquire")
 
 
-def _figures(entry: object) -> LimitFigures:
+def _limits(data: dict[str, Any], method: str) -> list[LimitFigures]:
+    """The figures of a peek or a reported acquire (none when the reply has none)."""
+    raw = data.get("limits", [])
+    if not isinstance(raw, list):
+        raise ProtocolError(f"{method}: limits must be a list")
+    return [_figures(entry, method) for entry in raw]
+
+
+def _figures(entry: object, method: str) -> LimitFigures:
     if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
-        raise ProtocolError(f"peek: each of limits must be an object with a key, got {entry!r}")
+        raise ProtocolError(f"{method}: each of limits must be an object with a key, got {entry!r}")
     return LimitFigures(
         key=entry["key"],
         used=_opt_int(entry, "used"),
@@ -150,16 +168,15 @@ def _figures(entry: object) -> LimitFigures:
         held=_opt_int(entry, "held"),
         free=_opt_int(entry, "free"),
         queued=_opt_int(entry, "queued"),
+        level=_opt_int(entry, "level"),
+        burst=_opt_int(entry, "burst"),
     )
 
 
 def parse_peek(data: dict[str, Any]) -> Peek:
     fits = _bool(data, "fits", "peek")
     now = ms_to_datetime(_instant(data, "now", "peek"))
-    raw = data.get("limits", [])
-    if not isinstance(raw, list):
-        raise ProtocolError("peek: limits must be a list")
-    figures = [_figures(entry) for entry in raw]
+    figures = _limits(data, "peek")
     if fits:
         return Peek(True, now, figures)
     refusal = parse_refusal(data, "peek")

@@ -25,6 +25,7 @@ import {
   UnavailableError,
 } from './errors.js';
 import { Permit, type Costs } from './permit.js';
+import { type LocalServer, type StartServerOptions, startServer } from './server.js';
 import { type HeadersLike, vendorBudget, vendorWaitMs } from './vendor.js';
 
 /**
@@ -509,6 +510,15 @@ function ticketList(v: unknown, field: string): string[] {
 
 /** A client of one limiter server. Cheap to keep; share one per process. */
 export class LimiterClient {
+  /**
+   * Starts a local server for a test or a laptop (the `redb-limiter` binary this package
+   * carries, or `REDB_LIMITER_BIN`) and resolves once its ready line is read: `{ url, stop() }`.
+   * The same as the package's `startServer`.
+   */
+  static startServer(options?: StartServerOptions): Promise<LocalServer> {
+    return startServer(options);
+  }
+
   readonly url: string;
   readonly #token: string | undefined;
   readonly #fetch: typeof fetch;

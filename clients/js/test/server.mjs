@@ -1,11 +1,11 @@
 // Starts the real `redb-limiter` binary on a temporary file and a free port (the package's own
-// `startServer`), and stops it with SIGTERM. The binary: $REDB_LIMITER_BIN, else
+// `LimiterClient.startServer`), and stops it with SIGTERM. The binary: $REDB_LIMITER_BIN, else
 // <repo root>/target/release/redb-limiter, built with cargo when neither exists.
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { startServer as start } from '../dist/index.mjs';
+import { LimiterClient } from '../dist/index.mjs';
 
 const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
@@ -23,7 +23,7 @@ export function binary() {
 }
 
 /**
- * Starts a server through the package's own `startServer` (on a temporary file and a free port;
+ * Starts a server through the package's own `LimiterClient.startServer` (on a temporary file and a free port;
  * `args`: more flags of `serve`); resolves to { url, path, pid, stop() }.
  */
 export async function startServer({ token, recheckMs, args: extra = [] } = {}) {
@@ -31,7 +31,7 @@ export async function startServer({ token, recheckMs, args: extra = [] } = {}) {
   const env = { ...process.env, RUST_LOG: 'warn' };
   delete env.REDB_LIMITER_TOKEN;
   if (token !== undefined) env.REDB_LIMITER_TOKEN = token;
-  return start({ binary: binary(), args, env });
+  return LimiterClient.startServer({ binary: binary(), args, env });
 }
 
 let counter = 0;

@@ -172,6 +172,9 @@ export interface LocalServer {
  * Starts `redb-limiter serve` and resolves once it prints its ready line (the file is open and
  * the socket listens). Rejects when the server exits before it, or after `readyTimeoutMs`.
  */
+/** How long `stop()` waits after SIGTERM before it kills the server (it drains within 10 s). */
+const STOP_KILL_AFTER_MS = 15_000;
+
 export async function startServer(options: StartServerOptions = {}): Promise<LocalServer> {
   const binary = options.binary ?? findServerBinary();
   const scratch = options.path === undefined ? mkdtempSync(join(tmpdir(), 'redb-limiter-')) : undefined;
@@ -224,11 +227,21 @@ export async function startServer(options: StartServerOptions = {}): Promise<Loc
   }
   // Anything the server prints after its ready line is read and dropped, so its pipe never fills.
   lines.on('line', () => {});
+  // A process that exits without stopping it (process.exit, an uncaught error) still takes its
+  // server down with it: SIGTERM drains and closes the file.
+  const orphaned = () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+  };
+  process.once('exit', orphaned);
   let stopped: Promise<number | null> | undefined;
   const stop = () => {
     stopped ??= (async () => {
+      process.removeListener('exit', orphaned);
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+      // The server exits within 10 s of SIGTERM; one that does not is killed.
+      const killer = setTimeout(() => child.kill('SIGKILL'), STOP_KILL_AFTER_MS);
       const code = await exited;
+      clearTimeout(killer);
       cleanup();
       return code;
     })();

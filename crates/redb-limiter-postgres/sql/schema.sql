@@ -1106,9 +1106,12 @@ COMMENT ON FUNCTION __SCHEMA__._wake(text[]) IS
 -- behind it that wants a place waited for it to end (rule Q lets no place be taken past a
 -- ticket ahead), while one that wants only window room was told its instant with this grant
 -- counted at its own, which the grant does not bring closer. The caller holds the ticket's row
--- lock.
-DROP FUNCTION IF EXISTS __SCHEMA__._end_ticket(bigint);
-CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint, p_granted boolean DEFAULT false) RETURNS void
+-- lock. It is _end_ticket_as, not an overload of _end_ticket(bigint): a server of an earlier
+-- release sharing the schema recreates _end_ticket(bigint), and an overload with a default would
+-- make every one-argument call ambiguous. (An earlier build of this script made that overload:
+-- dropped here.)
+DROP FUNCTION IF EXISTS __SCHEMA__._end_ticket(bigint, boolean);
+CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket_as(p_num bigint, p_granted boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
@@ -1133,6 +1136,15 @@ BEGIN
   IF cardinality(v_wake) > 0 THEN
     PERFORM __SCHEMA__._wake(v_wake);  -- the tickets behind it may be ready now
   END IF;
+END
+$$;
+
+-- Ends ticket p_num as left or lapsed (see _end_ticket_as).
+CREATE OR REPLACE FUNCTION __SCHEMA__._end_ticket(p_num bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE AS
+$$
+BEGIN
+  PERFORM __SCHEMA__._end_ticket_as(p_num, false);
 END
 $$;
 
@@ -1468,7 +1480,7 @@ BEGIN
       IF (v_reply->>'granted')::boolean THEN
         v_now := greatest(v_now, (v_reply->>'now')::bigint);
         IF v_mine IS NOT NULL THEN
-          PERFORM __SCHEMA__._end_ticket(v_mine, true);
+          PERFORM __SCHEMA__._end_ticket_as(v_mine, true);
           v_reply := v_reply || jsonb_build_object('waitedMs', (v_reply->>'at')::bigint - t.filed_at);
         END IF;
       ELSE

@@ -37,7 +37,7 @@
 //! {id}` is `undo()`. Every other request is sent as before and never reads the table. The digest
 //! of the params a retry must repeat is the engine's own ([`redb_limiter::engine::params_digest`]).
 //!
-//! Wake-ups (wire section 15) are [`wakes`]: `/wait` asks the database's `wait_check()` how its
+//! Wake-ups (wire section 15) are `wakes.rs`: `/wait` asks the database's `wait_check()` how its
 //! tickets stand (one round trip for all of them), and every change that can make a ticket ready
 //! notifies (`pg_notify`, delivered at commit) the keys it freed to every server, each of which
 //! listens on one connection of its own and wakes its waits on those keys.

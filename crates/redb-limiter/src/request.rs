@@ -347,7 +347,7 @@ impl Limit {
         self
     }
 
-    fn validate(&self, at: usize) -> Result<(), BadRequest> {
+    pub(crate) fn validate(&self, at: usize) -> Result<(), BadRequest> {
         let f = |name| LimitField { at, name };
         check_key(f("key"), &self.key)?;
         if let Some(w) = self.window {

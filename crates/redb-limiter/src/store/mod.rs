@@ -1539,6 +1539,12 @@ impl Store {
             }
             engine.restore_grant(bucket, Millis(at), v.value());
         }
+        // A token bucket's share carries the grant's figures, which a settle divides by.
+        let tokens_ok = |w: &WindowShare| {
+            w.tokens.is_none_or(|(refill, per_ms)| {
+                (1..=MAX_CALLS).contains(&refill) && (1..=MAX_PER_MS).contains(&per_ms) && w.cap >= 1
+            })
+        };
         for row in txn.open_table(PERMITS).map_err(|e| self.corrupt(e))?.iter().map_err(|e| self.corrupt(e))? {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let permit = decode_permit(v.value()).map_err(|e| bad("permits", e))?;
@@ -1548,7 +1554,10 @@ impl Store {
                 || permit.windows.len() > MAX_LIMITS
                 || !ahead_ok(permit.expires.0)
                 || permit.places.iter().any(|(b, lapse)| !key_ok(b) || !ahead_ok(lapse.0))
-                || permit.windows.iter().any(|w| !key_ok(&w.bucket) || w.cap > MAX_CALLS || w.cost > MAX_CALLS)
+                || permit
+                    .windows
+                    .iter()
+                    .any(|w| !key_ok(&w.bucket) || w.cap > MAX_CALLS || w.cost > MAX_CALLS || !tokens_ok(w))
             {
                 return Err(bad("permits", format!("a permit out of bounds: {}", PermitId(k.value()))));
             }
@@ -1582,7 +1591,7 @@ impl Store {
                 || !key_ok(&ticket.key)
                 || ticket.limits.is_empty()
                 || ticket.limits.len() > MAX_LIMITS
-                || ticket.limits.iter().any(|l| !key_ok(&l.key))
+                || ticket.limits.iter().any(|l| !key_ok(&l.key) || l.validate(0).is_err())
                 || !ticket.limits.windows(2).all(|w| w[0].key < w[1].key)
                 || !(MIN_GRACE_MS..=MAX_GRACE_MS).contains(&ticket.grace_ms)
                 || ticket.filed_at > floor
@@ -1612,7 +1621,9 @@ impl Store {
             let windows_ok = match &record.outcome {
                 Outcome::Granted { windows, .. } => {
                     windows.len() <= MAX_LIMITS
-                        && windows.iter().all(|w| key_ok(&w.bucket) && w.cap <= MAX_CALLS && w.cost <= w.cap)
+                        && windows
+                            .iter()
+                            .all(|w| key_ok(&w.bucket) && w.cap <= MAX_CALLS && w.cost <= w.cap && tokens_ok(w))
                 }
                 Outcome::Ticketed { limit, .. } => key_ok(limit),
                 Outcome::Released => true,

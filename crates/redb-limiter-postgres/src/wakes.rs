@@ -132,8 +132,8 @@ impl PgLimiter {
     /// 15); see the module docs. Counts nowhere and grants nothing.
     pub async fn wait(&self, req: WaitRequest) -> Result<WaitAnswer, LimiterError> {
         let wakes = &*self.wakes;
-        self.listen().await;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(req.timeout_ms);
+        self.listen(deadline).await;
         let notify = Arc::new(Notify::new());
         let mut registered = Registered { wakes, id: None };
         // Only a string of ours can name a ticket: any other is unknown without asking.
@@ -235,16 +235,21 @@ impl PgLimiter {
         self.wakes.waits().len()
     }
 
-    /// Starts the listener with the first wait, and waits (a moment at most) until it listens.
-    async fn listen(&self) {
+    /// Starts the listener with the first wait, and waits (a moment at most, never past the
+    /// wait's `deadline`, and not at all once waits are ended) until it listens.
+    async fn listen(&self, deadline: tokio::time::Instant) {
         let wakes = &self.wakes;
         wakes.listener.get_or_init(|| {
             let config = self.listen_config.clone();
             let channel = self.schema.clone();
             tokio::spawn(listener(Arc::downgrade(wakes), config, channel)).abort_handle()
         });
+        if wakes.ended.load(Ordering::SeqCst) {
+            return;
+        }
         let mut listening = wakes.listening.subscribe();
-        let _ = tokio::time::timeout(LISTEN_WITHIN, listening.wait_for(|on| *on)).await;
+        let until = deadline.min(tokio::time::Instant::now() + LISTEN_WITHIN);
+        let _ = tokio::time::timeout_at(until, listening.wait_for(|on| *on)).await;
     }
 }
 
@@ -252,15 +257,14 @@ impl PgLimiter {
 /// notified, opened again whenever it is lost (every wait woken then), until the limiter is gone.
 async fn listener(wakes: Weak<Wakes>, config: tokio_postgres::Config, channel: String) {
     let mut pause = RECONNECT_FIRST;
-    let mut lost = false;
     loop {
-        let (listened, why) = listen_once(&wakes, &config, &channel, lost).await;
+        let (listened, why) = listen_once(&wakes, &config, &channel).await;
         let Some(limiter) = wakes.upgrade() else { return };
         limiter.listening.send_replace(false);
         drop(limiter);
         tracing::debug!(error = %why, "the wake listener's connection ended; opening it again");
         if listened {
-            (pause, lost) = (RECONNECT_FIRST, true);
+            pause = RECONNECT_FIRST;
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(RECONNECT_MAX);
@@ -268,14 +272,8 @@ async fn listener(wakes: Weak<Wakes>, config: tokio_postgres::Config, channel: S
 }
 
 /// Connects, listens and wakes until the connection ends: whether it listened, and why it
-/// ended. Listening again after a connection was `lost`, it wakes every wait once (notifications
-/// may have been missed meanwhile).
-async fn listen_once(
-    wakes: &Weak<Wakes>,
-    config: &tokio_postgres::Config,
-    channel: &str,
-    lost: bool,
-) -> (bool, String) {
+/// ended. Once it listens it wakes every wait once (notifications may have been missed before).
+async fn listen_once(wakes: &Weak<Wakes>, config: &tokio_postgres::Config, channel: &str) -> (bool, String) {
     let (client, mut connection) = match config.connect(crate::tls()).await {
         Ok(connected) => connected,
         Err(e) => return (false, e.to_string()),
@@ -304,9 +302,9 @@ async fn listen_once(
     }
     if let Some(wakes) = wakes.upgrade() {
         wakes.listening.send_replace(true);
-        if lost {
-            wakes.wake_all();
-        }
+        // Every wait looks again: one that looked before this LISTEN took effect may have missed
+        // a notification (and after a lost connection, notifications were surely missed).
+        wakes.wake_all();
     }
     let why = ended.await.unwrap_or_else(|_| "the connection's task ended".to_owned());
     drop(client);

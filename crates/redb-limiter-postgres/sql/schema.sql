@@ -1418,7 +1418,7 @@ BEGIN
           t.counted := true;
         END IF;
       ELSIF t.caller IS DISTINCT FROM req->>'key' OR t.bound <> __SCHEMA__._bound(req) THEN
-        RAISE EXCEPTION 'ticket was filed for another request: the caller key and the limits (key, calls, perMs, cost, concurrent, holdMs) must be the ones it was filed with'
+        RAISE EXCEPTION 'ticket was filed for another request: the caller key and the limits (key, calls, refill, perMs, burst, initial, cost, concurrent, holdMs) must be the ones it was filed with'
           USING ERRCODE = 'RL400';
       ELSE
         v_mine := t.num;

@@ -709,7 +709,11 @@ impl Harness {
                         let own = self.reference.decide_as(r, now, RECHECK_MS, None).map_or(now, |d| d.0);
                         assert!(own <= now.plus(horizon), "filed beyond its horizon");
                         self.reference.file(note.id, r, *retry_at, now, horizon);
-                        assert_eq!(note.lapse_at, self.reference.tickets[&note.id.number()].state.lapse_at, "filed lapse");
+                        assert_eq!(
+                            note.lapse_at,
+                            self.reference.tickets[&note.id.number()].state.lapse_at,
+                            "filed lapse"
+                        );
                         assert_eq!(note.ahead, self.reference.ahead(note.id.number()));
                         let mut bound = r.clone();
                         bound.ticket = Some(note.id.to_string());
@@ -764,7 +768,15 @@ impl Harness {
         let permits = self.reference.permits.values().filter(|p| p.expires > now).count();
         let throttles = self.reference.throttles.values().filter(|u| **u > now).count();
         let facts = self.reference.facts(now);
-        let buckets = facts.buckets.keys().chain(facts.lines.keys()).collect::<std::collections::BTreeSet<_>>().len();
+        // A bucket is kept while it has grants, places or a line, and while its token level is
+        // kept (full ones too, until they have stood full for their keeping time).
+        let buckets = facts
+            .buckets
+            .keys()
+            .chain(facts.lines.keys())
+            .chain(self.reference.levels.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         assert_eq!(
             (totals.buckets, totals.permits, totals.throttles),
             (buckets, permits, throttles),

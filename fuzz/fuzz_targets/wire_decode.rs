@@ -9,8 +9,8 @@
 use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::request::{
-    AcquireRequest, BadRequest, Cost, EnvelopeError, LeaveRequest, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method, Request,
-    SettleRequest, UndoRequest, WaitRequest,
+    AcquireRequest, BadRequest, Cost, EnvelopeError, LeaveRequest, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method,
+    Request, SettleRequest, UndoRequest, WaitRequest,
 };
 
 const METHODS: [Method; 7] =
@@ -45,8 +45,24 @@ fn is_field(field: &str) -> bool {
         return !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) && index.parse::<usize>().is_ok();
     }
     [
-        "key", "limits", "cost", "holdMs", "permit", "until", "body", "method", "params", "report", "costs", "queue",
-        "ticket", "graceMs", "maxWaitMs", "id", "tickets", "timeoutMs",
+        "key",
+        "limits",
+        "cost",
+        "holdMs",
+        "permit",
+        "until",
+        "body",
+        "method",
+        "params",
+        "report",
+        "costs",
+        "queue",
+        "ticket",
+        "graceMs",
+        "maxWaitMs",
+        "id",
+        "tickets",
+        "timeoutMs",
     ]
     .contains(&field)
 }

@@ -37,7 +37,18 @@ fn is_field(field: &str) -> bool {
         }
         return match rest.strip_prefix('.') {
             None => rest.is_empty(),
-            Some(sub) => ["key", "calls", "perMs", "concurrent", "cost", "holdMs"].contains(&sub),
+            Some(sub) => [
+                "key",
+                "calls",
+                "perMs",
+                "concurrent",
+                "cost",
+                "holdMs",
+                "refill",
+                "burst",
+                "initial",
+            ]
+            .contains(&sub),
         };
     }
     if let Some(rest) = field.strip_prefix("tickets[") {

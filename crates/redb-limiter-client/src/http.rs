@@ -17,27 +17,10 @@ use redb_limiter::wire::{
     AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply, WaitReply,
 };
 
-/// The params of an acquire or a peek: [`AcquireRequest::to_json`], with each token bucket's
-/// `refill`, `perMs`, `burst` and `initial` (section 13) written out where it leaves them out.
-fn request_body(req: &AcquireRequest) -> Value {
-    let mut body = req.to_json();
-    if let Some(limits) = body.get_mut("limits").and_then(Value::as_array_mut) {
-        for (limit, wire) in req.limits.iter().zip(limits) {
-            if let (Some(b), Some(wire)) = (limit.bucket, wire.as_object_mut()) {
-                wire.entry("refill").or_insert(Value::from(b.refill));
-                wire.entry("perMs").or_insert(Value::from(b.per_ms));
-                wire.entry("burst").or_insert(Value::from(b.burst));
-                wire.entry("initial").or_insert(Value::from(b.initial));
-            }
-        }
-    }
-    body
-}
-
 /// An acquire's body: in the line (`queue` or a `ticket`), with what remains of the host's wait
 /// as `maxWaitMs` (section 12.9); outside it, or with no `max_wait`, without.
 fn acquire_body(req: &AcquireRequest, max_wait: Option<Duration>) -> Value {
-    let mut body = request_body(req);
+    let mut body = req.to_json();
     if let Some(ms) = crate::max_wait_ms(req, max_wait) {
         body["maxWaitMs"] = Value::from(ms);
     }
@@ -173,7 +156,7 @@ impl LimiterApi for HttpLimiter {
     }
 
     async fn peek(&self, req: AcquireRequest) -> Result<PeekOutcome, ClientError> {
-        let reply = self.post::<PeekReply>("peek", request_body(&req)).await?;
+        let reply = self.post::<PeekReply>("peek", req.to_json()).await?;
         let refusal = match (reply.fits, reply.refusal()) {
             (true, _) => None,
             (false, Some(r)) => Some(Refusal::new(r.retry_at, r.reason, r.limit)),

@@ -1206,6 +1206,12 @@ impl AcquireRequest {
                     m.insert("calls".into(), Value::from(w.calls));
                     m.insert("perMs".into(), Value::from(w.per_ms));
                 }
+                if let Some(b) = l.bucket {
+                    m.insert("refill".into(), Value::from(b.refill));
+                    m.insert("perMs".into(), Value::from(b.per_ms));
+                    m.insert("burst".into(), Value::from(b.burst));
+                    m.insert("initial".into(), Value::from(b.initial));
+                }
                 if let Some(c) = l.concurrent {
                     m.insert("concurrent".into(), Value::from(c));
                 }
@@ -1278,6 +1284,7 @@ mod to_json_tests {
                 Limit::window("w", 5, 1000).with_cost(3),
                 Limit::concurrent("k", 2).with_hold_ms(9),
                 Limit::window("both", 1, 2).with_concurrent(4),
+                Limit::bucket("tb", 3, 1000).with_burst(7).with_initial(2).with_concurrent(1),
             ],
         )
         .unwrap();

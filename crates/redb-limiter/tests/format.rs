@@ -35,6 +35,7 @@
 //! The previous release's (format version 7, notes of schema 4) `serve` binary wrote, over HTTP,
 //! `v7-limiter.redb` (then SIGTERM) and `v7-killed-limiter.redb` with its `-journal` (then
 //! `kill -9`): what a format-6 fixture holds, plus a token bucket's level (see [`V7_CLEAN`]).
+//! Format version 8 keeps adaptive ceilings (section 14), and its journal notes have schema 5.
 
 use redb_limiter::UndoRequest;
 
@@ -43,7 +44,9 @@ use std::sync::Arc;
 use redb_limiter::limiter::LimiterOptions;
 use redb_limiter::store::{FORMAT_VERSION, Store, file_opener};
 use redb_limiter::time::{FakeClock, parse_instant};
-use redb_limiter::{AcquireRequest, Cost, Decision, Limit, Limiter, Millis, Reason, ReleaseRequest, SettleRequest};
+use redb_limiter::{
+    AcquireRequest, Adapt, Cost, Decision, Limit, Limiter, Millis, Reason, ReleaseRequest, SettleRequest, Signal,
+};
 
 const PERMIT: &str = "p-c89bf14a218248e70000000000000000";
 
@@ -405,7 +408,7 @@ fn a_format_5_file_serves_as_before(fixture: &V5) {
     drop(limiter);
 
     let store = Store::open(&path, &file_opener()).unwrap();
-    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (7, 7));
+    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (8, 8));
     drop(store);
     let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
     let limiter = Limiter::open_with(&path, options).unwrap();
@@ -562,14 +565,42 @@ fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::pa
     (dir, path, clock)
 }
 
+/// From this build on the file keeps adaptive ceilings (section 14) across a restart: a cut, and
+/// what the permit counted.
+fn keeps_ceilings_from_then_on(path: &std::path::Path, clock: Arc<FakeClock>) {
+    let adapted = || {
+        AcquireRequest::new(
+            "fixture/cred:1",
+            vec![Limit::window("fixture/adapted", 10, 60_000).with_adapt(Adapt::defaults(10))],
+        )
+        .unwrap()
+        .with_permit()
+    };
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(5), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(path, options).unwrap();
+    let Decision::Granted { permit: Some(permit), .. } = limiter.acquire_blocking(adapted()).unwrap() else {
+        panic!("granted with a permit")
+    };
+    let settle = SettleRequest::new(permit.to_string(), vec![Cost::new("fixture/adapted", 1)]).unwrap();
+    assert!(limiter.settle_blocking(settle.with_outcome(Signal::Limited)).unwrap());
+    drop(limiter);
+    let options = LimiterOptions { clock: Some(clock), id_seed: Some(6), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(path, options).unwrap();
+    assert_eq!(limiter.peek_blocking(adapted()).unwrap().report.limits[0].ceiling, Some(5));
+    let ceilings = limiter.state_blocking("fixture/").unwrap().view.ceilings;
+    assert_eq!(ceilings.iter().map(|(k, c)| (k.as_str(), c.c)).collect::<Vec<_>>(), vec![("fixture/adapted", 5)]);
+}
+
 #[test]
 fn a_format_7_file_of_the_previous_release_serves_as_before() {
-    a_format_7_file_serves_as_before(&V7_CLEAN);
+    let (_dir, path, clock) = a_format_7_file_serves_as_before(&V7_CLEAN);
+    keeps_ceilings_from_then_on(&path, clock);
 }
 
 /// The previous release's notes (schema 4, a token bucket's level among them) are redone as they
 /// were, and the file is marked this build's version before the journal takes a note of it.
 #[test]
 fn notes_of_schema_4_left_by_a_kill_of_the_previous_release_are_redone_with_their_levels() {
-    a_format_7_file_serves_as_before(&V7_KILLED);
+    let (_dir, path, clock) = a_format_7_file_serves_as_before(&V7_KILLED);
+    keeps_ceilings_from_then_on(&path, clock);
 }

@@ -139,6 +139,41 @@ async fn kill_9_keeps_a_bucket_level_and_the_restart_refills_it_by_the_time_pass
     server.child.wait().unwrap();
 }
 
+/// An adaptive ceiling is durable before its reply (section 14): `kill -9` straight after the
+/// outcome that cut it keeps the cut, the permit's outcome stays counted, and `/state` lists it.
+#[tokio::test]
+async fn kill_9_keeps_an_adaptive_ceiling_and_what_each_permit_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.redb");
+    let mut server = start(&path);
+    let adapted = json!({"key": "caller", "permit": true, "report": true, "limits": [
+        {"key": "rpm", "calls": 10, "perMs": 3_600_000, "adapt": {"min": 1, "keepPct": 50}}]});
+    let first = post(&server.url, "/acquire", adapted.clone()).await;
+    let second = post(&server.url, "/acquire", adapted.clone()).await;
+    let settle = json!({"permit": first["permit"], "costs": [{"key": "rpm", "cost": 1}], "outcome": "limited"});
+    assert_eq!(post(&server.url, "/settle", settle).await, json!({"settled": true}));
+    server.child.kill().unwrap(); // SIGKILL, straight after the reply
+    server.child.wait().unwrap();
+
+    let mut server = start(&path);
+    let peek = post(&server.url, "/peek", adapted.clone()).await;
+    assert_eq!(peek["limits"][0]["ceiling"], 5, "{peek}");
+    // The first permit's outcome was counted: again, it changes nothing; the second was granted
+    // before the cut: one overload.
+    let again = json!({"permit": first["permit"], "outcome": "limited"});
+    assert_eq!(post(&server.url, "/release", again).await, json!({"released": true}));
+    let before = json!({"permit": second["permit"], "outcome": "limited"});
+    assert_eq!(post(&server.url, "/release", before).await, json!({"released": true}));
+    assert_eq!(post(&server.url, "/peek", adapted).await["limits"][0]["ceiling"], 5);
+    let state: Value =
+        reqwest::Client::new().get(format!("{}/state", server.url)).send().await.unwrap().json().await.unwrap();
+    let ceiling = &state["ceilings"][0];
+    assert_eq!((&ceiling["key"], &ceiling["ceiling"]), (&json!("rpm"), &json!(5)), "{state}");
+    assert!(ceiling["lastCutAt"].is_string(), "{state}");
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
 /// Tickets are in the file: after a `kill -9` (straight after a renewal, which may be lost) and
 /// after a clean stop, each ticket keeps its place and order in the line.
 #[tokio::test]

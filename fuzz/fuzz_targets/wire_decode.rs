@@ -2,7 +2,8 @@
 //! valid request or a `BadRequest` whose message starts with the field at fault (or, for the
 //! envelope, an unknown method); and an envelope around a JSON body answers as the direct path.
 //! Covers the bodies of section 9 too: `peek` (an acquire's params), `settle` and `release` with
-//! `costs`, `lift`, and an acquire's `report` and `permit`.
+//! `costs`, `lift`, and an acquire's `report` and `permit`; and section 14's `adapt`, `outcome`
+//! and a throttle's `permit`.
 
 #![no_main]
 
@@ -10,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 use redb_limiter::Millis;
 use redb_limiter::request::{
     AcquireRequest, BadRequest, Cost, EnvelopeError, LeaveRequest, MAX_PERMIT_BYTES, MAX_THROTTLE_AHEAD_MS, Method,
-    Request, SettleRequest, UndoRequest, WaitRequest,
+    ReleaseRequest, Request, SettleRequest, UndoRequest, WaitRequest,
 };
 
 const METHODS: [Method; 7] =
@@ -47,6 +48,11 @@ fn is_field(field: &str) -> bool {
                 "refill",
                 "burst",
                 "initial",
+                "adapt",
+                "adapt.min",
+                "adapt.max",
+                "adapt.increase",
+                "adapt.keepPct",
             ]
             .contains(&sub),
         };
@@ -74,6 +80,7 @@ fn is_field(field: &str) -> bool {
         "id",
         "tickets",
         "timeoutMs",
+        "outcome",
     ]
     .contains(&field)
 }
@@ -130,6 +137,7 @@ fn check_request(req: &Request, now: Millis) {
             if !r.costs.is_empty() {
                 check_costs(&r.costs);
             }
+            assert_eq!(ReleaseRequest::from_json(&r.to_json()).as_ref(), Ok(r), "round trip");
         }
         Request::Settle(r) => {
             assert!((1..=MAX_PERMIT_BYTES).contains(&r.permit.len()));
@@ -145,6 +153,7 @@ fn check_request(req: &Request, now: Millis) {
         Request::Throttle(t) => {
             assert!((1..=512).contains(&t.key.len()));
             assert!(t.until <= now.plus(MAX_THROTTLE_AHEAD_MS));
+            assert!(t.permit.as_ref().is_none_or(|p| (1..=MAX_PERMIT_BYTES).contains(&p.len())));
         }
     }
 }

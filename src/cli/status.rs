@@ -179,6 +179,7 @@ pub fn render(state: &StateReply) -> String {
     }
     lines(&mut out, state, |ms| format!("{ms}ms"));
     levels(&mut out, state);
+    ceilings(&mut out, state, span);
     if !state.throttles.is_empty() {
         let _ = writeln!(out, "\nTHROTTLED CALLER{}  TIME LEFT", " ".repeat(width.saturating_sub(16)));
         for t in &state.throttles {
@@ -225,6 +226,20 @@ fn levels(out: &mut String, state: &StateReply) {
         let shown = meter(u64::try_from(level).unwrap_or(0), burst).replacen("] 0/", &format!("] {level}/"), 1);
         let debt = if level < 0 { "  in debt" } else { "" };
         let _ = writeln!(out, "{key:width$}  {shown}{debt}");
+    }
+}
+
+/// The adaptive ceilings kept (section 14): each one's `C` and how long ago it was last cut;
+/// nothing when none is kept.
+fn ceilings(out: &mut String, state: &StateReply, span: impl Fn(u64) -> String) {
+    if state.ceilings.is_empty() {
+        return;
+    }
+    let width = state.ceilings.iter().map(|c| c.key.len()).max().unwrap_or(0).max(16);
+    let _ = writeln!(out, "\n{:width$}  {:>10}  LAST CUT", "ADAPTIVE CEILING", "CEILING");
+    for c in &state.ceilings {
+        let cut = c.last_cut_at.map_or("-".into(), |at| format!("{} ago", span(state.now.0.0.saturating_sub(at.0.0))));
+        let _ = writeln!(out, "{:width$}  {:>10}  {cut}", c.key, c.ceiling);
     }
 }
 
@@ -308,6 +323,7 @@ pub fn render_live(state: &StateReply, recent: Option<&RecentReply>, bucket_rows
     }
     lines(&mut out, state, span);
     levels(&mut out, state);
+    ceilings(&mut out, state, span);
     if !state.throttles.is_empty() {
         let width = state.throttles.iter().map(|t| t.key.len()).max().unwrap_or(0).max(16);
         let _ = writeln!(out, "\n{:width$}  TIME LEFT", "THROTTLED CALLER");
@@ -563,6 +579,22 @@ mod tests {
             assert!(out.contains("anthropic/otpm  [..........] -3/10  in debt\n"), "{out}");
         }
         assert!(!render(&super::tests::state()).contains("TOKEN BUCKET"), "nothing where no bucket keeps a level");
+    }
+
+    #[test]
+    fn adaptive_ceilings_show_their_ceiling_and_last_cut() {
+        let mut state = state();
+        state.ceilings = serde_json::from_value(serde_json::json!([
+            {"key": "anthropic/rpm", "ceiling": 25, "lastCutAt": "2027-01-15T08:00:00.100Z"},
+            {"key": "openai/rpm", "ceiling": 60, "lastCutAt": null}
+        ]))
+        .unwrap();
+        for out in [render(&state), render_live(&state, None, 10)] {
+            assert!(out.contains("\nADAPTIVE CEILING     CEILING  LAST CUT\n"), "{out}");
+            assert!(out.contains("anthropic/rpm             25  500ms ago\n"), "{out}");
+            assert!(out.contains("openai/rpm                60  -\n"), "{out}");
+        }
+        assert!(!render(&super::tests::state()).contains("ADAPTIVE CEILING"), "nothing where no ceiling is kept");
     }
 
     #[test]

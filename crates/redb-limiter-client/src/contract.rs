@@ -71,6 +71,13 @@ pub const CASES: &[&str] = &[
     "bucket: settle refunds up to burst and takes into debt; figures give level and burst",
     "bucket: with concurrent it holds a place; in the line a later call waits behind the ticket",
     "bucket: calls with refill, burst or initial without refill, initial above burst are a 400 naming them",
+    "ceiling: a request is judged with the ceiling, which starts at calls",
+    "ceiling: a limited outcome cuts once per overload, never below min",
+    "ceiling: a clean outcome grows it only in play, at most once per perMs, never above max",
+    "ceiling: an outcome counts once per permit; an unknown or released permit changes nothing",
+    "ceiling: a throttle naming a permit cuts its buckets and closes the caller",
+    "ceiling: a bucket's ceiling stands for refill and scales burst",
+    "errors: bad adapt, outcome and throttle permit fields are a 400 naming them, and change nothing",
 ];
 
 #[derive(Clone)]
@@ -124,6 +131,31 @@ impl Contract {
 
     /// An acquire of `cost` from the token bucket `bucket` (section 13), with `extra` fields in
     /// its limit (`burst`, `initial`, `concurrent`).
+    /// An acquire with `permit` and `report` of the window `bucket` adapted by `adapt` (section 14).
+    fn adapted(&self, bucket: &str, calls: u64, per_ms: u64, adapt: Value) -> Value {
+        json!({"key": self.key("caller"), "permit": true, "report": true,
+            "limits": [{"key": self.key(bucket), "calls": calls, "perMs": per_ms, "adapt": adapt}]})
+    }
+
+    /// The ceiling a peek of `body` is judged with.
+    async fn ceiling(&self, body: &Value) -> Result<u64, String> {
+        let peek = self.post("/peek", body.clone()).await?;
+        peek["limits"][0]["ceiling"].as_u64().ok_or_else(|| format!("no ceiling in {peek}"))
+    }
+
+    /// A grant of `body` and its permit.
+    async fn permit(&self, body: &Value) -> Result<String, String> {
+        let v = self.acquire(body.clone()).await?;
+        granted(&v)?;
+        v["permit"].as_str().map(str::to_owned).ok_or_else(|| format!("no permit in {v}"))
+    }
+
+    /// Releases `permit` with `outcome`: whether it was live.
+    async fn release_with(&self, permit: &str, outcome: &str) -> Result<bool, String> {
+        let v = self.post("/release", json!({"permit": permit, "outcome": outcome})).await?;
+        v["released"].as_bool().ok_or_else(|| format!("no released in {v}"))
+    }
+
     fn bucket(&self, bucket: &str, refill: u64, per_ms: u64, cost: u64, extra: Value) -> Value {
         let mut limit = json!({"key": self.key(bucket), "refill": refill, "perMs": per_ms, "cost": cost});
         if let (Some(limit), Value::Object(extra)) = (limit.as_object_mut(), extra) {
@@ -1056,6 +1088,127 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             // Nothing was taken from the first limit's bucket.
             let peek = c.post("/peek", c.bucket("ok", 1, 60_000, 1, json!({}))).await?;
             ensure!(level_of(&peek)? == (1, 1), "a request that errs changes nothing: {peek}");
+            Ok(())
+        }
+        50 => {
+            let body = c.adapted("c50", 3, 60_000, json!({}));
+            ensure!(c.ceiling(&body).await? == 3, "starts at calls");
+            for _ in 0..3 {
+                let v = c.acquire(body.clone()).await?;
+                granted(&v)?;
+                ensure!(v["limits"][0]["ceiling"] == 3, "the report gives the ceiling: {v}");
+            }
+            refused(&c.acquire(body).await?, "rate", &c.key("c50"))?;
+            Ok(())
+        }
+        51 => {
+            let body = c.adapted("c51", 10, 60_000, json!({"min": 2, "keepPct": 50}));
+            let (a, b) = (c.permit(&body).await?, c.permit(&body).await?);
+            ensure!(c.release_with(&a, "limited").await?, "released");
+            ensure!(c.ceiling(&body).await? == 5, "cut to half");
+            // Granted before that cut: the same overload.
+            ensure!(c.release_with(&b, "limited").await?, "released");
+            ensure!(c.ceiling(&body).await? == 5, "two 429s of one overload cut once");
+            // Judged with 5: two counted, three more fit.
+            for _ in 0..2 {
+                granted(&c.acquire(body.clone()).await?)?;
+            }
+            let after = c.permit(&body).await?;
+            refused(&c.acquire(body.clone()).await?, "rate", &c.key("c51"))?;
+            let settle = json!({"permit": after, "costs": [{"key": c.key("c51"), "cost": 1}], "outcome": "limited"});
+            ensure!(c.post("/settle", settle).await?["settled"] == true, "settled");
+            ensure!(c.ceiling(&body).await? == 2, "a grant after the cut cuts again: 5 to 2");
+            Ok(())
+        }
+        52 => {
+            let body = c.adapted("c52", 4, 400, json!({"max": 7, "increase": 2}));
+            // One of 4 in the window: not in play, no growth.
+            let quiet = c.permit(&body).await?;
+            ensure!(c.release_with(&quiet, "clean").await?, "released");
+            ensure!(c.ceiling(&body).await? == 4, "a ceiling that binds nothing does not grow");
+            // Two of 4: half, in play.
+            let busy = c.permit(&body).await?;
+            ensure!(c.release_with(&busy, "clean").await?, "released");
+            ensure!(c.ceiling(&body).await? == 6, "grown by increase");
+            let again = c.permit(&body).await?;
+            ensure!(c.release_with(&again, "clean").await?, "released");
+            ensure!(c.ceiling(&body).await? == 6, "at most once per perMs");
+            // A window later (the ceiling, below max, outlives the empty window), three of 6 are
+            // in play again: it grows, up to max.
+            sleep_past(wall_clock_now().plus(400)).await;
+            let mut last = String::new();
+            for _ in 0..3 {
+                last = c.permit(&body).await?;
+            }
+            ensure!(c.release_with(&last, "clean").await?, "released");
+            ensure!(c.ceiling(&body).await? == 7, "6 + 2 is bounded by max");
+            Ok(())
+        }
+        53 => {
+            let body = c.adapted("c53", 10, 60_000, json!({}));
+            let first = c.permit(&body).await?;
+            let settle = json!({"permit": first, "costs": [{"key": c.key("c53"), "cost": 1}], "outcome": "limited"});
+            ensure!(c.post("/settle", settle).await?["settled"] == true, "settled");
+            ensure!(c.ceiling(&body).await? == 5, "cut");
+            let later = c.permit(&body).await?;
+            let settle = json!({"permit": later, "costs": [{"key": c.key("c53"), "cost": 1}], "outcome": "limited"});
+            ensure!(c.post("/settle", settle).await?["settled"] == true, "settled");
+            ensure!(c.ceiling(&body).await? == 2, "cut again");
+            // The same permit's outcome again: counted once.
+            ensure!(c.release_with(&later, "limited").await?, "still live, released");
+            ensure!(c.ceiling(&body).await? == 2, "an outcome counts once per permit");
+            ensure!(!c.release_with(&later, "limited").await?, "released already");
+            ensure!(!c.release_with("p-00000000000000000000000000000000", "limited").await?, "unknown");
+            ensure!(c.ceiling(&body).await? == 2, "an unknown or released permit changes nothing");
+            Ok(())
+        }
+        54 => {
+            let body = c.adapted("c54", 10, 60_000, json!({}));
+            let permit = c.permit(&body).await?;
+            let until = format_instant(wall_clock_now().plus(60_000));
+            let throttle = json!({"key": c.key("caller"), "until": until, "permit": permit});
+            ensure!(c.post("/throttle", throttle).await?["until"] == until, "in force");
+            ensure!(c.ceiling(&body).await? == 5, "limited for the permit's bucket");
+            refused(&c.acquire(body).await?, "throttle", &c.key("caller"))?;
+            ensure!(c.post("/lift", json!({"key": c.key("caller")})).await?["lifted"] == true, "lifted");
+            Ok(())
+        }
+        55 => {
+            let mut body = c.bucket("c55", 10, 60_000, 1, json!({"burst": 20, "adapt": {}}));
+            body["permit"] = json!(true);
+            let v = c.acquire(body.clone()).await?;
+            granted(&v)?;
+            ensure!(v["limits"][0]["ceiling"] == 10 && v["limits"][0]["burst"] == 20, "starts at refill: {v}");
+            let permit = v["permit"].as_str().ok_or_else(|| format!("no permit in {v}"))?.to_owned();
+            ensure!(c.release_with(&permit, "limited").await?, "released");
+            let peek = c.post("/peek", body).await?;
+            ensure!(peek["limits"][0]["ceiling"] == 5 && peek["limits"][0]["burst"] == 10, "burst scales: {peek}");
+            Ok(())
+        }
+        56 => {
+            let caller = c.key("caller");
+            let with = |limit: Value| json!({"key": caller, "permit": true, "limits": [limit]});
+            let w = |adapt: Value| with(json!({"key": c.key("w"), "calls": 10, "perMs": 60_000, "adapt": adapt}));
+            let bad = [
+                ("/acquire", w(json!({"keepPct": 100})), "limits[0].adapt.keepPct"),
+                ("/acquire", w(json!({"min": 11})), "limits[0].adapt.min"),
+                ("/acquire", w(json!({"max": 9})), "limits[0].adapt.max"),
+                ("/acquire", w(json!({"increase": -1})), "limits[0].adapt.increase"),
+                ("/acquire", w(json!(5)), "limits[0].adapt"),
+                ("/peek", with(json!({"key": c.key("p"), "concurrent": 1, "adapt": {}})), "limits[0].adapt"),
+                ("/release", json!({"permit": "p-1", "outcome": "ok"}), "outcome"),
+                ("/settle", json!({"permit": "p-1", "costs": [{"key": "a", "cost": 1}], "outcome": 1}), "outcome"),
+                ("/throttle", json!({"key": caller, "until": format_instant(wall_clock_now()), "permit": 5}), "permit"),
+            ];
+            for (path, body, field) in bad {
+                let (status, v) = c.send(reqwest::Method::POST, path, Some(body.to_string())).await?;
+                ensure!(status == 400 && v["error"]["code"] == "bad_request", "{body}: {status} {v}");
+                let message = v["error"]["message"].as_str().unwrap_or_default();
+                ensure!(message.starts_with(field), "{body}: message {message:?} does not name {field}");
+            }
+            // Nothing was counted.
+            let peek = c.post("/peek", c.window("w", 10, 60_000)).await?;
+            ensure!(peek["limits"][0]["used"] == 0, "a request that errs changes nothing: {peek}");
             Ok(())
         }
         _ => Err(format!("no case {case}")),

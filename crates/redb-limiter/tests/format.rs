@@ -336,6 +336,20 @@ fn v6_grant() -> AcquireRequest {
         .unwrap()
 }
 
+/// The fixture's ticket kept its place: asked again before its retryAt it is refused, first in
+/// line; at its retryAt (the clock set there) it is granted.
+fn assert_ticket_kept_its_place(limiter: &Limiter, clock: &FakeClock, ticket: &str, retry_at: &str) {
+    let again = rpm().with_ticket(ticket).unwrap();
+    let refused = limiter.acquire_reported_blocking(again.clone()).unwrap();
+    assert_eq!(refused.ticket.map(|t| (t.id.to_string(), t.ahead)), Some((ticket.to_owned(), 0)));
+    assert_eq!(
+        refused.decision,
+        Decision::Refused { retry_at: at(retry_at), reason: Reason::Rate, limit: "fixture/rpm".into() }
+    );
+    clock.set(at(retry_at));
+    assert!(limiter.acquire_blocking(again).unwrap().is_granted());
+}
+
 fn rpm() -> AcquireRequest {
     AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/rpm", 1, 60_000)]).unwrap()
 }
@@ -381,17 +395,7 @@ fn a_format_5_file_serves_as_before(fixture: &V5) {
         assert!(limiter.acquire_blocking(released).is_err());
     }
     assert_tpd_waits_for(&limiter, 5, at(fixture.tpd_first));
-    // The ticket kept its place: asked again before its retryAt it is refused, first in line;
-    // at its retryAt it is granted.
-    let again = rpm().with_ticket(fixture.ticket).unwrap();
-    let refused = limiter.acquire_reported_blocking(again.clone()).unwrap();
-    assert_eq!(refused.ticket.map(|t| (t.id.to_string(), t.ahead)), Some((fixture.ticket.to_owned(), 0)));
-    assert_eq!(
-        refused.decision,
-        Decision::Refused { retry_at: at(fixture.retry_at), reason: Reason::Rate, limit: "fixture/rpm".into() }
-    );
-    clock.set(at(fixture.retry_at));
-    assert!(limiter.acquire_blocking(again).unwrap().is_granted());
+    assert_ticket_kept_its_place(&limiter, &clock, fixture.ticket, fixture.retry_at);
     assert!(limiter.release_blocking(ReleaseRequest::new(fixture.permit).unwrap()).unwrap());
     // A request id, from this build on.
     let named = AcquireRequest::new("fixture/cred:1", vec![Limit::concurrent("fixture/conc", 1)])
@@ -545,17 +549,7 @@ fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::pa
     let peeked = limiter.peek_blocking(tokens(7)).unwrap();
     assert_eq!(peeked.report.limits[0].bucket, Some((6, 10)));
     assert!(!peeked.fits());
-    // The ticket kept its place: asked again before its retryAt it is refused, first in line;
-    // at its retryAt it is granted.
-    let again = rpm().with_ticket(fixture.ticket).unwrap();
-    let refused = limiter.acquire_reported_blocking(again.clone()).unwrap();
-    assert_eq!(refused.ticket.map(|t| (t.id.to_string(), t.ahead)), Some((fixture.ticket.to_owned(), 0)));
-    assert_eq!(
-        refused.decision,
-        Decision::Refused { retry_at: at(fixture.retry_at), reason: Reason::Rate, limit: "fixture/rpm".into() }
-    );
-    clock.set(at(fixture.retry_at));
-    assert!(limiter.acquire_blocking(again).unwrap().is_granted());
+    assert_ticket_kept_its_place(&limiter, &clock, fixture.ticket, fixture.retry_at);
     assert!(limiter.release_blocking(ReleaseRequest::new(fixture.permit).unwrap()).unwrap());
     drop(limiter);
 

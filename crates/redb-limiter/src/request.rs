@@ -763,6 +763,9 @@ impl UndoRequest {
         if obj.contains_key("permit") || obj.contains_key("ticket") {
             return Err(BadRequest::field("id", "must not be given with permit or ticket: release one of them"));
         }
+        if obj.contains_key("outcome") {
+            return Err(BadRequest::field("outcome", "goes with a permit only, not an id"));
+        }
         let id = match obj.get("id") {
             Some(Value::String(id)) => id,
             _ => return Err(id_error()),
@@ -813,6 +816,9 @@ impl LeaveRequest {
         }
         if obj.contains_key("costs") {
             return Err(BadRequest::field("costs", "goes with a permit only, not a ticket"));
+        }
+        if obj.contains_key("outcome") {
+            return Err(BadRequest::field("outcome", "goes with a permit only, not a ticket"));
         }
         match obj.get("ticket") {
             Some(Value::String(t)) => LeaveRequest::new(t.clone()),
@@ -1548,6 +1554,16 @@ mod to_json_tests {
             "outcome must be \"clean\" or \"limited\""
         );
         // A throttle naming the permit whose call was limited.
+        // Only a permit's release carries an outcome: never ignored on a ticket's or an id's.
+        let release_at = |v: Value| Request::from_params(Method::Release, &v, now).unwrap_err().0;
+        assert_eq!(
+            release_at(serde_json::json!({"ticket": "t-1", "outcome": "clean"})),
+            "outcome goes with a permit only, not a ticket"
+        );
+        assert_eq!(
+            release_at(serde_json::json!({"id": "ask", "outcome": "limited"})),
+            "outcome goes with a permit only, not an id"
+        );
         let throttle = ThrottleRequest::new("k", now.plus(5_000), now).unwrap().with_permit("p-1").unwrap();
         assert_eq!(ThrottleRequest::from_json(&throttle.to_json(), now), Ok(throttle));
         let bad = serde_json::json!({"key": "k", "until": crate::time::format_instant(now), "permit": ""});

@@ -250,6 +250,7 @@ fn to_request(op: &AcquireOp) -> AcquireRequest {
             concurrent,
             cost: cost_of(spec.cost),
             hold_ms: spec.hold_ms.0,
+            adapt: None,
         });
     }
     let mut req = AcquireRequest::new(CALLERS[op.caller.0 as usize], limits)

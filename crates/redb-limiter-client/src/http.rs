@@ -69,6 +69,7 @@ fn figures(f: LimitFigures) -> Figures {
         places: f.held.zip(f.free),
         bucket: f.level.zip(f.burst),
         queued: f.queued,
+        ceiling: f.ceiling,
     }
 }
 

@@ -753,6 +753,9 @@ impl PgLimiter {
     /// Releases a permit (settling `costs` first, in the same transaction): `true` when it was
     /// live.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
+        if req.outcome.is_some() {
+            return Err(no_ceilings_field("outcome"));
+        }
         let costs = (!req.costs.is_empty()).then(|| costs_json(&req.costs));
         let permit = escape(&req.permit);
         let permit: &str = &permit;
@@ -763,6 +766,9 @@ impl PgLimiter {
 
     /// Settles a permit's grant to its real costs: `true` when the permit was live.
     pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
+        if req.outcome.is_some() {
+            return Err(no_ceilings_field("outcome"));
+        }
         let permit = escape(&req.permit);
         let permit: &str = &permit;
         let result: Result<Value, LimiterError> =
@@ -781,6 +787,9 @@ impl PgLimiter {
 
     /// Throttles a caller (only ever extends); the throttle in force afterwards.
     pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
+        if req.permit.is_some() {
+            return Err(no_ceilings_field("permit"));
+        }
         let key = escape(&req.key);
         let key: &str = &key;
         let until: Option<i64> = self.call(&self.sql.throttle, &[&key, &millis_to_sql(req.until), &self.at()]).await?;
@@ -1051,12 +1060,24 @@ impl Backend for PgLimiter {
 /// Token buckets (section 13) are not kept in the database yet: a limit with `refill` is a
 /// `bad_request` naming it, never read as something else.
 fn no_buckets(req: &AcquireRequest) -> Result<(), LimiterError> {
-    match req.limits.iter().position(|l| l.bucket.is_some()) {
-        Some(i) => Err(LimiterError::BadRequest(redb_limiter::BadRequest(format!(
+    if let Some(i) = req.limits.iter().position(|l| l.bucket.is_some()) {
+        return Err(LimiterError::BadRequest(redb_limiter::BadRequest(format!(
             "limits[{i}].refill: token buckets are not served in PostgreSQL mode yet; use a window (calls and perMs)"
-        )))),
+        ))));
+    }
+    // Nor adaptive ceilings (section 14): `adapt` is refused naming it, never ignored.
+    match req.limits.iter().position(|l| l.adapt.is_some()) {
+        Some(i) => Err(no_ceilings_field(&format!("limits[{i}].adapt"))),
         None => Ok(()),
     }
+}
+
+/// A field of section 14 (adaptive ceilings), which PostgreSQL mode does not serve yet: a
+/// `bad_request` naming it, so a host never believes it adapts when nothing does.
+fn no_ceilings_field(field: &str) -> LimiterError {
+    LimiterError::BadRequest(redb_limiter::BadRequest(format!(
+        "{field}: adaptive ceilings (section 14) are not served in PostgreSQL mode yet"
+    )))
 }
 
 fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
@@ -1131,6 +1152,7 @@ fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
             places: pair("held", "free"),
             bucket: None,
             queued: f.get("queued").and_then(Value::as_u64),
+            ceiling: None,
         });
     }
     Some(out)

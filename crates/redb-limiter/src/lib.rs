@@ -52,8 +52,8 @@ pub mod wire;
 pub use engine::{Decision, Figures, PermitId, Reason, Refusal, TicketId, TicketNote};
 pub use limiter::{Acquired, Limiter, LimiterError, LimiterOptions, Peeked, Report, WaitAnswer};
 pub use request::{
-    AcquireRequest, BadRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
-    UndoRequest, WaitRequest,
+    AcquireRequest, Adapt, BadRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, Signal,
+    ThrottleRequest, UndoRequest, WaitRequest,
 };
 pub use time::Millis;
 

@@ -4,7 +4,7 @@
 //! reason, peeks, settles and lifts included; commit latency; batch size; live buckets, held places, throttles; the database's length,
 //! journal included; the line's tickets filed, granted, lapsed and left, and their wait from filing to grant;
 //! hand-offs: from a place released while its line waited to the next grant of a place there, and
-//! the place-time that stood idle while a line waited). Updating a handle is a few atomic operations; nothing here touches the engine or the store.
+//! the place-time that stood idle while a line waited; adaptive ceilings cut and grown). Updating a handle is a few atomic operations; nothing here touches the engine or the store.
 
 use std::sync::atomic::AtomicU64;
 
@@ -29,6 +29,12 @@ pub struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CeilingLabels {
+    /// `cut` or `growth` (section 14).
+    pub change: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TicketLabels {
     /// `filed`, `granted`, `lapsed` or `left` (section 12).
     pub event: &'static str,
@@ -50,6 +56,8 @@ pub struct Metrics {
     pub release_to_grant_seconds: Histogram,
     /// Place-time idle while a line waited (section 15's figure of what hand-offs cost).
     pub line_idle_place_seconds: Counter<f64, AtomicU64>,
+    /// Adaptive ceilings cut and grown (section 14).
+    pub ceiling_changes: Family<CeilingLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -107,6 +115,15 @@ impl Default for Metrics {
             "Place-time that stood idle while a line waited: from each place released while its bucket's line waited until a grant took a place there again, or until the line emptied",
             line_idle_place_seconds.clone(),
         );
+        let ceiling_changes = Family::<CeilingLabels, Counter>::default();
+        registry.register(
+            "ceiling_changes",
+            "Adaptive ceilings cut (a limited outcome) and grown (a clean one), section 14",
+            ceiling_changes.clone(),
+        );
+        for change in ["cut", "growth"] {
+            let _ = ceiling_changes.get_or_create(&CeilingLabels { change }); // shown from the start, at 0
+        }
         Metrics {
             registry,
             decisions,
@@ -121,6 +138,7 @@ impl Default for Metrics {
             ticket_wait_seconds,
             release_to_grant_seconds,
             line_idle_place_seconds,
+            ceiling_changes,
         }
     }
 }
@@ -140,6 +158,11 @@ impl Metrics {
     pub fn ticket_granted(&self, waited_ms: u64) {
         self.ticket("granted");
         self.ticket_wait_seconds.observe(waited_ms as f64 / 1000.0);
+    }
+
+    /// Counts an adaptive ceiling's `cut` or `growth`.
+    pub fn ceiling_changed(&self, change: &'static str) {
+        self.ceiling_changes.get_or_create(&CeilingLabels { change }).inc();
     }
 
     /// The registry in Prometheus text format.

@@ -40,6 +40,10 @@ pub const MAX_WAIT_TICKETS: usize = 64;
 pub const MIN_WAIT_TIMEOUT_MS: u64 = 1_000;
 pub const MAX_WAIT_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_WAIT_TIMEOUT_MS: u64 = 25_000;
+/// An adaptive ceiling's `increase` (section 14) is at most this.
+pub const MAX_INCREASE: u64 = 1_000_000;
+/// A cut keeps this share of the ceiling unless `keepPct` says otherwise (section 14).
+pub const DEFAULT_KEEP_PCT: u64 = 50;
 
 /// A malformed request. The message names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,6 +81,80 @@ impl BucketLimit {
     }
 }
 
+/// An adaptive ceiling (section 14) on a window's `calls` or a token bucket's `refill`: the
+/// bucket is judged with a ceiling `C` kept by the limiter, clamped to `[min, max]`, which a
+/// `limited` outcome cuts to `keepPct` percent and a `clean` one raises by `increase`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adapt {
+    pub min: u64,
+    pub max: u64,
+    pub increase: u64,
+    pub keep_pct: u64,
+}
+
+impl Adapt {
+    /// The spec's defaults for a limit of `calls` (a bucket's `refill`): `min` a tenth of it (at
+    /// least 1), `max` itself, `increase` 1, `keepPct` 50.
+    #[must_use]
+    pub fn defaults(calls: u64) -> Self {
+        Adapt { min: (calls / 10).max(1), max: calls, increase: 1, keep_pct: DEFAULT_KEEP_PCT }
+    }
+
+    /// `c` within this request's `[min, max]`.
+    #[must_use]
+    pub fn clamp(&self, c: u64) -> u64 {
+        c.clamp(self.min, self.max)
+    }
+
+    /// Checks the bounds against the limit's own `calls` (a bucket's `refill`), naming each
+    /// field inside `limits[at].adapt`.
+    fn validate(&self, at: usize, calls: u64) -> Result<(), BadRequest> {
+        let f = |name| LimitField { at, name };
+        check_range(f("adapt.min"), self.min, 1, calls)?;
+        check_range(f("adapt.max"), self.max, calls, MAX_CALLS)?;
+        check_range(f("adapt.increase"), self.increase, 0, MAX_INCREASE)?;
+        check_range(f("adapt.keepPct"), self.keep_pct, 1, 99)?;
+        Ok(())
+    }
+
+    fn to_json(self) -> Value {
+        serde_json::json!({ "min": self.min, "max": self.max, "increase": self.increase, "keepPct": self.keep_pct })
+    }
+}
+
+/// What became of a call made under a permit (section 14): the provider served it, or
+/// answered that a limit was hit (a 429).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Signal {
+    Clean,
+    Limited,
+}
+
+impl Signal {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Clean => "clean",
+            Signal::Limited => "limited",
+        }
+    }
+
+    /// The signal a wire string names, the inverse of [`Signal::as_str`].
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Signal> {
+        [Signal::Clean, Signal::Limited].into_iter().find(|o| o.as_str() == s)
+    }
+}
+
+/// The optional `outcome` of a release or settle.
+fn parse_outcome(obj: &Map<String, Value>) -> Result<Option<Signal>, BadRequest> {
+    match obj.get("outcome") {
+        None => Ok(None),
+        Some(Value::String(s)) if Signal::parse(s).is_some() => Ok(Signal::parse(s)),
+        Some(_) => Err(BadRequest::field("outcome", "must be \"clean\" or \"limited\"")),
+    }
+}
+
 /// One bucket a call counts in, with its defaults already resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
@@ -90,6 +168,8 @@ pub struct Limit {
     pub cost: u64,
     /// How long a place in this bucket lapses after the grant when never released.
     pub hold_ms: u64,
+    /// An adaptive ceiling on its window's `calls` or its bucket's `refill` (section 14).
+    pub adapt: Option<Adapt>,
 }
 
 /// An `acquire` (or a `peek`): the caller `key` and the buckets the call counts in.
@@ -203,6 +283,8 @@ pub struct ReleaseRequest {
     pub permit: String,
     /// Empty: a plain release.
     pub costs: Vec<Cost>,
+    /// What became of the call (section 14), for the adapted buckets of the permit's grant.
+    pub outcome: Option<Signal>,
 }
 
 /// A `settle`: the real costs of a permit's grant.
@@ -211,6 +293,8 @@ pub struct SettleRequest {
     pub permit: String,
     /// 1 to 64 entries, keys unique.
     pub costs: Vec<Cost>,
+    /// What became of the call (section 14), for the adapted buckets of the permit's grant.
+    pub outcome: Option<Signal>,
 }
 
 /// A `lift`: end the throttle of caller `key` now.
@@ -224,6 +308,8 @@ pub struct LiftRequest {
 pub struct ThrottleRequest {
     pub key: String,
     pub until: Millis,
+    /// The permit whose call was limited (section 14): a `limited` outcome for its buckets.
+    pub permit: Option<String>,
 }
 
 /// The name of a field inside `limits[at]` (the element itself when `name` is empty), written
@@ -268,6 +354,7 @@ impl Limit {
             concurrent: None,
             cost: DEFAULT_COST,
             hold_ms: DEFAULT_HOLD_MS,
+            adapt: None,
         }
     }
 
@@ -281,6 +368,7 @@ impl Limit {
             concurrent: Some(concurrent),
             cost: DEFAULT_COST,
             hold_ms: DEFAULT_HOLD_MS,
+            adapt: None,
         }
     }
 
@@ -295,6 +383,7 @@ impl Limit {
             concurrent: None,
             cost: DEFAULT_COST,
             hold_ms: DEFAULT_HOLD_MS,
+            adapt: None,
         }
     }
 
@@ -347,6 +436,19 @@ impl Limit {
         self
     }
 
+    /// Adapts the window's `calls` (a bucket's `refill`) to a shared ceiling (section 14).
+    #[must_use]
+    pub fn with_adapt(mut self, adapt: Adapt) -> Self {
+        self.adapt = Some(adapt);
+        self
+    }
+
+    /// The figure a ceiling stands for: the window's `calls`, or the bucket's `refill`.
+    #[must_use]
+    pub fn nominal_calls(&self) -> Option<u64> {
+        self.window.map(|w| w.calls).or(self.bucket.map(|b| b.refill))
+    }
+
     pub(crate) fn validate(&self, at: usize) -> Result<(), BadRequest> {
         let f = |name| LimitField { at, name };
         check_key(f("key"), &self.key)?;
@@ -365,6 +467,10 @@ impl Limit {
         }
         if let Some(c) = self.concurrent {
             check_range(f("concurrent"), c, 1, MAX_CONCURRENT)?;
+        }
+        if let Some(adapt) = self.adapt {
+            let calls = self.nominal_calls().ok_or_else(|| adapt_needs_window(at))?;
+            adapt.validate(at, calls)?;
         }
         if self.window.is_none() && self.bucket.is_none() && self.concurrent.is_none() {
             return Err(BadRequest::field(
@@ -525,6 +631,7 @@ impl AcquireRequest {
                 (Some(_), None) => return Err(BadRequest::field(f("perMs"), "is required with calls")),
                 (None, Some(_)) => return Err(BadRequest::field(f("calls"), "is required with perMs")),
             };
+            let calls = window.map(|w| w.calls).or(bucket.map(|b| b.refill));
             limits.push(Limit {
                 key: key.to_owned(),
                 window,
@@ -532,6 +639,7 @@ impl AcquireRequest {
                 concurrent: optional_int(lim, "concurrent", f("concurrent"), 1, MAX_CONCURRENT)?,
                 cost: optional_int(lim, "cost", f("cost"), 0, MAX_COST)?.unwrap_or(cost),
                 hold_ms: optional_int(lim, "holdMs", f("holdMs"), 1, MAX_HOLD_MS)?.unwrap_or(hold_ms),
+                adapt: parse_adapt(lim, i, calls)?,
             });
         }
         let report = optional_bool(obj, "report")?;
@@ -571,6 +679,29 @@ fn calls_with_refill(at: usize) -> BadRequest {
     BadRequest(format!(
         "limits[{at}].calls and limits[{at}].refill never go together: a limit is a window (calls) or a bucket (refill)"
     ))
+}
+
+/// `adapt` on a limit with neither a window nor a bucket.
+fn adapt_needs_window(at: usize) -> BadRequest {
+    BadRequest::field(LimitField { at, name: "adapt" }, "needs a window (calls) or a bucket (refill) to adapt")
+}
+
+/// The adaptive ceiling of `limits[at]` (section 14), when it names `adapt`, its defaults
+/// resolved from the limit's `calls` (a bucket's `refill`).
+fn parse_adapt(lim: &Map<String, Value>, at: usize, calls: Option<u64>) -> Result<Option<Adapt>, BadRequest> {
+    let f = |name| LimitField { at, name };
+    let Some(raw) = lim.get("adapt") else { return Ok(None) };
+    let obj = object(raw, f("adapt"))?;
+    let calls = calls.ok_or_else(|| adapt_needs_window(at))?;
+    let defaults = Adapt::defaults(calls);
+    let adapt = Adapt {
+        min: optional_int(obj, "min", f("adapt.min"), 1, calls)?.unwrap_or(defaults.min),
+        max: optional_int(obj, "max", f("adapt.max"), calls, MAX_CALLS)?.unwrap_or(defaults.max),
+        increase: optional_int(obj, "increase", f("adapt.increase"), 0, MAX_INCREASE)?.unwrap_or(defaults.increase),
+        keep_pct: optional_int(obj, "keepPct", f("adapt.keepPct"), 1, 99)?.unwrap_or(defaults.keep_pct),
+    };
+    adapt.validate(at, calls)?;
+    Ok(Some(adapt))
 }
 
 /// The token bucket of `limits[at]` (section 13), when it names `refill`: `burst` defaults to
@@ -747,7 +878,7 @@ impl ReleaseRequest {
     pub fn new(permit: impl Into<String>) -> Result<Self, BadRequest> {
         let permit = permit.into();
         check_permit(&permit)?;
-        Ok(ReleaseRequest { permit, costs: Vec::new() })
+        Ok(ReleaseRequest { permit, costs: Vec::new(), outcome: None })
     }
 
     /// A release that settles `costs` first, in one durable step.
@@ -755,7 +886,14 @@ impl ReleaseRequest {
         let permit = permit.into();
         check_permit(&permit)?;
         check_costs(&costs)?;
-        Ok(ReleaseRequest { permit, costs })
+        Ok(ReleaseRequest { permit, costs, outcome: None })
+    }
+
+    /// Reports what became of the call (section 14).
+    #[must_use]
+    pub fn with_outcome(mut self, outcome: Signal) -> Self {
+        self.outcome = Some(outcome);
+        self
     }
 
     pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
@@ -766,7 +904,7 @@ impl ReleaseRequest {
             None => Vec::new(),
             Some(raw) => parse_costs(raw)?,
         };
-        Ok(ReleaseRequest { permit: permit.to_owned(), costs })
+        Ok(ReleaseRequest { permit: permit.to_owned(), costs, outcome: parse_outcome(obj)? })
     }
 }
 
@@ -775,7 +913,14 @@ impl SettleRequest {
         let permit = permit.into();
         check_permit(&permit)?;
         check_costs(&costs)?;
-        Ok(SettleRequest { permit, costs })
+        Ok(SettleRequest { permit, costs, outcome: None })
+    }
+
+    /// Reports what became of the call (section 14).
+    #[must_use]
+    pub fn with_outcome(mut self, outcome: Signal) -> Self {
+        self.outcome = Some(outcome);
+        self
     }
 
     pub fn from_json(params: &Value) -> Result<Self, BadRequest> {
@@ -783,7 +928,7 @@ impl SettleRequest {
         let permit = required_str(obj, "permit", "permit")?;
         check_permit(permit)?;
         let costs = parse_costs(obj.get("costs").ok_or_else(|| BadRequest::field("costs", "is required"))?)?;
-        Ok(SettleRequest { permit: permit.to_owned(), costs })
+        Ok(SettleRequest { permit: permit.to_owned(), costs, outcome: parse_outcome(obj)? })
     }
 }
 
@@ -809,7 +954,16 @@ impl ThrottleRequest {
         if until > now.plus(MAX_THROTTLE_AHEAD_MS) {
             return Err(BadRequest::field("until", "must be at most 24 hours ahead"));
         }
-        Ok(ThrottleRequest { key, until })
+        Ok(ThrottleRequest { key, until, permit: None })
+    }
+
+    /// Names the permit whose call the provider limited (section 14): its adapted buckets are
+    /// cut as by a `limited` outcome.
+    pub fn with_permit(mut self, permit: impl Into<String>) -> Result<Self, BadRequest> {
+        let permit = permit.into();
+        check_permit(&permit)?;
+        self.permit = Some(permit);
+        Ok(self)
     }
 
     pub fn from_json(params: &Value, now: Millis) -> Result<Self, BadRequest> {
@@ -820,7 +974,24 @@ impl ThrottleRequest {
             Some(_) => return Err(BadRequest::field("until", "must be an instant string")),
             None => return Err(BadRequest::field("until", "is required")),
         };
-        ThrottleRequest::new(key, until, now)
+        let req = ThrottleRequest::new(key, until, now)?;
+        match obj.get("permit") {
+            None => Ok(req),
+            Some(Value::String(p)) => req.with_permit(p.clone()),
+            Some(_) => {
+                Err(BadRequest::field("permit", format_args!("must be a string of 1 to {MAX_PERMIT_BYTES} bytes")))
+            }
+        }
+    }
+
+    /// The request in the wire's JSON form.
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let mut body = serde_json::json!({ "key": self.key, "until": crate::time::format_instant(self.until) });
+        if let Some(permit) = &self.permit {
+            body["permit"] = Value::from(permit.clone());
+        }
+        body
     }
 }
 
@@ -1171,7 +1342,7 @@ mod envelope_tests {
         assert!(Request::from_body(Method::Release, b"{", now).unwrap_err().0.starts_with("body is not valid JSON"));
         assert_eq!(
             Request::from_envelope(br#"{"method":"release","params":{"permit":"p"}}"#, now),
-            Ok(Request::Release(ReleaseRequest { permit: "p".into(), costs: Vec::new() }))
+            Ok(Request::Release(ReleaseRequest { permit: "p".into(), costs: Vec::new(), outcome: None }))
         );
     }
 
@@ -1217,6 +1388,9 @@ impl AcquireRequest {
                 }
                 m.insert("cost".into(), Value::from(l.cost));
                 m.insert("holdMs".into(), Value::from(l.hold_ms));
+                if let Some(adapt) = l.adapt {
+                    m.insert("adapt".into(), adapt.to_json());
+                }
                 Value::Object(m)
             })
             .collect();
@@ -1260,6 +1434,9 @@ impl ReleaseRequest {
         if !self.costs.is_empty() {
             body["costs"] = Value::Array(self.costs.iter().map(Cost::to_json).collect());
         }
+        if let Some(outcome) = self.outcome {
+            body["outcome"] = Value::from(outcome.as_str());
+        }
         body
     }
 }
@@ -1268,7 +1445,14 @@ impl SettleRequest {
     /// The request in the wire's JSON form.
     #[must_use]
     pub fn to_json(&self) -> Value {
-        serde_json::json!({ "permit": self.permit, "costs": self.costs.iter().map(Cost::to_json).collect::<Vec<_>>() })
+        let mut body = serde_json::json!({
+            "permit": self.permit,
+            "costs": self.costs.iter().map(Cost::to_json).collect::<Vec<_>>(),
+        });
+        if let Some(outcome) = self.outcome {
+            body["outcome"] = Value::from(outcome.as_str());
+        }
+        body
     }
 }
 
@@ -1297,6 +1481,77 @@ mod to_json_tests {
         assert_eq!(ReleaseRequest::from_json(&release.to_json()), Ok(release));
         let plain = ReleaseRequest::new("p-1").unwrap();
         assert_eq!(ReleaseRequest::from_json(&plain.to_json()), Ok(plain));
+    }
+
+    /// Section 14: `adapt` on a window or a bucket, its defaults and bounds named field by field;
+    /// `outcome` on release and settle, `permit` on throttle; each round trip through `to_json`.
+    #[test]
+    fn adapt_outcome_and_a_throttle_permit_parse_name_their_bad_fields_and_round_trip() {
+        let now = Millis(1_800_000_000_000);
+        let one = |limit: Value| AcquireRequest::from_json(&serde_json::json!({"key": "k", "limits": [limit]}));
+        let err = |limit: Value| one(limit).unwrap_err().0;
+        let req = one(serde_json::json!({"key": "w", "calls": 25, "perMs": 1000, "adapt": {}})).unwrap();
+        assert_eq!(req.limits[0].adapt, Some(Adapt { min: 2, max: 25, increase: 1, keep_pct: 50 }));
+        let req = one(serde_json::json!({"key": "w", "calls": 5, "perMs": 1000, "adapt": {}})).unwrap();
+        assert_eq!(req.limits[0].adapt.map(|a| a.min), Some(1), "at least 1");
+        let full = serde_json::json!({"key": "b", "refill": 10, "perMs": 1000, "burst": 40,
+            "adapt": {"min": 3, "max": 100, "increase": 0, "keepPct": 99}});
+        let req = one(full).unwrap();
+        assert_eq!(req.limits[0].adapt, Some(Adapt { min: 3, max: 100, increase: 0, keep_pct: 99 }));
+        assert_eq!(AcquireRequest::from_json(&req.to_json()), Ok(req.clone()), "round trip");
+        let w = |adapt: Value| serde_json::json!({"key": "w", "calls": 10, "perMs": 1000, "adapt": adapt});
+        assert_eq!(
+            err(w(serde_json::json!({"keepPct": 100}))),
+            "limits[0].adapt.keepPct must be an integer from 1 to 99"
+        );
+        assert_eq!(
+            err(w(serde_json::json!({"keepPct": 0}))),
+            "limits[0].adapt.keepPct must be an integer from 1 to 99"
+        );
+        assert_eq!(err(w(serde_json::json!({"min": 0}))), "limits[0].adapt.min must be an integer from 1 to 10");
+        assert_eq!(err(w(serde_json::json!({"min": 11}))), "limits[0].adapt.min must be an integer from 1 to 10");
+        assert_eq!(
+            err(w(serde_json::json!({"max": 9}))),
+            "limits[0].adapt.max must be an integer from 10 to 1000000000"
+        );
+        assert_eq!(
+            err(w(serde_json::json!({"increase": 1_000_001}))),
+            "limits[0].adapt.increase must be an integer from 0 to 1000000"
+        );
+        assert_eq!(err(w(serde_json::json!({"min": 1.5}))), "limits[0].adapt.min must be an integer from 1 to 10");
+        assert_eq!(err(w(serde_json::json!(5))), "limits[0].adapt must be a JSON object");
+        assert_eq!(
+            err(serde_json::json!({"key": "c", "concurrent": 2, "adapt": {}})),
+            "limits[0].adapt needs a window (calls) or a bucket (refill) to adapt"
+        );
+        assert_eq!(
+            AcquireRequest::new("k", vec![Limit::concurrent("c", 1).with_adapt(Adapt::defaults(1))]).unwrap_err().0,
+            "limits[0].adapt needs a window (calls) or a bucket (refill) to adapt"
+        );
+        // Outcomes.
+        let release = |v: Value| ReleaseRequest::from_json(&v);
+        let clean = release(serde_json::json!({"permit": "p-1", "outcome": "clean"})).unwrap();
+        assert_eq!(clean.outcome, Some(Signal::Clean));
+        assert_eq!(ReleaseRequest::from_json(&clean.to_json()), Ok(clean));
+        assert_eq!(
+            release(serde_json::json!({"permit": "p-1", "outcome": "ok"})).unwrap_err().0,
+            "outcome must be \"clean\" or \"limited\""
+        );
+        let settle = SettleRequest::new("p-1", vec![Cost::new("w", 3)]).unwrap().with_outcome(Signal::Limited);
+        assert_eq!(SettleRequest::from_json(&settle.to_json()), Ok(settle));
+        assert_eq!(
+            SettleRequest::from_json(
+                &serde_json::json!({"permit": "p", "costs": [{"key": "a", "cost": 1}], "outcome": 1})
+            )
+            .unwrap_err()
+            .0,
+            "outcome must be \"clean\" or \"limited\""
+        );
+        // A throttle naming the permit whose call was limited.
+        let throttle = ThrottleRequest::new("k", now.plus(5_000), now).unwrap().with_permit("p-1").unwrap();
+        assert_eq!(ThrottleRequest::from_json(&throttle.to_json(), now), Ok(throttle));
+        let bad = serde_json::json!({"key": "k", "until": crate::time::format_instant(now), "permit": ""});
+        assert_eq!(ThrottleRequest::from_json(&bad, now).unwrap_err().0, "permit must be a string of 1 to 128 bytes");
     }
 
     /// Section 12.8: `queue`, `ticket` and `graceMs` are checked and named, on acquire and

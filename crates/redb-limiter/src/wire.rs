@@ -176,6 +176,9 @@ pub struct LimitFigures {
     /// The live tickets in the bucket's line (section 12.7).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub queued: Option<u64>,
+    /// The ceiling an adapted limit is judged with (section 14), clamped to its `[min, max]`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub ceiling: Option<u64>,
 }
 
 impl From<&Figures> for LimitFigures {
@@ -189,6 +192,7 @@ impl From<&Figures> for LimitFigures {
             level: f.bucket.map(|b| b.0),
             burst: f.bucket.map(|b| b.1),
             queued: f.queued,
+            ceiling: f.ceiling,
         }
     }
 }
@@ -337,6 +341,9 @@ pub struct StateReply {
     pub buckets: Vec<BucketState>,
     pub permits: Vec<PermitState>,
     pub throttles: Vec<ThrottleState>,
+    /// The adaptive ceilings kept (section 14; absent from a server before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ceilings: Vec<CeilingState>,
     pub totals: TotalsState,
     /// More buckets, permits or throttles follow (ask again with `after`).
     #[serde(default)]
@@ -386,6 +393,16 @@ pub struct PermitState {
 pub struct PlaceState {
     pub bucket: String,
     pub lapse: Instant,
+}
+
+/// One adaptive ceiling kept (section 14): its bucket, `C`, and when it was last cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CeilingState {
+    pub key: String,
+    pub ceiling: u64,
+    #[serde(default)]
+    pub last_cut_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -442,6 +459,11 @@ impl StateReply {
                 .iter()
                 .map(|t| ThrottleState { key: t.key.clone(), until: Instant(t.until) })
                 .collect(),
+            ceilings: view
+                .ceilings
+                .iter()
+                .map(|(key, c)| CeilingState { key: key.clone(), ceiling: c.c, last_cut_at: c.cut_at.map(Instant) })
+                .collect(),
             totals: TotalsState {
                 buckets: totals.buckets as u64,
                 permits: totals.permits as u64,
@@ -481,8 +503,22 @@ mod tests {
         let report = Report {
             now: at,
             limits: vec![
-                Figures { key: "a/rpm".into(), window: Some((50, 0)), places: None, bucket: None, queued: None },
-                Figures { key: "a/conc".into(), window: None, places: Some((1, 3)), bucket: None, queued: None },
+                Figures {
+                    key: "a/rpm".into(),
+                    window: Some((50, 0)),
+                    places: None,
+                    bucket: None,
+                    queued: None,
+                    ceiling: None,
+                },
+                Figures {
+                    key: "a/conc".into(),
+                    window: None,
+                    places: Some((1, 3)),
+                    bucket: None,
+                    queued: None,
+                    ceiling: None,
+                },
             ],
         };
         let refusal = Refusal { retry_at: at.plus(500), reason: Reason::Rate, limit: "a/rpm".into() };
@@ -533,7 +569,14 @@ mod tests {
             serde_json::to_string(&AcquireReply::with_ticket(&granted, Some(&note))).unwrap(),
             r#"{"granted":true,"at":"2026-11-29T03:11:09.123Z"}"#
         );
-        let figures = |queued| Figures { key: "b".into(), window: Some((3, 2)), places: None, bucket: None, queued };
+        let figures = |queued| Figures {
+            key: "b".into(),
+            window: Some((3, 2)),
+            places: None,
+            bucket: None,
+            queued,
+            ceiling: None,
+        };
         assert_eq!(
             serde_json::to_string(&LimitFigures::from(&figures(Some(4)))).unwrap(),
             r#"{"key":"b","used":3,"remaining":2,"queued":4}"#

@@ -31,6 +31,11 @@
 //! `serve` binary wrote, over HTTP, `v6-limiter.redb` (then SIGTERM) and `v6-killed-limiter.redb`
 //! with its `-journal` (then `kill -9`): what a format-5 fixture holds, plus a grant named by a
 //! request id and an id released before its acquire (see [`V6_CLEAN`]).
+//!
+//! The previous release's (format version 7, notes of schema 4) `serve` binary wrote, over HTTP,
+//! `v7-limiter.redb` (then SIGTERM) and `v7-killed-limiter.redb` with its `-journal` (then
+//! `kill -9`): what a format-6 fixture holds, plus a token bucket's level (see [`V7_CLEAN`]).
+//! Format version 8 keeps adaptive ceilings (section 14), and its journal notes have schema 5.
 
 use redb_limiter::UndoRequest;
 
@@ -39,7 +44,9 @@ use std::sync::Arc;
 use redb_limiter::limiter::LimiterOptions;
 use redb_limiter::store::{FORMAT_VERSION, Store, file_opener};
 use redb_limiter::time::{FakeClock, parse_instant};
-use redb_limiter::{AcquireRequest, Cost, Decision, Limit, Limiter, Millis, Reason, ReleaseRequest, SettleRequest};
+use redb_limiter::{
+    AcquireRequest, Adapt, Cost, Decision, Limit, Limiter, Millis, Reason, ReleaseRequest, SettleRequest, Signal,
+};
 
 const PERMIT: &str = "p-c89bf14a218248e70000000000000000";
 
@@ -401,7 +408,7 @@ fn a_format_5_file_serves_as_before(fixture: &V5) {
     drop(limiter);
 
     let store = Store::open(&path, &file_opener()).unwrap();
-    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (7, 7));
+    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (8, 8));
     drop(store);
     let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
     let limiter = Limiter::open_with(&path, options).unwrap();
@@ -445,4 +452,155 @@ fn a_format_6_file_of_the_previous_release_serves_with_its_request_ids_and_keeps
 #[test]
 fn notes_of_schema_3_left_by_a_kill_of_the_previous_release_are_redone_with_their_request_ids() {
     a_format_5_file_serves_as_before(&V6_KILLED);
+}
+
+/// What the previous release wrote into each format-7 fixture, all on 2026-12-04, in this order:
+/// three grants of cost 2 in `fixture/tpd` (10 per 31 days); one holding a place in
+/// `fixture/conc` (2 at once, held 24 h) and counting in `fixture/rpd` (5 per day), with its
+/// permit; a throttle of `fixture/cred:2` until 2026-12-05T11:00:00.000Z; a grant in
+/// `fixture/rpm` (1 a minute), then a ticket filed behind it (`queue`, `graceMs` 60,000); a grant
+/// of cost 2 in `fixture/ids` (5 a day) with `permit` and the id `v7-grant`; a `release {id}` of
+/// `v7-released`, an id never seen; and a grant of cost 8 with `permit` from the token bucket
+/// `fixture/tokens` (10 a minute, burst 10).
+struct V7 {
+    file: &'static str,
+    tpd_first: &'static str,
+    permit: &'static str,
+    ticket: &'static str,
+    retry_at: &'static str,
+    /// The grant named `v7-grant`: its instant and permit.
+    id_grant: (&'static str, &'static str),
+}
+
+const V7_CLEAN: V7 = V7 {
+    file: "v7-limiter.redb",
+    tpd_first: "2026-12-04T15:17:32.122Z",
+    permit: "p-0d4cd275bc5a63aa0000000000000000",
+    ticket: "t-acdf5853d14c35620000000000000001",
+    retry_at: "2026-12-04T15:18:32.282Z",
+    id_grant: ("2026-12-04T15:17:32.326Z", "p-1c6d95d79110808d0000000000000001"),
+};
+
+const V7_KILLED: V7 = V7 {
+    file: "v7-killed-limiter.redb",
+    tpd_first: "2026-12-04T15:17:32.962Z",
+    permit: "p-027d7f954080e0920000000000000000",
+    ticket: "t-246ba5c484e6bbfe0000000000000001",
+    retry_at: "2026-12-04T15:18:33.056Z",
+    id_grant: ("2026-12-04T15:17:33.109Z", "p-28cb0a88136dd8970000000000000001"),
+};
+
+/// The token bucket of the format-7 fixtures.
+fn tokens(cost: u64) -> AcquireRequest {
+    AcquireRequest::new("fixture/cred:1", vec![Limit::bucket("fixture/tokens", 10, 60_000).with_cost(cost)]).unwrap()
+}
+
+/// A format-7 fixture serves as it was left: windows, place, throttle, the ticket in its line,
+/// the request ids and the token bucket's level (refilled by the time that passed, never
+/// fuller); it is marked this build's format.
+fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::path::PathBuf, Arc<FakeClock>) {
+    let (dir, path) = fixture_copy(fixture.file);
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("{}-journal", fixture.file));
+    if source.exists() {
+        std::fs::copy(&source, redb_limiter::store::journal::journal_path(&path)).unwrap();
+    }
+    let clock = Arc::new(FakeClock::new(at("2026-12-04T15:18:00.000Z")));
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(&path, options).unwrap();
+    let snapshot = limiter.state_blocking("fixture/").unwrap();
+    let buckets: Vec<(String, u64, usize, usize)> =
+        snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held, b.queued)).collect();
+    assert_eq!(
+        buckets,
+        vec![
+            ("fixture/conc".to_owned(), 0, 1, 0),
+            ("fixture/ids".to_owned(), 2, 0, 0),
+            ("fixture/rpd".to_owned(), 1, 0, 0),
+            ("fixture/rpm".to_owned(), 1, 0, 1),
+            ("fixture/tokens".to_owned(), 0, 0, 0),
+            ("fixture/tpd".to_owned(), 6, 0, 0),
+        ]
+    );
+    assert!(snapshot.view.permits.iter().any(|p| p.id.to_string() == fixture.permit));
+    assert_throttled_until(&limiter, at("2026-12-05T11:00:00.000Z"));
+    // The request ids: the retry gets its first answer, counted once; the id released before its
+    // acquire stays released.
+    let grant = AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/ids", 5, 86_400_000).with_cost(2)])
+        .unwrap()
+        .with_permit()
+        .with_id("v7-grant")
+        .unwrap();
+    let (granted_at, permit) = fixture.id_grant;
+    assert_eq!(
+        limiter.acquire_blocking(grant).unwrap(),
+        Decision::Granted { at: at(granted_at), permit: Some(permit.parse().unwrap()) }
+    );
+    let released = AcquireRequest::new("fixture/cred:1", vec![]).unwrap().with_id("v7-released").unwrap();
+    assert!(limiter.acquire_blocking(released).is_err());
+    assert_tpd_waits_for(&limiter, 5, at(fixture.tpd_first));
+    // The bucket kept its level: 2 tokens after the grant of 8, refilled one every 6 s since
+    // (about 27 s: 6 whole tokens), so 7 waits.
+    let peeked = limiter.peek_blocking(tokens(7)).unwrap();
+    assert_eq!(peeked.report.limits[0].bucket, Some((6, 10)));
+    assert!(!peeked.fits());
+    // The ticket kept its place: asked again before its retryAt it is refused, first in line;
+    // at its retryAt it is granted.
+    let again = rpm().with_ticket(fixture.ticket).unwrap();
+    let refused = limiter.acquire_reported_blocking(again.clone()).unwrap();
+    assert_eq!(refused.ticket.map(|t| (t.id.to_string(), t.ahead)), Some((fixture.ticket.to_owned(), 0)));
+    assert_eq!(
+        refused.decision,
+        Decision::Refused { retry_at: at(fixture.retry_at), reason: Reason::Rate, limit: "fixture/rpm".into() }
+    );
+    clock.set(at(fixture.retry_at));
+    assert!(limiter.acquire_blocking(again).unwrap().is_granted());
+    assert!(limiter.release_blocking(ReleaseRequest::new(fixture.permit).unwrap()).unwrap());
+    drop(limiter);
+
+    let store = Store::open(&path, &file_opener()).unwrap();
+    assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
+    drop(store);
+    (dir, path, clock)
+}
+
+/// From this build on the file keeps adaptive ceilings (section 14) across a restart: a cut, and
+/// what the permit counted.
+fn keeps_ceilings_from_then_on(path: &std::path::Path, clock: Arc<FakeClock>) {
+    let adapted = || {
+        AcquireRequest::new(
+            "fixture/cred:1",
+            vec![Limit::window("fixture/adapted", 10, 60_000).with_adapt(Adapt::defaults(10))],
+        )
+        .unwrap()
+        .with_permit()
+    };
+    let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(5), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(path, options).unwrap();
+    let Decision::Granted { permit: Some(permit), .. } = limiter.acquire_blocking(adapted()).unwrap() else {
+        panic!("granted with a permit")
+    };
+    let settle = SettleRequest::new(permit.to_string(), vec![Cost::new("fixture/adapted", 1)]).unwrap();
+    assert!(limiter.settle_blocking(settle.with_outcome(Signal::Limited)).unwrap());
+    drop(limiter);
+    let options = LimiterOptions { clock: Some(clock), id_seed: Some(6), ..LimiterOptions::default() };
+    let limiter = Limiter::open_with(path, options).unwrap();
+    assert_eq!(limiter.peek_blocking(adapted()).unwrap().report.limits[0].ceiling, Some(5));
+    let ceilings = limiter.state_blocking("fixture/").unwrap().view.ceilings;
+    assert_eq!(ceilings.iter().map(|(k, c)| (k.as_str(), c.c)).collect::<Vec<_>>(), vec![("fixture/adapted", 5)]);
+}
+
+#[test]
+fn a_format_7_file_of_the_previous_release_serves_as_before() {
+    let (_dir, path, clock) = a_format_7_file_serves_as_before(&V7_CLEAN);
+    keeps_ceilings_from_then_on(&path, clock);
+}
+
+/// The previous release's notes (schema 4, a token bucket's level among them) are redone as they
+/// were, and the file is marked this build's version before the journal takes a note of it.
+#[test]
+fn notes_of_schema_4_left_by_a_kill_of_the_previous_release_are_redone_with_their_levels() {
+    let (_dir, path, clock) = a_format_7_file_serves_as_before(&V7_KILLED);
+    keeps_ceilings_from_then_on(&path, clock);
 }

@@ -36,9 +36,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use super::ceiling::scaled_bucket;
 use super::token_bucket::Reservations;
 use super::{Bucket, Engine, Ticket};
-use crate::request::{BucketLimit, Limit};
+use crate::request::{Adapt, BucketLimit, Limit};
 use crate::time::Millis;
 
 /// At most this many live tickets wait in one bucket's line (section 12.1).
@@ -160,6 +161,10 @@ impl TicketState {
     }
 }
 
+/// What a ticket asks of one bucket: `(calls, perMs, cost)` of its window and its token bucket
+/// with its cost, each if it names one.
+type Asked = (Option<(u64, u64, u64)>, Option<(BucketLimit, u64)>);
+
 /// A ticket's place in one bucket's line: its lapse, and what it asks of that bucket, so that a
 /// walk of the line reads no ticket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +176,9 @@ pub(crate) struct Waiting {
     bucket: Option<(BucketLimit, u64)>,
     /// It asks for a place here.
     wants_place: bool,
+    /// Its adaptive ceiling here (section 14) with its cost uncapped: its window or bucket is
+    /// judged with the bucket's ceiling at each walk.
+    adapt: Option<(Adapt, u64)>,
 }
 
 impl Waiting {
@@ -180,7 +188,23 @@ impl Waiting {
             window: limit.window.map(|w| (w.calls, w.per_ms, limit.cost.min(w.calls))),
             bucket: limit.bucket.map(|b| (b, limit.cost.min(b.burst))),
             wants_place: limit.concurrent.is_some(),
+            adapt: limit.adapt.map(|a| (a, limit.cost)),
         }
+    }
+
+    /// Its window and token bucket here as judged with the ceiling `c` of its bucket, when it
+    /// adapts (`c` then stands for its `calls` or `refill`).
+    fn judged(&self, c: &impl Fn(&Adapt, u64) -> u64) -> Asked {
+        let Some((adapt, cost)) = self.adapt else { return (self.window, self.bucket) };
+        let window = self.window.map(|(calls, per_ms, _)| {
+            let calls = c(&adapt, calls);
+            (calls, per_ms, cost.min(calls))
+        });
+        let bucket = self.bucket.map(|(b, _)| {
+            let b = scaled_bucket(&b, c(&adapt, b.refill));
+            (b, cost.min(b.burst))
+        });
+        (window, bucket)
     }
 }
 
@@ -279,16 +303,18 @@ impl Engine {
         // A place may be held until it lapses: a request that takes one never backfills.
         let mut backfills = limit.concurrent.is_none();
         let mut wanting_places = 0u64;
+        let ceiling = |adapt: &Adapt, start: u64| self.line_c(&bucket.key, adapt, start);
         for (_, waiting) in holding {
             wanting_places += u64::from(waiting.wants_place);
-            if let Some((b, c)) = waiting.bucket.filter(|w| w.1 > 0) {
+            let (window, tokens_asked) = waiting.judged(&ceiling);
+            if let Some((b, c)) = tokens_asked.filter(|w| w.1 > 0) {
                 let (_, slack) = levels.reserve(&b, c);
                 // This request's take now lowers the level there by at most its cost.
                 if backfills && tokens > 0 && slack < i128::from(tokens) {
                     backfills = false;
                 }
             }
-            let Some((calls, per_ms, c)) = waiting.window.filter(|w| w.2 > 0) else { continue };
+            let Some((calls, per_ms, c)) = window.filter(|w| w.2 > 0) else { continue };
             let (at, used) = schedule.reserve(calls, per_ms, c);
             // This request's cost, granted now, still counts there at `at`: it must leave room.
             if backfills && cost > 0 && now.plus(per_ms) > at && used + c + cost > calls {

@@ -15,7 +15,9 @@
 //! forgotten): a rolling window (`window.rs`, rules 2 and 3), a concurrency place (`place.rs`,
 //! rule 4) and a token bucket (`token_bucket.rs`, section 13's rule B). One decision path here
 //! (`refusal`, `grant`, `settle_shares`, `figures`) asks every kind a request names, and the line
-//! (`line.rs`) reserves instants in windows and token buckets through the same questions. What
+//! (`line.rs`) reserves instants in windows and token buckets through the same questions. A
+//! limit with `adapt` (section 14) is judged with its bucket's ceiling in place of its `calls`
+//! (`ceiling.rs` says how, in one place: [`Engine::judged`]). What
 //! this file keeps is what all kinds share: the buckets (a key's window, places, token level and
 //! line), permits, throttles, tickets and request ids.
 //!
@@ -44,6 +46,7 @@
 //! assert!(engine.acquire(&req, Millis(6_000), &mut effects).is_granted());
 //! ```
 
+mod ceiling;
 mod line;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
@@ -58,6 +61,7 @@ mod window;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
+pub use ceiling::{AdaptedShare, Ceiling, CeilingChange, KEPT_MS as CEILING_KEPT_MS};
 pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketId, TicketNote, TicketState};
 use line::{Waiting, bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
@@ -180,6 +184,9 @@ pub struct Figures {
     /// The live tickets in the bucket's line (section 12.7): given when the request takes part
     /// in the line or the line is not empty, so a limiter where nobody queues answers as before.
     pub queued: Option<u64>,
+    /// The ceiling the limit is judged with (section 14), when it has `adapt`: clamped to its
+    /// own `[min, max]`.
+    pub ceiling: Option<u64>,
 }
 
 /// What a settle did.
@@ -252,6 +259,8 @@ pub struct PermitState {
     pub expires: Millis,
     pub places: Vec<(Arc<str>, Millis)>,
     pub windows: Vec<WindowShare>,
+    /// The adapted buckets of its grant (section 14), where an outcome on it counts.
+    pub adapted: Vec<AdaptedShare>,
 }
 
 /// One change to the state, for the store to persist.
@@ -292,6 +301,12 @@ pub enum Effect {
     RequestKept { id: Arc<str>, record: RequestRecord },
     /// A request id's record (first kept at `since`) has lived its time. May be lost in a crash.
     RequestForgotten { id: Arc<str>, since: Millis },
+    /// A bucket's adaptive ceiling (section 14) is now `ceiling`: an outcome counted (`change`
+    /// says whether it cut or grew it; not persisted).
+    CeilingSet { bucket: Arc<str>, ceiling: Ceiling, change: Option<CeilingChange> },
+    /// A ceiling was forgotten with its bucket. May be lost in a crash (a restart forgets it
+    /// again).
+    CeilingForgotten { bucket: Arc<str> },
 }
 
 impl Effect {
@@ -305,6 +320,7 @@ impl Effect {
                 | Effect::TicketLapsed { .. }
                 | Effect::RequestForgotten { .. }
                 | Effect::LevelForgotten { .. }
+                | Effect::CeilingForgotten { .. }
         )
     }
 
@@ -517,6 +533,8 @@ pub struct Engine {
     /// place released while its bucket's line waited, until a grant took it again or the line
     /// emptied.
     idle_place_ms: u64,
+    /// The adaptive ceilings kept (section 14), by bucket key.
+    ceilings: Map<Arc<str>, Ceiling>,
 }
 
 /// The most hand-offs kept for the limiter to read ([`Engine::take_handoffs`]).
@@ -578,11 +596,15 @@ pub struct StateView {
     pub buckets: Vec<BucketView>,
     pub permits: Vec<PermitView>,
     pub throttles: Vec<ThrottleView>,
+    /// The adaptive ceilings kept (section 14), keys sorted: a bucket's ceiling may outlive it.
+    pub ceilings: Vec<(String, Ceiling)>,
 }
 
 /// The keys a page of the state may show (see [`Engine::page_keys`]).
 #[derive(Debug, Clone, Default)]
 pub struct PageKeys {
+    /// The page starts after this key.
+    pub after: String,
     /// How many of each kind were asked for: one more means more remain beyond.
     pub keep: usize,
     pub buckets: Vec<Arc<str>>,
@@ -634,6 +656,7 @@ impl Engine {
             watching: false,
             handoffs: Vec::new(),
             idle_place_ms: 0,
+            ceilings: Map::default(),
         }
     }
 
@@ -946,7 +969,9 @@ impl Engine {
 
     /// Grants `req` at `now` (every rule was checked): counts it in every window, holds its
     /// places, and issues its permit.
-    fn grant(&mut self, req: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) -> Decision {
+    fn grant(&mut self, asked: &AcquireRequest, now: Millis, effects: &mut Vec<Effect>) -> Decision {
+        let judged = self.judged(asked);
+        let req = judged.as_ref();
         let permit = req.wants_permit().then(|| {
             let mut id = self.ids.next_id();
             while self.permits.contains_key(&id) {
@@ -956,7 +981,18 @@ impl Engine {
         });
         let mut places = Vec::new();
         let mut windows = Vec::new();
-        for limit in &req.limits {
+        let mut adapted = Vec::new();
+        for (limit, own) in req.limits.iter().zip(&asked.limits) {
+            if let (Some(adapt), Some(start), true) = (limit.adapt, own.nominal_calls(), permit.is_some()) {
+                adapted.push(AdaptedShare {
+                    bucket: Arc::from(limit.key.as_str()),
+                    adapt,
+                    start,
+                    per_ms: limit.window.map(|w| w.per_ms).or(limit.bucket.map(|b| b.per_ms)).unwrap_or(1),
+                    in_play: false,
+                    signalled: false,
+                });
+            }
             if let Some(b) = limit.bucket {
                 // Rule B: the grant takes min(cost, burst) from the level at its instant.
                 let cost = limit.counted_cost();
@@ -1032,7 +1068,10 @@ impl Engine {
         if let Some(id) = permit {
             let last_lapse = places.iter().map(|&(_, lapse)| lapse).max().unwrap_or(Millis::ZERO);
             let expires = if req.permit { last_lapse.max(now.plus(req.hold_ms)) } else { last_lapse };
-            let permit = PermitState { at: now, expires, places, windows };
+            for share in &mut adapted {
+                share.in_play = self.in_play(req, share, now);
+            }
+            let permit = PermitState { at: now, expires, places, windows, adapted };
             self.timers.push(expires, Due::Permit(id));
             effects.push(Effect::PermitSet { id, permit: permit.clone() });
             self.permits.insert(id, permit);
@@ -1073,10 +1112,13 @@ impl Engine {
 
     /// The figures of each limit of `req` at `now` (section 9.1), in the request's order.
     #[must_use]
-    pub fn figures(&self, req: &AcquireRequest, now: Millis) -> Vec<Figures> {
+    pub fn figures(&self, asked: &AcquireRequest, now: Millis) -> Vec<Figures> {
+        let judged = self.judged(asked);
+        let req = judged.as_ref();
         req.limits
             .iter()
-            .map(|limit| {
+            .zip(&asked.limits)
+            .map(|(limit, own)| {
                 let bucket = self.buckets.get(limit.key.as_str());
                 let window = limit.window.map(|w| {
                     let used = bucket.map_or(0, |b| b.window.used(now, b.count_ms(w.per_ms)));
@@ -1093,7 +1135,8 @@ impl Engine {
                 });
                 let queued = bucket.map_or(0, |b| b.queued(now));
                 let queued = (req.in_line() || queued > 0).then_some(queued);
-                Figures { key: limit.key.clone(), window, places, bucket: tokens, queued }
+                let ceiling = self.ceiling_of(own);
+                Figures { key: limit.key.clone(), window, places, bucket: tokens, queued, ceiling }
             })
             .collect()
     }
@@ -1138,7 +1181,9 @@ impl Engine {
     /// (with section 12.9) holds, else the request is judged alone (its own instant, the
     /// horizon's measure). Read-only, and the same whether or not the named buckets were pruned
     /// at `now`.
-    fn refusal(&self, req: &AcquireRequest, now: Millis, mine: Option<u64>, line: bool) -> Option<Refusal> {
+    fn refusal(&self, asked: &AcquireRequest, now: Millis, mine: Option<u64>, line: bool) -> Option<Refusal> {
+        let judged = self.judged(asked);
+        let req = judged.as_ref();
         // Where nobody queues, rule Q costs this one test.
         let lines = line && !self.tickets.is_empty();
         let mut worst: Option<(Millis, Reason, Option<usize>)> = None;
@@ -1302,13 +1347,7 @@ impl Engine {
         now: Millis,
         effects: &mut Vec<Effect>,
     ) -> Result<bool, BadRequest> {
-        if !costs.is_empty() {
-            let before = effects.len();
-            if !self.settle(permit, costs, now, effects)?.is_settled() {
-                effects.truncate(before);
-            }
-        }
-        Ok(self.release(permit, now, effects))
+        self.release_with_outcome(permit, costs, None, now, effects)
     }
 
     /// Releases a permit. True when it was live (its places, if any, are freed); false for a
@@ -1348,6 +1387,7 @@ impl Engine {
                 if let Some(bucket) = self.buckets.remove(key) {
                     bucket.forget(effects);
                 }
+                self.forget_ceiling(key, now, effects);
             } else {
                 bucket.take_pruned(effects);
             }
@@ -1424,6 +1464,7 @@ impl Engine {
                         effects.push(Effect::ThrottleEnded { key });
                     }
                 }
+                Due::Ceiling(key) => self.ceiling_due(&key, now, effects),
                 Due::Ticket(number) => {
                     let Some(t) = self.tickets.get_mut(&number).filter(|t| t.timer_at == at) else { continue };
                     if t.state.lapse_at <= now {
@@ -1548,6 +1589,7 @@ impl Engine {
             }
         }
         self.held_places = self.buckets.values().map(|b| b.places.len()).sum();
+        self.finish_restore_ceilings(now, effects);
         let lapsed: Vec<PermitId> = self.permits.iter().filter(|(_, p)| p.expires <= now).map(|(id, _)| *id).collect();
         for id in lapsed {
             self.permits.remove(&id);
@@ -1629,7 +1671,7 @@ impl Engine {
             .map(|(k, u)| ThrottleView { key: k.to_string(), until: *u })
             .collect();
         throttles.sort_by(|a, b| a.key.cmp(&b.key));
-        StateView { buckets, permits, throttles }
+        StateView { buckets, permits, throttles, ceilings: self.ceilings(prefix) }
     }
 
     /// The keys a page of the state may show: the `keep + 1` lowest keys of buckets, permits
@@ -1656,6 +1698,7 @@ impl Engine {
             None => after.is_empty() || id.to_string().as_str() > after,
         };
         PageKeys {
+            after: after.to_owned(),
             keep,
             buckets,
             permits: lowest(self.permits.keys().filter(permit_wanted), keep).into_iter().copied().collect(),
@@ -1709,7 +1752,10 @@ impl Engine {
                 throttles.push(ThrottleView { key: key.to_string(), until: *until });
             }
         }
-        (StateView { buckets, permits, throttles }, truncated)
+        let mut ceilings = self.ceilings(prefix);
+        ceilings.retain(|(key, _)| key.as_str() > keys.after.as_str());
+        ceilings.truncate(limit);
+        (StateView { buckets, permits, throttles, ceilings }, truncated)
     }
 
     /// Every persisted fact of the engine, for tests that compare a rebuilt engine with a live
@@ -1793,5 +1839,7 @@ fn unbound_ticket() -> BadRequest {
 
 #[cfg(test)]
 mod bucket_tests;
+#[cfg(test)]
+mod ceiling_tests;
 #[cfg(test)]
 mod tests;

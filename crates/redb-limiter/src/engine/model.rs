@@ -26,8 +26,8 @@ use std::collections::BTreeMap;
 
 use super::token_bucket::kept_full_ms;
 use super::{
-    BucketLevel, BucketMeta, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId, PermitState,
-    Reason, RequestRecord, TicketId, TicketState,
+    BucketLevel, BucketMeta, Ceiling, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId,
+    PermitState, Reason, RequestRecord, TicketId, TicketState,
 };
 use crate::request::{AcquireRequest, BucketLimit, Cost, Limit};
 use crate::time::Millis;
@@ -446,6 +446,8 @@ impl Reference {
                     let queued = self.line(&l.key).count() as u64;
                     (r.in_line() || queued > 0).then_some(queued)
                 },
+                // The model knows no outcomes: a ceiling stays at `calls`.
+                ceiling: l.adapt.and_then(|_| l.nominal_calls()),
             })
             .collect()
     }
@@ -777,6 +779,7 @@ pub struct EffectLog {
     pub tickets: BTreeMap<TicketId, TicketState>,
     pub requests: BTreeMap<String, RequestRecord>,
     pub levels: BTreeMap<String, BucketLevel>,
+    pub ceilings: BTreeMap<String, Ceiling>,
 }
 
 impl EffectLog {
@@ -839,6 +842,12 @@ impl EffectLog {
                 Effect::LevelForgotten { bucket } => {
                     self.levels.remove(&**bucket);
                 }
+                Effect::CeilingSet { bucket, ceiling, .. } => {
+                    self.ceilings.insert(bucket.to_string(), *ceiling);
+                }
+                Effect::CeilingForgotten { bucket } => {
+                    self.ceilings.remove(&**bucket);
+                }
             }
         }
     }
@@ -872,6 +881,9 @@ impl EffectLog {
         }
         for (k, level) in &self.levels {
             e.restore_level(k, *level);
+        }
+        for (k, ceiling) in &self.ceilings {
+            e.restore_ceiling(k, *ceiling);
         }
         let mut effects = Vec::new();
         e.resume_line(floor, now, &mut effects);

@@ -104,6 +104,12 @@ pub fn params_digest(req: &AcquireRequest) -> u128 {
                 h.write_u64(n);
             }
         }
+        // An adaptive ceiling (section 14), likewise only where one is named.
+        if let Some(a) = limit.adapt {
+            for n in [u64::MAX - 1, a.min, a.max, a.increase, a.keep_pct] {
+                h.write_u64(n);
+            }
+        }
     }
     h.write_u8(u8::from(req.permit) | u8::from(req.queue) << 1);
     match &req.ticket {

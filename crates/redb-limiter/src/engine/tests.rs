@@ -1054,6 +1054,7 @@ fn to_request(caller: usize, limits: &[LimitSpec]) -> AcquireRequest {
                     concurrent: l.concurrent,
                     cost: l.cost,
                     hold_ms: l.hold_ms,
+                    adapt: None,
                 };
             }
             Limit {
@@ -1063,6 +1064,7 @@ fn to_request(caller: usize, limits: &[LimitSpec]) -> AcquireRequest {
                 concurrent: l.concurrent,
                 cost: l.cost,
                 hold_ms: l.hold_ms,
+                adapt: None,
             }
         })
         .collect();

@@ -17,6 +17,8 @@ pub(crate) enum Due {
     Throttle(Arc<str>),
     /// A ticket's lapse, by its number.
     Ticket(u64),
+    /// An hour after a ceiling's latest signal (section 14).
+    Ceiling(Arc<str>),
 }
 
 #[derive(Debug)]

@@ -371,7 +371,7 @@ impl Limiter {
     /// Throttles a caller (only ever extends); returns the throttle in force. `until` more than
     /// 24 hours after the limiter's now is a `BadRequest`.
     pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
-        self.ask(|reply| Command::Throttle { key: req.key, until: req.until, reply }).await
+        self.ask(|reply| Command::Throttle { key: req.key, until: req.until, permit: req.permit, reply }).await
     }
 
     /// The live state whose keys start with `prefix`.
@@ -430,7 +430,7 @@ impl Limiter {
 
     /// [`Limiter::throttle`] for threads outside an async runtime.
     pub fn throttle_blocking(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
-        self.ask_blocking(|reply| Command::Throttle { key: req.key, until: req.until, reply })
+        self.ask_blocking(|reply| Command::Throttle { key: req.key, until: req.until, permit: req.permit, reply })
     }
 
     /// [`Limiter::state`] for threads outside an async runtime.

@@ -44,7 +44,8 @@ use crate::engine::{Decision, Effect, Engine, EngineConfig, Settled, StateView, 
 use crate::metrics::Metrics;
 use crate::policy::{MAX_DEFERRED_EFFECTS, MAX_DEFERRED_MS, SWEEP_GRAIN_MS};
 use crate::request::{
-    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
+    AcquireRequest, BadRequest, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, Signal, ThrottleRequest,
+    UndoRequest,
 };
 use crate::store::{Opener, Store, StoreError};
 use crate::time::{Clock, Millis};
@@ -71,6 +72,8 @@ pub(super) enum Command {
     Throttle {
         key: String,
         until: Millis,
+        /// The permit whose call was limited (section 14), if named.
+        permit: Option<String>,
         reply: Reply<Option<Millis>>,
     },
     State {
@@ -528,7 +531,7 @@ pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
             Answer::Acquire(reply, acquired)
         }
         Command::Release(req, reply) => {
-            Answer::Release(reply, engine.release_with(&req.permit, &req.costs, now, effects))
+            Answer::Release(reply, engine.release_with_outcome(&req.permit, &req.costs, req.outcome, now, effects))
         }
         Command::Leave(req, reply) => Answer::Leave(reply, engine.leave(&req.ticket, now, effects)),
         Command::Undo(req, reply) => Answer::Release(reply, engine.undo(&req.id, &req.costs, now, effects)),
@@ -538,11 +541,18 @@ pub(super) fn decide(core: &mut Core, cmd: Command, now: Millis) -> Answer {
                 .map(|refusal| Peeked { refusal, report: Report { now, limits: engine.figures(&req, now) } });
             Answer::Peek(reply, peeked)
         }
-        Command::Settle(req, reply) => Answer::Settle(reply, engine.settle(&req.permit, &req.costs, now, effects)),
+        Command::Settle(req, reply) => {
+            Answer::Settle(reply, engine.settle_with_outcome(&req.permit, &req.costs, req.outcome, now, effects))
+        }
         Command::Lift(req, reply) => Answer::Lift(reply, engine.lift(&req.key, now, effects)),
-        Command::Throttle { key, until, reply } => {
-            let result =
-                ThrottleRequest::new(key, until, now).map(|req| engine.throttle(&req.key, req.until, now, effects));
+        Command::Throttle { key, until, permit, reply } => {
+            let result = ThrottleRequest::new(key, until, now).map(|req| {
+                // Section 14: the permit's call was limited, for each of its adapted buckets.
+                if let Some(permit) = &permit {
+                    engine.signal(permit, Signal::Limited, now, effects);
+                }
+                engine.throttle(&req.key, req.until, now, effects)
+            });
             Answer::Throttle(reply, result)
         }
         Command::State { prefix, reply } => {
@@ -575,7 +585,8 @@ pub(super) fn finish_restore(
     if effects.is_empty() { Ok(()) } else { store.commit_and_tidy(&effects, now) }
 }
 
-/// Counts the line's committed changes: tickets filed, granted (with their wait), lapsed, left.
+/// Counts the line's committed changes: tickets filed, granted (with their wait), lapsed, left;
+/// and adaptive ceilings cut and grown.
 fn count_line(metrics: &Metrics, effects: &[Effect]) {
     for effect in effects {
         match effect {
@@ -583,6 +594,7 @@ fn count_line(metrics: &Metrics, effects: &[Effect]) {
             Effect::TicketEnded { end: TicketEnd::Granted { waited_ms }, .. } => metrics.ticket_granted(*waited_ms),
             Effect::TicketEnded { end: TicketEnd::Left, .. } => metrics.ticket("left"),
             Effect::TicketLapsed { .. } => metrics.ticket("lapsed"),
+            Effect::CeilingSet { change: Some(change), .. } => metrics.ceiling_changed(change.as_str()),
             _ => {}
         }
     }

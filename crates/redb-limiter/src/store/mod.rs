@@ -30,18 +30,19 @@
 //! else, so doing them again leaves the same records. Without a journal (the file alone) every
 //! commit is a redb commit.
 //!
-//! # Layout (format version 7)
+//! # Layout (format version 8)
 //!
 //! | table | key | value |
 //! | --- | --- | --- |
 //! | `meta` | `"format_version"`, `"clock_floor"`; behind a journal `"journal_id"`, `"journal_seq"`, `"journal_open"` ([`FileClaim`]) | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
-//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the shares as (bucket key, cost, calls or burst at the grant, a token bucket's (refill, perMs)) |
+//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the shares as (bucket key, cost, calls or burst at the grant, a token bucket's (refill, perMs)), and the adapted buckets (bucket key, its `adapt`, the request's own `calls` or `refill`, `perMs`, whether the ceiling was in play at the grant, whether an outcome counted) |
 //! | `throttles` | caller key | `until` ms |
 //! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, the limits it binds (defaults resolved, sorted by bucket key), and the instant its horizon ends |
 //! | `requests` | (first kept at ms, request id) (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, its shares; a filing's ticket and refusal; or released) |
 //! | `levels` | bucket key (section 13) | record: a token bucket's level (units of `1/perMs` token), at an instant, with the `refill`, `perMs` and `burst` that wrote it |
+//! | `ceilings` | bucket key (section 14) | record: the adaptive ceiling `C`, the `max` last named, and the instants of its latest cut, growth and signal |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -97,6 +98,16 @@
 //! note of schema 4, rather than forget a bucket's level. On load a level refills from its
 //! instant by the time that passed, so a bucket is never fuller after a restart than its refill
 //! allows.
+//!
+//! Version 8 (adaptive ceilings, section 14) added the `ceilings` table, and journal notes of
+//! schema 5: a ceiling set (an outcome that counted, committed before its reply) rewrites its
+//! record, a ceiling forgotten deletes it and may be lost in a crash (a restart forgets it
+//! again). Its permit records (schema byte 4) keep the adapted buckets of their grant, and its
+//! tickets (schema byte 3) each limit's `adapt`. Files of versions 2 to 7 open unchanged: their
+//! permits adapt nothing and their tickets' limits have no `adapt`; the marking creates the
+//! `ceilings` table empty. Notes of schemas 1 to 4 left by a crash of an older release are redone
+//! as they were. An older build refuses a version-8 file, and a note of schema 5, rather than
+//! forget a ceiling.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -179,12 +190,12 @@ use redb::{
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{
-    BucketLevel, BucketMeta, Effect, Engine, Outcome, PermitId, PermitState, REMEMBER_MS, Reason, RequestRecord,
-    TicketId, TicketState, WindowShare,
+    AdaptedShare, BucketLevel, BucketMeta, Ceiling, Effect, Engine, Outcome, PermitId, PermitState, REMEMBER_MS,
+    Reason, RequestRecord, TicketId, TicketState, WindowShare,
 };
 use crate::request::{
-    BucketLimit, Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_ID_BYTES, MAX_KEY_BYTES, MAX_LIMITS,
-    MAX_PER_MS, MAX_THROTTLE_AHEAD_MS, MIN_GRACE_MS, WindowLimit,
+    Adapt, BucketLimit, Limit, MAX_CALLS, MAX_CONCURRENT, MAX_GRACE_MS, MAX_HOLD_MS, MAX_ID_BYTES, MAX_KEY_BYTES,
+    MAX_LIMITS, MAX_PER_MS, MAX_THROTTLE_AHEAD_MS, MIN_GRACE_MS, WindowLimit,
 };
 use crate::time::Millis;
 
@@ -211,7 +222,7 @@ pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
 /// The file's layout version; a file of a version outside [`OLDEST_FORMAT_VERSION`] to this one
 /// is refused.
-pub const FORMAT_VERSION: u64 = 7;
+pub const FORMAT_VERSION: u64 = 8;
 /// The oldest version read: files of the versions before [`FORMAT_VERSION`] open unchanged and
 /// are marked current (see the module docs).
 pub const OLDEST_FORMAT_VERSION: u64 = 2;
@@ -219,11 +230,15 @@ pub const OLDEST_FORMAT_VERSION: u64 = 2;
 const RECORD_SCHEMA: u8 = 1;
 /// The first byte of a permit record of format versions 3 to 6 (window shares only).
 const PERMIT_SCHEMA_V3: u8 = 2;
-/// The first byte of a permit record since format version 7 (shares may be token buckets').
-const PERMIT_SCHEMA: u8 = 3;
+/// The first byte of a permit record of format version 7 (shares may be token buckets').
+const PERMIT_SCHEMA_V7: u8 = 3;
+/// The first byte of a permit record since format version 8 (with its adapted buckets).
+const PERMIT_SCHEMA: u8 = 4;
 /// The first byte of a ticket's and a request id's record since format version 7 (a ticket's
 /// limits may be token buckets, and it keeps its horizon; an id's shares may be token buckets').
 const RECORD_SCHEMA_V7: u8 = 2;
+/// The first byte of a ticket's record since format version 8 (its limits may adapt).
+const TICKET_SCHEMA: u8 = 3;
 /// Schema byte of a journal note ([`Note`]) as format version 4 wrote it: no ticket effects.
 /// Still read (a crash of the previous release can leave such notes).
 const NOTE_SCHEMA_V4: u8 = 1;
@@ -233,10 +248,13 @@ const NOTE_SCHEMA_V5: u8 = 2;
 /// Schema byte of a journal note as format version 6 wrote it: its effects may be a request
 /// id's, never a token bucket's. Still read (a crash of the previous release can leave such notes).
 const NOTE_SCHEMA_V6: u8 = 3;
-/// Schema byte of a journal note since format version 7: its effects may be a token bucket's,
-/// and its permits, tickets and request ids are written in their version-7 records, which an
-/// older build, reading schemas 1 to 3 only, refuses rather than misreads.
-const NOTE_SCHEMA: u8 = 4;
+/// Schema byte of a journal note as format version 7 wrote it: its effects may be a token
+/// bucket's, never a ceiling's. Still read (a crash of the previous release can leave such notes).
+const NOTE_SCHEMA_V7: u8 = 4;
+/// Schema byte of a journal note since format version 8: its effects may be an adaptive
+/// ceiling's, and its permits and tickets are written in their version-8 records, which an older
+/// build, reading schemas 1 to 4 only, refuses rather than misreads.
+const NOTE_SCHEMA: u8 = 5;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -246,6 +264,7 @@ const THROTTLES: TableDefinition<&str, u64> = TableDefinition::new("throttles");
 const TICKETS: TableDefinition<u128, &[u8]> = TableDefinition::new("tickets");
 const REQUESTS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("requests");
 const LEVELS: TableDefinition<&str, &[u8]> = TableDefinition::new("levels");
+const CEILINGS: TableDefinition<&str, &[u8]> = TableDefinition::new("ceilings");
 
 const KEY_FORMAT: &str = "format_version";
 const KEY_FLOOR: &str = "clock_floor";
@@ -443,6 +462,101 @@ impl PermitRecord {
             expires: Millis(self.expires),
             places: self.places.into_iter().map(|(b, lapse)| (Arc::from(b), Millis(lapse))).collect(),
             windows: self.windows.into_iter().map(share_state).collect(),
+            adapted: Vec::new(),
+        }
+    }
+}
+
+/// One adapted bucket of a permit's grant (format version 8): the bucket, its `adapt` as
+/// (min, max, increase, keepPct), the request's own `calls` or `refill`, its `perMs`, and
+/// whether the ceiling was in play at the grant and an outcome counted there.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct AdaptedRecord {
+    bucket: String,
+    adapt: (u64, u64, u64, u64),
+    start: u64,
+    per_ms: u64,
+    in_play: bool,
+    signalled: bool,
+}
+
+fn adapt_record(a: &Adapt) -> (u64, u64, u64, u64) {
+    (a.min, a.max, a.increase, a.keep_pct)
+}
+
+fn adapt_state((min, max, increase, keep_pct): (u64, u64, u64, u64)) -> Adapt {
+    Adapt { min, max, increase, keep_pct }
+}
+
+/// A permit (schema byte 4, format version 8): version 7's, and its adapted buckets.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct PermitRecordV8 {
+    permit: PermitRecord,
+    adapted: Vec<AdaptedRecord>,
+}
+
+impl PermitRecordV8 {
+    fn from_state(p: &PermitState) -> Self {
+        let adapted = p
+            .adapted
+            .iter()
+            .map(|a| AdaptedRecord {
+                bucket: a.bucket.to_string(),
+                adapt: adapt_record(&a.adapt),
+                start: a.start,
+                per_ms: a.per_ms,
+                in_play: a.in_play,
+                signalled: a.signalled,
+            })
+            .collect();
+        PermitRecordV8 { permit: PermitRecord::from_state(p), adapted }
+    }
+
+    fn into_state(self) -> PermitState {
+        let adapted = self
+            .adapted
+            .into_iter()
+            .map(|a| AdaptedShare {
+                bucket: Arc::from(a.bucket),
+                adapt: adapt_state(a.adapt),
+                start: a.start,
+                per_ms: a.per_ms,
+                in_play: a.in_play,
+                signalled: a.signalled,
+            })
+            .collect();
+        PermitState { adapted, ..self.permit.into_state() }
+    }
+}
+
+/// An adaptive ceiling (schema byte 1, format version 8), keyed by the bucket.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct CeilingRecord {
+    c: u64,
+    max: u64,
+    cut_at: Option<u64>,
+    grown_at: Option<u64>,
+    signal_at: u64,
+}
+
+impl CeilingRecord {
+    fn from_state(c: &Ceiling) -> Self {
+        CeilingRecord {
+            c: c.c,
+            max: c.max,
+            cut_at: c.cut_at.map(|m| m.0),
+            grown_at: c.grown_at.map(|m| m.0),
+            signal_at: c.signal_at.0,
+        }
+    }
+
+    fn into_state(self) -> Ceiling {
+        Ceiling {
+            c: self.c,
+            max: self.max,
+            cut_at: self.cut_at.map(Millis),
+            grown_at: self.grown_at.map(Millis),
+            signal_at: Millis(self.signal_at),
         }
     }
 }
@@ -593,6 +707,7 @@ impl TicketRecord {
                     concurrent: l.concurrent,
                     cost: l.cost,
                     hold_ms: l.hold_ms,
+                    adapt: None,
                 })
                 .collect(),
             deadline: self.deadline.map(Millis),
@@ -600,11 +715,44 @@ impl TicketRecord {
     }
 }
 
-/// Reads a ticket record of either schema.
-fn decode_ticket(bytes: &[u8]) -> Result<TicketRecord, String> {
+/// A live ticket (schema byte 3, format version 8): version 7's, and each limit's `adapt` as
+/// (min, max, increase, keepPct), in the order of its limits.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct TicketRecordV8 {
+    ticket: TicketRecord,
+    adapts: Vec<Option<(u64, u64, u64, u64)>>,
+}
+
+impl TicketRecordV8 {
+    fn from_state(t: &TicketState) -> Self {
+        let adapts = t.limits.iter().map(|l| l.adapt.as_ref().map(adapt_record)).collect();
+        TicketRecordV8 { ticket: TicketRecord::from_state(t), adapts }
+    }
+
+    fn into_state(self) -> Result<TicketState, String> {
+        if !self.adapts.is_empty() && self.adapts.len() != self.ticket.limits.len() {
+            return Err("a ticket's adapts do not match its limits".to_owned());
+        }
+        let mut state = self.ticket.into_state();
+        for (limit, adapt) in state.limits.iter_mut().zip(self.adapts) {
+            limit.adapt = adapt.map(adapt_state);
+        }
+        Ok(state)
+    }
+}
+
+impl From<TicketRecord> for TicketRecordV8 {
+    fn from(ticket: TicketRecord) -> Self {
+        TicketRecordV8 { ticket, adapts: Vec::new() }
+    }
+}
+
+/// Reads a ticket record of any schema.
+fn decode_ticket(bytes: &[u8]) -> Result<TicketRecordV8, String> {
     match bytes.first() {
-        Some(&RECORD_SCHEMA) => decode::<TicketRecordV5>(bytes).map(TicketRecord::from),
-        _ => decode_schema(RECORD_SCHEMA_V7, bytes),
+        Some(&RECORD_SCHEMA) => decode::<TicketRecordV5>(bytes).map(|t| TicketRecord::from(t).into()),
+        Some(&RECORD_SCHEMA_V7) => decode_schema::<TicketRecord>(RECORD_SCHEMA_V7, bytes).map(Into::into),
+        _ => decode_schema(TICKET_SCHEMA, bytes),
     }
 }
 
@@ -820,6 +968,25 @@ enum NoteEffect<'a> {
         since: u64,
         record: IdRecord,
     },
+    // Format version 8's (schema 5 only; appended, so older notes read as they were written):
+    // adaptive ceilings, and the records that may name them.
+    CeilingSet {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+        ceiling: CeilingRecord,
+    },
+    CeilingForgotten {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+    },
+    PermitSetV8 {
+        id: u128,
+        permit: PermitRecordV8,
+    },
+    TicketFiledV8 {
+        id: u128,
+        ticket: TicketRecordV8,
+    },
 }
 
 impl NoteEffect<'_> {
@@ -839,6 +1006,17 @@ impl NoteEffect<'_> {
                 | NoteEffect::PermitSetV7 { .. }
                 | NoteEffect::TicketFiledV7 { .. }
                 | NoteEffect::RequestKeptV7 { .. }
+        ) || self.is_v8()
+    }
+
+    /// Whether only a note of schema 5 (format version 8) may hold it.
+    fn is_v8(&self) -> bool {
+        matches!(
+            self,
+            NoteEffect::CeilingSet { .. }
+                | NoteEffect::CeilingForgotten { .. }
+                | NoteEffect::PermitSetV8 { .. }
+                | NoteEffect::TicketFiledV8 { .. }
         )
     }
 }
@@ -864,13 +1042,13 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
                 NoteEffect::BucketForgotten { bucket: Cow::Borrowed(bucket), grants: millis(grants) }
             }
             Effect::PermitSet { id, permit } => {
-                NoteEffect::PermitSetV7 { id: id.0, permit: PermitRecord::from_state(permit) }
+                NoteEffect::PermitSetV8 { id: id.0, permit: PermitRecordV8::from_state(permit) }
             }
             Effect::PermitEnded { id } => NoteEffect::PermitEnded { id: id.0 },
             Effect::ThrottleSet { key, until } => NoteEffect::ThrottleSet { key: Cow::Borrowed(key), until: until.0 },
             Effect::ThrottleEnded { key } => NoteEffect::ThrottleEnded { key: Cow::Borrowed(key) },
             Effect::TicketFiled { id, ticket } => {
-                NoteEffect::TicketFiledV7 { id: id.0, ticket: TicketRecord::from_state(ticket) }
+                NoteEffect::TicketFiledV8 { id: id.0, ticket: TicketRecordV8::from_state(ticket) }
             }
             Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
                 NoteEffect::TicketRenewed { id: id.0, retry_at: retry_at.0, lapse_at: lapse_at.0, grace_ms: *grace_ms }
@@ -888,6 +1066,10 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
             Effect::RequestForgotten { id, since } => {
                 NoteEffect::RequestForgotten { id: Cow::Borrowed(id), since: since.0 }
             }
+            Effect::CeilingSet { bucket, ceiling, .. } => {
+                NoteEffect::CeilingSet { bucket: Cow::Borrowed(bucket), ceiling: CeilingRecord::from_state(ceiling) }
+            }
+            Effect::CeilingForgotten { bucket } => NoteEffect::CeilingForgotten { bucket: Cow::Borrowed(bucket) },
         })
         .collect();
     encode_schema(NOTE_SCHEMA, &Note { floor: floor.0, effects })
@@ -922,11 +1104,15 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
             note
         }
         Some(&NOTE_SCHEMA_V6) => decode_schema(NOTE_SCHEMA_V6, bytes)?,
+        Some(&NOTE_SCHEMA_V7) => decode_schema(NOTE_SCHEMA_V7, bytes)?,
         _ => decode_schema(NOTE_SCHEMA, bytes)?,
     };
     let schema = bytes.first().copied().unwrap_or(NOTE_SCHEMA);
-    if schema < NOTE_SCHEMA && note.effects.iter().any(NoteEffect::is_v7) {
+    if schema < NOTE_SCHEMA_V7 && note.effects.iter().any(NoteEffect::is_v7) {
         return Err(format!("a note of schema {schema} names a record of format version 7"));
+    }
+    if schema < NOTE_SCHEMA && note.effects.iter().any(NoteEffect::is_v8) {
+        return Err(format!("a note of schema {schema} names a record of format version 8"));
     }
     let arc = |s: Cow<'_, str>| Arc::<str>::from(s.as_ref());
     let ats = |v: Vec<u64>| v.into_iter().map(Millis).collect();
@@ -982,6 +1168,16 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
                 NoteEffect::RequestForgotten { id, since } => {
                     Effect::RequestForgotten { id: arc(id), since: Millis(since) }
                 }
+                NoteEffect::CeilingSet { bucket, ceiling } => {
+                    Effect::CeilingSet { bucket: arc(bucket), ceiling: ceiling.into_state(), change: None }
+                }
+                NoteEffect::CeilingForgotten { bucket } => Effect::CeilingForgotten { bucket: arc(bucket) },
+                NoteEffect::PermitSetV8 { id, permit } => {
+                    Effect::PermitSet { id: PermitId(id), permit: permit.into_state() }
+                }
+                NoteEffect::TicketFiledV8 { id, ticket } => {
+                    Effect::TicketFiled { id: TicketId(id), ticket: ticket.into_state()? }
+                }
             })
         })
         .collect::<Result<_, String>>()?;
@@ -1001,7 +1197,8 @@ fn decode_permit(bytes: &[u8]) -> Result<PermitState, String> {
         Some(&PERMIT_SCHEMA_V3) => {
             decode_schema::<PermitRecordV3>(PERMIT_SCHEMA_V3, bytes).map(|r| PermitRecord::from(r).into_state())
         }
-        _ => decode_schema::<PermitRecord>(PERMIT_SCHEMA, bytes).map(PermitRecord::into_state),
+        Some(&PERMIT_SCHEMA_V7) => decode_schema::<PermitRecord>(PERMIT_SCHEMA_V7, bytes).map(PermitRecord::into_state),
+        _ => decode_schema::<PermitRecordV8>(PERMIT_SCHEMA, bytes).map(PermitRecordV8::into_state),
     }
 }
 
@@ -1466,6 +1663,7 @@ impl Store {
             txn.open_table(TICKETS).map_err(|e| self.commit_error(e))?;
             txn.open_table(REQUESTS).map_err(|e| self.commit_error(e))?;
             txn.open_table(LEVELS).map_err(|e| self.commit_error(e))?;
+            txn.open_table(CEILINGS).map_err(|e| self.commit_error(e))?;
         }
         txn.commit().map_err(|e| self.commit_error(e))
     }
@@ -1502,6 +1700,8 @@ impl Store {
         txn.open_table(REQUESTS).map_err(|e| self.commit_error(e))?;
         // Version 7's table, empty: no older release knew token buckets.
         txn.open_table(LEVELS).map_err(|e| self.commit_error(e))?;
+        // Version 8's table, empty: no older release knew adaptive ceilings.
+        txn.open_table(CEILINGS).map_err(|e| self.commit_error(e))?;
         txn.commit().map_err(|e| self.commit_error(e))
     }
 
@@ -1586,7 +1786,8 @@ impl Store {
         for row in rows.into_iter().flatten() {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
             let id = TicketId(k.value());
-            let ticket = decode_ticket(v.value()).map_err(|e| bad("tickets", e))?.into_state();
+            let ticket =
+                decode_ticket(v.value()).and_then(TicketRecordV8::into_state).map_err(|e| bad("tickets", e))?;
             if id.number() > MAX_PERMIT_SEQUENCE
                 || !key_ok(&ticket.key)
                 || ticket.limits.is_empty()
@@ -1657,6 +1858,30 @@ impl Store {
                 return Err(bad("levels", format!("a level out of bounds: {:?} {level:?}", k.value())));
             }
             engine.restore_level(k.value(), level);
+        }
+        let ceilings = match txn.open_table(CEILINGS) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(self.corrupt(e)),
+        };
+        let rows = match &ceilings {
+            Some(table) => Some(table.iter().map_err(|e| self.corrupt(e))?),
+            None => None,
+        };
+        for row in rows.into_iter().flatten() {
+            let (k, v) = row.map_err(|e| self.corrupt(e))?;
+            let ceiling = decode::<CeilingRecord>(v.value()).map_err(|e| bad("ceilings", e))?.into_state();
+            let at_most_floor = |at: Option<Millis>| at.is_none_or(|at| at <= floor);
+            if !key_ok(k.value())
+                || !(1..=MAX_CALLS).contains(&ceiling.c)
+                || !(1..=MAX_CALLS).contains(&ceiling.max)
+                || ceiling.signal_at > floor
+                || !at_most_floor(ceiling.cut_at)
+                || !at_most_floor(ceiling.grown_at)
+            {
+                return Err(bad("ceilings", format!("a ceiling out of bounds: {:?} {ceiling:?}", k.value())));
+            }
+            engine.restore_ceiling(k.value(), ceiling);
         }
         Ok(floor)
     }
@@ -1753,7 +1978,7 @@ impl Store {
     ) -> Result<(), redb::Error> {
         // Each table is opened when first written: opening costs a lookup even when unused.
         let (mut buckets, mut grants, mut permits, mut throttles, mut tickets) = (None, None, None, None, None);
-        let (mut requests, mut levels) = (None, None);
+        let (mut requests, mut levels, mut ceilings) = (None, None, None);
         let (doomed, delete_batch) = (&mut self.doomed, self.delete_batch);
         let mut written = 0;
         let mut newest_written = 0;
@@ -1797,7 +2022,7 @@ impl Store {
                         }
                     }
                     Effect::PermitSet { id, permit } => {
-                        let record = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(permit));
+                        let record = encode_schema(PERMIT_SCHEMA, &PermitRecordV8::from_state(permit));
                         opened(&mut permits, txn, PERMITS)?.insert(id.0, record.as_slice())?;
                     }
                     Effect::PermitEnded { id } => {
@@ -1810,7 +2035,7 @@ impl Store {
                         opened(&mut throttles, txn, THROTTLES)?.remove(&**key)?;
                     }
                     Effect::TicketFiled { id, ticket } => {
-                        let record = encode_schema(RECORD_SCHEMA_V7, &TicketRecord::from_state(ticket));
+                        let record = encode_schema(TICKET_SCHEMA, &TicketRecordV8::from_state(ticket));
                         opened(&mut tickets, txn, TICKETS)?.insert(id.0, record.as_slice())?;
                     }
                     Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms } => {
@@ -1819,8 +2044,9 @@ impl Store {
                         let table = opened(&mut tickets, txn, TICKETS)?;
                         let kept = table.get(id.0)?.map(|v| decode_ticket(v.value()));
                         if let Some(Ok(mut record)) = kept {
-                            (record.retry_at, record.lapse_at, record.grace_ms) = (retry_at.0, lapse_at.0, *grace_ms);
-                            table.insert(id.0, encode_schema(RECORD_SCHEMA_V7, &record).as_slice())?;
+                            let t = &mut record.ticket;
+                            (t.retry_at, t.lapse_at, t.grace_ms) = (retry_at.0, lapse_at.0, *grace_ms);
+                            table.insert(id.0, encode_schema(TICKET_SCHEMA, &record).as_slice())?;
                         }
                     }
                     Effect::TicketEnded { id, .. } | Effect::TicketLapsed { id } => {
@@ -1839,6 +2065,13 @@ impl Store {
                     }
                     Effect::LevelForgotten { bucket } => {
                         opened(&mut levels, txn, LEVELS)?.remove(&**bucket)?;
+                    }
+                    Effect::CeilingSet { bucket, ceiling, .. } => {
+                        let record = encode(&CeilingRecord::from_state(ceiling));
+                        opened(&mut ceilings, txn, CEILINGS)?.insert(&**bucket, record.as_slice())?;
+                    }
+                    Effect::CeilingForgotten { bucket } => {
+                        opened(&mut ceilings, txn, CEILINGS)?.remove(&**bucket)?;
                     }
                 }
             }
@@ -1906,8 +2139,9 @@ mod tests {
             expires: Millis(900),
             places: vec![(Arc::from("c"), Millis(900))],
             windows: vec![WindowShare { bucket: Arc::from("w"), cost: 3, cap: 10, tokens: None }],
+            adapted: Vec::new(),
         };
-        let bytes = encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(&state));
+        let bytes = encode_schema(PERMIT_SCHEMA_V7, &PermitRecord::from_state(&state));
         assert_eq!(decode_permit(&bytes), Ok(state.clone()));
         let old = encode(&PermitRecordV2 { places: vec![("c".into(), 700), ("d".into(), 800)] });
         let read = decode_permit(&old).unwrap();
@@ -1923,8 +2157,27 @@ mod tests {
             windows: vec![WindowShare { bucket: Arc::from("t"), cost: 4, cap: 9, tokens: Some((3, 1000)) }],
             ..state
         };
-        assert_eq!(decode_permit(&encode_schema(PERMIT_SCHEMA, &PermitRecord::from_state(&buckets))), Ok(buckets));
-        assert!(decode_permit(&[4, 0]).unwrap_err().contains("schema 4"));
+        assert_eq!(
+            decode_permit(&encode_schema(PERMIT_SCHEMA_V7, &PermitRecord::from_state(&buckets))),
+            Ok(buckets.clone())
+        );
+        // Format 8's: with the adapted buckets of its grant (section 14).
+        let adapted = PermitState {
+            adapted: vec![AdaptedShare {
+                bucket: Arc::from("w"),
+                adapt: Adapt { min: 1, max: 20, increase: 2, keep_pct: 40 },
+                start: 10,
+                per_ms: 1000,
+                in_play: true,
+                signalled: false,
+            }],
+            ..buckets
+        };
+        assert_eq!(decode_permit(&encode_schema(PERMIT_SCHEMA, &PermitRecordV8::from_state(&adapted))), Ok(adapted));
+        assert!(decode_permit(&[5, 0]).unwrap_err().contains("schema 5"));
+        let ceiling = Ceiling { c: 7, max: 20, cut_at: Some(Millis(3)), grown_at: None, signal_at: Millis(4) };
+        let bytes = encode(&CeilingRecord::from_state(&ceiling));
+        assert_eq!(decode::<CeilingRecord>(&bytes).map(CeilingRecord::into_state), Ok(ceiling));
         let level = BucketLevel { units: -7, unit_ms: 1000, refill: 3, burst: 9, at: Millis(12) };
         let bytes = encode(&LevelRecord::from_state(&level));
         assert_eq!(decode::<LevelRecord>(&bytes).map(LevelRecord::into_state), Ok(level));
@@ -2043,7 +2296,7 @@ mod tests {
             .unwrap()
             .map(|row| {
                 let (k, v) = row.unwrap();
-                (k.value(), decode_ticket(v.value()).unwrap().into_state())
+                (k.value(), decode_ticket(v.value()).unwrap().into_state().unwrap())
             })
             .collect()
     }
@@ -2051,6 +2304,42 @@ mod tests {
     /// A ticket is filed, renewed and ended in the file, as notes behind the journal (redone at
     /// the next open after a crash) and as redb commits; a note that names a ticket has a schema
     /// an older build refuses, and the older schema still reads.
+    #[test]
+    fn ceilings_and_adapted_tickets_are_kept_as_records_and_as_notes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.redb");
+        let ceiling = |c, at| Ceiling { c, max: 20, cut_at: Some(Millis(at)), grown_at: None, signal_at: Millis(at) };
+        let set = |key: &str, c| Effect::CeilingSet { bucket: Arc::from(key), ceiling: ceiling(c, 900), change: None };
+        let adapt = Adapt { min: 2, max: 20, increase: 1, keep_pct: 50 };
+        let mut ticket = ticket_state(3_000);
+        ticket.limits[1].adapt = Some(adapt);
+        let id = TicketId(7 << 64 | 1);
+        {
+            let mut store = Store::open(&path, &file_opener()).unwrap();
+            store.commit(&[set("a", 5), set("b", 7)], Millis(1_000)).unwrap();
+            store.commit(&[Effect::CeilingForgotten { bucket: Arc::from("b") }], Millis(1_100)).unwrap();
+            store.commit(&[Effect::TicketFiled { id, ticket: ticket.clone() }], Millis(1_200)).unwrap();
+            assert_eq!(store.journal_stats().unwrap().notes, 3);
+            // Dropped without `finish`, as a crash leaves it.
+        }
+        let mut store = Store::open(&path, &file_opener()).unwrap();
+        let mut engine = Engine::new(crate::engine::EngineConfig::with(1000, 1));
+        store.load(&mut engine).unwrap();
+        assert_eq!(engine.ceilings(""), vec![("a".to_owned(), ceiling(5, 900))]);
+        assert_eq!(tickets(&store), vec![(id.0, ticket.clone())], "the ticket keeps its adapt");
+        // As redb commits.
+        store
+            .commit_and_tidy(&[set("c", 3), Effect::CeilingForgotten { bucket: Arc::from("a") }], Millis(1_300))
+            .unwrap();
+        let mut engine = Engine::new(crate::engine::EngineConfig::with(1000, 1));
+        store.load(&mut engine).unwrap();
+        assert_eq!(engine.ceilings(""), vec![("c".to_owned(), ceiling(3, 900))]);
+        // A note of the previous release that names a ceiling is no note it wrote.
+        let mut forged = encode_note(Millis(9), &[set("a", 5)]);
+        forged[0] = NOTE_SCHEMA_V7;
+        assert!(decode_note(&forged).unwrap_err().contains("format version 8"));
+    }
+
     #[test]
     fn tickets_are_kept_as_records_and_as_notes() {
         let dir = tempfile::tempdir().unwrap();
@@ -2090,8 +2379,8 @@ mod tests {
         let note = encode_note(Millis(9), &[filed(one, 3_000), Effect::TicketLapsed { id: two }]);
         assert_eq!(note[0], NOTE_SCHEMA);
         // What the previous release reads a note with: the schema byte refuses it.
-        for older in [NOTE_SCHEMA_V4, NOTE_SCHEMA_V5, NOTE_SCHEMA_V6] {
-            assert!(decode_schema::<Note<'_>>(older, &note).err().unwrap().contains("schema 4"));
+        for older in [NOTE_SCHEMA_V4, NOTE_SCHEMA_V5, NOTE_SCHEMA_V6, NOTE_SCHEMA_V7] {
+            assert!(decode_schema::<Note<'_>>(older, &note).err().unwrap().contains("schema 5"));
         }
         let (floor, effects) = decode_note(&note).unwrap();
         assert_eq!(floor, Millis(9));
@@ -2129,7 +2418,7 @@ mod tests {
                 },
             ],
         };
-        let read = decode_ticket(&encode(&v5)).unwrap().into_state();
+        let read = decode_ticket(&encode(&v5)).unwrap().into_state().unwrap();
         assert_eq!(read, TicketState { deadline: None, ..previous });
     }
 

@@ -469,6 +469,9 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
         readFromClient.delete(read.value);
         return;
       }
+      // With aimd the cut of the shared ceiling answers a 429 that names no wait, as VernLLM's
+      // own limiter answers it (it closes nothing); without, the caller closes for throttleAfterMs.
+      if (aimd !== undefined) return;
       throttleFor(vendorWaitMs({}, null, { defaultMs: throttleAfterMs }));
     },
 

@@ -47,7 +47,34 @@ export interface Limit {
   cost?: number;
   /** When a place never released lapses (default: the request's `holdMs`). */
   holdMs?: number;
+  /**
+   * An adaptive ceiling (wire section 14) on this window or token bucket, kept by the limiter and
+   * shared by every host that names the bucket so: the limit is judged with the ceiling in place of
+   * `calls` (`refill`), cut on a `limited` outcome and grown on `clean` ones. `{}` takes the
+   * defaults. A request with one asks for a permit (`permit: true`) unless it says otherwise.
+   */
+  adapt?: Adapt;
 }
+
+/**
+ * The bounds and steps of an adaptive ceiling (wire section 14); every field has the wire's default.
+ */
+export interface Adapt {
+  /** The lowest the ceiling goes: 1 to `calls` (default a tenth of `calls`, at least 1). */
+  min?: number;
+  /** The highest the ceiling goes: `calls` to 10^9 (default `calls`). */
+  max?: number;
+  /** What a clean outcome adds, at most once per window: 0 to 10^6 (default 1). */
+  increase?: number;
+  /** The percent of the ceiling a cut keeps: 1 to 99 (default 50). */
+  keepPct?: number;
+}
+
+/**
+ * What a granted call met at the provider, for an adaptive ceiling (wire section 14): `limited`
+ * (a 429, or a remaining count at or below the host's floor) cuts it, `clean` may grow it.
+ */
+export type Outcome = 'clean' | 'limited';
 
 /** The params of `acquire` and `peek`, as the wire takes them. */
 export interface AcquireRequest {
@@ -80,6 +107,8 @@ export interface LimitFigures {
   free?: number;
   /** Live tickets in the bucket's line (servers of wire version 3). */
   queued?: number;
+  /** An adapted limit's ceiling, as this request is judged (wire section 14). */
+  ceiling?: number;
 }
 
 export interface Granted {
@@ -386,12 +415,39 @@ function checkRequest(req: AcquireRequest): void {
     }
     optionalInteger(l.cost, `${at}.cost`, 0, MAX_COST);
     optionalInteger(l.holdMs, `${at}.holdMs`, 1, MAX_HOLD_MS);
+    if (l.adapt !== undefined) checkAdapt(l.adapt, `${at}.adapt`, rate);
   });
   optionalInteger(req.cost, 'cost', 0, MAX_COST);
   optionalInteger(req.holdMs, 'holdMs', 1, MAX_HOLD_MS);
   optionalInteger(req.graceMs, 'graceMs', MIN_GRACE_MS, MAX_GRACE_MS);
   optionalFlag(req.permit, 'permit');
   optionalFlag(req.report, 'report');
+}
+
+const ADAPT_FIELDS: ReadonlySet<string> = new Set(['min', 'max', 'increase', 'keepPct']);
+const MAX_CEILING = 1_000_000_000;
+const MAX_INCREASE = 1_000_000;
+
+/** An `adapt` against the wire's bounds (section 14); `rate` is the limit's `calls` or `refill`. */
+function checkAdapt(adapt: unknown, at: string, rate: number | undefined): void {
+  if (typeof adapt !== 'object' || adapt === null || Array.isArray(adapt)) {
+    throw new InvalidArgumentError(at, `must be an object (min, max, increase, keepPct; {} for the defaults), got ${shown(adapt)}`);
+  }
+  if (rate === undefined) throw new InvalidArgumentError(at, 'needs a window (calls and perMs) or a token bucket (refill and perMs)');
+  for (const name of Object.keys(adapt)) {
+    if (!ADAPT_FIELDS.has(name)) throw new InvalidArgumentError(`${at}.${name}`, 'is not a field of adapt (min, max, increase, keepPct)');
+  }
+  const a = adapt as Adapt;
+  optionalInteger(a.min, `${at}.min`, 1, rate);
+  optionalInteger(a.max, `${at}.max`, rate, MAX_CEILING);
+  optionalInteger(a.increase, `${at}.increase`, 0, MAX_INCREASE);
+  optionalInteger(a.keepPct, `${at}.keepPct`, 1, 99);
+}
+
+function checkOutcome(outcome: unknown): void {
+  if (outcome !== undefined && outcome !== 'clean' && outcome !== 'limited') {
+    throw new InvalidArgumentError('outcome', `must be 'clean' or 'limited', got ${shown(outcome)}`);
+  }
 }
 
 function costsToWire(costs: Costs, field: string): { key: string; cost: number }[] {
@@ -790,7 +846,9 @@ export class LimiterClient {
     const id = this.#requestId();
     text(id, 'requestId', MAX_ID_BYTES);
     const controller = new AbortController();
-    const answer = this.#acquireOnce({ ...body, id }, controller.signal, timeoutMs + LATE_ANSWER_MS);
+    // An adapted limit's signals travel on a permit (section 14): asked for unless the caller said.
+    const permit = body.permit === undefined && limits.some((l) => l.adapt !== undefined) ? { permit: true } : {};
+    const answer = this.#acquireOnce({ ...body, ...permit, id }, controller.signal, timeoutMs + LATE_ANSWER_MS);
     answer.then(
       (r) => {
         if (r.granted && r.permit !== undefined) this.#remember(r.permit, limits);
@@ -940,11 +998,16 @@ export class LimiterClient {
     return reply;
   }
 
-  /** Frees a permit's places (settling `costs` first, in one step): `true` when it was live. */
-  async release(permit: string, costs?: Costs): Promise<boolean> {
+  /**
+   * Frees a permit's places (settling `costs` first, in one step): `true` when it was live. An
+   * `outcome` tells the adaptive ceilings of the grant's buckets what the call met (section 14).
+   */
+  async release(permit: string, costs?: Costs, options: { outcome?: Outcome } = {}): Promise<boolean> {
     text(permit, 'permit', MAX_ID_BYTES);
+    checkOutcome(options.outcome);
     const body: Record<string, unknown> = { permit };
     if (costs !== undefined) body.costs = costsToWire(costs, 'costs');
+    if (options.outcome !== undefined) body.outcome = options.outcome;
     const released = flag((await this.#request('POST', '/release', body)).body, 'released');
     this.#freed(permit, true);
     return released;
@@ -956,10 +1019,15 @@ export class LimiterClient {
     return flag((await this.#request('POST', '/release', { ticket })).body, 'released');
   }
 
-  /** Sets a permit's grant's real cost per window bucket: `true` when the permit was live. */
-  async settle(permit: string, costs: Costs): Promise<boolean> {
+  /**
+   * Sets a permit's grant's real cost per window bucket: `true` when the permit was live. An
+   * `outcome` tells the adaptive ceilings of the grant's buckets what the call met (section 14).
+   */
+  async settle(permit: string, costs: Costs, options: { outcome?: Outcome } = {}): Promise<boolean> {
     text(permit, 'permit', MAX_ID_BYTES);
-    const body = { permit, costs: costsToWire(costs, 'costs') };
+    checkOutcome(options.outcome);
+    const body: Record<string, unknown> = { permit, costs: costsToWire(costs, 'costs') };
+    if (options.outcome !== undefined) body.outcome = options.outcome;
     const settled = flag((await this.#request('POST', '/settle', body)).body, 'settled');
     this.#freed(permit, false);
     return settled;
@@ -989,13 +1057,22 @@ export class LimiterClient {
     return reply;
   }
 
-  /** Closes the caller `key` until `until` (throttles only extend); the throttle now in force. */
-  async throttle(key: string, until: Date | number): Promise<Date | undefined> {
+  /**
+   * Closes the caller `key` until `until` (throttles only extend); the throttle now in force. With
+   * the `permit` of the call the provider refused, it also counts as a `limited` outcome for that
+   * permit's adaptive ceilings (section 14).
+   */
+  async throttle(key: string, until: Date | number, options: { permit?: string } = {}): Promise<Date | undefined> {
     const at = typeof until === 'number' ? new Date(until) : until;
     if (!(at instanceof Date) || Number.isNaN(at.getTime())) {
       throw new InvalidArgumentError('until', 'must be a valid Date or epoch milliseconds');
     }
-    const { body } = await this.#request('POST', '/throttle', { key, until: at.toISOString() });
+    const sent: Record<string, unknown> = { key, until: at.toISOString() };
+    if (options.permit !== undefined) {
+      text(options.permit, 'permit', MAX_ID_BYTES);
+      sent.permit = options.permit;
+    }
+    const { body } = await this.#request('POST', '/throttle', sent);
     return optionalInstant(body.until, 'throttle: until');
   }
 
@@ -1015,19 +1092,19 @@ export class LimiterClient {
     try {
       result = await fn(permit);
     } catch (e) {
-      await permit.release().catch(() => this.#releaseLater(permit));
+      await permit.releaseAfterFailure().catch(() => this.#releaseLater(permit));
       throw e;
     }
     await permit.release();
     return result;
   }
 
-  /** Tries a failed release again in the background, a few times, further apart each time. */
+  /** Tries a failed release (after a failed call) again in the background, a few times, further apart each time. */
   #releaseLater(permit: Permit): void {
     const retry = async () => {
       for (const pauseMs of RELEASE_RETRY_MS) {
         await sleep(pauseMs).done;
-        if (await permit.release().then(() => true, () => false)) return;
+        if (await permit.releaseAfterFailure().then(() => true, () => false)) return;
       }
     };
     void retry();
@@ -1037,12 +1114,21 @@ export class LimiterClient {
    * Reads a provider's response for the caller `callerKey`: a 429 throttles it for the wait the
    * provider asked (clamped to 1-120 s; `throttleAfterMs` when it names none), a success that
    * reports an exhausted budget until the reset. Resolves to the throttle in force when this
-   * response set one, else `undefined`.
+   * response set one, else `undefined`. Given the call's `permit`, the response is also its
+   * outcome for adaptive ceilings (section 14): a throttle set here carries the permit, and a
+   * `Permit` keeps what `observe` reads of the response (`floor`: see there) for its release.
    */
-  async throttleFrom(callerKey: string, response: ResponseLike, options: { defaultMs?: number } = {}): Promise<Date | undefined> {
+  async throttleFrom(
+    callerKey: string,
+    response: ResponseLike,
+    options: { defaultMs?: number; permit?: Permit | string; floor?: number } = {},
+  ): Promise<Date | undefined> {
     if (typeof response !== 'object' || response === null || typeof response.status !== 'number') {
       throw new InvalidArgumentError('response', 'must have a numeric status and headers');
     }
+    const { permit } = options;
+    if (permit instanceof Permit) permit.observe(response, options.floor === undefined ? {} : { floor: options.floor });
+    const permitId = permit instanceof Permit ? permit.id : permit;
     const now = this.serverNow();
     let until: number | undefined;
     if (response.status === 429) {
@@ -1056,7 +1142,8 @@ export class LimiterClient {
     } else if (response.status >= 200 && response.status < 300) {
       until = vendorBudget(response.headers, { now })?.getTime();
     }
-    return until === undefined ? undefined : this.throttle(callerKey, until);
+    if (until === undefined) return undefined;
+    return this.throttle(callerKey, until, permitId === undefined ? {} : { permit: permitId });
   }
 
   async #acquireOnce(body: object, signal: AbortSignal, timeoutMs: number): Promise<AcquireReply> {

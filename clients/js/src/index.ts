@@ -5,12 +5,14 @@
 export {
   LimiterClient,
   type AcquireOptions,
+  type Adapt,
   type AcquireReply,
   type AcquireRequest,
   type Granted,
   type Limit,
   type LimitFigures,
   type LimiterClientOptions,
+  type Outcome,
   type PeekReply,
   type Refused,
   type ResponseLike,
@@ -34,7 +36,7 @@ export {
   type NoTicket,
   type Reason,
 } from './errors.js';
-export { MAX_WAIT_MS, MIN_WAIT_MS, vendorBudget, vendorWaitMs, type HeadersLike, type Instant } from './vendor.js';
+export { MAX_WAIT_MS, MIN_WAIT_MS, vendorBudget, vendorOutcome, vendorWaitMs, type HeadersLike, type Instant } from './vendor.js';
 export {
   estimateTokens,
   requestUsage,

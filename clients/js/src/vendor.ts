@@ -103,6 +103,35 @@ export function vendorBudget(headers: HeadersLike, options: { now?: Instant } = 
   return new Date(Number(latest < cap ? latest : cap));
 }
 
+/** The providers' headers of remaining requests (Anthropic's, OpenAI's), as VernLLM reads its hint. */
+const REMAINING_REQUESTS: readonly string[] = ['anthropic-ratelimit-requests-remaining', 'x-ratelimit-remaining-requests'];
+
+/**
+ * What a provider's response says of the call for an adaptive ceiling (wire section 14):
+ * `limited` on a 429, or on a success whose remaining requests (the lowest the response reports)
+ * are at or below `floor` (VernLLM's `proactiveFloor`; without one, only a 429 counts); `clean`
+ * on any other success; `undefined` on any other failure, which says nothing of the limit.
+ */
+export function vendorOutcome(
+  response: { status: number; headers: HeadersLike },
+  options: { floor?: number } = {},
+): 'clean' | 'limited' | undefined {
+  const { floor } = options;
+  if (floor !== undefined && (!Number.isInteger(floor) || floor < 0)) {
+    throw new RangeError(`floor must be a non-negative integer, got ${String(floor)}`);
+  }
+  if (response.status === 429) return 'limited';
+  if (response.status < 200 || response.status >= 300) return undefined;
+  if (floor !== undefined) {
+    for (const name of REMAINING_REQUESTS) {
+      const v = header(response.headers, name);
+      const n = v === undefined ? undefined : parseCount(v);
+      if (n !== undefined && n <= BigInt(floor)) return 'limited';
+    }
+  }
+  return 'clean';
+}
+
 /** A header's text without surrounding spaces and tabs; undefined when absent or empty. */
 function header(headers: HeadersLike, name: string): string | undefined {
   let raw: string | null | undefined;

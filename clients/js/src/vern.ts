@@ -57,7 +57,13 @@ export interface VernLogger {
   error(message: string, meta?: Record<string, unknown>): void;
 }
 
-/** VernLLM's `AimdOptions`: named here only so that passing them says what to do instead. */
+/**
+ * VernLLM's `AimdOptions`, kept by the limiter (wire section 14) as one ceiling of the requests
+ * window that every process adapts: `minCapacity` and `maxCapacity` bound it (rounded inwards to
+ * whole calls), `decreaseFactor` is the share a cut keeps (as a whole percent, 1-99),
+ * `increaseBy` what a clean call adds (rounded up to a whole call), at most once per window, and
+ * a hint of `remainingRequests` at or below `proactiveFloor` (when above 0) counts as a 429.
+ */
 export interface VernAimdOptions {
   increaseBy: number;
   decreaseFactor: number;
@@ -84,8 +90,9 @@ export interface VernRateLimitOptions {
   /** Scales the estimate down (0 < f <= 1), as VernLLM's option does. */
   estimateFraction?: number;
   /**
-   * Not supported yet: throws. The shared ceiling it needs (section 14 of the wire) is not in the
-   * limiter yet, and a ceiling each process adapted alone would not bind the others.
+   * VernLLM's additive-increase, multiplicative-decrease ceiling on `requestsPerMinute`, kept by
+   * the limiter for every process (see `VernAimdOptions`). Needs `requestsPerMinute`, which is
+   * where the ceiling starts (brought within `[minCapacity, maxCapacity]`).
    */
   aimd?: VernAimdOptions;
   /** The window's length (default 60000: "per minute"); shorter for tests. */
@@ -220,6 +227,51 @@ function responseOf(e: object): { headers: HeadersLike; body?: string } {
   return out;
 }
 
+/** A finite number of `aimd`, named as VernLLM names it. */
+function aimdNumber(v: unknown, field: string): number {
+  if (typeof v !== 'number' || !Number.isFinite(v)) throw new InvalidArgumentError(`aimd.${field}`, `must be a finite number, got ${String(v)}`);
+  return v;
+}
+
+/**
+ * VernLLM's `aimd` as the rpm window's `adapt` (section 14): checked as VernLLM checks it, with
+ * the requests window declared at `requestsPerMinute` brought within the ceiling's bounds.
+ */
+function aimdOf(
+  a: VernAimdOptions,
+  rpm: number | undefined,
+): { calls: number; adapt: NonNullable<Limit['adapt']>; proactiveFloor: number } {
+  if (typeof a !== 'object' || a === null) throw new InvalidArgumentError('aimd', 'must be an object');
+  const known = new Set(['increaseBy', 'decreaseFactor', 'minCapacity', 'maxCapacity', 'proactiveFloor']);
+  for (const name of Object.keys(a)) {
+    if (!known.has(name)) throw new InvalidArgumentError(`aimd.${name}`, `is not an option of aimd (it takes ${[...known].join(', ')})`);
+  }
+  if (rpm === undefined) {
+    throw new InvalidArgumentError('aimd', 'adapts the requests ceiling, so it needs requestsPerMinute (where the ceiling starts)');
+  }
+  const increaseBy = aimdNumber(a.increaseBy, 'increaseBy');
+  const decreaseFactor = aimdNumber(a.decreaseFactor, 'decreaseFactor');
+  const minCapacity = aimdNumber(a.minCapacity, 'minCapacity');
+  const maxCapacity = aimdNumber(a.maxCapacity, 'maxCapacity');
+  if (minCapacity < 1 || maxCapacity < 1) {
+    throw new InvalidArgumentError('aimd.minCapacity', `and aimd.maxCapacity must both be at least 1, got ${minCapacity} and ${maxCapacity}`);
+  }
+  if (minCapacity > maxCapacity) {
+    throw new InvalidArgumentError('aimd.minCapacity', `must not exceed aimd.maxCapacity, got ${minCapacity} > ${maxCapacity}`);
+  }
+  const proactiveFloor = a.proactiveFloor === undefined ? 0 : aimdNumber(a.proactiveFloor, 'proactiveFloor');
+  const min = Math.ceil(minCapacity);
+  const max = Math.min(Math.max(min, Math.floor(maxCapacity)), 1_000_000_000);
+  const calls = Math.min(Math.max(rpm, min), max);
+  const adapt = {
+    min,
+    max,
+    increase: Math.min(Math.ceil(Math.max(0, increaseBy)), 1_000_000),
+    keepPct: Math.min(Math.max(Math.round(decreaseFactor * 100), 1), 99),
+  };
+  return { calls, adapt, proactiveFloor };
+}
+
 function limitOption(v: number | undefined, field: string): number | undefined {
   if (v === undefined || v === 0) return undefined;
   if (!Number.isInteger(v) || v < 0) throw new InvalidArgumentError(field, `must be a non-negative integer, got ${String(v)}`);
@@ -233,18 +285,6 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
     if (!OPTIONS.has(name)) {
       throw new InvalidArgumentError(name, `is not an option of vernRateLimit (it takes ${[...OPTIONS].join(', ')})`);
     }
-  }
-  // Section 14 of the wire will take it: the rpm limit's `adapt` { min: minCapacity, max:
-  // maxCapacity, increase: increaseBy, keepPct: decreaseFactor × 100 }, a permit on every
-  // acquire, and the outcome on its release (`limited` on a 429, or a hint at or below
-  // proactiveFloor; `clean` on success).
-  if (options.aimd !== undefined) {
-    throw new InvalidArgumentError(
-      'aimd',
-      'is not supported yet: the limiter does not keep a shared adaptive ceiling yet, and one each process adapted ' +
-        'alone would not bind the others. Remove aimd and set requestsPerMinute to the limit the processes share; ' +
-        "a provider's 429 read through wrapClient() closes the caller for every process for the wait it asks.",
-    );
   }
   const { client, key } = options;
   if (typeof key !== 'string' || key === '') throw new InvalidArgumentError('key', 'must be a non-empty string');
@@ -261,6 +301,7 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
   if (!Number.isFinite(fraction) || fraction <= 0) throw new InvalidArgumentError('estimateFraction', 'must be a finite number above 0');
   const throttleAfterMs = options.throttleAfterMs ?? 5_000;
   const keys = { rpm: `${key}/rpm`, tpm: `${key}/tpm`, conc: `${key}/conc` };
+  const aimd = options.aimd === undefined ? undefined : aimdOf(options.aimd, rpm);
 
   /** VernLLM's own error, so that VernLLM reads its type and code (and never retries these codes). */
   const vernError = async (type: VernErrorType, code: VernRateLimitCode | undefined, message: string, cause?: unknown) => {
@@ -297,9 +338,20 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
     void p.finally(() => pending.delete(p));
   };
 
+  /**
+   * A 429 or a low hint VernLLM signalled for the call whose release comes next: VernLLM signals
+   * and then releases the same call in one turn, so it is kept until the end of that turn only.
+   */
+  let limitedSignals = 0;
+  const signalLimited = () => {
+    if (aimd === undefined) return;
+    limitedSignals++;
+    setTimeout(() => (limitedSignals = Math.max(0, limitedSignals - 1)), 0);
+  };
+
   const limits = (tokens: number): Limit[] => {
     const out: Limit[] = [];
-    if (rpm !== undefined) out.push({ key: keys.rpm, calls: rpm, perMs: windowMs });
+    if (rpm !== undefined) out.push({ key: keys.rpm, calls: aimd?.calls ?? rpm, perMs: windowMs, ...(aimd ? { adapt: aimd.adapt } : {}) });
     if (tpm !== undefined) out.push({ key: keys.tpm, calls: tpm, perMs: windowMs, cost: tokens });
     if (concurrent !== undefined) out.push({ key: keys.conc, concurrent });
     return out;
@@ -316,11 +368,23 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
   const granted = (permit: string | undefined, waitedMs: number, reason: VernWaitReason | undefined): VernAcquireResult => {
     let done = false;
     const result: VernAcquireResult = {
-      release: (actualTokens?: number) => {
+      release: (actualTokens?: number, success?: boolean) => {
         if (done || permit === undefined) return;
         done = true;
         const real = tpm !== undefined && actualTokens !== undefined && Number.isFinite(actualTokens);
-        background('release', client.release(permit, real ? { [keys.tpm]: Math.max(0, Math.round(actualTokens)) } : undefined));
+        // The ceiling hears every call (section 14): `limited` after VernLLM signalled a 429 or a
+        // low hint for it, `clean` on its success, nothing for a call that failed otherwise.
+        let outcome: 'clean' | 'limited' | undefined;
+        if (aimd !== undefined) {
+          if (limitedSignals > 0) {
+            limitedSignals--;
+            outcome = 'limited';
+          } else if (success === true) {
+            outcome = 'clean';
+          }
+        }
+        const costs = real ? { [keys.tpm]: Math.max(0, Math.round(actualTokens)) } : undefined;
+        background('release', client.release(permit, costs, outcome === undefined ? {} : { outcome }));
       },
       waitedMs,
     };
@@ -351,7 +415,7 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
       }
       if (signal?.aborted) throw new LimitedError('aborted', undefined, 0, signal.reason);
       const arrived = performance.now();
-      const request: AcquireRequest = { key: callerKey, limits: limits(tokens), cost: 1, holdMs, permit: tpm !== undefined };
+      const request: AcquireRequest = { key: callerKey, limits: limits(tokens), cost: 1, holdMs, permit: tpm !== undefined || aimd !== undefined };
       const full = () => vernError('rate_limited', 'rate_limit_queue_full', 'Rate limit queue is full', new QueueFullError(queued));
       // As VernLLM's limiter, in the order the calls came: with nobody waiting, one ask goes
       // straight through when there is room; a call that finds others waiting, or is refused,
@@ -398,16 +462,22 @@ export function vernRateLimit(options: VernRateLimitOptions): VernRateLimit {
     },
 
     signalRateLimit() {
+      signalLimited();
       // Right after a 429 that `wrapClient` read, VernLLM calls this too: that 429's own wait stands.
       const read = readFromClient.values().next();
       if (!read.done) {
         readFromClient.delete(read.value);
         return;
       }
+      // With aimd the cut of the shared ceiling answers a 429 that names no wait, as VernLLM's
+      // own limiter answers it (it closes nothing); without, the caller closes for throttleAfterMs.
+      if (aimd !== undefined) return;
       throttleFor(vendorWaitMs({}, null, { defaultMs: throttleAfterMs }));
     },
 
     reactToRateLimitHint(hint) {
+      const floor = aimd?.proactiveFloor ?? 0;
+      if (hint?.remainingRequests !== undefined && floor > 0 && hint.remainingRequests <= floor) signalLimited();
       if (!hint || hint.remainingRequests !== 0) return;
       const reset = hint.resetAfterMs;
       if (reset === undefined || !Number.isFinite(reset) || reset <= 0) return;

@@ -519,3 +519,92 @@ describe('errors', () => {
     }
   });
 });
+
+describe('adaptive ceilings (wire section 14)', () => {
+  const limitsOf = (key, adapt = {}) => [{ key: `${key}/rpm`, calls: 10, perMs: 60_000, adapt }];
+
+  test('adapt is checked before anything is sent, naming limits[i].adapt.field', async () => {
+    const bad = async (adapt, field, pattern, extra = {}) => {
+      await assert.rejects(
+        client.acquire({ key: 'a', limits: [{ key: 'b', calls: 10, perMs: 1000, ...extra, adapt }] }),
+        (e) => e instanceof InvalidArgumentError && e.field === field && pattern.test(e.message),
+      );
+    };
+    await bad({ min: 0 }, 'limits[0].adapt.min', /1 to 10/);
+    await bad({ min: 11 }, 'limits[0].adapt.min', /1 to 10/);
+    await bad({ max: 9 }, 'limits[0].adapt.max', /10 to 1000000000/);
+    await bad({ increase: -1 }, 'limits[0].adapt.increase', /0 to 1000000/);
+    await bad({ keepPct: 100 }, 'limits[0].adapt.keepPct', /1 to 99/);
+    await bad({ keepPct: 50.5 }, 'limits[0].adapt.keepPct', /integer/);
+    await bad({ step: 1 }, 'limits[0].adapt.step', /not a field of adapt/);
+    await bad(true, 'limits[0].adapt', /must be an object/);
+    await assert.rejects(
+      client.acquire({ key: 'a', limits: [{ key: 'b', concurrent: 2, adapt: {} }] }),
+      (e) => e instanceof InvalidArgumentError && e.field === 'limits[0].adapt' && /window .* or a token bucket/.test(e.message),
+    );
+    await assert.rejects(client.release('p', undefined, { outcome: 'fine' }), (e) => e instanceof InvalidArgumentError && e.field === 'outcome');
+  });
+
+  test('the ceiling starts at calls, is reported, and a limited release cuts it once for every grant before the cut', async () => {
+    const key = fresh('adapt-cut');
+    const limits = limitsOf(key, { min: 2, keepPct: 50 });
+    const a = await client.acquire({ key, limits });
+    const b = await client.acquire({ key, limits });
+    assert.ok(a.id && b.id, 'an adapted request asks for a permit by itself');
+    assert.equal(a.adapted, true);
+    assert.equal(a.limits[0].ceiling, 10);
+    // The cut comes in a later millisecond than both grants ("at or after the cut" is by instant).
+    await new Promise((r) => setTimeout(r, 3));
+    assert.equal(await a.release(undefined, { outcome: 'limited' }), true);
+    assert.equal((await client.peek({ key, limits })).limits[0].ceiling, 5);
+    // b was granted before that cut: its 429 belongs to the same overload.
+    await b.release(undefined, { outcome: 'limited' });
+    assert.equal((await client.peek({ key, limits })).limits[0].ceiling, 5);
+    // A grant after the cut cuts again, down to min.
+    const c = await client.acquire({ key, limits });
+    await c.settle({ [`${key}/rpm`]: 1 }, { outcome: 'limited' });
+    assert.equal((await client.peek({ key, limits })).limits[0].ceiling, 2);
+    // A later outcome of the same permit changes nothing; c's release is clean by default.
+    await c.release();
+    assert.equal((await client.peek({ key, limits })).limits[0].ceiling, 2);
+  });
+
+  test('throttleFrom with the permit: a 429 closes the caller and cuts; observe reads a low remaining count as limited', async () => {
+    const key = fresh('adapt-throttle');
+    const limits = limitsOf(key, { keepPct: 40 });
+    const p = await client.acquire({ key, limits });
+    const response = new Response('{}', { status: 429, headers: { 'retry-after': '1' } });
+    assert.ok(await client.throttleFrom(key, response, { permit: p }));
+    assert.equal(p.outcome, 'limited');
+    const peek = await client.peek({ key, limits });
+    assert.equal(peek.reason, 'throttle');
+    assert.equal(peek.limits[0].ceiling, 4);
+    await p.release();
+    await client.lift(key);
+
+    const q = await client.acquire({ key, limits });
+    assert.equal(q.observe({ status: 200, headers: { 'x-ratelimit-remaining-requests': '12' } }, { floor: 3 }), 'clean');
+    assert.equal(q.observe({ status: 200, headers: { 'anthropic-ratelimit-requests-remaining': '3' } }, { floor: 3 }), 'limited');
+    assert.equal(q.observe({ status: 200, headers: {} }), 'clean');
+    assert.equal(q.outcome, 'limited', 'limited stays');
+    assert.equal(q.observe({ status: 500, headers: {} }), undefined);
+    await q.release();
+    assert.equal((await client.peek({ key, limits })).limits[0].ceiling, 1);
+  });
+
+  test('withPermit: a call that throws reports no clean outcome; one that returns does', async () => {
+    const key = fresh('adapt-with');
+    const sent = [];
+    const spy = new LimiterClient({
+      url: server.url,
+      fetch: (url, init) => {
+        if (String(url).endsWith('/release')) sent.push(JSON.parse(init.body));
+        return fetch(url, init);
+      },
+    });
+    const limits = limitsOf(key);
+    await assert.rejects(spy.withPermit({ key, limits }, () => Promise.reject(new Error('provider down'))), /provider down/);
+    await spy.withPermit({ key, limits }, () => 'ok');
+    assert.deepEqual(sent.map((b) => b.outcome), [undefined, 'clean']);
+  });
+});

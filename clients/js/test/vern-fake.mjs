@@ -9,7 +9,8 @@ import { fileURLToPath } from 'node:url';
  * A chat-completions endpoint that records every request (arrival instant, worker, phase) and
  * reports `usage(request, n, headers)` tokens as the real usage of the n-th request; where that
  * returns `{ status, headers }` instead of a number, it answers that status (a 429, say) with
- * those headers.
+ * those headers, and `{ total, headers }` a success with those headers. `delayMs` in either
+ * holds the answer that long.
  */
 export async function startFakeProvider(usage) {
   const requests = [];
@@ -18,7 +19,20 @@ export async function startFakeProvider(usage) {
     req.on('data', (c) => (body += c));
     req.on('end', () => {
       const parsed = JSON.parse(body);
-      const total = usage(parsed, requests.length, req.headers);
+      const said = usage(parsed, requests.length, req.headers);
+      if (typeof said === 'object' && said.delayMs) {
+        setTimeout(() => answer(parsed, said), said.delayMs);
+      } else {
+        answer(parsed, said);
+      }
+    });
+    const answer = (parsed, said) => {
+      let total = said;
+      let extra = {};
+      if (typeof said === 'object' && said.status === undefined) {
+        total = said.total;
+        extra = said.headers ?? {};
+      }
       if (typeof total === 'object') {
         requests.push({ at: Date.now(), worker: req.headers['x-worker'], phase: req.headers['x-phase'], status: total.status });
         res.writeHead(total.status, { 'content-type': 'application/json', ...total.headers });
@@ -27,13 +41,13 @@ export async function startFakeProvider(usage) {
       }
       const completion = Math.min(total, 5);
       requests.push({ at: Date.now(), worker: req.headers['x-worker'], phase: req.headers['x-phase'], total, maxTokens: parsed.max_tokens });
-      res.setHeader('content-type', 'application/json');
+      res.writeHead(200, { 'content-type': 'application/json', ...extra });
       res.end(JSON.stringify({
         id: `c-${requests.length}`,
         choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }],
         usage: { prompt_tokens: total - completion, completion_tokens: completion, total_tokens: total },
       }));
-    });
+    };
   });
   await new Promise((r) => server.listen(0, '127.0.0.1', r));
   return {

@@ -15,6 +15,7 @@ const rateLimit = vernRateLimit({
   tokensPerMinute: num('TPM', 0) || undefined,
   windowMs: num('WINDOW_MS', 60_000),
   maxQueueMs: num('MAX_QUEUE_MS', 0),
+  ...(process.env.AIMD ? { aimd: JSON.parse(process.env.AIMD) } : {}),
 });
 const llm = new VernLLM({
   client: fromFetch({

@@ -24,6 +24,11 @@ before(async () => {
     const phase = headers['x-phase'] ?? '';
     const retryAfter = /^429-(\d+)$/.exec(phase);
     if (retryAfter) return { status: 429, headers: { 'retry-after': retryAfter[1] } };
+    // "slow-429": a 429 (asking 1 s) held 1.5 s, so that calls granted together meet it together.
+    if (phase === 'slow-429') return { status: 429, headers: { 'retry-after': '1' }, delayMs: 1_500 };
+    // "remaining-N": a success saying N requests remain in the provider's window.
+    const remaining = /^remaining-(\d+)$/.exec(phase);
+    if (remaining) return { total: 150, headers: { 'x-ratelimit-remaining-requests': remaining[1], 'x-ratelimit-limit-requests': '100' } };
     return phase === 'usage' ? 10 + 7 * n : 150;
   });
 });
@@ -100,19 +105,70 @@ test('the window holds the real usage the provider reported, not the estimates',
 });
 
 describe('as VernLLM has it', () => {
-  test('a VernLLM config with aimd is refused, saying it is not supported yet and what to use; an unknown option is named', () => {
+  test("a VernLLM config with aimd is taken unchanged, checked as VernLLM checks it; an option it cannot honour is named", () => {
     const config = { requestsPerMinute: 60, aimd: { increaseBy: 1, decreaseFactor: 0.5, minCapacity: 5, maxCapacity: 60, proactiveFloor: 2 } };
-    // VernLLM's own limiter takes it ...
+    // VernLLM's own limiter takes it, and so does the adapter.
     vern(providerClient('limits'), config);
-    // ... and the adapter, given it unchanged, says it cannot honour it, rather than ignore it.
-    assert.throws(
-      () => vern(providerClient('limits'), vernRateLimit({ client, key: fresh('vern-aimd'), ...config })),
-      (e) => e instanceof InvalidArgumentError && e.field === 'aimd' && /not supported yet/.test(e.message) && /requestsPerMinute/.test(e.message),
-    );
-    assert.throws(
-      () => vernRateLimit({ client, key: 'k', requestPerMinute: 60 }),
-      (e) => e instanceof InvalidArgumentError && e.field === 'requestPerMinute' && /not an option/.test(e.message),
-    );
+    vern(providerClient('limits'), vernRateLimit({ client, key: fresh('vern-aimd'), ...config }));
+    const refused = (options, field, pattern) =>
+      assert.throws(
+        () => vernRateLimit({ client, key: 'k', ...options }),
+        (e) => e instanceof InvalidArgumentError && e.field === field && pattern.test(e.message),
+      );
+    // VernLLM's own limiter ignores aimd without requestsPerMinute; the adapter says so instead.
+    refused({ aimd: config.aimd }, 'aimd', /needs requestsPerMinute/);
+    refused({ requestsPerMinute: 60, aimd: { ...config.aimd, minCapacity: 0 } }, 'aimd.minCapacity', /at least 1/);
+    refused({ requestsPerMinute: 60, aimd: { ...config.aimd, minCapacity: 70 } }, 'aimd.minCapacity', /must not exceed aimd.maxCapacity/);
+    refused({ requestsPerMinute: 60, aimd: { ...config.aimd, increaseBy: Number.NaN } }, 'aimd.increaseBy', /finite/);
+    refused({ requestsPerMinute: 60, aimd: { ...config.aimd, increaseBy: undefined } }, 'aimd.increaseBy', /finite/);
+    refused({ requestsPerMinute: 60, aimd: { ...config.aimd, step: 2 } }, 'aimd.step', /not an option of aimd/);
+    refused({ requestPerMinute: 60 }, 'requestPerMinute', /not an option/);
+  });
+
+  /** The adapted rpm ceiling of `key` as a request declaring `calls` is judged (wire section 14). */
+  const ceilingOf = async (key, calls, windowMs, adapt) => {
+    const p = await client.peek({ key, limits: [{ key: `${key}/rpm`, calls, perMs: windowMs, adapt }] });
+    return p.limits[0].ceiling;
+  };
+
+  test('aimd in two processes adapts one ceiling: calls granted before a cut that meet 429s together cut it once', async () => {
+    const key = fresh('vern-aimd-shared');
+    const aimd = { increaseBy: 1, decreaseFactor: 0.5, minCapacity: 2, maxCapacity: 40 };
+    const adapt = { min: 2, max: 40, increase: 1, keepPct: 50 };
+    const windowMs = 60_000;
+    assert.equal(await ceilingOf(key, 20, windowMs, adapt), 20, 'the ceiling starts at requestsPerMinute');
+    const common = { LIMITER_URL: server.url, PROVIDER_URL: provider.url, KEY: key, RPM: 20, WINDOW_MS: windowMs, PHASE: 'slow-429', CALLS: 1, AIMD: JSON.stringify(aimd) };
+    const [a, b] = await Promise.all([runWorker({ ...common, WORKER: 'a' }), runWorker({ ...common, WORKER: 'b' })]);
+    assert.deepEqual([...a, ...b].map((c) => c.ok), [false, false]);
+    // Both calls were granted before either 429 came back: one overload, one cut (20 -> 10), in
+    // the one ceiling both processes adapt. VernLLM in each process alone would cut its own.
+    assert.equal(await ceilingOf(key, 20, windowMs, adapt), 10);
+    // The ceiling binds every process: 10 calls fit in the window now, and the 11th does not.
+    const third = vernRateLimit({ client: new LimiterClient({ url: server.url }), key, requestsPerMinute: 20, windowMs, aimd, maxQueueMs: 1 });
+    await client.lift(key);
+    const granted = [];
+    for (let i = 0; i < 8; i++) granted.push(await third.acquire(1));
+    await assert.rejects(third.acquire(1), (e) => e instanceof Error && /queue|timed out/i.test(e.message));
+    for (const g of granted) g.release(undefined, false);
+    await third.flush();
+  });
+
+  test("aimd: a clean call grows the ceiling once a window while it binds; a hint at or below proactiveFloor cuts it", async () => {
+    const key = fresh('vern-aimd-grow');
+    const windowMs = 2_000;
+    const aimd = { increaseBy: 2, decreaseFactor: 0.5, minCapacity: 2, maxCapacity: 20, proactiveFloor: 3 };
+    const adapt = { min: 2, max: 20, increase: 2, keepPct: 50 };
+    const a = vernRateLimit({ client, key, requestsPerMinute: 4, windowMs, aimd });
+    const llm = vern(providerClient('limits'), a);
+    // Four clean calls in one window: the window holds at least half the ceiling from the second
+    // on, so the ceiling grows, but once only in the window (4 -> 6, not 4 -> 10).
+    for (let i = 0; i < 4; i++) await ask(llm);
+    await a.flush();
+    assert.equal(await ceilingOf(key, 4, windowMs, adapt), 6);
+    // A success saying 1 request remains (at or below proactiveFloor 3) counts as a 429: cut to 3.
+    await ask(vern(providerClient('remaining-1'), a));
+    await a.flush();
+    assert.equal(await ceilingOf(key, 4, windowMs, adapt), 3);
   });
 
   /** Calls the provider through `a`'s wrapped client in `phase`, meeting its 429: how long the caller `key` is closed then, in ms. */

@@ -120,11 +120,22 @@ class ThreadedPermit:
     def limits(self) -> Any:
         return self.permit.limits
 
-    async def settle(self, costs: dict[str, int]) -> bool:
-        return await asyncio.to_thread(self.permit.settle, costs)
+    @property
+    def adapted(self) -> bool:
+        return self.permit.adapted
 
-    async def release(self, costs: dict[str, int] | None = None) -> bool:
-        return await asyncio.to_thread(self.permit.release, costs)
+    @property
+    def outcome(self) -> str | None:
+        return self.permit.outcome
+
+    def observe(self, response: object, *, floor: int | None = None) -> str | None:
+        return self.permit.observe(response, floor=floor)
+
+    async def settle(self, costs: dict[str, int], **kwargs: Any) -> bool:
+        return await asyncio.to_thread(self.permit.settle, costs, **kwargs)
+
+    async def release(self, costs: dict[str, int] | None = None, **kwargs: Any) -> bool:
+        return await asyncio.to_thread(self.permit.release, costs, **kwargs)
 
 
 class ThreadedContext:

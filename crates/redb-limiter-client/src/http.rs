@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::{ClientError, InLine, LimiterApi, NoTicket, Outcome, PeekOutcome, Refusal, Waited};
 use redb_limiter::engine::Figures;
-use redb_limiter::request::{AcquireRequest, Cost, LeaveRequest, ReleaseRequest, SettleRequest, UndoRequest};
+use redb_limiter::request::{AcquireRequest, Cost, LeaveRequest, ReleaseRequest, SettleRequest, Signal, UndoRequest};
 use redb_limiter::time::{Millis, format_instant};
 use redb_limiter::wire::{
     AcquireReply, ErrorReply, LiftReply, LimitFigures, PeekReply, ReleaseReply, SettleReply, ThrottleReply, WaitReply,
@@ -206,6 +206,21 @@ impl LimiterApi for HttpLimiter {
         }
         let reply: WaitReply = resp.json().await.map_err(|e| ClientError::Protocol(format!("wait: {e}")))?;
         Ok(Some(Waited { ready: reply.ready, gone: reply.gone }))
+    }
+
+    async fn release_outcome(&self, permit: String, costs: Vec<Cost>, outcome: Signal) -> Result<bool, ClientError> {
+        let req = crate::release_request(permit, costs, outcome)?;
+        Ok(self.post::<ReleaseReply>("release", req.to_json()).await?.released)
+    }
+
+    async fn settle_outcome(&self, permit: String, costs: Vec<Cost>, outcome: Signal) -> Result<bool, ClientError> {
+        let req = SettleRequest::new(permit, costs).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(self.post::<SettleReply>("settle", req.with_outcome(outcome).to_json()).await?.settled)
+    }
+
+    async fn throttle_permit(&self, key: String, until: Millis, permit: String) -> Result<Option<Millis>, ClientError> {
+        let body = serde_json::json!({ "key": key, "until": format_instant(until), "permit": permit });
+        Ok(self.post::<ThrottleReply>("throttle", body).await?.until.map(|i| i.0))
     }
 
     async fn undo(&self, id: String, costs: Vec<Cost>) -> Result<bool, ClientError> {

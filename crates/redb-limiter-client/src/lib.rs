@@ -47,8 +47,8 @@ use crate::warn::{InvalidWarnFraction, LineUsage, WarnError, Warning};
 use redb_limiter::engine::{Decision, Figures, Reason, TicketNote};
 use redb_limiter::limiter::{Limiter, LimiterError};
 use redb_limiter::request::{
-    AcquireRequest, Cost, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, ThrottleRequest, UndoRequest,
-    WaitRequest,
+    AcquireRequest, Cost, LeaveRequest, LiftRequest, ReleaseRequest, SettleRequest, Signal, ThrottleRequest,
+    UndoRequest, WaitRequest,
 };
 use redb_limiter::time::{Millis, wall_clock_now};
 
@@ -285,10 +285,68 @@ pub trait LimiterApi: Send + Sync + 'static {
     }
     /// Ends the throttle of `key`: `true` when one was in force.
     fn lift(&self, key: String) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// Releases a permit (settling `costs` first when there are any), telling the adaptive
+    /// ceilings of its grant's buckets what its call met (section 14): `true` when the permit
+    /// was live. The default refuses: a limiter that keeps no adaptive ceilings.
+    fn release_outcome(
+        &self,
+        permit: String,
+        costs: Vec<Cost>,
+        outcome: Signal,
+    ) -> impl Future<Output = Result<bool, ClientError>> + Send {
+        let _ = (permit, costs, outcome);
+        async { Err(no_ceilings()) }
+    }
+    /// Settles a permit's grant to `costs` and tells its adaptive ceilings what its call met
+    /// (section 14): `true` when the permit was live. The default refuses, as above.
+    fn settle_outcome(
+        &self,
+        permit: String,
+        costs: Vec<Cost>,
+        outcome: Signal,
+    ) -> impl Future<Output = Result<bool, ClientError>> + Send {
+        let _ = (permit, costs, outcome);
+        async { Err(no_ceilings()) }
+    }
+    /// A throttle of the caller `key` that names the `permit` whose call the provider refused:
+    /// a `limited` outcome for that permit's adaptive ceilings too (section 14). The default
+    /// refuses, as above.
+    fn throttle_permit(
+        &self,
+        key: String,
+        until: Millis,
+        permit: String,
+    ) -> impl Future<Output = Result<Option<Millis>, ClientError>> + Send {
+        let _ = (key, until, permit);
+        async { Err(no_ceilings()) }
+    }
     /// The limiter's notion of now (the host's wall clock for a remote limiter).
     fn now(&self) -> Millis {
         wall_clock_now()
     }
+}
+
+/// A release of `permit` that settles `costs` first (none: a plain release) and reports `outcome`.
+pub(crate) fn release_request(
+    permit: String,
+    costs: Vec<Cost>,
+    outcome: Signal,
+) -> Result<ReleaseRequest, ClientError> {
+    let req = if costs.is_empty() { ReleaseRequest::new(permit) } else { ReleaseRequest::with_costs(permit, costs) };
+    Ok(req.map_err(|e| ClientError::BadRequest(e.0))?.with_outcome(outcome))
+}
+
+/// Whether a limit of `req` adapts a ceiling (section 14); if so the request asks for a permit,
+/// which its outcome travels on.
+fn adapts(req: &mut AcquireRequest) -> bool {
+    let adapted = req.limits.iter().any(|l| l.adapt.is_some());
+    req.permit |= adapted;
+    adapted
+}
+
+/// What a limiter without section 14 answers an outcome with.
+fn no_ceilings() -> ClientError {
+    ClientError::BadRequest("this limiter keeps no adaptive ceilings (wire section 14)".into())
 }
 
 /// What a host that waits at most `max_wait` more tells the limiter as `maxWaitMs` (section
@@ -359,6 +417,20 @@ impl LimiterApi for Limiter {
     async fn lift(&self, key: String) -> Result<bool, ClientError> {
         let req = LiftRequest::new(key).map_err(|e| ClientError::BadRequest(e.0))?;
         Ok(Limiter::lift(self, req).await?)
+    }
+
+    async fn release_outcome(&self, permit: String, costs: Vec<Cost>, outcome: Signal) -> Result<bool, ClientError> {
+        Ok(Limiter::release(self, release_request(permit, costs, outcome)?).await?)
+    }
+
+    async fn settle_outcome(&self, permit: String, costs: Vec<Cost>, outcome: Signal) -> Result<bool, ClientError> {
+        let req = SettleRequest::new(permit, costs).map_err(|e| ClientError::BadRequest(e.0))?;
+        Ok(Limiter::settle(self, req.with_outcome(outcome)).await?)
+    }
+
+    async fn throttle_permit(&self, key: String, until: Millis, permit: String) -> Result<Option<Millis>, ClientError> {
+        let req = ThrottleRequest::new(key, until, Limiter::now(self)).and_then(|r| r.with_permit(permit));
+        Ok(Limiter::throttle(self, req.map_err(|e| ClientError::BadRequest(e.0))?).await?)
     }
 
     async fn undo(&self, id: String, costs: Vec<Cost>) -> Result<bool, ClientError> {
@@ -672,9 +744,12 @@ impl<L: LimiterApi> Client<L> {
     /// figures at that instant, and says the refusing limit's.
     pub async fn try_acquire(&self, mut req: AcquireRequest) -> Result<Permit<L>, ClientError> {
         req.report = true;
+        let adapted = adapts(&mut req);
         let wake = self.local_wake(&req);
         match self.ask(req, None).await? {
-            Outcome::Granted { at, permit } => Ok(Permit::new(self.limiter.clone(), at, permit, Some(wake))),
+            Outcome::Granted { at, permit } => {
+                Ok(Permit::new(self.limiter.clone(), at, permit, Some(wake)).adapting(adapted))
+            }
             Outcome::Refused(refusal) => Err(ClientError::Refused(refusal)),
         }
     }
@@ -770,7 +845,8 @@ impl<L: LimiterApi> Client<L> {
     /// dropped (then from a spawned task). Each ask in the line sends what remains of `max_wait`
     /// (section 12.9); a refusal that files no ticket ([`Refusal::no_ticket`]) is waited out on
     /// its `retryAt` alone, or ends the wait at once when that lies past `max_wait`.
-    pub async fn acquire(&self, req: AcquireRequest, options: AcquireOptions) -> Result<Permit<L>, ClientError> {
+    pub async fn acquire(&self, mut req: AcquireRequest, options: AcquireOptions) -> Result<Permit<L>, ClientError> {
+        adapts(&mut req);
         let shape = shape_of(&req);
         let (line, waiting) = {
             let mut lines = self.lines.lock().expect("lines lock");
@@ -833,7 +909,8 @@ impl<L: LimiterApi> Client<L> {
                 Outcome::Granted { at, permit } => {
                     ticket.id = None; // a grant ends the ticket
                     *line.last.lock().expect("last lock") = None;
-                    return Ok(Permit::new(self.limiter.clone(), at, permit, Some(self.local_wake(&req))));
+                    let permit = Permit::new(self.limiter.clone(), at, permit, Some(self.local_wake(&req)));
+                    return Ok(permit.adapting(req.permit && req.limits.iter().any(|l| l.adapt.is_some())));
                 }
                 Outcome::Refused(refusal) => refusal,
             };
@@ -889,6 +966,30 @@ impl<L: LimiterApi> Client<L> {
         match until {
             Some(until) => self.limiter.throttle(caller_key.to_owned(), until).await,
             None => Ok(None),
+        }
+    }
+
+    /// [`Client::observe_response`] for the call made under `permit`: the answer is also its
+    /// outcome for adaptive ceilings (section 14). The permit keeps what [`Permit::observe`]
+    /// reads (`floor`: see there) for its release, and a 429's throttle names the permit, a
+    /// `limited` outcome for its buckets at once.
+    pub async fn observe_response_for(
+        &self,
+        caller_key: &str,
+        permit: &mut Permit<L>,
+        status: u16,
+        headers: &::http::HeaderMap,
+        body: &[u8],
+        floor: Option<u64>,
+    ) -> Result<Option<Millis>, ClientError> {
+        permit.observe(status, headers, floor);
+        match (status, permit.id()) {
+            (429, Some(id)) => {
+                let now = self.limiter.now();
+                let until = now.plus(vendor_wait(headers, body, now, self.throttle_after_ms));
+                self.limiter.throttle_permit(caller_key.to_owned(), until, id.to_owned()).await
+            }
+            _ => self.observe_response(caller_key, status, headers, body).await,
         }
     }
 }

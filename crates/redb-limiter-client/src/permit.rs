@@ -3,13 +3,18 @@
 //! wrapped in [`PermitStream`], which lets go only when the stream is drained or dropped.
 //! A permit asked for with `permit: true` can be settled to its real costs after the call
 //! ([`Permit::settle`], any number of times) and still releases when dropped.
+//! A grant of a request that adapts a ceiling (section 14) reports what its call met when it is
+//! released: the outcome [`Permit::observe`] read from the provider's answer, said outright
+//! ([`Permit::release_with_outcome`]), or `clean` for an explicit release; a dropped one reports
+//! only a `limited` it saw.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::vendor::vendor_outcome;
 use crate::{ClientError, LimiterApi, LocalWake};
-use redb_limiter::request::Cost;
+use redb_limiter::request::{Cost, Signal};
 use redb_limiter::time::Millis;
 
 /// A granted call. Dropping it releases its places.
@@ -19,6 +24,10 @@ pub struct Permit<L: LimiterApi> {
     permit: Option<String>,
     /// Wakes this process's waiters on the permit's buckets once it lets them go.
     wake: Option<LocalWake>,
+    /// A limit of the grant adapts a ceiling (section 14): its release reports an outcome.
+    adapted: bool,
+    /// What the call met, as [`Permit::observe`] read it.
+    outcome: Option<Signal>,
 }
 
 impl<L: LimiterApi> std::fmt::Debug for Permit<L> {
@@ -29,7 +38,67 @@ impl<L: LimiterApi> std::fmt::Debug for Permit<L> {
 
 impl<L: LimiterApi> Permit<L> {
     pub(crate) fn new(limiter: Arc<L>, at: Millis, permit: Option<String>, wake: Option<LocalWake>) -> Self {
-        Permit { limiter, at, permit, wake }
+        Permit { limiter, at, permit, wake, adapted: false, outcome: None }
+    }
+
+    /// Marks the grant as one of a request that adapts a ceiling (section 14).
+    pub(crate) fn adapting(mut self, adapted: bool) -> Self {
+        self.adapted = adapted;
+        self
+    }
+
+    /// Whether a limit of the grant adapts a ceiling (section 14).
+    #[must_use]
+    pub fn adapted(&self) -> bool {
+        self.adapted
+    }
+
+    /// The outcome [`Permit::observe`] has read so far.
+    #[must_use]
+    pub fn outcome(&self) -> Option<Signal> {
+        self.outcome
+    }
+
+    /// Reads the provider's answer to this call for the adaptive ceilings (section 14): a 429,
+    /// or a success whose remaining requests are at or below `floor`, makes the outcome
+    /// `limited` (which stays); any other success `clean`; another failure says nothing. The
+    /// outcome goes with the release (or settle). Returns what this answer said.
+    pub fn observe(&mut self, status: u16, headers: &http::HeaderMap, floor: Option<u64>) -> Option<Signal> {
+        let seen = vendor_outcome(status, headers, floor);
+        if seen == Some(Signal::Limited) || self.outcome.is_none() {
+            self.outcome = seen.or(self.outcome);
+        }
+        seen
+    }
+
+    /// The outcome an explicit release reports: the observed one, else `clean` for an adapted
+    /// grant; `None` for a grant that adapts nothing and saw nothing.
+    fn release_outcome(&self) -> Option<Signal> {
+        self.outcome.or(self.adapted.then_some(Signal::Clean))
+    }
+
+    /// Releases the places now, telling the grant's adaptive ceilings what its call met
+    /// (section 14); `true` when the permit was live.
+    pub async fn release_with_outcome(mut self, outcome: Signal) -> Result<bool, ClientError> {
+        match self.permit.take() {
+            Some(permit) => {
+                let released = self.limiter.release_outcome(permit, Vec::new(), outcome).await;
+                self.woke(released)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Settles the grant to `costs` and tells its adaptive ceilings what its call met (section
+    /// 14); the permit keeps its places. `Ok(false)` when it is no longer live.
+    pub async fn settle_with_outcome(&self, costs: Vec<Cost>, outcome: Signal) -> Result<bool, ClientError> {
+        match &self.permit {
+            Some(permit) => {
+                let settled = self.limiter.settle_outcome(permit.clone(), costs, outcome).await;
+                self.woke(settled)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Wakes the waiters of this process on the permit's buckets (after a release or settle).
@@ -54,11 +123,16 @@ impl<L: LimiterApi> Permit<L> {
         self.permit.as_deref()
     }
 
-    /// Releases the places now; `true` when the permit was live (`false` once it lapsed).
+    /// Releases the places now; `true` when the permit was live (`false` once it lapsed). An
+    /// adapted grant reports the observed outcome, else `clean` (section 14).
     pub async fn release(mut self) -> Result<bool, ClientError> {
+        let outcome = self.release_outcome();
         match self.permit.take() {
             Some(permit) => {
-                let released = self.limiter.release(permit).await;
+                let released = match outcome {
+                    Some(outcome) => self.limiter.release_outcome(permit, Vec::new(), outcome).await,
+                    None => self.limiter.release(permit).await,
+                };
                 self.woke(released)
             }
             None => Ok(false),
@@ -71,18 +145,27 @@ impl<L: LimiterApi> Permit<L> {
     pub async fn settle(&self, costs: Vec<Cost>) -> Result<bool, ClientError> {
         match &self.permit {
             Some(permit) => {
-                let settled = self.limiter.settle(permit.clone(), costs).await;
+                // An outcome already observed goes with it (section 14).
+                let settled = match self.outcome {
+                    Some(outcome) => self.limiter.settle_outcome(permit.clone(), costs, outcome).await,
+                    None => self.limiter.settle(permit.clone(), costs).await,
+                };
                 self.woke(settled)
             }
             None => Ok(false),
         }
     }
 
-    /// Settles `costs` and releases, in one durable step; `true` when the permit was live.
+    /// Settles `costs` and releases, in one durable step; `true` when the permit was live. An
+    /// adapted grant reports the observed outcome, else `clean` (section 14).
     pub async fn release_with_costs(mut self, costs: Vec<Cost>) -> Result<bool, ClientError> {
+        let outcome = self.release_outcome();
         match self.permit.take() {
             Some(permit) => {
-                let released = self.limiter.release_with_costs(permit, costs).await;
+                let released = match outcome {
+                    Some(outcome) => self.limiter.release_outcome(permit, costs, outcome).await,
+                    None => self.limiter.release_with_costs(permit, costs).await,
+                };
                 self.woke(released)
             }
             None => Ok(false),
@@ -100,10 +183,16 @@ impl<L: LimiterApi> Drop for Permit<L> {
         let Some(permit) = self.permit.take() else { return };
         let limiter = self.limiter.clone();
         let wake = self.wake.take();
+        // Dropped, perhaps on an error path: only a `limited` outcome it saw is reported.
+        let limited = self.outcome.filter(|o| *o == Signal::Limited);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    match limiter.release(permit).await {
+                    let released = match limited {
+                        Some(outcome) => limiter.release_outcome(permit, Vec::new(), outcome).await,
+                        None => limiter.release(permit).await,
+                    };
+                    match released {
                         Ok(_) => wake.iter().for_each(LocalWake::wake),
                         Err(e) => {
                             tracing::warn!(error = %e, "releasing a dropped permit failed; its places lapse at holdMs");

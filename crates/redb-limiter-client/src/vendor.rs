@@ -18,6 +18,7 @@
 
 use http::HeaderMap;
 
+use redb_limiter::request::Signal;
 use redb_limiter::time::{Millis, parse_instant};
 
 /// The shortest wait a 429 yields, whatever the vendor says.
@@ -189,6 +190,25 @@ pub fn parse_seconds(s: &str) -> Option<u64> {
 
 /// The value of header `name` as text, without surrounding optional whitespace; `None` when it
 /// is absent, not UTF-8 or empty.
+/// The providers' headers of remaining requests (Anthropic's, OpenAI's), as VernLLM reads its hint.
+const REMAINING_REQUESTS: [&str; 2] = ["anthropic-ratelimit-requests-remaining", "x-ratelimit-remaining-requests"];
+
+/// What a provider's answer says of the call for an adaptive ceiling (wire section 14):
+/// [`Signal::Limited`] on a 429, or on a success whose remaining requests are at or below
+/// `floor` (VernLLM's `proactiveFloor`; without one only a 429 counts); [`Signal::Clean`] on any
+/// other success; `None` on any other failure, which says nothing of the limit.
+#[must_use]
+pub fn vendor_outcome(status: u16, headers: &HeaderMap, floor: Option<u64>) -> Option<Signal> {
+    if status == 429 {
+        return Some(Signal::Limited);
+    }
+    if !(200..300).contains(&status) {
+        return None;
+    }
+    let low = |name: &&str| header(headers, name).and_then(parse_count).zip(floor).is_some_and(|(n, f)| n <= f);
+    Some(if REMAINING_REQUESTS.iter().any(low) { Signal::Limited } else { Signal::Clean })
+}
+
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     let text = std::str::from_utf8(headers.get(name)?.as_bytes()).ok()?;
     let text = text.trim_matches([' ', '\t']);
@@ -313,6 +333,26 @@ mod tests {
             map.append(name, HeaderValue::from_str(value).unwrap());
         }
         map
+    }
+
+    #[test]
+    fn an_outcome_is_limited_on_a_429_or_a_remaining_count_at_the_floor() {
+        let none = HeaderMap::new();
+        assert_eq!(vendor_outcome(429, &none, None), Some(Signal::Limited));
+        assert_eq!(vendor_outcome(200, &none, Some(3)), Some(Signal::Clean));
+        let low = headers(&[("x-ratelimit-remaining-requests", "3")]);
+        assert_eq!(vendor_outcome(200, &low, Some(3)), Some(Signal::Limited));
+        assert_eq!(vendor_outcome(200, &low, Some(2)), Some(Signal::Clean));
+        assert_eq!(vendor_outcome(200, &low, None), Some(Signal::Clean), "without a floor only a 429 counts");
+        let anthropic = headers(&[("anthropic-ratelimit-requests-remaining", "0")]);
+        assert_eq!(vendor_outcome(201, &anthropic, Some(0)), Some(Signal::Limited));
+        let garbled = headers(&[("x-ratelimit-remaining-requests", "-1")]);
+        assert_eq!(
+            vendor_outcome(200, &garbled, Some(5)),
+            Some(Signal::Clean),
+            "a count that does not parse is no signal"
+        );
+        assert_eq!(vendor_outcome(503, &low, Some(3)), None);
     }
 
     const RETRY_INFO_38S: &str = r#"{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED","details":[

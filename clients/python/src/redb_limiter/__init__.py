@@ -33,7 +33,7 @@ from ._errors import (
     Unavailable,
     Unreachable,
 )
-from ._request import Costs, Limit, Limits
+from ._request import Adapt, Costs, Limit, Limits
 from ._server import LocalServer, ServerNotFound, find_server, start_server
 from ._sync import Limiter, Permit
 from ._wire import LimitFigures, Peek
@@ -48,10 +48,11 @@ from .estimate import (
     usage_tokens,
 )
 from .retry import wait_retry_at
-from .vendor import vendor_budget, vendor_wait_ms
+from .vendor import vendor_budget, vendor_outcome, vendor_wait_ms
 
 __all__ = [
     "AcquireContext",
+    "Adapt",
     "AsyncLimiter",
     "AsyncPermit",
     "BadRequest",
@@ -86,6 +87,7 @@ __all__ = [
     "usage_costs",
     "usage_tokens",
     "vendor_budget",
+    "vendor_outcome",
     "vendor_wait_ms",
     "wait_retry_at",
 ]

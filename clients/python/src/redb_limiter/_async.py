@@ -23,6 +23,7 @@ import httpx
 
 from ._base import (
     UNDO_SECONDS,
+    PermitOutcome,
     Clock,
     LimiterBase,
     Wait,
@@ -39,7 +40,7 @@ from ._base import (
 )
 from ._errors import LimiterError, ProtocolError, QueueTimeout, Unreachable
 from ._lines import AsyncLines, _Line, _Ready
-from ._request import AcquireRequest, Costs, Limits, check_key
+from ._request import AcquireRequest, Costs, Limits, check_key, check_outcome
 from ._time import ms_to_datetime
 from ._wire import Grant, LimitFigures, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle, parse_wait
 
@@ -51,7 +52,7 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 _Call = Tuple[str, "asyncio.Task[bool]"]
 
 
-class AsyncPermit:
+class AsyncPermit(PermitOutcome):
     """A grant. Use it with ``async with``: on exit its places are released (after a settle in
     the body, the settled costs stand), whether the body returned, raised or was cancelled."""
 
@@ -70,22 +71,29 @@ class AsyncPermit:
     def __repr__(self) -> str:
         return f"AsyncPermit(at={self.at.isoformat()}, id={self.id!r}, released={self.released})"
 
-    async def settle(self, costs: Costs) -> bool:
+    async def settle(self, costs: Costs, *, outcome: str | None = None) -> bool:
         """Sets the grant's real cost in each named window bucket (the latest settle stands);
-        ``False`` when the permit is no longer live (or the grant has no permit id)."""
+        ``False`` when the permit is no longer live (or the grant has no permit id). An adapted
+        grant's ``outcome`` goes with it (wire section 14): the one given, else the observed one."""
         if self.id is None or self.released:
             return False
-        settled = await self._limiter._settle(self.id, costs, self._buckets)
+        said = check_outcome(outcome) or self.outcome
+        settled = await self._limiter._settle(self.id, costs, self._buckets, said)
         if settled:
             self.costs = dict(costs)
         return settled
 
-    async def release(self, costs: Costs | None = None) -> bool:
+    async def release(self, costs: Costs | None = None, *, outcome: str | None = None) -> bool:
         """Releases the places now, after settling ``costs`` if given (one durable step);
-        ``True`` when the permit was live. A second release sends nothing."""
+        ``True`` when the permit was live. A second release sends nothing. An adapted grant
+        reports its outcome (wire section 14): ``outcome``, else the observed one, else
+        ``"clean"``."""
+        return await self._release_with(costs, self._release_outcome(outcome))
+
+    async def _release_with(self, costs: Costs | None, outcome: str | None) -> bool:
         if self.id is None or self.released:
             return False
-        live = await self._limiter._release(self.id, costs, self._buckets)
+        live = await self._limiter._release(self.id, costs, self._buckets, outcome)
         self.released = True
         return live
 
@@ -105,8 +113,8 @@ class AsyncPermit:
             return
         # Even when the body was cancelled, the release is sent: shielded, so that a second
         # cancellation cannot stop it halfway.
-        try:
-            await self._limiter._shielded(self.release())
+        try:  # a call that failed reports only a limited outcome it saw, never a clean one
+            await self._limiter._shielded(self._release_with(None, self._release_outcome(None, failed=True)))
         except LimiterError as e:  # never hide the body's own error behind the release's
             log.warning("releasing permit %s after an error failed: %s; its places lapse at holdMs", self.id, e)
 
@@ -435,38 +443,54 @@ class AsyncLimiter(LimiterBase):
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms)
         return parse_peek((await self._post("peek", request.body()))[0])
 
-    async def release(self, permit: str, costs: Costs | None = None) -> bool:
+    async def release(self, permit: str, costs: Costs | None = None, *, outcome: str | None = None) -> bool:
         """Releases a permit's places (settling ``costs`` first, in one durable step); wakes
-        this limiter's waiting heads (see :meth:`Limiter.release`)."""
-        return await self._release(permit, costs, None)
+        this limiter's waiting heads (see :meth:`Limiter.release`, and its ``outcome``)."""
+        return await self._release(permit, costs, None, outcome)
 
-    async def settle(self, permit: str, costs: Costs) -> bool:
+    async def settle(self, permit: str, costs: Costs, *, outcome: str | None = None) -> bool:
         """Sets a permit's grant's real costs: ``True`` when the permit was live."""
-        return await self._settle(permit, costs, None)
+        return await self._settle(permit, costs, None, outcome)
 
-    async def _release(self, permit: str, costs: Costs | None, buckets: tuple[str, ...] | None) -> bool:
-        data, _ = await self._post("release", self._release_body(permit, costs))
+    async def _release(
+        self, permit: str, costs: Costs | None, buckets: tuple[str, ...] | None, outcome: str | None = None
+    ) -> bool:
+        data, _ = await self._post("release", self._release_body(permit, costs, outcome))
         self._lines.wake(buckets)  # answered: the heads it may let through ask again now
         return parse_bool(data, "released", "release")
 
-    async def _settle(self, permit: str, costs: Costs, buckets: tuple[str, ...] | None) -> bool:
-        data, _ = await self._post("settle", self._settle_body(permit, costs))
+    async def _settle(
+        self, permit: str, costs: Costs, buckets: tuple[str, ...] | None, outcome: str | None = None
+    ) -> bool:
+        data, _ = await self._post("settle", self._settle_body(permit, costs, outcome))
         self._lines.wake(buckets)
         return parse_bool(data, "settled", "settle")
 
-    async def throttle(self, key: str, until: datetime) -> datetime | None:
-        """Closes caller ``key`` until ``until``; returns the throttle now in force."""
-        return parse_throttle((await self._post("throttle", self._throttle_body(key, until)))[0])
+    async def throttle(self, key: str, until: datetime, *, permit: str | None = None) -> datetime | None:
+        """Closes caller ``key`` until ``until``; returns the throttle now in force (see
+        :meth:`Limiter.throttle`, and its ``permit``)."""
+        return parse_throttle((await self._post("throttle", self._throttle_body(key, until, permit)))[0])
 
     async def lift(self, key: str) -> bool:
         """Ends the throttle of ``key`` early: ``True`` when one was in force."""
         check_key("key", key)
         return parse_bool((await self._post("lift", {"key": key}))[0], "lifted", "lift")
 
-    async def throttle_from(self, key: str, response: object, *, default_ms: int = 5_000) -> datetime | None:
+    async def throttle_from(
+        self,
+        key: str,
+        response: object,
+        *,
+        default_ms: int = 5_000,
+        permit: AsyncPermit | str | None = None,
+        floor: int | None = None,
+    ) -> datetime | None:
         """See :meth:`Limiter.throttle_from`."""
+        if isinstance(permit, AsyncPermit):
+            permit.observe(response, floor=floor)
+        permit_id = permit.id if isinstance(permit, AsyncPermit) else permit
         until = self._throttle_from_until(response, default_ms)
-        return None if until is None else await self.throttle(key, ms_to_datetime(until))
+        return None if until is None else await self.throttle(key, ms_to_datetime(until), permit=permit_id)
 
     def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[Any], Awaitable[None]]:
         """A response event hook for an ``httpx.AsyncClient`` (the ``http_client`` of

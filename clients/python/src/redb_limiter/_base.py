@@ -20,10 +20,10 @@ from typing import Any, Optional, Tuple
 import httpx
 
 from ._errors import BadRequest, QueueTimeout, Refused, Unauthorized, Unavailable, Unreachable
-from ._request import AcquireRequest, Costs, Limits, check_key, costs_body, new_ask_id, permit_id
+from ._request import AcquireRequest, Costs, Limits, check_key, check_outcome, costs_body, new_ask_id, permit_id
 from ._time import datetime_to_ms, format_instant, ms_to_datetime, parse_instant
-from ._wire import Refusal, date_header_ms
-from .vendor import Headers, vendor_budget_ms, vendor_wait_ms
+from ._wire import LimitFigures, Refusal, date_header_ms
+from .vendor import Headers, vendor_budget_ms, vendor_outcome, vendor_wait_ms
 
 log = logging.getLogger("redb_limiter")
 
@@ -307,6 +307,43 @@ def throttle_until_ms(status: int, headers: Headers, body: bytes, now_ms: int, d
     return None
 
 
+class PermitOutcome:
+    """What a permit of either twin reports to adaptive ceilings (wire section 14): the outcome
+    its call met, read from the provider's answer by :meth:`observe` or said outright."""
+
+    limits: list[LimitFigures]
+    #: ``"limited"`` or ``"clean"`` once :meth:`observe` read an answer that says so.
+    outcome: str | None = None
+
+    @property
+    def adapted(self) -> bool:
+        """Whether a limit of the grant adapts a ceiling: its release then reports an outcome,
+        ``"clean"`` unless the call was seen ``"limited"``."""
+        return any(f.ceiling is not None for f in self.limits)
+
+    def observe(self, response: object, *, floor: int | None = None) -> str | None:
+        """Reads the provider's answer to this call (an ``httpx.Response``, or an SDK error
+        carrying one): a 429, or a success whose remaining requests are at or below ``floor``,
+        makes the outcome ``"limited"`` (which stays); any other success ``"clean"``; another
+        failure says nothing. The outcome goes with the release (or settle). Returns what this
+        answer said."""
+        status, headers, _ = response_parts(response)
+        seen = vendor_outcome(status, headers, floor=floor)
+        if seen == "limited" or (seen == "clean" and self.outcome is None):
+            self.outcome = seen
+        return seen
+
+    def _release_outcome(self, outcome: str | None, failed: bool = False) -> str | None:
+        """The outcome a release sends: the one given, else the one observed, else ``"clean"``
+        for an adapted grant whose call did not fail."""
+        check_outcome(outcome)
+        if outcome is not None:
+            return outcome
+        if self.outcome is not None or failed:
+            return self.outcome
+        return "clean" if self.adapted else None
+
+
 class LimiterBase:
     """The configuration and the request builders both twins share."""
 
@@ -373,19 +410,27 @@ class LimiterBase:
             self.on_wait(WaitReport(seconds, refusal.reason, refusal.limit))
 
     @staticmethod
-    def _release_body(permit: str, costs: Costs | None) -> dict[str, Any]:
+    def _release_body(permit: str, costs: Costs | None, outcome: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"permit": permit_id("permit", permit)}
         if costs is not None:
             body["costs"] = costs_body(costs)
+        if check_outcome(outcome) is not None:
+            body["outcome"] = outcome
         return body
 
     @staticmethod
-    def _settle_body(permit: str, costs: Costs) -> dict[str, Any]:
-        return {"permit": permit_id("permit", permit), "costs": costs_body(costs)}
+    def _settle_body(permit: str, costs: Costs, outcome: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"permit": permit_id("permit", permit), "costs": costs_body(costs)}
+        if check_outcome(outcome) is not None:
+            body["outcome"] = outcome
+        return body
 
-    def _throttle_body(self, key: str, until: datetime) -> dict[str, Any]:
+    def _throttle_body(self, key: str, until: datetime, permit: str | None = None) -> dict[str, Any]:
         check_key("key", key)
-        return {"key": key, "until": format_instant(max(datetime_to_ms(until, "until"), 0))}
+        body: dict[str, Any] = {"key": key, "until": format_instant(max(datetime_to_ms(until, "until"), 0))}
+        if permit is not None:
+            body["permit"] = permit_id("permit", permit)
+        return body
 
     def _throttle_from_until(self, response: object, default_ms: int) -> int | None:
         status, headers, body = response_parts(response)

@@ -14,7 +14,7 @@ from typing import Any, Dict, Union
 
 from ._errors import BadRequest
 
-__all__ = ["Limit", "Limits", "Costs"]
+__all__ = ["Adapt", "Limit", "Limits", "Costs", "CallOutcome"]
 
 MAX_KEY_BYTES = 512
 MAX_PERMIT_BYTES = 128
@@ -29,6 +29,54 @@ MAX_WAIT_MS = 86_400_000
 
 #: Real costs after a call: bucket key -> cost in that bucket's window.
 Costs = Mapping[str, int]
+
+#: What a granted call met at the provider, for an adaptive ceiling (wire section 14):
+#: ``"limited"`` (a 429, or a remaining count at or below the host's floor) cuts it, ``"clean"``
+#: may grow it.
+CallOutcome = str
+
+MAX_CEILING = 10**9
+MAX_INCREASE = 10**6
+
+
+def check_outcome(outcome: object) -> str | None:
+    if outcome is not None and outcome not in ("clean", "limited"):
+        raise BadRequest(f"outcome must be 'clean' or 'limited', got {outcome!r}", "outcome")
+    return outcome
+
+
+@dataclass(frozen=True)
+class Adapt:
+    """An adaptive ceiling on a window or token bucket (wire section 14), kept by the limiter
+    and shared by every host that names the bucket so: the limit is judged with the ceiling in
+    place of ``calls`` (``refill``), cut to ``keep_pct`` percent of itself on a ``"limited"``
+    outcome (once for every grant made before the cut), grown by ``increase`` on ``"clean"``
+    ones while it binds, at most once a window, within ``[min, max]``. ``Adapt()`` takes the
+    wire's defaults: ``min`` a tenth of ``calls`` (at least 1), ``max`` ``calls``, ``increase``
+    1, ``keep_pct`` 50."""
+
+    min: int | None = None
+    max: int | None = None
+    increase: int | None = None
+    keep_pct: int | None = None
+
+    def check(self, where: str, rate: int) -> Adapt:
+        if self.min is not None:
+            _int(f"{where}min", self.min, 1, rate)
+        if self.max is not None:
+            _int(f"{where}max", self.max, rate, MAX_CEILING)
+        if self.increase is not None:
+            _int(f"{where}increase", self.increase, 0, MAX_INCREASE)
+        if self.keep_pct is not None:
+            _int(f"{where}keep_pct", self.keep_pct, 1, 99)
+        return self
+
+    def to_wire(self) -> dict[str, int]:
+        body: dict[str, int] = {}
+        for name, value in (("min", self.min), ("max", self.max), ("increase", self.increase), ("keepPct", self.keep_pct)):
+            if value is not None:
+                body[name] = value
+        return body
 
 
 def _int(field: str, value: object, low: int, high: int) -> int:
@@ -73,6 +121,7 @@ class Limit:
     refill: int | None = None
     burst: int | None = None
     initial: int | None = None
+    adapt: Adapt | None = None
 
     def check(self, where: str = "") -> Limit:
         """Raises :class:`BadRequest` naming the first field out of the wire's bounds, each name
@@ -111,6 +160,15 @@ class Limit:
             _int(f"{where}cost", self.cost, 0, MAX_COST)
         if self.hold_ms is not None:
             _int(f"{where}hold_ms", self.hold_ms, 1, MAX_HOLD_MS)
+        if self.adapt is not None:
+            if not isinstance(self.adapt, Adapt):
+                raise BadRequest(f"{where}adapt must be an Adapt, got {type(self.adapt).__name__}", f"{where}adapt")
+            if self.per_ms is None:
+                raise BadRequest(
+                    f"{where}adapt needs a window (calls and per_ms) or a token bucket (refill and per_ms)",
+                    f"{where}adapt",
+                )
+            self.adapt.check(f"{where}adapt.", getattr(self, rate))
         return self
 
     @property
@@ -119,9 +177,10 @@ class Limit:
         return self.per_ms is not None
 
     @classmethod
-    def window(cls, key: str, calls: int, per_ms: int, cost: int | None = None) -> Limit:
-        """At most ``calls`` (counting each call's cost) in any stretch of ``per_ms``."""
-        return cls(key, calls=calls, per_ms=per_ms, cost=cost)
+    def window(cls, key: str, calls: int, per_ms: int, cost: int | None = None, adapt: Adapt | None = None) -> Limit:
+        """At most ``calls`` (counting each call's cost) in any stretch of ``per_ms``; with
+        ``adapt``, at most the ceiling the limiter keeps for the bucket (wire section 14)."""
+        return cls(key, calls=calls, per_ms=per_ms, cost=cost, adapt=adapt)
 
     @classmethod
     def bucket(
@@ -132,12 +191,13 @@ class Limit:
         burst: int | None = None,
         initial: int | None = None,
         cost: int | None = None,
+        adapt: Adapt | None = None,
     ) -> Limit:
         """A token bucket (wire section 13): ``refill`` tokens every ``per_ms``, added
         continuously, up to ``burst`` (default ``refill``). It holds ``initial`` (default
         ``burst``: full) the first time it is named. A call takes its cost from it, and waits
         while it holds less (a cost above ``burst`` waits for a full bucket)."""
-        return cls(key, per_ms=per_ms, cost=cost, refill=refill, burst=burst, initial=initial)
+        return cls(key, per_ms=per_ms, cost=cost, refill=refill, burst=burst, initial=initial, adapt=adapt)
 
     @classmethod
     def concurrent(cls, key: str, n: int, hold_ms: int | None = None) -> Limit:
@@ -162,6 +222,8 @@ class Limit:
             body["cost"] = self.cost
         if self.hold_ms is not None:
             body["holdMs"] = self.hold_ms
+        if self.adapt is not None:
+            body["adapt"] = self.adapt.to_wire()
         return body
 
 
@@ -214,6 +276,11 @@ class AcquireRequest:
         return cls(key, tuple(limits), cost, hold_ms, grace_ms, bool(permit))
 
     @property
+    def adapts(self) -> bool:
+        """Whether a limit of the request adapts a ceiling (wire section 14)."""
+        return any(limit.adapt is not None for limit in self.limits)
+
+    @property
     def buckets(self) -> tuple[str, ...]:
         """The buckets named: a release of a grant of this request may let through a waiter
         on any of them."""
@@ -245,7 +312,8 @@ class AcquireRequest:
             body["cost"] = self.cost
         if self.hold_ms is not None:
             body["holdMs"] = self.hold_ms
-        if self.permit:
+        # An adapted limit's signals travel on a permit (wire section 14): asked for by itself.
+        if self.permit or self.adapts:
             body["permit"] = True
         if report:
             body["report"] = True

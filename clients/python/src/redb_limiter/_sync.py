@@ -24,6 +24,7 @@ import httpx
 
 from ._base import (
     UNDO_SECONDS,
+    PermitOutcome,
     Clock,
     _WaitCall,
     LimiterBase,
@@ -42,7 +43,7 @@ from ._base import (
 )
 from ._errors import LimiterError, ProtocolError, QueueTimeout, Unreachable
 from ._lines import SyncLines, _Line, _Turn
-from ._request import AcquireRequest, Costs, Limits, check_key
+from ._request import AcquireRequest, Costs, Limits, check_key, check_outcome
 from ._time import ms_to_datetime
 from ._wire import Grant, LimitFigures, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle, parse_wait
 
@@ -51,7 +52,7 @@ __all__ = ["Limiter", "Permit"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Permit:
+class Permit(PermitOutcome):
     """A grant. Use it as a context manager: on exit its places are released (after a settle
     in the body, the settled costs stand), whether the body returned or raised.
 
@@ -73,22 +74,29 @@ class Permit:
     def __repr__(self) -> str:
         return f"Permit(at={self.at.isoformat()}, id={self.id!r}, released={self.released})"
 
-    def settle(self, costs: Costs) -> bool:
+    def settle(self, costs: Costs, *, outcome: str | None = None) -> bool:
         """Sets the grant's real cost in each named window bucket (the latest settle stands);
-        ``False`` when the permit is no longer live (or the grant has no permit id)."""
+        ``False`` when the permit is no longer live (or the grant has no permit id). An adapted
+        grant's ``outcome`` goes with it (wire section 14): the one given, else the observed one."""
         if self.id is None or self.released:
             return False
-        settled = self._limiter._settle(self.id, costs, self._buckets)
+        said = check_outcome(outcome) or self.outcome
+        settled = self._limiter._settle(self.id, costs, self._buckets, said)
         if settled:
             self.costs = dict(costs)
         return settled
 
-    def release(self, costs: Costs | None = None) -> bool:
+    def release(self, costs: Costs | None = None, *, outcome: str | None = None) -> bool:
         """Releases the places now, after settling ``costs`` if given (one durable step);
-        ``True`` when the permit was live. A second release sends nothing."""
+        ``True`` when the permit was live. A second release sends nothing. An adapted grant
+        reports its outcome (wire section 14): ``outcome``, else the observed one, else
+        ``"clean"``."""
+        return self._release_with(costs, self._release_outcome(outcome))
+
+    def _release_with(self, costs: Costs | None, outcome: str | None) -> bool:
         if self.id is None or self.released:
             return False
-        live = self._limiter._release(self.id, costs, self._buckets)
+        live = self._limiter._release(self.id, costs, self._buckets, outcome)
         self.released = True
         return live
 
@@ -104,8 +112,8 @@ class Permit:
         if exc is None:
             self.release()
             return
-        try:
-            self.release()
+        try:  # a call that failed reports only a limited outcome it saw, never a clean one
+            self._release_with(None, self._release_outcome(None, failed=True))
         except LimiterError as e:  # never hide the body's own error behind the release's
             log.warning("releasing permit %s after an error failed: %s; its places lapse at holdMs", self.id, e)
 
@@ -400,45 +408,66 @@ class Limiter(LimiterBase):
         request = AcquireRequest.build(key, limits, cost, hold_ms=hold_ms)
         return parse_peek(self._post("peek", request.body())[0])
 
-    def release(self, permit: str, costs: Costs | None = None) -> bool:
+    def release(self, permit: str, costs: Costs | None = None, *, outcome: str | None = None) -> bool:
         """Releases a permit's places (settling ``costs`` first, in one durable step);
         ``True`` when it was live. Wakes this limiter's waiting heads (a :class:`Permit`'s own
-        release wakes only those of its buckets)."""
-        return self._release(permit, costs, None)
+        release wakes only those of its buckets). ``outcome`` (``"clean"`` or ``"limited"``)
+        tells the adaptive ceilings of the grant's buckets what the call met (wire section 14)."""
+        return self._release(permit, costs, None, outcome)
 
-    def settle(self, permit: str, costs: Costs) -> bool:
-        """Sets a permit's grant's real costs: ``True`` when the permit was live."""
-        return self._settle(permit, costs, None)
+    def settle(self, permit: str, costs: Costs, *, outcome: str | None = None) -> bool:
+        """Sets a permit's grant's real costs: ``True`` when the permit was live. ``outcome``
+        as in :meth:`release`."""
+        return self._settle(permit, costs, None, outcome)
 
-    def _release(self, permit: str, costs: Costs | None, buckets: tuple[str, ...] | None) -> bool:
-        live = parse_bool(self._post("release", self._release_body(permit, costs))[0], "released", "release")
+    def _release(
+        self, permit: str, costs: Costs | None, buckets: tuple[str, ...] | None, outcome: str | None = None
+    ) -> bool:
+        live = parse_bool(self._post("release", self._release_body(permit, costs, outcome))[0], "released", "release")
         self._lines.wake(buckets)  # answered: the heads it may let through ask again now
         return live
 
-    def _settle(self, permit: str, costs: Costs, buckets: tuple[str, ...] | None) -> bool:
-        settled = parse_bool(self._post("settle", self._settle_body(permit, costs))[0], "settled", "settle")
+    def _settle(
+        self, permit: str, costs: Costs, buckets: tuple[str, ...] | None, outcome: str | None = None
+    ) -> bool:
+        settled = parse_bool(self._post("settle", self._settle_body(permit, costs, outcome))[0], "settled", "settle")
         self._lines.wake(buckets)
         return settled
 
-    def throttle(self, key: str, until: datetime) -> datetime | None:
+    def throttle(self, key: str, until: datetime, *, permit: str | None = None) -> datetime | None:
         """Closes caller ``key`` until ``until`` (an aware ``datetime``; throttles only extend);
-        returns the throttle now in force."""
-        return parse_throttle(self._post("throttle", self._throttle_body(key, until))[0])
+        returns the throttle now in force. With the ``permit`` of the call the provider refused,
+        it also counts as a ``"limited"`` outcome for that permit's adaptive ceilings."""
+        return parse_throttle(self._post("throttle", self._throttle_body(key, until, permit))[0])
 
     def lift(self, key: str) -> bool:
         """Ends the throttle of ``key`` early: ``True`` when one was in force."""
         check_key("key", key)
         return parse_bool(self._post("lift", {"key": key})[0], "lifted", "lift")
 
-    def throttle_from(self, key: str, response: object, *, default_ms: int = 5_000) -> datetime | None:
+    def throttle_from(
+        self,
+        key: str,
+        response: object,
+        *,
+        default_ms: int = 5_000,
+        permit: Permit | str | None = None,
+        floor: int | None = None,
+    ) -> datetime | None:
         """Reads a provider's answer for caller ``key``: a 429 throttles it for the wait the
         provider asked (``default_ms`` when it names none), a success reporting an exhausted
         budget until the reset. Returns the throttle now in force, if this answer set one.
 
         ``response`` is an ``httpx.Response`` (its body read, for a 429's ``RetryInfo``) or an
-        SDK error carrying one (``openai.RateLimitError``)."""
+        SDK error carrying one (``openai.RateLimitError``). Given the call's ``permit``, the
+        answer is also its outcome for adaptive ceilings (wire section 14): a throttle set here
+        carries it, and a :class:`Permit` keeps what :meth:`Permit.observe` reads (``floor``:
+        see there) for its release."""
+        if isinstance(permit, Permit):
+            permit.observe(response, floor=floor)
+        permit_id = permit.id if isinstance(permit, Permit) else permit
         until = self._throttle_from_until(response, default_ms)
-        return None if until is None else self.throttle(key, ms_to_datetime(until))
+        return None if until is None else self.throttle(key, ms_to_datetime(until), permit=permit_id)
 
     def httpx_hook(self, key: str, *, default_ms: int = 5_000) -> Callable[[Any], None]:
         """A response event hook for an ``httpx.Client`` (or the same client of httpx's fork

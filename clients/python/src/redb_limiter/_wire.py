@@ -58,6 +58,8 @@ class LimitFigures:
     queued: int | None = None
     level: int | None = None
     burst: int | None = None
+    #: An adapted limit's ceiling, as the request is judged (wire section 14).
+    ceiling: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ def _figures(entry: object, method: str) -> LimitFigures:
         queued=_opt_int(entry, "queued"),
         level=_opt_int(entry, "level"),
         burst=_opt_int(entry, "burst"),
+        ceiling=_opt_int(entry, "ceiling"),
     )
 
 

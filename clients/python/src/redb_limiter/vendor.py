@@ -33,6 +33,7 @@ __all__ = [
     "parse_retry_after",
     "parse_seconds",
     "vendor_budget",
+    "vendor_outcome",
     "vendor_wait_ms",
 ]
 
@@ -320,6 +321,30 @@ def vendor_budget_ms(headers: Headers, now_ms: int) -> int | None:
     if not future:
         return None
     return min(max(future), now_ms + MAX_WAIT_MS, _U64)
+
+
+#: The providers' headers of remaining requests (Anthropic's, OpenAI's), as VernLLM reads its hint.
+_REMAINING_REQUESTS = ("anthropic-ratelimit-requests-remaining", "x-ratelimit-remaining-requests")
+
+
+def vendor_outcome(status: int, headers: Headers, *, floor: int | None = None) -> str | None:
+    """What a provider's answer says of the call for an adaptive ceiling (wire section 14):
+    ``"limited"`` on a 429, or on a success whose remaining requests are at or below ``floor``
+    (VernLLM's ``proactiveFloor``; without one, only a 429 counts); ``"clean"`` on any other
+    success; ``None`` on any other failure, which says nothing of the limit."""
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int) or floor < 0):
+        raise ValueError(f"floor must be a non-negative integer, got {floor!r}")
+    if status == 429:
+        return "limited"
+    if not 200 <= status < 300:
+        return None
+    if floor is not None:
+        for name in _REMAINING_REQUESTS:
+            value = _header(headers, name)
+            count = None if value is None else _parse_count(value)
+            if count is not None and count <= floor:
+                return "limited"
+    return "clean"
 
 
 def vendor_budget(headers: Headers, *, now: datetime | None = None) -> datetime | None:

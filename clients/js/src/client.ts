@@ -5,10 +5,10 @@
 // own first-in-first-out line per request shape in front of it, so only the head of each shape
 // asks and a large call is never overtaken by smaller ones behind it. A head holding a ticket
 // waits on `/wait` (section 15), which answers the moment its turn has come, and a release through
-// this client wakes the heads of its shapes on the same buckets at once. Every ask carries a
-// request id (section 16), and an ask whose answer the caller stops waiting for (a timeout,
-// `maxWaitMs`, an abort, a lost connection) is undone by that id in the background, so nothing it
-// may have been granted or filed stays behind.
+// this client wakes at once the heads of its shapes on the same buckets that wait without one.
+// Every ask carries a request id (section 16), and an ask whose answer the caller stops waiting
+// for (a timeout, `maxWaitMs`, an abort, a lost connection) is undone by that id in the
+// background, so nothing it may have been granted or filed stays behind.
 
 import {
   ApiError,
@@ -232,7 +232,7 @@ class Line {
   held = false;
   queue: (() => void)[] = [];
   last: Refusal | undefined;
-  /** The buckets the shape names: a release through this client in one of them wakes the head. */
+  /** The buckets the shape names: a release through this client in one of them wakes the head (unless it waits on `/wait`). */
   readonly buckets: ReadonlySet<string>;
   /** A wake that came while the head was not pausing (its ask in flight): its next pause ends at once. */
   #woken = false;
@@ -646,8 +646,9 @@ export class LimiterClient {
    * Waits until granted and resolves to a `Permit`: waits for each refusal's `retryAt`, holding a
    * ticket in the limiter's line when it gives one, first in first out among this process's
    * callers of the same shape. Holding a ticket, it waits on `/wait` instead, asking again as soon
-   * as the limiter says its turn has come; a release through this client in one of its buckets
-   * has it ask again at once. Rejects with `LimitedError` when `maxWaitMs` runs out or
+   * as the limiter says its turn has come (a release through this client answers that wait too);
+   * waiting without one, a release through this client in one of its buckets has it ask again at
+   * once. Rejects with `LimitedError` when `maxWaitMs` runs out or
    * `signal` aborts (leaving the line, and undoing an ask in flight), `QueueFullError` past
    * `maxWaiters`, and the wire's errors. A caller behind one whose ask got no answer waits
    * `timeoutMs` in all for an answer, counted from when it joined or that ask was sent, whichever
@@ -769,11 +770,15 @@ export class LimiterClient {
   }
 
   /**
-   * Waits `waitMs` (to a refusal's `retryAt`), or less: until a release through this client frees
-   * room in one of the line's buckets, or, holding `ticket` on a server that keeps waits, until the
-   * limiter says the ticket is ready or gone (`/wait`, section 15: a release by any host wakes it
-   * within a round trip). Resolves to what woke it early, if anything. `signal` and `deadline` end
-   * it at once, and the `/wait` in flight is cut, so no wait stays pending on the server.
+   * Waits `waitMs` (to a refusal's `retryAt`), or less. Holding `ticket` on a server that keeps
+   * waits, until the limiter says the ticket is ready or gone (`/wait`, section 15: a release by
+   * any host, this one's included, wakes it within a round trip). A release through this client
+   * does not cut that wait: the limiter answers it at the same change, and only when this ticket
+   * is the one the room goes to, where an ask at the release would be refused whenever another
+   * host's ticket stands first, and a cut wait costs its connection. Otherwise (no ticket, or a
+   * server without waits) until a release through this client frees room in one of the line's
+   * buckets. Resolves to what woke it early, if anything. `signal` and `deadline` end it at once,
+   * and the `/wait` in flight is cut, so no wait stays pending on the server.
    */
   async #pause(
     line: Line,
@@ -782,23 +787,20 @@ export class LimiterClient {
     signal: AbortSignal | undefined,
     deadline: number | undefined,
   ): Promise<Woken | 'aborted' | 'maxWait' | undefined> {
-    // A release came while the head's ask was in flight: the room it freed may be this one's.
-    if (line.takeWake()) return 'release';
     const wakeAt = performance.now() + waitMs;
     const stop = new AbortController();
     let woken: Woken | 'maxWait' | undefined;
-    const unlisten = line.onWake(() => {
-      woken ??= 'release';
-      stop.abort();
-    });
+    let unlisten: (() => void) | undefined;
     const rounds = async (): Promise<void> => {
       while (ticket !== undefined && !this.#noWaits && !stop.signal.aborted) {
         const leftMs = deadline === undefined ? Infinity : deadline - performance.now();
         const roundMs = Math.floor(Math.min(WAIT_ROUND_MS, leftMs));
         if (roundMs < MIN_WAIT_TIMEOUT_MS) break;
+        // A release here while the ask was in flight is seen by this wait: answered at once if ready.
+        line.takeWake();
         const sent = performance.now();
         const answer = await this.#waitRound(ticket, roundMs, stop.signal);
-        // It failed, was cut by a local wake, or the server keeps no waits: on to retryAt.
+        // It failed, or the server keeps no waits: on to retryAt.
         if (answer === undefined) break;
         if (answer.ready.length > 0 || answer.gone.length > 0) {
           woken ??= answer.ready.length > 0 ? 'ready' : 'gone';
@@ -814,13 +816,22 @@ export class LimiterClient {
         // Past retryAt, ask again (that renews the ticket); before it, wait again.
         if (performance.now() >= wakeAt) return;
       }
+      // A release came while the head's ask was in flight: the room it freed may be this one's.
+      if (line.takeWake()) {
+        woken ??= 'release';
+        return;
+      }
+      unlisten = line.onWake(() => {
+        woken ??= 'release';
+        stop.abort();
+      });
       await delay(wakeAt - performance.now(), stop.signal);
     };
     try {
       const ended = await this.#until(rounds(), signal, deadline);
       return ended === 'done' ? woken : ended;
     } finally {
-      unlisten();
+      unlisten?.();
       stop.abort();
     }
   }

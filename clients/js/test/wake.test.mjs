@@ -211,6 +211,30 @@ describe('local wakes: a release through this client', () => {
     assert.equal(waitsOf(proxy).length, 1, 'one /wait in all: its 404 is remembered');
   });
 
+  test('leaves a head\'s pending /wait to the limiter, which answers it: the wait is not cut and no ask is refused', async (t) => {
+    const proxy = await proxied(t);
+    const waits = [];
+    const client = new LimiterClient({ url: proxy.url, onWait: (w) => waits.push(w) });
+    const { req } = placeOf('kept');
+    const first = await client.acquire(req());
+    // Another shape (another caller key) on the same bucket, waiting on its ticket.
+    const second = waiting(t, client, req());
+    await proxy.waitFor((e) => e.path === '/wait');
+    await sleep(200);
+    const released = performance.now();
+    assert.equal(await first.release(), true);
+    const permit = await within(second, 10_000, 'the second served through its /wait');
+    assert.ok(performance.now() - released < 3_000);
+    const [wait, ...more] = waitsOf(proxy);
+    assert.equal(more.length, 0, 'one /wait in all');
+    assert.notEqual(wait.hungUp, true, 'the release did not cut the wait');
+    assert.match(wait.reply, /"ready":\["t-/);
+    assert.equal(waits.at(-1).woken, 'ready');
+    // The first grant, the second's refusal (its ticket), and its grant: no ask that the line refused.
+    assert.equal(proxy.log.filter((e) => e.path === '/acquire').length, 3);
+    await permit.release();
+  });
+
   test('withPermit\'s end wakes the caller waiting behind it in the same shape', async (t) => {
     const proxy = await proxied(t, withoutWaits);
     const client = new LimiterClient({ url: proxy.url });

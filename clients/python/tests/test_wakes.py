@@ -94,6 +94,43 @@ async def test_a_release_through_the_same_client_wakes_it_without_wait_and_the_4
             await close_twin(twin)
 
 
+@pytest.mark.parametrize("kind", TWINS)
+async def test_a_release_through_the_same_client_leaves_a_pending_wait_to_the_limiter(
+    kind: str, slow_server: Server, prefix: str
+) -> None:
+    """Another host's ticket stands first: the release through this client frees the room for
+    it, and this client's waiter, on ``/wait`` behind it, keeps waiting rather than ask (an ask
+    the line would refuse); the limiter answers its wait when its own turn comes."""
+    other = AsyncLimiter(slow_server.url)
+    with Proxy(slow_server.url) as proxy:
+        twin = make_twin(kind, proxy.url)
+        try:
+            conc = Limit.concurrent(f"{prefix}/conc", 1)
+            holder = await twin.acquire(f"{prefix}/holder", [conc])
+            first = asyncio.ensure_future(other.acquire(f"{prefix}/other", [conc], max_wait=120))
+            await until(lambda: _is(queued(slow_server, prefix), 1))
+            second = asyncio.ensure_future(twin.acquire(f"{prefix}/me", [conc], max_wait=120))
+            await until(lambda: _is(queued(slow_server, prefix), 2))
+            await asyncio.to_thread(proxy.wait_for, lambda: proxy.requests("/wait"))
+            await asyncio.sleep(0.3)
+            assert await holder.release() is True
+            served = await asyncio.wait_for(first, 30)  # the other host's ticket, through its /wait
+            await asyncio.sleep(0.3)
+            assert refusals(proxy) == 1  # the second's first ask only: no ask at the release
+            assert not second.done()
+            released = time.monotonic()
+            await served.release()
+            permit = await asyncio.wait_for(second, 30)
+            assert time.monotonic() - released < WOKEN_WITHIN
+            assert refusals(proxy) == 1
+            waits = proxy.requests("/wait")
+            assert len(waits) == 1 and waits[0].reply["ready"], [w.reply for w in waits]
+            await permit.release()
+        finally:
+            await other.aclose()
+            await close_twin(twin)
+
+
 async def test_cancelling_a_wait_ends_it_at_once_and_leaves_no_ticket(slow_server: Server, prefix: str) -> None:
     with Proxy(slow_server.url) as proxy:
         async with AsyncLimiter(proxy.url) as limiter:

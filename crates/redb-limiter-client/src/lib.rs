@@ -759,10 +759,14 @@ impl<L: LimiterApi> Client<L> {
         LocalWake { lines: self.lines.clone(), buckets: req.limits.iter().map(|l| l.key.clone()).collect() }
     }
 
-    /// Sleeps until `wake` (a refusal's `retryAt`), or less: until a release in this process frees
-    /// room in the line's buckets, or, holding `ticket` on a limiter that keeps waits, until the
-    /// limiter says it is ready or gone (`/wait`, section 15: a release anywhere, by any host,
-    /// wakes it within a round trip). A wait is bounded by `deadline` (the caller's `max_wait`).
+    /// Sleeps until `wake` (a refusal's `retryAt`), or less. Holding `ticket` on a limiter that
+    /// keeps waits, until the limiter says it is ready or gone (`/wait`, section 15: a release
+    /// anywhere, this process's included, wakes it within a round trip). A release in this
+    /// process does not end that wait: the limiter answers it at the same change, and only when
+    /// the room freed is this ticket's, where an ask at the release would be refused whenever
+    /// another host's ticket stands first. Otherwise (no ticket, or a limiter without waits) until
+    /// a release in this process frees room in the line's buckets. A wait is bounded by
+    /// `deadline` (the caller's `max_wait`).
     async fn pause(
         &self,
         line: &Line,
@@ -774,23 +778,20 @@ impl<L: LimiterApi> Client<L> {
             tokio::time::sleep_until(wake).await;
             return;
         }
+        // A release while the head's ask was in flight is kept by `woken` (a stored permit).
         let local = line.woken.notified();
         tokio::pin!(local);
         if let Some(ticket) = ticket {
             let until = deadline
                 .map_or(WAIT_ROUND, |d| d.saturating_duration_since(tokio::time::Instant::now()).min(WAIT_ROUND));
             if until >= WAIT_TIMEOUT.0 {
-                let wait = self.limiter.wait(vec![ticket.to_owned()], until);
-                tokio::select! {
-                    waited = wait => match waited {
-                        // Ready or gone: ask again now.
-                        Ok(Some(w)) if !w.ready.is_empty() || !w.gone.is_empty() => return,
-                        // Its time passed (retryAt too, then), it was answered at once (the
-                        // limiter's bound on waits, or its shutdown), it failed, or this limiter
-                        // keeps no waits: on to retryAt.
-                        Ok(_) | Err(_) => {}
-                    },
-                    () = &mut local => return,
+                match self.limiter.wait(vec![ticket.to_owned()], until).await {
+                    // Ready or gone: ask again now.
+                    Ok(Some(w)) if !w.ready.is_empty() || !w.gone.is_empty() => return,
+                    // Its time passed (retryAt too, then), it was answered at once (the limiter's
+                    // bound on waits, or its shutdown), it failed, or this limiter keeps no
+                    // waits: on to retryAt.
+                    Ok(_) | Err(_) => {}
                 }
             }
         }

@@ -12,6 +12,10 @@
 //! - calls completed against the ideal (`concurrent × seconds / call`, every place always held);
 //! - the hand-off gap: for each release, the time from its answer to the next grant in the
 //!   bucket (median and 99th percentile, in ms, on one machine's clock).
+//!
+//! With `--batch N` it measures a fixed backlog instead (issue 32's figure): N calls split
+//! between the hosts, all asked at once, each holding its place `--call-ms`, `--runs` times;
+//! per run the wall time against the ideal (`N × call / places`) and the hand-off gap.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -76,6 +80,118 @@ impl fmt::Display for HandoffReport {
         }
         Ok(())
     }
+}
+
+/// One batch of `--batch` calls.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchRun {
+    pub wall_ms: f64,
+    pub gap_p50_ms: f64,
+    pub gap_p90_ms: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchReport {
+    pub url: String,
+    pub hosts: usize,
+    pub concurrent: u64,
+    pub calls: u64,
+    pub call_ms: u64,
+    pub ideal_ms: f64,
+    pub runs: Vec<BatchRun>,
+}
+
+impl BatchReport {
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a report serializes")
+    }
+
+    /// The median run's wall time.
+    #[must_use]
+    pub fn median_ms(&self) -> f64 {
+        let mut walls: Vec<f64> = self.runs.iter().map(|r| r.wall_ms).collect();
+        walls.sort_by(f64::total_cmp);
+        walls.get(walls.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+}
+
+impl fmt::Display for BatchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "hand-off batch: {} calls of {} ms through {} places from {} hosts, all at once, against {}; ideal {:.0} ms",
+            self.calls, self.call_ms, self.concurrent, self.hosts, self.url, self.ideal_ms
+        )?;
+        for (i, r) in self.runs.iter().enumerate() {
+            writeln!(
+                f,
+                "  run {}: {:.0} ms ({:.2}x the ideal), release-to-grant p50 {:.1} ms, p90 {:.1} ms",
+                i + 1,
+                r.wall_ms,
+                r.wall_ms / self.ideal_ms,
+                r.gap_p50_ms,
+                r.gap_p90_ms
+            )?;
+        }
+        let median = self.median_ms();
+        writeln!(f, "  median {:.0} ms = {:.2}x the ideal", median, median / self.ideal_ms)
+    }
+}
+
+/// `--batch`: the same backlog of calls, all asked at once from every host, `--runs` times.
+pub async fn run_batch(args: &BenchArgs, calls: u64) -> anyhow::Result<BatchReport> {
+    let concurrent = args.concurrent.unwrap_or(4);
+    if args.hosts == 0 || calls == 0 || args.call_ms == 0 || args.runs == 0 {
+        bail!("--mix handoff --batch needs --hosts, --batch, --call-ms and --runs above 0");
+    }
+    let nonce = redb_limiter::time::wall_clock_now().0;
+    let mut runs = Vec::new();
+    for run in 0..args.runs {
+        let bucket = format!("bench/handoff/{nonce}/batch/{run}");
+        runs.push(one_batch(args, &bucket, concurrent, calls).await?);
+    }
+    Ok(BatchReport {
+        url: args.url.clone(),
+        hosts: args.hosts,
+        concurrent,
+        calls,
+        call_ms: args.call_ms,
+        ideal_ms: (calls * args.call_ms) as f64 / concurrent as f64,
+        runs,
+    })
+}
+
+async fn one_batch(args: &BenchArgs, bucket: &str, concurrent: u64, calls: u64) -> anyhow::Result<BatchRun> {
+    let events = Arc::new(Mutex::new(Events::default()));
+    let req = AcquireRequest::new("bench/handoff", vec![Limit::concurrent(bucket.to_owned(), concurrent)])?;
+    let clients: Vec<_> =
+        (0..args.hosts).map(|_| Client::new(Arc::new(HttpLimiter::new(&args.url, args.token.clone())))).collect();
+    // Opens each host's connection first, so that the run measures hand-offs, not connects.
+    for client in &clients {
+        client.peek(req.clone()).await?;
+    }
+    let call = Duration::from_millis(args.call_ms);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..calls {
+        let (client, req, events) = (clients[i as usize % clients.len()].clone(), req.clone(), events.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = client.acquire(req, AcquireOptions::default()).await?;
+            events.lock().expect("events").grants.push(redb_limiter::time::wall_clock_now().0);
+            tokio::time::sleep(call).await;
+            permit.release().await?;
+            events.lock().expect("events").releases.push(redb_limiter::time::wall_clock_now().0);
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let events = events.lock().expect("events");
+    let gaps = handoff_gaps(&events.grants, &events.releases);
+    Ok(BatchRun { wall_ms, gap_p50_ms: percentile(&gaps, 0.50), gap_p90_ms: percentile(&gaps, 0.90) })
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<HandoffReport> {

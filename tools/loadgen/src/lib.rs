@@ -164,7 +164,7 @@ pub struct BenchArgs {
     /// `--mix fair`: the small hosts that saturate the window.
     #[arg(long, default_value_t = 8)]
     pub hosts: usize,
-    /// `--mix fair`: runs per mode (with and without the line).
+    /// `--mix fair`: runs per mode (with and without the line); `--mix handoff --batch`: batches.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// `--mix fair`: measured windows per run (after one of warm-up).
@@ -186,6 +186,11 @@ pub struct BenchArgs {
     /// `--mix handoff`: how long each call holds its place, in ms.
     #[arg(long, default_value_t = 500)]
     pub call_ms: u64,
+    /// `--mix handoff`: instead of the two timed modes, this many calls in all, split between
+    /// the `--hosts`, all asked at once (with wake-ups), `--runs` times: the wall time of each
+    /// batch against the ideal (calls x `--call-ms` / places).
+    #[arg(long)]
+    pub batch: Option<u64>,
 }
 
 /// The outcome of a run. Latencies are in microseconds, from writing an acquire to having read

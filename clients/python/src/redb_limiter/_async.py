@@ -378,10 +378,13 @@ class AsyncLimiter(LimiterBase):
                 call[1].cancel()  # a /wait still pending ends with the wait, whatever ended it
 
     async def _pause(self, line: _Line[_Ready], wait: Wait, seen: int, seconds: float, call: _Call | None) -> _Call | None:
-        """Waits until ``retryAt`` (``seconds`` from now), or less: until a release through this
-        limiter wakes the line, or, holding a ticket, until the limiter says it is ready or gone
-        (``/wait``, wire section 15: a release by any host wakes it within a round trip). The
-        ``/wait`` is a task of its own, awaited again for the same ticket while pending, and
+        """Waits until ``retryAt`` (``seconds`` from now), or less. Holding a ticket, until the
+        limiter says it is ready or gone (``/wait``, wire section 15: a release by any host,
+        this one's included, wakes it within a round trip). A release through this limiter does
+        not end that wait: the limiter answers it at the same change, and only when the room
+        freed is this ticket's, where an ask at the release would be refused whenever another
+        host's ticket stands first. Otherwise (no ticket, or a limiter without waits) until a
+        release through this limiter wakes the line. The ``/wait`` is a task of its own,
         cancelled with the wait; cancellation and ``max_wait`` end this at once."""
         start = self.clock.monotonic()
         if not self.wakes:
@@ -394,19 +397,12 @@ class AsyncLimiter(LimiterBase):
                     call[1].cancel()
                 call = (wait.ticket, asyncio.ensure_future(self._wait_call(wait.ticket, within)))
             task = call[1]
-            signal = self._lines.signal(line, seen)
-            if signal is None:
-                return call  # woken while it asked
-            woken = asyncio.ensure_future(signal.wait())
-            try:
-                bound = None if wait.deadline is None else max(wait.deadline - start, 0.0)
-                done, _ = await asyncio.wait({task, woken}, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
+            bound = None if wait.deadline is None else max(wait.deadline - start, 0.0)
+            done, _ = await asyncio.wait({task}, timeout=bound)
             if not done:
                 raise wait.timeout(self.clock.monotonic())  # max_wait ran out while waiting
-            if not task.done() or task.result():
-                return call  # woken here, or the ticket is ready or gone: ask again now
+            if task.result():
+                return call  # the ticket is ready or gone: ask again now
             # Empty lists (its time passed, or the limiter's bound), a failure or a 404.
         left = start + seconds - self.clock.monotonic()
         signal = self._lines.signal(line, seen)

@@ -110,11 +110,12 @@ class SyncLines(_Lines[_Turn]):
     def _notify_locked(self) -> None:
         self.changed.notify_all()
 
-    def pause(self, line: _Line[_Turn], seen: int, done: Callable[[], bool], timeout: float | None) -> bool:
-        """Blocks until the line is woken (its ``woke`` count is no longer ``seen``), ``done()``
-        holds, or ``timeout`` seconds pass; ``True`` unless the time ran out. Ctrl-C ends it."""
+    def pause(self, line: _Line[_Turn], seen: int | None, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Blocks until the line is woken (its ``woke`` count is no longer ``seen``; never with
+        ``None``), ``done()`` holds, or ``timeout`` seconds pass; ``True`` unless the time ran
+        out. Ctrl-C ends it."""
         with self.changed:
-            return self.changed.wait_for(lambda: line.woke != seen or done(), timeout)
+            return self.changed.wait_for(lambda: (seen is not None and line.woke != seen) or done(), timeout)
 
     def take_turn(self, line: _Line[_Turn], timeout: float | None) -> bool:
         """Waits to be the head; ``False`` when ``timeout`` seconds passed first. Raises the

@@ -347,12 +347,16 @@ class Limiter(LimiterBase):
     def _pause(
         self, line: _Line[_Turn], wait: Wait, seen: int, seconds: float, call: _WaitCall | None
     ) -> _WaitCall | None:
-        """Waits until ``retryAt`` (``seconds`` from now), or less: until a release through this
-        limiter wakes the line, or, holding a ticket, until the limiter says it is ready or gone
-        (``/wait``, wire section 15: a release by any host wakes it within a round trip). The
-        ``/wait`` runs in a thread of its own, so that a local wake, ``max_wait`` or Ctrl-C end
-        this at once; one that is still pending is waited on again for the same ticket, and
-        ends by itself once the ticket does. Returns that ``/wait``."""
+        """Waits until ``retryAt`` (``seconds`` from now), or less. Holding a ticket, until the
+        limiter says it is ready or gone (``/wait``, wire section 15: a release by any host,
+        this one's included, wakes it within a round trip). A release through this limiter does
+        not end that wait: the limiter answers it at the same change, and only when the room
+        freed is this ticket's, where an ask at the release would be refused whenever another
+        host's ticket stands first. Otherwise (no ticket, or a limiter without waits) until a
+        release through this limiter wakes the line. The ``/wait`` runs in a thread of its own,
+        so that ``max_wait`` or Ctrl-C end this at once; one that is still pending is waited on
+        again for the same ticket, and ends by itself once the ticket does. Returns that
+        ``/wait``."""
         start = self.clock.monotonic()
         if not self.wakes:
             self.clock.sleep(seconds)
@@ -363,10 +367,10 @@ class Limiter(LimiterBase):
                 call = self._start_wait(wait.ticket, within)
             current = call
             bound = None if wait.deadline is None else max(wait.deadline - start, 0.0)
-            if not self._lines.pause(line, seen, lambda: current.done, bound):
+            if not self._lines.pause(line, None, lambda: current.done, bound):
                 raise wait.timeout(self.clock.monotonic())  # max_wait ran out while waiting
-            if not current.done or current.ready:
-                return call  # woken here, or the ticket is ready or gone: ask again now
+            if current.ready:
+                return call  # the ticket is ready or gone: ask again now
             # Empty lists (its time passed, or the limiter's bound), a failure or a 404.
         left = start + seconds - self.clock.monotonic()
         if left > 0:

@@ -3749,3 +3749,82 @@ fn a_full_bucket_is_forgotten_after_its_keeping_time() {
         assert_eq!(level(&pg, &req(1)).await, Some((0, 2)), "at initial again");
     });
 }
+
+/// The figures a bucket is named with in [`figures_op`]: the same bucket with a larger and a
+/// smaller burst, another perMs (levels read across units, rounded down) and a slower refill.
+const BUCKET_FIGURES: [(u64, u64, u64, u64); 4] = [(100, 1000, 100, 100), (1, 3, 5, 5), (3, 7, 9, 0), (2, 1000, 20, 4)];
+
+/// One step of [`the_database_judges_a_bucket_named_with_other_figures_as_the_engine_does`].
+#[derive(Debug, Clone)]
+enum BucketOp {
+    /// An acquire (with a report; with a permit when flagged) of a cost with figures `i`.
+    Acquire(usize, u64, bool),
+    /// A settle of the n-th permit to a cost.
+    Settle(usize, u64),
+    Advance(u64),
+}
+
+fn figures_op() -> impl Strategy<Value = BucketOp> {
+    prop_oneof![
+        5 => (0..BUCKET_FIGURES.len(), 0u64..30, any::<bool>()).prop_map(|(i, c, p)| BucketOp::Acquire(i, c, p)),
+        2 => (any::<usize>(), 0u64..40).prop_map(|(n, c)| BucketOp::Settle(n, c)),
+        3 => prop::sample::select(vec![1u64, 2, 7, 50, 333, 1000, 4000]).prop_map(BucketOp::Advance),
+    ]
+}
+
+/// Section 13's deterministic answer for hosts naming one bucket with different figures (each
+/// request judged with its own; a level never above the largest burst named): acquires with
+/// reports, settles up and down and the state, on the database and on the engine at the same
+/// instants.
+#[test]
+fn the_database_judges_a_bucket_named_with_other_figures_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    let rt = runtime();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 40, ..ProptestConfig::default() });
+    let ops = prop::collection::vec(figures_op(), 1..40);
+    runner
+        .run(&ops, |ops| {
+            rt.block_on(async {
+                let clock = Arc::new(FakeClock::new(T0));
+                let pg = fresh(&url, "bucket_figures", clock.clone()).await;
+                let mut engine = Engine::new(EngineConfig::default());
+                let mut effects = Vec::new();
+                let mut permits: Vec<(String, String)> = Vec::new();
+                for (i, op) in ops.iter().enumerate() {
+                    let now = clock.now();
+                    match *op {
+                        BucketOp::Acquire(f, cost, permit) => {
+                            let (refill, per_ms, burst, initial) = BUCKET_FIGURES[f];
+                            let limit = Limit::bucket("b", refill, per_ms).with_burst(burst).with_initial(initial);
+                            let mut req = AcquireRequest::new("c", vec![limit.with_cost(cost)]).unwrap().with_report();
+                            req.permit = permit;
+                            let want = engine.acquire(&req, now, &mut effects);
+                            let figures = engine.figures(&req, now);
+                            let got = pg.acquire(req.clone()).await.unwrap();
+                            compare(i, &req, now, &want, &got.decision, &mut permits)?;
+                            prop_assert_eq!(Some(figures), got.report.map(|r| r.limits), "op {}: figures", i);
+                        }
+                        BucketOp::Settle(n, cost) if !permits.is_empty() => {
+                            let (e, p) = permits[n % permits.len()].clone();
+                            let costs = vec![redb_limiter::request::Cost::new("b", cost)];
+                            let want = engine.settle(&e, &costs, now, &mut effects).unwrap().is_settled();
+                            let got =
+                                pg.settle(redb_limiter::request::SettleRequest::new(p, costs).unwrap()).await.unwrap();
+                            prop_assert_eq!(want, got, "op {}: settle", i);
+                        }
+                        BucketOp::Settle(..) => {}
+                        BucketOp::Advance(ms) => {
+                            clock.advance(ms);
+                            engine.sweep(clock.now(), &mut effects);
+                        }
+                    }
+                    effects.clear();
+                    let want = engine.view(clock.now(), "").buckets.iter().map(|b| b.level).collect::<Vec<_>>();
+                    let got = pg.state("", 10).await.unwrap().view.buckets.iter().map(|b| b.level).collect::<Vec<_>>();
+                    prop_assert_eq!(want, got, "op {}: the level in the state", i);
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}

@@ -2137,16 +2137,8 @@ fn a_schema_of_version_4_holding_state_is_migrated_and_keeps_it_then_keeps_ids()
         let client = plain_client(&url).await;
         let s = released_schema(&client, SCHEMA_V4, "v4").await;
         let permit = "p-00000000000000000000000000000004";
-        let w = |caller: &str| AcquireRequest::new(caller, vec![window("w", 3, 60_000).with_cost(2)]).unwrap();
-        let place = AcquireRequest::new("c", vec![Limit::concurrent("p", 1)]).unwrap();
-        let mut replies = Vec::new();
-        for (ms, req) in [(0, w("c")), (1, place.clone()), (2, w("q").with_queue())] {
-            let body = req.to_json().to_string();
-            replies.push(released_acquire(&client, &s, &body, permit, ms).await);
-        }
-        assert_eq!(replies[0]["granted"], serde_json::json!(true), "{}", replies[0]);
-        assert_eq!(replies[1]["permit"], serde_json::json!(permit), "{}", replies[1]);
-        let ticket = replies[2]["ticket"].as_str().expect("a ticket filed").to_owned();
+        let (w, place) = (released_window, released_place());
+        let ticket = released_window_place_ticket(&client, &s, permit).await;
         assert_eq!(schema_version(&client, &s).await, 4);
 
         let clock = Arc::new(FakeClock::new(T0.plus(10)));
@@ -2156,12 +2148,7 @@ fn a_schema_of_version_4_holding_state_is_migrated_and_keeps_it_then_keeps_ids()
 
         // What it held is served as before.
         let state = pg.state("", 100).await.unwrap();
-        let buckets: Vec<_> = state
-            .view
-            .buckets
-            .iter()
-            .map(|b| (b.key.as_str(), b.window_used, b.places_held, b.queued, b.first_ticket.map(|t| t.to_string())))
-            .collect();
+        let buckets = bucket_rows(&state.view);
         assert_eq!(buckets, [("p", 0, 1, 0, None), ("w", 2, 0, 1, Some(ticket.clone()))]);
         assert_eq!(state.view.permits.iter().map(|p| p.id.to_string()).collect::<Vec<_>>(), [permit]);
         assert!(matches!(
@@ -2189,6 +2176,38 @@ fn a_schema_of_version_4_holding_state_is_migrated_and_keeps_it_then_keeps_ids()
     });
 }
 
+/// A window limit of 3 a minute costing 2, asked by `caller`: what the released schemas of
+/// the migration tests hold.
+fn released_window(caller: &str) -> AcquireRequest {
+    AcquireRequest::new(caller, vec![window("w", 3, 60_000).with_cost(2)]).unwrap()
+}
+
+/// A place of one in `p`.
+fn released_place() -> AcquireRequest {
+    AcquireRequest::new("c", vec![Limit::concurrent("p", 1)]).unwrap()
+}
+
+/// Through the released functions of schema `s`, at T0 and 1 and 2 ms on: a grant of
+/// [`released_window`], a place of [`released_place`] under `permit`, and a ticket filed behind
+/// them in `w`, whose string it answers.
+async fn released_window_place_ticket(client: &tokio_postgres::Client, s: &str, permit: &str) -> String {
+    let mut replies = Vec::new();
+    for (ms, req) in [(0, released_window("c")), (1, released_place()), (2, released_window("q").with_queue())] {
+        replies.push(released_acquire(client, s, &req.to_json().to_string(), permit, ms).await);
+    }
+    assert_eq!(replies[0]["granted"], serde_json::json!(true), "{}", replies[0]);
+    assert_eq!(replies[1]["permit"], serde_json::json!(permit), "{}", replies[1]);
+    replies[2]["ticket"].as_str().expect("a ticket filed").to_owned()
+}
+
+/// Each bucket of a state: key, window used, places held, tickets queued and the first ticket.
+fn bucket_rows(view: &redb_limiter::engine::StateView) -> Vec<(&str, u64, usize, usize, Option<String>)> {
+    view.buckets
+        .iter()
+        .map(|b| (b.key.as_str(), b.window_used, b.places_held, b.queued, b.first_ticket.map(|t| t.to_string())))
+        .collect()
+}
+
 /// The schema script of the release before this one (format version 5), as it was released.
 const SCHEMA_V5: &str = include_str!("fixtures/schema-v5.sql");
 
@@ -2204,15 +2223,8 @@ fn a_schema_of_version_5_holding_state_is_migrated_and_keeps_it_then_keeps_bucke
         let s = released_schema(&client, SCHEMA_V5, "v5").await;
         let permit = "p-00000000000000000000000000000005";
         let at = |ms: u64| i64::try_from(T0.plus(ms).0).unwrap();
-        let w = |caller: &str| AcquireRequest::new(caller, vec![window("w", 3, 60_000).with_cost(2)]).unwrap();
-        let place = AcquireRequest::new("c", vec![Limit::concurrent("p", 1)]).unwrap();
-        let mut replies = Vec::new();
-        for (ms, req) in [(0, w("c")), (1, place.clone()), (2, w("q").with_queue())] {
-            replies.push(released_acquire(&client, &s, &req.to_json().to_string(), permit, ms).await);
-        }
-        assert_eq!(replies[0]["granted"], serde_json::json!(true), "{}", replies[0]);
-        assert_eq!(replies[1]["permit"], serde_json::json!(permit), "{}", replies[1]);
-        let ticket = replies[2]["ticket"].as_str().expect("a ticket filed").to_owned();
+        let (w, place) = (released_window, released_place());
+        let ticket = released_window_place_ticket(&client, &s, permit).await;
         let until: Option<i64> = client
             .query_one(&format!("SELECT {s}.throttle('t', $1, $2)"), &[&at(120_000), &at(3)])
             .await
@@ -2236,12 +2248,7 @@ fn a_schema_of_version_5_holding_state_is_migrated_and_keeps_it_then_keeps_bucke
 
         // What it held is served as before.
         let state = pg.state("", 100).await.unwrap();
-        let buckets: Vec<_> = state
-            .view
-            .buckets
-            .iter()
-            .map(|b| (b.key.as_str(), b.window_used, b.places_held, b.queued, b.first_ticket.map(|t| t.to_string())))
-            .collect();
+        let buckets = bucket_rows(&state.view);
         assert_eq!(buckets, [("m", 1, 0, 0, None), ("p", 0, 1, 0, None), ("w", 2, 0, 1, Some(ticket.clone()))]);
         assert_eq!(state.view.permits.iter().map(|p| p.id.to_string()).collect::<Vec<_>>(), [permit]);
         assert_eq!(state.view.throttles.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(), ["t"]);

@@ -129,7 +129,9 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   sweep_cursor text COLLATE "C" NOT NULL DEFAULT '',
   -- the latest instant a server was seen at (its sweeper's ticks): a server's start is a
   -- restart for the line (12.6) from here, or from the buckets' floors when later
-  alive_at bigint NOT NULL DEFAULT 0
+  alive_at bigint NOT NULL DEFAULT 0,
+  -- sweep()'s place in the token levels' keys (format 6; migrate/5-6.sql adds it)
+  level_cursor text COLLATE "C" NOT NULL DEFAULT ''
 );
 INSERT INTO __SCHEMA__.meta (version) VALUES (6) ON CONFLICT DO NOTHING;
 COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row), the sweep cursor and the latest instant seen';
@@ -289,7 +291,9 @@ COMMENT ON TABLE __SCHEMA__.requests IS 'request ids (section 16): what the acqu
 -- tokens per unit_ms adds exactly `refill` units a millisecond and no rounding accumulates.
 -- forget_at is when it has stood full for its keeping time (an hour, or unit_ms when longer),
 -- if nothing else happens: from then on, while its bucket holds no place and no kept grant, it
--- is forgotten (an acquire reads the request's initial), and sweep() deletes it. A level is
+-- is forgotten (an acquire reads the request's initial), and sweep() deletes it, walking the
+-- keys from a cursor (meta.level_cursor). No index but the key's: every grant rewrites its
+-- row, and with no indexed column changed (and room on the page) that update is HOT. A level is
 -- written only by a transaction that writes its bucket row (a grant only if that row is
 -- unchanged since it read it, or under its lock; a settle and a refusal naming it under its
 -- lock), and read after that row, so a decision never misses a level written since its read.
@@ -302,8 +306,8 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.levels (
   burst bigint NOT NULL,             -- the burst of the figures that wrote it
   at bigint NOT NULL,                -- the instant it was written at
   forget_at bigint NOT NULL          -- full at, plus its keeping time
-);
-CREATE INDEX IF NOT EXISTS levels_forget ON __SCHEMA__.levels (forget_at);
+)
+WITH (fillfactor = 50);
 COMMENT ON TABLE __SCHEMA__.levels IS 'token bucket levels (section 13), exact, in units of 1/perMs token';
 
 ---------------------------------------------------------------------------------------------
@@ -462,20 +466,23 @@ COMMENT ON FUNCTION __SCHEMA__._rate_retry(bigint, bigint, bigint, bigint, boole
 -- bucket never named, or forgotten: an acquire reads it at the request's initial); a request's
 -- figures as refill, per (its perMs), burst and initial. Arithmetic is numeric: exact.
 
+-- (These helpers are plpgsql, whose expressions keep their plans between calls: a SQL function
+-- that the planner does not inline is planned again at every call.)
+
 -- a / b rounded towards minus infinity, and a / b rounded up (a >= 0), for b > 0.
 CREATE OR REPLACE FUNCTION __SCHEMA__._floor_div(a numeric, b numeric) RETURNS numeric
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS
-$$ SELECT CASE WHEN a < 0 AND mod(a, b) <> 0 THEN div(a, b) - 1 ELSE div(a, b) END $$;
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$ BEGIN RETURN CASE WHEN a < 0 AND mod(a, b) <> 0 THEN div(a, b) - 1 ELSE div(a, b) END; END $$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__._ceil_div(a numeric, b numeric) RETURNS numeric
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS
-$$ SELECT div(a + b - 1, b) $$;
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$ BEGIN RETURN div(a + b - 1, b); END $$;
 
 -- A numeric held in a bigint, clamped (a level is bounded far inside it: burst x perMs either
 -- side of 0).
 CREATE OR REPLACE FUNCTION __SCHEMA__._to_bigint(a numeric) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS
-$$ SELECT greatest(least(a, 9223372036854775807), -9223372036854775808)::bigint $$;
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$ BEGIN RETURN greatest(least(a, 9223372036854775807), -9223372036854775808)::bigint; END $$;
 
 -- The level l at p_now read with the figures (p_refill, p_per, p_burst), in units of 1/p_per
 -- token (BucketLevel::units_at): the units kept, in those units (rounded down when l was
@@ -506,16 +513,18 @@ $$;
 -- p_burst).
 CREATE OR REPLACE FUNCTION __SCHEMA__._lv_of(p_units numeric, p_refill bigint, p_per bigint, p_burst bigint,
                                              p_at bigint) RETURNS bigint[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
-$$ SELECT ARRAY[__SCHEMA__._to_bigint(p_units), p_per, p_refill, p_burst, p_at] $$;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$ BEGIN RETURN ARRAY[__SCHEMA__._to_bigint(p_units), p_per, p_refill, p_burst, p_at]; END $$;
 
 -- Whether the figures (p_per, p_burst) read l above their burst (written under a larger one).
 CREATE OR REPLACE FUNCTION __SCHEMA__._lv_above(l bigint[], p_per bigint, p_burst bigint) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
 $$
-  SELECT l IS NOT NULL
+BEGIN
+  RETURN l IS NOT NULL
          AND CASE WHEN l[2] = p_per THEN l[1]::numeric
-                  ELSE __SCHEMA__._floor_div(l[1]::numeric * p_per, l[2]) END > p_burst::numeric * p_per
+                  ELSE __SCHEMA__._floor_div(l[1]::numeric * p_per, l[2]) END > p_burst::numeric * p_per;
+END
 $$;
 
 -- Rule B at p_now for a cost of p_cost: NULL when it fits, else the earliest whole millisecond
@@ -584,17 +593,19 @@ $$;
 -- The level in whole tokens at p_now (rounded down; negative in debt) as the figures that wrote
 -- it read it: what /state shows.
 CREATE OR REPLACE FUNCTION __SCHEMA__._lv_tokens(l bigint[], p_now bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
-$$ SELECT __SCHEMA__._floor_div(__SCHEMA__._lv_units(l, l[3], l[2], l[4], l[4], p_now), l[2])::bigint $$;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$ BEGIN RETURN __SCHEMA__._floor_div(__SCHEMA__._lv_units(l, l[3], l[2], l[4], l[4], p_now), l[2])::bigint; END $$;
 
 -- When l has stood full for its keeping time under the figures that wrote it, if nothing else
 -- happens (forget_at): full at, plus an hour or its perMs when longer (kept_full_ms).
 CREATE OR REPLACE FUNCTION __SCHEMA__._lv_forget_at(l bigint[]) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
 $$
-  SELECT __SCHEMA__._to_bigint(l[5]::numeric
+BEGIN
+  RETURN __SCHEMA__._to_bigint(l[5]::numeric
            + greatest(__SCHEMA__._ceil_div(greatest(l[4]::numeric * l[2] - l[1], 0), l[3]), 0)
-           + greatest(l[2], 3600000))
+           + greatest(l[2], 3600000));
+END
 $$;
 
 -- The level of bucket p_key at p_now, NULL when there is none or it is forgotten: it stood full
@@ -623,13 +634,15 @@ $$;
 
 -- Writes bucket p_key's level (its transaction writes or holds the bucket row: see levels).
 CREATE OR REPLACE FUNCTION __SCHEMA__._lv_write(p_key text, l bigint[]) RETURNS void
-LANGUAGE sql VOLATILE AS
+LANGUAGE plpgsql VOLATILE AS
 $$
+BEGIN
   INSERT INTO __SCHEMA__.levels AS lv (key, units, unit_ms, refill, burst, at, forget_at)
   VALUES (p_key, l[1], l[2], l[3], l[4], l[5], __SCHEMA__._lv_forget_at(l))
   ON CONFLICT (key) DO UPDATE
      SET units = excluded.units, unit_ms = excluded.unit_ms, refill = excluded.refill,
-         burst = excluded.burst, at = excluded.at, forget_at = excluded.forget_at
+         burst = excluded.burst, at = excluded.at, forget_at = excluded.forget_at;
+END
 $$;
 
 -- One limit's figures as in spec 9.1: used/remaining for a window, held/free for places.
@@ -2780,15 +2793,28 @@ BEGIN
   v_done := v_done + v_k;
 
   -- Token levels forgotten (section 13): full for their keeping time, their bucket holding no
-  -- place and no kept grant. (A level written since is no longer due: the lock re-reads it.)
-  WITH gone AS (
+  -- place and no kept grant; `batch` levels visited from the cursor in meta. (A level written
+  -- since is no longer due: the lock re-reads it; one locked by a request is skipped.)
+  SELECT m.level_cursor INTO v_cursor FROM __SCHEMA__.meta m;
+  v_last := v_cursor;
+  FOR c IN SELECT lv.key, lv.forget_at FROM __SCHEMA__.levels lv
+            WHERE lv.key > v_cursor ORDER BY lv.key LIMIT batch LOOP
+    v_seen := v_seen + 1;
+    v_last := c.key;
+    CONTINUE WHEN c.forget_at > v_now OR __SCHEMA__._lv_live(c.key, v_now) IS NOT NULL;
     DELETE FROM __SCHEMA__.levels lv
-     WHERE lv.key IN (SELECT x.key FROM __SCHEMA__.levels x
-                       WHERE x.forget_at <= v_now AND __SCHEMA__._lv_live(x.key, v_now) IS NULL
-                       ORDER BY x.forget_at LIMIT batch FOR UPDATE SKIP LOCKED)
-    RETURNING 1)
-  SELECT count(*) INTO v_k FROM gone;
-  v_done := v_done + v_k;
+     WHERE lv.key IN (SELECT x.key FROM __SCHEMA__.levels x WHERE x.key = c.key AND x.forget_at <= v_now
+                         FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_k = ROW_COUNT;
+    v_done := v_done + v_k;
+  END LOOP;
+  IF v_seen < batch THEN
+    v_last := '';  -- reached the last key: start from the first one next time
+  END IF;
+  IF v_last <> v_cursor THEN
+    UPDATE __SCHEMA__.meta SET level_cursor = v_last;
+  END IF;
+  v_seen := 0;
 
   -- Buckets, from the cursor.
   SELECT m.sweep_cursor INTO v_cursor FROM __SCHEMA__.meta m;

@@ -3,7 +3,7 @@
 -- nothing unless the schema still does (so servers starting at once migrate once).
 --
 -- Version 6 keeps token buckets (wire section 13): the table levels, empty at first (version 5
--- served no bucket), and each line row's bucket figures (refill, burst, initial; 0 where the
+-- served no bucket), sweep()'s cursor in its keys (meta.level_cursor), and each line row's bucket figures (refill, burst, initial; 0 where the
 -- ticket names no bucket there, which every row of version 5 is). Nothing of version 5 changes:
 -- its grants, permits, places, tickets, lines and request ids are served as they are. The
 -- functions that read the new table and columns are created by sql/schema.sql, which the
@@ -32,8 +32,9 @@ BEGIN
     burst bigint NOT NULL,
     at bigint NOT NULL,
     forget_at bigint NOT NULL
-  );
-  CREATE INDEX IF NOT EXISTS levels_forget ON __SCHEMA__.levels (forget_at);
+  )
+  WITH (fillfactor = 50);
+  ALTER TABLE __SCHEMA__.meta ADD COLUMN IF NOT EXISTS level_cursor text COLLATE "C" NOT NULL DEFAULT '';
   ALTER TABLE __SCHEMA__.line
     ADD COLUMN IF NOT EXISTS refill bigint NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS burst bigint NOT NULL DEFAULT 0,

@@ -1,13 +1,14 @@
 -- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
 --
--- Format version 5. Every object lives in one schema, written __SCHEMA__ below; the server
+-- Format version 6. Every object lives in one schema, written __SCHEMA__ below; the server
 -- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
 -- running this script, which it does on first use and on `check`. The script is idempotent:
 -- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
 -- version) a schema that carries another format version or that holds objects but no meta.
 -- A schema of an earlier version is first brought to this one by the steps in migrate/
 -- (version 1 to 2: migrate/1-2.sql; 2 to 3, the line: migrate/2-3.sql; 3 to 4, the line's
--- bounds of section 12.9: migrate/3-4.sql; 4 to 5, request ids of section 16: migrate/4-5.sql).
+-- bounds of section 12.9: migrate/3-4.sql; 4 to 5, request ids of section 16: migrate/4-5.sql;
+-- 5 to 6, token buckets of section 13: migrate/5-6.sql).
 --
 -- Keys and permit strings are stored escaped (the server's src/keys.rs): U+0000 as U+0001
 -- U+0001 and U+0001 as U+0001 U+0002, so that every UTF-8 string a key may be is stored
@@ -111,8 +112,8 @@ BEGIN
     RETURN;
   END IF;
   EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
-  IF v_version IS DISTINCT FROM 5 THEN
-    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 5',
+  IF v_version IS DISTINCT FROM 6 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 6',
       coalesce(v_version::text, 'none')
       USING ERRCODE = 'RL001';
   END IF;
@@ -128,9 +129,11 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   sweep_cursor text COLLATE "C" NOT NULL DEFAULT '',
   -- the latest instant a server was seen at (its sweeper's ticks): a server's start is a
   -- restart for the line (12.6) from here, or from the buckets' floors when later
-  alive_at bigint NOT NULL DEFAULT 0
+  alive_at bigint NOT NULL DEFAULT 0,
+  -- sweep()'s place in the token levels' keys (format 6; migrate/5-6.sql adds it)
+  level_cursor text COLLATE "C" NOT NULL DEFAULT ''
 );
-INSERT INTO __SCHEMA__.meta (version) VALUES (5) ON CONFLICT DO NOTHING;
+INSERT INTO __SCHEMA__.meta (version) VALUES (6) ON CONFLICT DO NOTHING;
 COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row), the sweep cursor and the latest instant seen';
 
 -- A bucket: the row every grant into it locks, its retention and its running totals.
@@ -245,8 +248,11 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.line (
   caller text COLLATE "C" NOT NULL,  -- tickets.caller (a throttled ticket yields)
   calls bigint NOT NULL,             -- its limit here: calls (0: no window), perMs (0: none),
   per_ms bigint NOT NULL,            -- its cost capped at calls (0 without a window) and
-  cost bigint NOT NULL,              -- concurrent (0: none)
-  conc bigint NOT NULL,
+  cost bigint NOT NULL,              -- concurrent (0: none); for a token bucket (section 13),
+  conc bigint NOT NULL,              -- calls 0, its perMs, its cost capped at burst, and
+  refill bigint NOT NULL DEFAULT 0,  -- its refill (0: no bucket), burst and initial
+  burst bigint NOT NULL DEFAULT 0,
+  initial bigint NOT NULL DEFAULT 0,
   PRIMARY KEY (bucket, num)
 );
 CREATE INDEX IF NOT EXISTS line_lapse ON __SCHEMA__.line (bucket, lapse_at);
@@ -278,6 +284,31 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.requests (
 );
 CREATE INDEX IF NOT EXISTS requests_until ON __SCHEMA__.requests (until);
 COMMENT ON TABLE __SCHEMA__.requests IS 'request ids (section 16): what the acquire each names got';
+
+-- Token buckets (wire section 13): a bucket key's level, as the engine's
+-- engine/token_bucket.rs keeps it: `units` of 1/unit_ms of a token at the instant `at` (below 0
+-- in debt), written under the figures refill per unit_ms up to burst, so a refill of `refill`
+-- tokens per unit_ms adds exactly `refill` units a millisecond and no rounding accumulates.
+-- forget_at is when it has stood full for its keeping time (an hour, or unit_ms when longer),
+-- if nothing else happens: from then on, while its bucket holds no place and no kept grant, it
+-- is forgotten (an acquire reads the request's initial), and sweep() deletes it, walking the
+-- keys from a cursor (meta.level_cursor). No index but the key's: every grant rewrites its
+-- row, and with no indexed column changed (and room on the page) that update is HOT. A level is
+-- written only by a transaction that writes its bucket row (a grant only if that row is
+-- unchanged since it read it, or under its lock; a settle and a refusal naming it under its
+-- lock), and read after that row, so a decision never misses a level written since its read.
+-- Arithmetic on levels is numeric: exact, as the engine's i128.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.levels (
+  key text COLLATE "C" PRIMARY KEY,  -- the bucket key
+  units bigint NOT NULL,             -- the level at `at`, in units of 1/unit_ms token
+  unit_ms bigint NOT NULL,           -- the perMs of the figures that wrote it
+  refill bigint NOT NULL,            -- the refill of the figures that wrote it
+  burst bigint NOT NULL,             -- the burst of the figures that wrote it
+  at bigint NOT NULL,                -- the instant it was written at
+  forget_at bigint NOT NULL          -- full at, plus its keeping time
+)
+WITH (fillfactor = 50);
+COMMENT ON TABLE __SCHEMA__.levels IS 'token bucket levels (section 13), exact, in units of 1/perMs token';
 
 ---------------------------------------------------------------------------------------------
 -- Helpers.
@@ -430,6 +461,190 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__._rate_retry(bigint, bigint, bigint, bigint, boolean, bigint) IS
   'retryAt of a rate refusal: when enough of the oldest grants have left the window';
 
+-- Token levels (wire section 13), the engine's engine/token_bucket.rs rule for rule. A level is
+-- passed as an array {units, unit_ms, refill, burst, at} (see table levels), NULL for none (a
+-- bucket never named, or forgotten: an acquire reads it at the request's initial); a request's
+-- figures as refill, per (its perMs), burst and initial. Arithmetic is numeric: exact.
+
+-- (These helpers are plpgsql, whose expressions keep their plans between calls: a SQL function
+-- that the planner does not inline is planned again at every call.)
+
+-- a / b rounded towards minus infinity, and a / b rounded up (a >= 0), for b > 0.
+CREATE OR REPLACE FUNCTION __SCHEMA__._floor_div(a numeric, b numeric) RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$ BEGIN RETURN CASE WHEN a < 0 AND mod(a, b) <> 0 THEN div(a, b) - 1 ELSE div(a, b) END; END $$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__._ceil_div(a numeric, b numeric) RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$ BEGIN RETURN div(a + b - 1, b); END $$;
+
+-- A numeric held in a bigint, clamped (a level is bounded far inside it: burst x perMs either
+-- side of 0).
+CREATE OR REPLACE FUNCTION __SCHEMA__._to_bigint(a numeric) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS
+$$ BEGIN RETURN greatest(least(a, 9223372036854775807), -9223372036854775808)::bigint; END $$;
+
+-- The level l at p_now read with the figures (p_refill, p_per, p_burst), in units of 1/p_per
+-- token (BucketLevel::units_at): the units kept, in those units (rounded down when l was
+-- written under another perMs: never fuller than it was), refilled since l.at up to burst; a
+-- level already above that burst (written under a larger one) is neither refilled nor cut.
+-- No level: p_initial tokens (level_units).
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_units(l bigint[], p_refill bigint, p_per bigint, p_burst bigint,
+                                                p_initial bigint, p_now bigint) RETURNS numeric
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$
+DECLARE
+  v_base numeric;
+  v_cap numeric := p_burst::numeric * p_per;
+BEGIN
+  IF l IS NULL THEN
+    RETURN p_initial::numeric * p_per;
+  END IF;
+  v_base := CASE WHEN l[2] = p_per THEN l[1]::numeric
+                 ELSE __SCHEMA__._floor_div(l[1]::numeric * p_per, l[2]) END;
+  IF v_base >= v_cap THEN
+    RETURN v_base;
+  END IF;
+  RETURN least(v_base + p_refill::numeric * greatest(p_now - l[5], 0), v_cap);
+END
+$$;
+
+-- The level of p_units (in units of 1/p_per token) at p_at, written under (p_refill, p_per,
+-- p_burst).
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_of(p_units numeric, p_refill bigint, p_per bigint, p_burst bigint,
+                                             p_at bigint) RETURNS bigint[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$ BEGIN RETURN ARRAY[__SCHEMA__._to_bigint(p_units), p_per, p_refill, p_burst, p_at]; END $$;
+
+-- Whether the figures (p_per, p_burst) read l above their burst (written under a larger one).
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_above(l bigint[], p_per bigint, p_burst bigint) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$
+BEGIN
+  RETURN l IS NOT NULL
+         AND CASE WHEN l[2] = p_per THEN l[1]::numeric
+                  ELSE __SCHEMA__._floor_div(l[1]::numeric * p_per, l[2]) END > p_burst::numeric * p_per;
+END
+$$;
+
+-- Rule B at p_now for a cost of p_cost: NULL when it fits, else the earliest whole millisecond
+-- at which the level, refilling, reaches min(cost, burst) (refused_until). A cost of 0 fits.
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_retry(l bigint[], p_refill bigint, p_per bigint, p_burst bigint,
+                                                p_initial bigint, p_cost bigint, p_now bigint) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$
+DECLARE
+  v_units numeric;
+  v_need numeric := least(p_cost, p_burst)::numeric * p_per;
+BEGIN
+  IF p_cost <= 0 THEN
+    RETURN NULL;
+  END IF;
+  v_units := __SCHEMA__._lv_units(l, p_refill, p_per, p_burst, p_initial, p_now);
+  IF v_units >= v_need THEN
+    RETURN NULL;
+  END IF;
+  RETURN __SCHEMA__._to_bigint(p_now + __SCHEMA__._ceil_div(v_need - v_units, p_refill));
+END
+$$;
+
+-- The level after a grant of p_cost at p_now (rule B checked): min(cost, burst) taken at the
+-- grant's instant. A level above the request's burst is taken from under the figures that
+-- wrote it, which go on refilling it (take).
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_take(l bigint[], p_refill bigint, p_per bigint, p_burst bigint,
+                                               p_initial bigint, p_cost bigint, p_now bigint) RETURNS bigint[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$
+BEGIN
+  IF __SCHEMA__._lv_above(l, p_per, p_burst) THEN
+    RETURN __SCHEMA__._lv_of(__SCHEMA__._lv_units(l, l[3], l[2], l[4], l[4], p_now)
+                             - least(p_cost, p_burst)::numeric * l[2], l[3], l[2], l[4], p_now);
+  END IF;
+  RETURN __SCHEMA__._lv_of(__SCHEMA__._lv_units(l, p_refill, p_per, p_burst, p_initial, p_now)
+                           - least(p_cost, p_burst)::numeric * p_per, p_refill, p_per, p_burst, p_now);
+END
+$$;
+
+-- The level after a settle at p_now of a grant made with (p_refill, p_per, p_burst) whose cost
+-- goes from p_old to p_new (each capped at burst): the difference goes back (never above
+-- burst, nor a level already above it cut) or is taken (the level may fall below 0). No level:
+-- a forgotten bucket was full (settle).
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_settle(l bigint[], p_refill bigint, p_per bigint, p_burst bigint,
+                                                 p_old bigint, p_new bigint, p_now bigint) RETURNS bigint[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$
+DECLARE
+  v_old numeric := least(p_old, p_burst);
+  v_new numeric := least(p_new, p_burst);
+  v_cap numeric := p_burst::numeric * p_per;
+  v_units numeric;
+BEGIN
+  IF __SCHEMA__._lv_above(l, p_per, p_burst) THEN
+    RETURN __SCHEMA__._lv_of(__SCHEMA__._lv_units(l, l[3], l[2], l[4], l[4], p_now)
+                             - greatest(v_new - v_old, 0) * l[2], l[3], l[2], l[4], p_now);
+  END IF;
+  v_units := CASE WHEN l IS NULL THEN v_cap ELSE __SCHEMA__._lv_units(l, p_refill, p_per, p_burst, p_burst, p_now) END;
+  v_units := CASE WHEN v_new < v_old THEN greatest(v_units, least(v_units + (v_old - v_new) * p_per, v_cap))
+                  ELSE v_units - (v_new - v_old) * p_per END;
+  RETURN __SCHEMA__._lv_of(v_units, p_refill, p_per, p_burst, p_now);
+END
+$$;
+
+-- The level in whole tokens at p_now (rounded down; negative in debt) as the figures that wrote
+-- it read it: what /state shows.
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_tokens(l bigint[], p_now bigint) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$ BEGIN RETURN __SCHEMA__._floor_div(__SCHEMA__._lv_units(l, l[3], l[2], l[4], l[4], p_now), l[2])::bigint; END $$;
+
+-- When l has stood full for its keeping time under the figures that wrote it, if nothing else
+-- happens (forget_at): full at, plus an hour or its perMs when longer (kept_full_ms).
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_forget_at(l bigint[]) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
+$$
+BEGIN
+  RETURN __SCHEMA__._to_bigint(l[5]::numeric
+           + greatest(__SCHEMA__._ceil_div(greatest(l[4]::numeric * l[2] - l[1], 0), l[3]), 0)
+           + greatest(l[2], 3600000));
+END
+$$;
+
+-- The level of bucket p_key at p_now, NULL when there is none or it is forgotten: it stood full
+-- for its keeping time and its bucket holds no place and no kept grant.
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_live(p_key text, p_now bigint) RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+  l record;
+  b record;
+BEGIN
+  SELECT lv.units, lv.unit_ms, lv.refill, lv.burst, lv.at, lv.forget_at INTO l
+    FROM __SCHEMA__.levels lv WHERE lv.key = p_key;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF l.forget_at <= p_now THEN
+    SELECT bk.id, bk.retain_ms, bk.pruned_to INTO b FROM __SCHEMA__.buckets bk WHERE bk.key = p_key;
+    IF NOT FOUND OR __SCHEMA__._idle(b.id, p_now, b.retain_ms, b.pruned_to, 0, 0, false) THEN
+      RETURN NULL;
+    END IF;
+  END IF;
+  RETURN ARRAY[l.units, l.unit_ms, l.refill, l.burst, l.at];
+END
+$$;
+
+-- Writes bucket p_key's level (its transaction writes or holds the bucket row: see levels).
+CREATE OR REPLACE FUNCTION __SCHEMA__._lv_write(p_key text, l bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS
+$$
+BEGIN
+  INSERT INTO __SCHEMA__.levels AS lv (key, units, unit_ms, refill, burst, at, forget_at)
+  VALUES (p_key, l[1], l[2], l[3], l[4], l[5], __SCHEMA__._lv_forget_at(l))
+  ON CONFLICT (key) DO UPDATE
+     SET units = excluded.units, unit_ms = excluded.unit_ms, refill = excluded.refill,
+         burst = excluded.burst, at = excluded.at, forget_at = excluded.forget_at;
+END
+$$;
+
 -- One limit's figures as in spec 9.1: used/remaining for a window, held/free for places.
 CREATE OR REPLACE FUNCTION __SCHEMA__._figure(p_key text, p_calls bigint, p_conc bigint,
                                               p_used bigint, p_held bigint)
@@ -446,27 +661,42 @@ COMMENT ON FUNCTION __SCHEMA__._figure(text, bigint, bigint, bigint, bigint) IS
   'one limit''s figures (used/remaining, held/free) as in spec 9.1';
 
 -- A refusal that names a live bucket with a longer perMs than its retention lengthens it
--- (rule 3): lock those rows in key order, check again under the lock, write.
+-- (rule 3), and one that names a token bucket with no level, whose initial is below its burst,
+-- creates its level at initial (section 13; a full one is what a bucket never named reads
+-- anyway): the rows are locked in key order (a token bucket's created if missing), checked
+-- again under the lock, and written.
 CREATE OR REPLACE FUNCTION __SCHEMA__._lengthen(req jsonb, p_now bigint, at_ms bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE AS
 $$
 DECLARE
   b record;
+  x record;
   v_now bigint;
 BEGIN
-  FOR b IN SELECT bk.*, x.per
-             FROM __SCHEMA__.buckets bk
-             JOIN (SELECT y.key, y."perMs" AS per
-                     FROM jsonb_to_recordset(coalesce(req->'limits', '[]')) AS y(key text, "perMs" bigint)
-                    WHERE y."perMs" IS NOT NULL) x ON bk.key = x.key
-            WHERE x.per > bk.retain_ms
-            ORDER BY bk.key
-              FOR UPDATE OF bk LOOP
+  FOR x IN SELECT y.key, y."perMs" AS per, y.refill, coalesce(y.burst, y.refill) AS burst,
+                  coalesce(y.initial, y.burst, y.refill) AS initial
+             FROM jsonb_to_recordset(coalesce(req->'limits', '[]'))
+                  AS y(key text, "perMs" bigint, refill bigint, burst bigint, initial bigint)
+            WHERE y."perMs" IS NOT NULL
+            ORDER BY y.key COLLATE "C" LOOP
+    IF x.refill IS NOT NULL THEN
+      CONTINUE WHEN x.initial >= x.burst OR __SCHEMA__._lv_live(x.key, p_now) IS NOT NULL;
+      INSERT INTO __SCHEMA__.buckets AS bk (key) VALUES (x.key)
+      ON CONFLICT (key) DO UPDATE SET key = excluded.key WHERE false;
+      SELECT greatest(p_now, bk.floor_ms) INTO v_now FROM __SCHEMA__.buckets bk WHERE bk.key = x.key;
+      CONTINUE WHEN __SCHEMA__._lv_live(x.key, v_now) IS NOT NULL;
+      PERFORM __SCHEMA__._lv_write(x.key, __SCHEMA__._lv_of(x.initial::numeric * x.per, x.refill, x.per,
+                                                            x.burst, v_now));
+      UPDATE __SCHEMA__.buckets SET floor_ms = greatest(floor_ms, v_now) WHERE key = x.key;
+      CONTINUE;
+    END IF;
+    SELECT bk.* INTO b FROM __SCHEMA__.buckets bk WHERE bk.key = x.key AND x.per > bk.retain_ms FOR UPDATE;
     -- (a bucket deleted meanwhile was idle: nothing to keep)
+    CONTINUE WHEN NOT FOUND;
     v_now := greatest(p_now, coalesce(at_ms, __SCHEMA__._clock_ms()), b.floor_ms);
     CONTINUE WHEN __SCHEMA__._idle(b.id, v_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen);
     UPDATE __SCHEMA__.buckets
-       SET retain_ms = b.per,
+       SET retain_ms = x.per,
            pruned_to = CASE WHEN b.retain_ms > 0 THEN greatest(b.pruned_to, v_now - b.retain_ms)
                             ELSE b.pruned_to END,
            floor_ms = v_now
@@ -482,9 +712,11 @@ COMMENT ON FUNCTION __SCHEMA__._lengthen(jsonb, bigint, bigint) IS
 -- point and decides the common case with fewer statements.
 --
 -- req:  {"key": caller, "holdMs": n, "permit": bool,
---        "limits": [{"key", "calls"?, "perMs"?, "concurrent"?, "cost", "holdMs"}]}
+--        "limits": [{"key", "calls"?, "refill"?, "perMs"?, "burst"?, "initial"?, "concurrent"?,
+--                    "cost", "holdMs"}]}
 --       (validated, defaults filled in; a limit's cost and holdMs may also be left out, then
---        the request's cost (default 1) and holdMs (default 600000) apply)
+--        the request's cost (default 1) and holdMs (default 600000) apply; a limit with refill
+--        is a token bucket, section 13, whose level lives in table levels)
 -- mode: 'acquire', 'report' (acquire + now + figures) or 'peek' (decide, change nothing)
 -- recheck_ms: a concurrency refusal's retryAt is at most now + recheck_ms
 -- permit_id:  used only on a grant that holds a place or whose request asked for a permit
@@ -493,8 +725,8 @@ COMMENT ON FUNCTION __SCHEMA__._lengthen(jsonb, bigint, bigint) IS
 --          peek:    {"fits": true|false[, "retryAt", "reason", "limit"], "now", "limits"}
 --
 -- Pass 1 decides on a snapshot, without locks: per limit one read of the bucket row, one probe
--- of its window (which also finds the rate retryAt) and one of its places, plus the caller's
--- throttle. A refusal or peek returns from there: it reads, locks nothing, writes nothing.
+-- of its window (which also finds the rate retryAt) and one of its places (for a token bucket,
+-- one read of its level, after the bucket rows), plus the caller's throttle. A refusal or peek returns from there: it reads, locks nothing, writes nothing.
 -- A grant that writes one existing bucket row writes it with UPDATE ... WHERE xmin = the
 -- snapshot's: the UPDATE takes the row lock and, under READ COMMITTED, re-checks the
 -- condition on the row's latest version, so it succeeds only when nobody changed the row
@@ -521,6 +753,11 @@ DECLARE
   -- the request, per limit
   lk text[]; lcalls bigint[]; lper bigint[]; lconc bigint[]; lcost bigint[]; lhold bigint[];
   v_any_conc boolean := false;
+  -- a token bucket's figures (lref NULL: no bucket), its perMs (lper is NULL then: no window),
+  -- its cost capped at burst, and its level as read (text of the level's array; NULL: none)
+  lref bigint[]; lbper bigint[]; lburst bigint[]; linit bigint[]; ltok bigint[]; llv text[];
+  v_lv bigint[];
+  v_name boolean;
   -- the bucket rows read, per limit (bid NULL: no such bucket)
   b record;
   bid bigint[]; br bigint[]; bw bigint[]; btot bigint[]; bdtot bigint[]; bfen boolean[];
@@ -569,6 +806,15 @@ BEGIN
                      ELSE least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lcalls[i]) END;
     lhold[i] := coalesce((e->>'holdMs')::bigint, (req->>'holdMs')::bigint, 600000);
     v_any_conc := v_any_conc OR lconc[i] IS NOT NULL;
+    lref[i] := (e->>'refill')::bigint;
+    ltok[i] := 0;
+    IF lref[i] IS NOT NULL THEN
+      lbper[i] := lper[i];
+      lper[i] := NULL;
+      lburst[i] := coalesce((e->>'burst')::bigint, lref[i]);
+      linit[i] := coalesce((e->>'initial')::bigint, lburst[i]);
+      ltok[i] := least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lburst[i]);
+    END IF;
   END LOOP;
 
   FOR v_pass IN 1 .. 2 LOOP
@@ -601,10 +847,22 @@ BEGIN
     v_reason := CASE WHEN v_refused THEN 'throttle' END;
     v_lim := CASE WHEN v_refused THEN v_caller END;
     v_grow := false;
+    v_name := false;
     FOR i IN 1 .. n LOOP
       used[i] := CASE WHEN lcalls[i] IS NOT NULL THEN 0 END;
       held[i] := CASE WHEN lconc[i] IS NOT NULL THEN 0 END;
       grow[i] := false;
+      IF lref[i] IS NOT NULL THEN
+        -- Rule B (section 13): the level read after the bucket row (so a grant written only if
+        -- the row is unchanged never misses a level written since); none reads initial.
+        llv[i] := __SCHEMA__._lv_live(lk[i], v_now)::text;
+        v_rate := __SCHEMA__._lv_retry(llv[i]::bigint[], lref[i], lbper[i], lburst[i], linit[i], ltok[i], v_now);
+        IF v_rate IS NOT NULL AND (NOT v_refused OR v_rate > v_retry) THEN
+          v_refused := true; v_retry := v_rate; v_reason := 'rate'; v_lim := lk[i];
+        END IF;
+        -- first named with a level below its burst: created at initial, granted or refused
+        v_name := v_name OR (llv[i] IS NULL AND linit[i] < lburst[i]);
+      END IF;
       CONTINUE WHEN bid[i] IS NULL;  -- a bucket that does not exist has room
       IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_figures) THEN
         -- The cost counting under this request's window (one probe, + the Fenwick tree if
@@ -659,6 +917,17 @@ BEGIN
         v_fig := v_fig || jsonb_build_array(__SCHEMA__._figure(lk[i], lcalls[i], lconc[i],
           used[i] + CASE WHEN mode = 'report' AND NOT v_refused THEN lcost[i] ELSE 0 END,
           held[i] + CASE WHEN mode = 'report' AND NOT v_refused THEN 1 ELSE 0 END));
+        IF lref[i] IS NOT NULL THEN
+          -- a bucket's level in whole tokens (rounded down; negative in debt), after the grant
+          -- for a report
+          v_lv := CASE WHEN mode = 'report' AND NOT v_refused AND ltok[i] > 0
+                       THEN __SCHEMA__._lv_take(llv[i]::bigint[], lref[i], lbper[i], lburst[i], linit[i], ltok[i], v_now)
+                       ELSE llv[i]::bigint[] END;
+          v_fig := jsonb_set(v_fig, ARRAY[(i - 1)::text], (v_fig->(i - 1)) || jsonb_build_object(
+            'level', __SCHEMA__._floor_div(__SCHEMA__._lv_units(v_lv, lref[i], lbper[i], lburst[i], linit[i], v_now),
+                                           lbper[i])::bigint,
+            'burst', lburst[i]));
+        END IF;
       END LOOP;
     END IF;
 
@@ -671,8 +940,9 @@ BEGIN
     END IF;
 
     IF v_refused THEN
-      -- Nothing written, unless the refusal lengthens the retention of a live bucket.
-      IF v_grow THEN
+      -- Nothing written, unless the refusal lengthens the retention of a live bucket or names
+      -- a token bucket for the first time.
+      IF v_grow OR v_name THEN
         PERFORM __SCHEMA__._lengthen(req, v_now, at_ms);
       END IF;
       v_reply := jsonb_build_object('granted', false, 'retryAt', v_retry, 'reason', v_reason,
@@ -690,7 +960,9 @@ BEGIN
     v_keys := NULL;
     FOR i IN 1 .. n LOOP
       v_need[i] := lcost[i] > 0 OR lconc[i] IS NOT NULL OR grow[i]
-                   OR (lcalls[i] IS NOT NULL AND v_permit IS NOT NULL);
+                   OR (lcalls[i] IS NOT NULL AND v_permit IS NOT NULL)
+                   OR (lref[i] IS NOT NULL AND (ltok[i] > 0 OR v_permit IS NOT NULL
+                                                OR (llv[i] IS NULL AND linit[i] < lburst[i])));
       IF v_need[i] THEN
         v_nneed := v_nneed + 1;
         v_one := i;
@@ -785,6 +1057,24 @@ BEGIN
              floor_ms = greatest(bk.floor_ms, v_now), last_calls = v_calls, last_concurrent = v_conc
        WHERE bk.key = lk[i];
     END IF;
+    IF lref[i] IS NOT NULL THEN
+      -- Rule B: the grant takes min(cost, burst) from the level at its instant; a cost of 0
+      -- names the bucket (at initial, when below its burst and no level lives).
+      IF ltok[i] > 0 THEN
+        PERFORM __SCHEMA__._lv_write(lk[i], __SCHEMA__._lv_take(llv[i]::bigint[], lref[i], lbper[i], lburst[i],
+                                                                linit[i], ltok[i], v_now));
+      ELSIF llv[i] IS NULL AND linit[i] < lburst[i] THEN
+        PERFORM __SCHEMA__._lv_write(lk[i], __SCHEMA__._lv_of(linit[i]::numeric * lbper[i], lref[i], lbper[i],
+                                                              lburst[i], v_now));
+      ELSIF llv[i] IS NULL THEN
+        -- a level forgotten and not yet swept stays forgotten: a place held now must not keep it
+        DELETE FROM __SCHEMA__.levels lv WHERE lv.key = lk[i];
+      END IF;
+      IF v_permit IS NOT NULL THEN
+        v_windows := v_windows || jsonb_build_array(jsonb_build_object(
+          'k', lk[i], 'refill', lref[i], 'per', lbper[i], 'burst', lburst[i], 'cost', ltok[i]));
+      END IF;
+    END IF;
     IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_permit IS NOT NULL) THEN
       IF v_seq <> bseq[i] THEN
         -- a new millisecond in the bucket (no row can exist at or after it): a plain insert
@@ -866,7 +1156,8 @@ DECLARE
   v_try integer;
   v_clock bigint;
 BEGIN
-  IF mode <> 'acquire' OR jsonb_array_length(v_l) <> 1 OR (req->>'permit')::boolean THEN
+  IF mode <> 'acquire' OR jsonb_array_length(v_l) <> 1 OR (req->>'permit')::boolean OR (v_l->0) ? 'refill' THEN
+    -- (a token bucket, section 13, is decided by the general path)
     RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
   END IF;
   v_l := v_l->0;
@@ -1179,9 +1470,17 @@ COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
 --   tickets ahead want come back (or as the first ticket that holds is told: its retryAt; a
 --   millisecond on while it is due; a recheck on once it is late), at most a recheck on.
 -- One pass over the tickets ahead (one index read in order) and over the bucket's grants.
+-- A token bucket (section 13; p_refill, p_per, p_burst, p_initial, NULL where the limit has
+-- none) is asked the same of its level: each ticket naming it as one is reserved the earliest
+-- instant, no sooner than the one before, at which the level (refilling with the ticket's own
+-- figures, the costs reserved before it taken at their instants) reaches its min(cost, burst);
+-- the request backfills where the level left at each reservation still covers its own cost,
+-- and is otherwise told its own earliest instant behind them.
+DROP FUNCTION IF EXISTS __SCHEMA__._line_refusal(text, bigint, bigint, bigint, bigint, bigint, bigint, bigint);
 CREATE OR REPLACE FUNCTION __SCHEMA__._line_refusal(p_key text, p_now bigint, p_mine bigint,
                                                     p_calls bigint, p_per bigint, p_cost bigint,
-                                                    p_conc bigint, p_recheck bigint)
+                                                    p_conc bigint, p_recheck bigint, p_refill bigint,
+                                                    p_burst bigint, p_initial bigint)
 RETURNS bigint
 LANGUAGE plpgsql STABLE AS
 $$
@@ -1189,6 +1488,15 @@ DECLARE
   b record;
   q record;
   v_cost bigint := CASE WHEN p_calls IS NULL THEN 0 ELSE least(coalesce(p_cost, 0), p_calls) END;
+  v_tok bigint := CASE WHEN p_refill IS NULL THEN 0 ELSE least(coalesce(p_cost, 0), p_burst) END;
+  -- the token reservations: the level after the last one (NULL: none, read at each initial)
+  -- and its instant (at first, now); read once the first time it is needed
+  v_lv bigint[];
+  v_lv_at bigint;
+  v_lv_read boolean := false;
+  v_units numeric;
+  v_needed numeric;
+  v_until bigint;
   v_backfills boolean := p_conc IS NULL;
   v_wanting bigint := 0;
   v_first bigint;
@@ -1209,7 +1517,7 @@ BEGIN
   IF NOT FOUND OR b.queued <= 0 THEN
     RETURN NULL;
   END IF;
-  IF v_backfills AND v_cost = 0 THEN
+  IF v_backfills AND v_cost = 0 AND v_tok = 0 THEN
     RETURN NULL;  -- no place and no cost: it delays no one
   END IF;
   -- The tickets that hold, in order, then (me) the request itself: its own reserved instant
@@ -1217,13 +1525,14 @@ BEGIN
   FOR q IN
     SELECT * FROM (
       SELECT * FROM (
-        SELECT false AS me, l.num, l.calls, l.per_ms, l.cost, l.conc FROM __SCHEMA__.line l
+        SELECT false AS me, l.num, l.calls, l.per_ms, l.cost, l.conc, l.refill, l.burst, l.initial
+          FROM __SCHEMA__.line l
          WHERE l.bucket = p_key AND l.num < coalesce(p_mine, 9223372036854775807)
            AND l.lapse_at + 0 > p_now  -- (read in number order: on the primary key, not line_lapse)
            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.throttles th WHERE th.key = l.caller AND th.until > p_now)
          ORDER BY l.num) h
       UNION ALL
-      SELECT true, NULL, coalesce(p_calls, 0), coalesce(p_per, 0), v_cost, coalesce(p_conc, 0)) x
+      SELECT true, NULL, coalesce(p_calls, 0), coalesce(p_per, 0), v_cost, coalesce(p_conc, 0), 0, 0, 0) x
   LOOP
     IF q.me THEN
       EXIT WHEN v_first IS NULL OR v_backfills OR v_cost = 0;
@@ -1231,6 +1540,27 @@ BEGIN
       v_first := coalesce(v_first, q.num);
       IF q.conc > 0 THEN
         v_wanting := v_wanting + 1;
+      END IF;
+      IF q.refill > 0 AND q.cost > 0 AND (v_backfills OR v_tok > 0) THEN
+        -- Reserved in the level (Reservations::reserve): its earliest instant, and what it leaves.
+        IF NOT v_lv_read THEN
+          v_lv := __SCHEMA__._lv_live(p_key, p_now);
+          v_lv_at := p_now;
+          v_lv_read := true;
+        END IF;
+        v_units := __SCHEMA__._lv_units(v_lv, q.refill, q.per_ms, q.burst, q.initial, v_lv_at);
+        v_needed := least(q.cost, q.burst)::numeric * q.per_ms;
+        IF v_units < v_needed THEN
+          v_until := __SCHEMA__._to_bigint(v_lv_at + __SCHEMA__._ceil_div(v_needed - v_units, q.refill));
+          v_units := __SCHEMA__._lv_units(__SCHEMA__._lv_of(v_units, q.refill, q.per_ms, q.burst, v_lv_at),
+                                          q.refill, q.per_ms, q.burst, q.initial, v_until);
+          v_lv_at := v_until;
+        END IF;
+        v_lv := __SCHEMA__._lv_of(v_units - v_needed, q.refill, q.per_ms, q.burst, v_lv_at);
+        -- This request's take now lowers the level there by at most its cost.
+        IF v_backfills AND v_tok > 0 AND __SCHEMA__._floor_div(v_units - v_needed, q.per_ms) < v_tok THEN
+          v_backfills := false;
+        END IF;
       END IF;
       CONTINUE WHEN q.calls = 0 OR q.cost = 0;
       -- reservations matter only to a backfill, or to a reserved instant of its own
@@ -1294,6 +1624,15 @@ BEGIN
     RETURN NULL;
   END IF;
   v_at := greatest(p_now + 1, coalesce(v_at, p_now + 1));
+  IF v_tok > 0 THEN
+    -- its own earliest instant in the level, behind the reservations
+    IF NOT v_lv_read THEN
+      v_lv := __SCHEMA__._lv_live(p_key, p_now);
+      v_lv_at := p_now;
+    END IF;
+    v_at := greatest(v_at, v_lv_at, coalesce(__SCHEMA__._lv_retry(v_lv, p_refill, p_per, p_burst, p_initial, v_tok,
+                                                                   v_lv_at), v_lv_at));
+  END IF;
   IF p_conc IS NOT NULL THEN
     -- Once enough held places have lapsed for every ticket ahead that wants one and for it,
     -- or else as the first ticket that holds is told; at most a recheck on.
@@ -1315,7 +1654,8 @@ BEGIN
   RETURN v_at;
 END
 $$;
-COMMENT ON FUNCTION __SCHEMA__._line_refusal(text, bigint, bigint, bigint, bigint, bigint, bigint, bigint) IS
+COMMENT ON FUNCTION __SCHEMA__._line_refusal(text, bigint, bigint, bigint, bigint, bigint, bigint, bigint, bigint,
+                                             bigint, bigint) IS
   'rule Q in one bucket as section 12.9 bounds it: NULL when the line lets the limit through, else its instant';
 
 -- Rule Q and the tickets. The ticket presented is read first (a live one bound to another
@@ -1352,6 +1692,7 @@ DECLARE
   i integer;
   e jsonb;
   lk text[]; lcalls bigint[]; lper bigint[]; lcost bigint[]; lconc bigint[];
+  lref bigint[]; lburst bigint[]; linit bigint[];
   v_key text;
   v_now bigint;
   t record;
@@ -1385,8 +1726,15 @@ BEGIN
     lcalls[i] := (e->>'calls')::bigint;
     lper[i] := (e->>'perMs')::bigint;
     lconc[i] := (e->>'concurrent')::bigint;
-    lcost[i] := CASE WHEN lcalls[i] IS NULL THEN 0
-                     ELSE least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lcalls[i]) END;
+    lref[i] := (e->>'refill')::bigint;
+    lburst[i] := coalesce((e->>'burst')::bigint, lref[i]);
+    linit[i] := coalesce((e->>'initial')::bigint, lburst[i]);
+    -- the cost counted: capped at calls, or at a token bucket's burst
+    lcost[i] := CASE WHEN lcalls[i] IS NOT NULL
+                     THEN least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lcalls[i])
+                     WHEN lref[i] IS NOT NULL
+                     THEN least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lburst[i])
+                     ELSE 0 END;
   END LOOP;
   IF req ? 'ticket' THEN
     SELECT * INTO t FROM __SCHEMA__.tickets WHERE ticket = req->>'ticket';
@@ -1429,7 +1777,8 @@ BEGIN
     v_lat := NULL;
     v_lidx := NULL;
     FOR i IN 1 .. n LOOP
-      v_at := __SCHEMA__._line_refusal(lk[i], v_now, v_mine, lcalls[i], lper[i], lcost[i], lconc[i], recheck_ms);
+      v_at := __SCHEMA__._line_refusal(lk[i], v_now, v_mine, lcalls[i], lper[i], lcost[i], lconc[i], recheck_ms,
+                                       lref[i], lburst[i], linit[i]);
       IF v_at IS NOT NULL AND (v_lat IS NULL OR v_at > v_lat) THEN
         v_lat := v_at;
         v_lidx := i - 1;
@@ -1455,7 +1804,8 @@ BEGIN
              AND (v_lidx < v_oidx OR (v_lidx = v_oidx AND v_reason = 'concurrency'))) THEN
         v_refused := true;
         v_retry := v_lat;
-        v_reason := CASE WHEN lcalls[v_lidx + 1] IS NOT NULL THEN 'rate' ELSE 'concurrency' END;
+        v_reason := CASE WHEN lcalls[v_lidx + 1] IS NOT NULL OR lref[v_lidx + 1] IS NOT NULL THEN 'rate'
+                         ELSE 'concurrency' END;
         v_limit := lk[v_lidx + 1];
       END IF;
     END IF;
@@ -1535,9 +1885,11 @@ BEGIN
           VALUES (v_num, v_ticket, req->>'key', __SCHEMA__._bound(req), lk, v_retry, v_lapse, v_grace,
                   v_now, v_now + v_horizon);
           FOR i IN 1 .. n LOOP
-            INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc)
+            INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc, refill,
+                                         burst, initial)
             VALUES (lk[i], v_num, v_lapse, req->>'key', coalesce(lcalls[i], 0), coalesce(lper[i], 0),
-                    lcost[i], coalesce(lconc[i], 0));
+                    lcost[i], coalesce(lconc[i], 0), coalesce(lref[i], 0), coalesce(lburst[i], 0),
+                    coalesce(linit[i], 0));
           END LOOP;
           UPDATE __SCHEMA__.buckets SET queued = queued + 1, floor_ms = greatest(floor_ms, v_now)
            WHERE key = ANY (lk);
@@ -1782,8 +2134,11 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_windows(boolean, text[], bigint[], bigin
 -- {"windows": the shares with their new costs, "changed": whether a window counts otherwise}.
 -- A share whose bucket was forgotten and created again since the grant ("b" another id; a share
 -- without "b", a request id's, is settled in the bucket of its key, as the engine settles it),
--- whose grant row is gone or has left the bucket's kept window, changes nothing there. A settle
--- down in a bucket with a line wakes it (_wake).
+-- whose grant row is gone or has left the bucket's kept window, changes nothing there. A token
+-- bucket's share ({"k", "refill", "per", "burst", "cost"}, section 13) takes its cost capped at
+-- burst, and the difference goes back into its level (never above burst) or is taken from it
+-- (below 0 in debt), whatever became of the bucket since. A settle down in a bucket with a line
+-- wakes it (_wake).
 CREATE OR REPLACE FUNCTION __SCHEMA__._settle_grant(p_at bigint, p_windows jsonb, costs jsonb,
                                                     p_clock bigint)
 RETURNS jsonb
@@ -1804,17 +2159,46 @@ DECLARE
   v_w bigint;
   v_changed boolean := false;
   v_wake text[] := '{}';
+  v_key text;
+  v_queued bigint;
 BEGIN
   SELECT array_agg(x.key ORDER BY x.key COLLATE "C") INTO v_keys
     FROM jsonb_to_recordset(costs) AS x(key text);
-  -- Lock the buckets in key order (the same order as acquire).
-  PERFORM 1 FROM __SCHEMA__.buckets WHERE key = ANY (v_keys) ORDER BY key FOR UPDATE;
+  -- Lock the buckets in key order (the same order as acquire). A token bucket's row is created
+  -- when missing: its level is written under that lock.
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_windows) w WHERE w ? 'refill') THEN
+    FOR v_key IN SELECT k FROM unnest(v_keys) AS k ORDER BY k COLLATE "C" LOOP
+      IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_windows) w WHERE w->>'k' = v_key AND w ? 'refill') THEN
+        INSERT INTO __SCHEMA__.buckets AS bk (key) VALUES (v_key)
+        ON CONFLICT (key) DO UPDATE SET key = excluded.key WHERE false;
+      ELSE
+        PERFORM 1 FROM __SCHEMA__.buckets WHERE key = v_key FOR UPDATE;
+      END IF;
+    END LOOP;
+  ELSE
+    PERFORM 1 FROM __SCHEMA__.buckets WHERE key = ANY (v_keys) ORDER BY key FOR UPDATE;
+  END IF;
   SELECT greatest(p_clock, p_at, max(floor_ms)) INTO v_now
     FROM __SCHEMA__.buckets WHERE key = ANY (v_keys);
   FOR e IN SELECT x.key, x.cost FROM jsonb_to_recordset(costs) AS x(key text, cost bigint) LOOP
     SELECT w.value, w.ord::integer - 1 INTO v_win, v_pos
       FROM jsonb_array_elements(v_windows) WITH ORDINALITY AS w(value, ord)
      WHERE w.value->>'k' = e.key;
+    IF v_win ? 'refill' THEN
+      v_new := least(e.cost, (v_win->>'burst')::bigint);
+      CONTINUE WHEN v_new = (v_win->>'cost')::bigint;
+      v_windows := jsonb_set(v_windows, ARRAY[v_pos::text, 'cost'], to_jsonb(v_new));
+      PERFORM __SCHEMA__._lv_write(e.key, __SCHEMA__._lv_settle(__SCHEMA__._lv_live(e.key, v_now),
+        (v_win->>'refill')::bigint, (v_win->>'per')::bigint, (v_win->>'burst')::bigint,
+        (v_win->>'cost')::bigint, v_new, v_now));
+      UPDATE __SCHEMA__.buckets SET floor_ms = greatest(floor_ms, v_now) WHERE key = e.key
+      RETURNING queued INTO v_queued;
+      v_changed := true;
+      IF v_new < (v_win->>'cost')::bigint AND v_queued > 0 THEN
+        v_wake := v_wake || e.key;  -- tokens came back where tickets wait
+      END IF;
+      CONTINUE;
+    END IF;
     v_new := least(e.cost, (v_win->>'calls')::bigint);
     v_d := v_new - (v_win->>'cost')::bigint;
     v_windows := jsonb_set(v_windows, ARRAY[v_pos::text, 'cost'], to_jsonb(v_new));
@@ -2039,12 +2423,17 @@ BEGIN
          CASE WHEN x.g THEN (v_reply->>'at')::bigint END,
          x.permit,
          CASE WHEN x.g AND x.permit IS NULL THEN
-           (SELECT coalesce(jsonb_agg(jsonb_build_object(
+           (SELECT coalesce(jsonb_agg(CASE WHEN l.v ? 'refill' THEN jsonb_build_object(
+                     'k', l.v->'key', 'refill', l.v->'refill', 'per', l.v->'perMs',
+                     'burst', coalesce(l.v->'burst', l.v->'refill'),
+                     'cost', least(coalesce((l.v->>'cost')::bigint, (req->>'cost')::bigint, 1),
+                                   coalesce((l.v->>'burst')::bigint, (l.v->>'refill')::bigint)))
+                   ELSE jsonb_build_object(
                      'k', l.v->'key', 'calls', l.v->'calls', 'per', l.v->'perMs',
                      'cost', least(coalesce((l.v->>'cost')::bigint, (req->>'cost')::bigint, 1),
-                                   (l.v->>'calls')::bigint)) ORDER BY l.ord), '[]'::jsonb)
+                                   (l.v->>'calls')::bigint)) END ORDER BY l.ord), '[]'::jsonb)
               FROM jsonb_array_elements(req->'limits') WITH ORDINALITY AS l(v, ord)
-             WHERE l.v ? 'calls') END,
+             WHERE l.v ? 'calls' OR l.v ? 'refill') END,
          v_reply->>'ticket', (v_reply->>'retryAt')::bigint, v_reply->>'reason', v_reply->>'limit',
          (v_reply->>'lapseAt')::bigint
     FROM (SELECT (v_reply->>'granted')::boolean AS g, v_reply->>'permit' AS permit) x
@@ -2180,7 +2569,9 @@ COMMENT ON FUNCTION __SCHEMA__.lift(text, bigint) IS 'lift a throttle in force (
 --             with a cost, or NULL), held (places), next_lapse (or NULL);
 --   kind 'p': a permit: key (its id), lapse, place_keys and place_lapses (the places still
 --             held in buckets under prefix, in the grant's order);
---   kind 't': a throttle: key, lapse (its until).
+--   kind 't': a throttle: key, lapse (its until);
+--   kind 'l': a token bucket's level (section 13): key, window_used (its level in whole tokens),
+--             calls (its burst).
 -- Each kind is one statement walking its primary key in order from `after` (keyset
 -- pagination): what it reads grows with the page, never with the table beyond it, a few
 -- index probes per row.
@@ -2275,6 +2666,19 @@ BEGIN
           ORDER BY ln.num LIMIT 1) f
    WHERE b.n > 0
    ORDER BY b.key
+   LIMIT lim + 1;
+
+  -- Each token bucket's level that lives (section 13): the level in whole tokens (in
+  -- window_used; negative in debt) and its burst (in calls). The server merges these rows into
+  -- the buckets' by key, as it does the lines'.
+  RETURN QUERY
+  SELECT 'l'::text, lv.key, v_now, __SCHEMA__._lv_tokens(ARRAY[lv.units, lv.unit_ms, lv.refill, lv.burst, lv.at], v_now),
+         lv.burst, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+         NULL::text[], NULL::bigint[]
+    FROM __SCHEMA__.levels lv
+   WHERE lv.key > v_after AND lv.key >= v_prefix AND lv.key < v_end AND starts_with(lv.key, v_prefix)
+     AND (lv.forget_at > v_now OR __SCHEMA__._lv_live(lv.key, v_now) IS NOT NULL)
+   ORDER BY lv.key
    LIMIT lim + 1;
 
   RETURN QUERY
@@ -2388,6 +2792,30 @@ BEGIN
   SELECT count(*) INTO v_k FROM gone;
   v_done := v_done + v_k;
 
+  -- Token levels forgotten (section 13): full for their keeping time, their bucket holding no
+  -- place and no kept grant; `batch` levels visited from the cursor in meta. (A level written
+  -- since is no longer due: the lock re-reads it; one locked by a request is skipped.)
+  SELECT m.level_cursor INTO v_cursor FROM __SCHEMA__.meta m;
+  v_last := v_cursor;
+  FOR c IN SELECT lv.key, lv.forget_at FROM __SCHEMA__.levels lv
+            WHERE lv.key > v_cursor ORDER BY lv.key LIMIT batch LOOP
+    v_seen := v_seen + 1;
+    v_last := c.key;
+    CONTINUE WHEN c.forget_at > v_now OR __SCHEMA__._lv_live(c.key, v_now) IS NOT NULL;
+    DELETE FROM __SCHEMA__.levels lv
+     WHERE lv.key IN (SELECT x.key FROM __SCHEMA__.levels x WHERE x.key = c.key AND x.forget_at <= v_now
+                         FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_k = ROW_COUNT;
+    v_done := v_done + v_k;
+  END LOOP;
+  IF v_seen < batch THEN
+    v_last := '';  -- reached the last key: start from the first one next time
+  END IF;
+  IF v_last <> v_cursor THEN
+    UPDATE __SCHEMA__.meta SET level_cursor = v_last;
+  END IF;
+  v_seen := 0;
+
   -- Buckets, from the cursor.
   SELECT m.sweep_cursor INTO v_cursor FROM __SCHEMA__.meta m;
   v_last := v_cursor;
@@ -2457,7 +2885,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint, bigint) IS
-  'delete lapsed permits, passed throttles, request ids past their time, grants past retention and idle buckets, in batches';
+  'delete lapsed permits, passed throttles, request ids past their time, forgotten token levels, grants past retention and idle buckets, in batches';
 
 -- Tickets lapsed by at_ms (less margin_ms) leave their lines, at most batch of them: counted
 -- out of each line under its bucket row's lock, the buckets taken in key order once for the

@@ -37,6 +37,12 @@
 //! {id}` is `undo()`. Every other request is sent as before and never reads the table. The digest
 //! of the params a retry must repeat is the engine's own ([`redb_limiter::engine::params_digest`]).
 //!
+//! Token buckets (wire section 13) live in the database too (table `levels`: each bucket's level
+//! in the engine's exact units, at its instant): `acquire()` judges rule B, takes a grant's cost,
+//! settles a permit's or an id's share and reserves the line's tickets through a bucket as the
+//! engine does, under the same bucket row lock as a window; a request naming a bucket never takes
+//! the one-statement paths or the batch.
+//!
 //! Wake-ups (wire section 15) are `wakes.rs`: `/wait` asks the database's `wait_check()` how its
 //! tickets stand (one round trip for all of them), and every change that can make a ticket ready
 //! notifies (`pg_notify`, delivered at commit) the keys it freed to every server, each of which
@@ -101,7 +107,7 @@ const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// [`batch`]); `__SCHEMA__` as above.
 const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 /// The steps from each earlier format version to the next: `MIGRATIONS[i]` takes a schema of
 /// version `i + 1` to version `i + 2` (`sql/migrate/N-M.sql`; `__SCHEMA__` as above). Each
 /// runs in its own transaction under the schema's advisory lock and does nothing unless the
@@ -111,6 +117,7 @@ const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [
     include_str!("../sql/migrate/2-3.sql"),
     include_str!("../sql/migrate/3-4.sql"),
     include_str!("../sql/migrate/4-5.sql"),
+    include_str!("../sql/migrate/5-6.sql"),
 ];
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
@@ -535,7 +542,7 @@ impl PgLimiter {
     /// Decides an acquire (with the figures after it when the request asked for a report); a
     /// grant is answered only once the database committed it.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
-        no_buckets(&req)?;
+        no_ceilings(&req)?;
         let result = match windows_only(&req) {
             Some([limit]) => self.acquire_window_grouped(&req, limit).await,
             Some(_) => self.acquire_windows(&req).await,
@@ -731,7 +738,7 @@ impl PgLimiter {
     /// Decides as an acquire would at the same instant and changes nothing (a request named by
     /// an id answered before: as it would be answered again).
     pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
-        no_buckets(&req)?;
+        no_ceilings(&req)?;
         let body = request_json(&req, self.options.line_horizon_ms);
         let recheck_ms = to_i64(self.options.recheck_ms);
         let reply: Value = match req.id.as_deref() {
@@ -1056,16 +1063,10 @@ impl Backend for PgLimiter {
 /// The limits of a request that `sql/acquire_window.sql` (one) or `sql/acquire_windows.sql`
 /// (more) decides: an acquire (no report, no permit, no `queue`, `ticket` or `id`) of window
 /// limits only, each with a cost above 0. Those statements leave a bucket with a line to
-/// `acquire()`.
-/// Token buckets (section 13) are not kept in the database yet: a limit with `refill` is a
-/// `bad_request` naming it, never read as something else.
-fn no_buckets(req: &AcquireRequest) -> Result<(), LimiterError> {
-    if let Some(i) = req.limits.iter().position(|l| l.bucket.is_some()) {
-        return Err(LimiterError::BadRequest(redb_limiter::BadRequest(format!(
-            "limits[{i}].refill: token buckets are not served in PostgreSQL mode yet; use a window (calls and perMs)"
-        ))));
-    }
-    // Nor adaptive ceilings (section 14): `adapt` is refused naming it, never ignored.
+/// `acquire()`; a token bucket (section 13) never reaches them: `acquire()` decides it.
+/// Adaptive ceilings (section 14) are not kept in the database yet: `adapt` is refused naming
+/// it, never ignored.
+fn no_ceilings(req: &AcquireRequest) -> Result<(), LimiterError> {
     match req.limits.iter().position(|l| l.adapt.is_some()) {
         Some(i) => Err(no_ceilings_field(&format!("limits[{i}].adapt"))),
         None => Ok(()),
@@ -1081,7 +1082,7 @@ fn no_ceilings_field(field: &str) -> LimiterError {
 }
 
 fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
-    let plain = |l: &Limit| l.window.is_some() && l.concurrent.is_none() && l.cost > 0;
+    let plain = |l: &Limit| l.window.is_some() && l.bucket.is_none() && l.concurrent.is_none() && l.cost > 0;
     (!req.report
         && !req.permit
         && !req.in_line()
@@ -1150,7 +1151,7 @@ fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
             key: key_at(f, "key")?,
             window: pair("used", "remaining"),
             places: pair("held", "free"),
-            bucket: None,
+            bucket: f.get("level").and_then(Value::as_i64).zip(f.get("burst").and_then(Value::as_u64)),
             queued: f.get("queued").and_then(Value::as_u64),
             ceiling: None,
         });
@@ -1251,6 +1252,8 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
     let mut truncated = false;
     // Each bucket's line ('q' rows: queued, first ticket filed, first ticket), merged by key below.
     let mut lines: Vec<(String, u64, Option<Millis>, Option<TicketId>)> = Vec::new();
+    // Each token bucket's level ('l' rows: level, burst), merged by key below.
+    let mut levels: Vec<(String, i64, u64)> = Vec::new();
     for row in rows {
         let number = |i: usize| row.try_get::<_, Option<i64>>(i).map_err(|e| bad(&e));
         let count = |i: usize| number(i).map(|v| u64::try_from(v.unwrap_or(0)).unwrap_or(0));
@@ -1303,38 +1306,47 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 };
                 lines.push((key()?, count(3)?, instant(7)?, first));
             }
+            "l" => levels.push((key()?, number(3)?.unwrap_or(0), count(4)?)),
             other => return Err(bad(&format!("kind {other:?}"))),
         }
     }
     let now = now.ok_or_else(|| bad(&"no instant"))?;
     {
-        // The first `limit` keys of both lists (each up to `limit + 1` rows), in key order: a
-        // bucket with only a line is listed with nothing else counting in it.
+        // The first `limit` keys of the three lists (each up to `limit + 1` rows), in key
+        // order: a bucket with only a line or a level is listed with nothing else counting in it.
         let mut buckets = std::mem::take(&mut view.buckets);
-        for (key, queued, first, first_ticket) in lines {
-            match buckets.binary_search_by(|b| b.key.as_str().cmp(&key)) {
-                Ok(i) => {
-                    buckets[i].queued = usize::try_from(queued).unwrap_or(usize::MAX);
-                    buckets[i].first_ticket_at = first;
-                    buckets[i].first_ticket = first_ticket;
+        let entry =
+            |buckets: &mut Vec<BucketView>, key: String| match buckets.binary_search_by(|b| b.key.as_str().cmp(&key)) {
+                Ok(i) => i,
+                Err(i) => {
+                    buckets.insert(
+                        i,
+                        BucketView {
+                            key,
+                            meta: BucketMeta::default(),
+                            window_used: 0,
+                            oldest_grant: None,
+                            grant_entries: 0,
+                            places_held: 0,
+                            next_lapse: None,
+                            queued: 0,
+                            first_ticket_at: None,
+                            first_ticket: None,
+                            level: None,
+                        },
+                    );
+                    i
                 }
-                Err(i) => buckets.insert(
-                    i,
-                    BucketView {
-                        key,
-                        meta: BucketMeta::default(),
-                        window_used: 0,
-                        oldest_grant: None,
-                        grant_entries: 0,
-                        places_held: 0,
-                        next_lapse: None,
-                        queued: usize::try_from(queued).unwrap_or(usize::MAX),
-                        first_ticket_at: first,
-                        first_ticket,
-                        level: None,
-                    },
-                ),
-            }
+            };
+        for (key, queued, first, first_ticket) in lines {
+            let i = entry(&mut buckets, key);
+            buckets[i].queued = usize::try_from(queued).unwrap_or(usize::MAX);
+            buckets[i].first_ticket_at = first;
+            buckets[i].first_ticket = first_ticket;
+        }
+        for (key, level, burst) in levels {
+            let i = entry(&mut buckets, key);
+            buckets[i].level = Some((level, burst));
         }
         if buckets.len() > limit {
             buckets.truncate(limit);

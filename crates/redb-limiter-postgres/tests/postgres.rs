@@ -3608,7 +3608,8 @@ fn settle_refunds_a_bucket_up_to_its_burst_and_takes_it_into_debt() {
             Decision::Refused { retry_at: T0.plus(600), reason: Reason::Rate, limit: "b".into() }
         );
         // release with costs settles first: 5 back from the debt.
-        let release = ReleaseRequest { permit: c, costs: vec![redb_limiter::request::Cost::new("b", 0)] };
+        let release =
+            ReleaseRequest { permit: c, costs: vec![redb_limiter::request::Cost::new("b", 0)], outcome: None };
         assert!(pg.release(release).await.unwrap());
         assert_eq!(level(&pg, &one).await, Some((0, 10)));
         clock.advance(100);

@@ -17,7 +17,7 @@
 //! (`refusal`, `grant`, `settle_shares`, `figures`) asks every kind a request names, and the line
 //! (`line.rs`) reserves instants in windows and token buckets through the same questions. A
 //! limit with `adapt` (section 14) is judged with its bucket's ceiling in place of its `calls`
-//! (`ceiling.rs` says how, in one place: [`Engine::judged`]). What
+//! (`ceiling.rs` says how, in one place: `Engine::judged`). What
 //! this file keeps is what all kinds share: the buckets (a key's window, places, token level and
 //! line), permits, throttles, tickets and request ids.
 //!

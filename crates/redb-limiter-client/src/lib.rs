@@ -956,18 +956,7 @@ impl<L: LimiterApi> Client<L> {
         headers: &::http::HeaderMap,
         body: &[u8],
     ) -> Result<Option<Millis>, ClientError> {
-        let now = self.limiter.now();
-        let until = if status == 429 {
-            Some(now.plus(vendor_wait(headers, body, now, self.throttle_after_ms)))
-        } else if (200..300).contains(&status) {
-            vendor_budget(headers, now)
-        } else {
-            None
-        };
-        match until {
-            Some(until) => self.limiter.throttle(caller_key.to_owned(), until).await,
-            None => Ok(None),
-        }
+        self.throttle_from(caller_key, status, headers, body, None).await
     }
 
     /// [`Client::observe_response`] for the call made under `permit`: the answer is also its
@@ -984,13 +973,30 @@ impl<L: LimiterApi> Client<L> {
         floor: Option<u64>,
     ) -> Result<Option<Millis>, ClientError> {
         permit.observe(status, headers, floor);
-        match (status, permit.id()) {
-            (429, Some(id)) => {
-                let now = self.limiter.now();
-                let until = now.plus(vendor_wait(headers, body, now, self.throttle_after_ms));
-                self.limiter.throttle_permit(caller_key.to_owned(), until, id.to_owned()).await
-            }
-            _ => self.observe_response(caller_key, status, headers, body).await,
+        self.throttle_from(caller_key, status, headers, body, permit.id()).await
+    }
+
+    /// The throttle a provider's answer asks for, if any; a 429's names `permit` when given.
+    async fn throttle_from(
+        &self,
+        caller_key: &str,
+        status: u16,
+        headers: &::http::HeaderMap,
+        body: &[u8],
+        permit: Option<&str>,
+    ) -> Result<Option<Millis>, ClientError> {
+        let now = self.limiter.now();
+        let until = if status == 429 {
+            Some(now.plus(vendor_wait(headers, body, now, self.throttle_after_ms)))
+        } else if (200..300).contains(&status) {
+            vendor_budget(headers, now)
+        } else {
+            None
+        };
+        match (until, permit.filter(|_| status == 429)) {
+            (Some(until), Some(id)) => self.limiter.throttle_permit(caller_key.to_owned(), until, id.to_owned()).await,
+            (Some(until), None) => self.limiter.throttle(caller_key.to_owned(), until).await,
+            (None, _) => Ok(None),
         }
     }
 }

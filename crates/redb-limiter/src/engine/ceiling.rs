@@ -91,6 +91,23 @@ pub struct AdaptedShare {
     pub signalled: bool,
 }
 
+impl AdaptedShare {
+    /// The share a permit keeps of `limit` (as judged) when it adapts; `own` is the limit as the
+    /// request named it (its `calls` or `refill` is where a ceiling never kept starts). Whether
+    /// the ceiling is in play is set once the grant is counted.
+    pub(super) fn at_grant(limit: &Limit, own: &Limit) -> Option<AdaptedShare> {
+        let per_ms = limit.window.map(|w| w.per_ms).or(limit.bucket.map(|b| b.per_ms))?;
+        Some(AdaptedShare {
+            bucket: Arc::from(limit.key.as_str()),
+            adapt: limit.adapt?,
+            start: own.nominal_calls()?,
+            per_ms,
+            in_play: false,
+            signalled: false,
+        })
+    }
+}
+
 /// `C` as `adapt` judges it: the ceiling kept, or `start` when none is, clamped.
 #[must_use]
 pub fn judged_c(adapt: &Adapt, start: u64, kept: Option<&Ceiling>) -> u64 {

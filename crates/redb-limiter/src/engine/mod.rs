@@ -983,15 +983,8 @@ impl Engine {
         let mut windows = Vec::new();
         let mut adapted = Vec::new();
         for (limit, own) in req.limits.iter().zip(&asked.limits) {
-            if let (Some(adapt), Some(start), true) = (limit.adapt, own.nominal_calls(), permit.is_some()) {
-                adapted.push(AdaptedShare {
-                    bucket: Arc::from(limit.key.as_str()),
-                    adapt,
-                    start,
-                    per_ms: limit.window.map(|w| w.per_ms).or(limit.bucket.map(|b| b.per_ms)).unwrap_or(1),
-                    in_play: false,
-                    signalled: false,
-                });
+            if permit.is_some() {
+                adapted.extend(AdaptedShare::at_grant(limit, own));
             }
             if let Some(b) = limit.bucket {
                 // Rule B: the grant takes min(cost, burst) from the level at its instant.

@@ -36,6 +36,10 @@
 //! `v7-limiter.redb` (then SIGTERM) and `v7-killed-limiter.redb` with its `-journal` (then
 //! `kill -9`): what a format-6 fixture holds, plus a token bucket's level (see [`V7_CLEAN`]).
 //! Format version 8 keeps adaptive ceilings (section 14), and its journal notes have schema 5.
+//! The previous release's (format version 8, notes of schema 5) `serve` binary wrote, over HTTP,
+//! `v8-limiter.redb` (then SIGTERM) and `v8-killed-limiter.redb` with its `-journal` (then
+//! `kill -9`) by `tests/fixtures/write-v8.sh`: what a format-7 fixture holds, plus a ceiling cut
+//! once and two live permits of its bucket, granted before and after the cut (see [`V8_CLEAN`]).
 
 use redb_limiter::UndoRequest;
 
@@ -468,40 +472,91 @@ fn notes_of_schema_3_left_by_a_kill_of_the_previous_release_are_redone_with_thei
 /// `fixture/tokens` (10 a minute, burst 10).
 struct V7 {
     file: &'static str,
+    /// The fixture's release: `v7-grant` and `v7-released` are its request ids.
+    tag: &'static str,
+    /// An instant after the fixture was written, before its ticket's `retryAt`: where the clock
+    /// of the test starts.
+    now: &'static str,
     tpd_first: &'static str,
     permit: &'static str,
     ticket: &'static str,
     retry_at: &'static str,
     /// The grant named `v7-grant`: its instant and permit.
     id_grant: (&'static str, &'static str),
+    /// A format-8 fixture's live permits of `fixture/adapted`: granted before its cut, after it.
+    adapted: Option<(&'static str, &'static str)>,
 }
 
 const V7_CLEAN: V7 = V7 {
     file: "v7-limiter.redb",
+    tag: "v7",
+    now: "2026-12-04T15:18:00.000Z",
     tpd_first: "2026-12-04T15:17:32.122Z",
     permit: "p-0d4cd275bc5a63aa0000000000000000",
     ticket: "t-acdf5853d14c35620000000000000001",
     retry_at: "2026-12-04T15:18:32.282Z",
     id_grant: ("2026-12-04T15:17:32.326Z", "p-1c6d95d79110808d0000000000000001"),
+    adapted: None,
 };
 
 const V7_KILLED: V7 = V7 {
     file: "v7-killed-limiter.redb",
+    tag: "v7",
+    now: "2026-12-04T15:18:00.000Z",
     tpd_first: "2026-12-04T15:17:32.962Z",
     permit: "p-027d7f954080e0920000000000000000",
     ticket: "t-246ba5c484e6bbfe0000000000000001",
     retry_at: "2026-12-04T15:18:33.056Z",
     id_grant: ("2026-12-04T15:17:33.109Z", "p-28cb0a88136dd8970000000000000001"),
+    adapted: None,
 };
+
+/// What the previous release (format 8, notes of schema 5) wrote into each format-8 fixture
+/// (`write-v8.sh`), all on 2026-12-04: what a format-7 fixture holds (its request ids
+/// `v8-grant` and `v8-released`), then three grants with `permit` in `fixture/adapted` (10 a
+/// minute, `adapt` min 1, max 10, increase 1, keepPct 50): the first released `limited` (the
+/// ceiling cut to 5) after the second was granted and before the third.
+const V8_CLEAN: V7 = V7 {
+    file: "v8-limiter.redb",
+    tag: "v8",
+    now: "2026-12-04T18:53:52.000Z",
+    tpd_first: "2026-12-04T18:53:24.799Z",
+    permit: "p-8f94abdcda4e0fb00000000000000000",
+    ticket: "t-b042e2dcce7063b80000000000000001",
+    retry_at: "2026-12-04T18:54:24.852Z",
+    id_grant: ("2026-12-04T18:53:24.871Z", "p-f6f3d45327aeb3ca0000000000000001"),
+    adapted: Some(("p-3806c4d7ec92f1ae0000000000000004", "p-c2218bcd42cfb85a0000000000000005")),
+};
+
+const V8_KILLED: V7 = V7 {
+    file: "v8-killed-limiter.redb",
+    tag: "v8",
+    now: "2026-12-04T18:53:52.000Z",
+    tpd_first: "2026-12-04T18:53:25.120Z",
+    permit: "p-667cb5e2265475590000000000000000",
+    ticket: "t-e4e941dc295b7a8f0000000000000001",
+    retry_at: "2026-12-04T18:54:25.170Z",
+    id_grant: ("2026-12-04T18:53:25.189Z", "p-64c0c1503ffc1f810000000000000001"),
+    adapted: Some(("p-f3261ec7025025b30000000000000004", "p-7d04ef9e399eafd90000000000000005")),
+};
+
+/// The adapted request of the format-8 fixtures.
+fn adapted() -> AcquireRequest {
+    let adapt = Adapt { min: 1, max: 10, increase: 1, keep_pct: 50 };
+    AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/adapted", 10, 60_000).with_adapt(adapt)])
+        .unwrap()
+        .with_permit()
+}
 
 /// The token bucket of the format-7 fixtures.
 fn tokens(cost: u64) -> AcquireRequest {
     AcquireRequest::new("fixture/cred:1", vec![Limit::bucket("fixture/tokens", 10, 60_000).with_cost(cost)]).unwrap()
 }
 
-/// A format-7 fixture serves as it was left: windows, place, throttle, the ticket in its line,
-/// the request ids and the token bucket's level (refilled by the time that passed, never
-/// fuller); it is marked this build's format.
+/// A format-7 or format-8 fixture serves as it was left: windows, place, throttle, the ticket in
+/// its line, the request ids and the token bucket's level (refilled by the time that passed,
+/// never fuller), format 8's ceiling and its live permits' shares; it is marked this build's
+/// format.
 fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::path::PathBuf, Arc<FakeClock>) {
     let (dir, path) = fixture_copy(fixture.file);
     let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -510,12 +565,15 @@ fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::pa
     if source.exists() {
         std::fs::copy(&source, redb_limiter::store::journal::journal_path(&path)).unwrap();
     }
-    let clock = Arc::new(FakeClock::new(at("2026-12-04T15:18:00.000Z")));
+    let clock = Arc::new(FakeClock::new(at(fixture.now)));
     let options = LimiterOptions { clock: Some(clock.clone()), id_seed: Some(3), ..LimiterOptions::default() };
     let limiter = Limiter::open_with(&path, options).unwrap();
     let snapshot = limiter.state_blocking("fixture/").unwrap();
-    let buckets: Vec<(String, u64, usize, usize)> =
+    let mut buckets: Vec<(String, u64, usize, usize)> =
         snapshot.view.buckets.iter().map(|b| (b.key.clone(), b.window_used, b.places_held, b.queued)).collect();
+    if fixture.adapted.is_some() {
+        assert_eq!(buckets.remove(0), ("fixture/adapted".to_owned(), 3, 0, 0));
+    }
     assert_eq!(
         buckets,
         vec![
@@ -534,14 +592,15 @@ fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::pa
     let grant = AcquireRequest::new("fixture/cred:1", vec![Limit::window("fixture/ids", 5, 86_400_000).with_cost(2)])
         .unwrap()
         .with_permit()
-        .with_id("v7-grant")
+        .with_id(format!("{}-grant", fixture.tag))
         .unwrap();
     let (granted_at, permit) = fixture.id_grant;
     assert_eq!(
         limiter.acquire_blocking(grant).unwrap(),
         Decision::Granted { at: at(granted_at), permit: Some(permit.parse().unwrap()) }
     );
-    let released = AcquireRequest::new("fixture/cred:1", vec![]).unwrap().with_id("v7-released").unwrap();
+    let released =
+        AcquireRequest::new("fixture/cred:1", vec![]).unwrap().with_id(format!("{}-released", fixture.tag)).unwrap();
     assert!(limiter.acquire_blocking(released).is_err());
     assert_tpd_waits_for(&limiter, 5, at(fixture.tpd_first));
     // The bucket kept its level: 2 tokens after the grant of 8, refilled one every 6 s since
@@ -549,6 +608,9 @@ fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::pa
     let peeked = limiter.peek_blocking(tokens(7)).unwrap();
     assert_eq!(peeked.report.limits[0].bucket, Some((6, 10)));
     assert!(!peeked.fits());
+    if let Some((before, after)) = fixture.adapted {
+        assert_cut_once_per_overload(&limiter, before, after);
+    }
     assert_ticket_kept_its_place(&limiter, &clock, fixture.ticket, fixture.retry_at);
     assert!(limiter.release_blocking(ReleaseRequest::new(fixture.permit).unwrap()).unwrap());
     drop(limiter);
@@ -557,6 +619,18 @@ fn a_format_7_file_serves_as_before(fixture: &V7) -> (tempfile::TempDir, std::pa
     assert_eq!(store.format_version().unwrap(), FORMAT_VERSION);
     drop(store);
     (dir, path, clock)
+}
+
+/// A format-8 fixture's ceiling (5) and live permits: a `limited` outcome of the grant made before
+/// the cut changes nothing; one of the grant made after it cuts again (to 2).
+fn assert_cut_once_per_overload(limiter: &Limiter, before: &str, after: &str) {
+    let ceiling = || limiter.peek_blocking(adapted()).unwrap().report.limits[0].ceiling;
+    assert_eq!(ceiling(), Some(5));
+    let limited = |permit: &str| ReleaseRequest::new(permit).unwrap().with_outcome(Signal::Limited);
+    assert!(limiter.release_blocking(limited(before)).unwrap());
+    assert_eq!(ceiling(), Some(5), "the grant before the cut belongs to the overload it cut for");
+    assert!(limiter.release_blocking(limited(after)).unwrap());
+    assert_eq!(ceiling(), Some(2));
 }
 
 /// From this build on the file keeps adaptive ceilings (section 14) across a restart: a cut, and
@@ -597,4 +671,16 @@ fn a_format_7_file_of_the_previous_release_serves_as_before() {
 fn notes_of_schema_4_left_by_a_kill_of_the_previous_release_are_redone_with_their_levels() {
     let (_dir, path, clock) = a_format_7_file_serves_as_before(&V7_KILLED);
     keeps_ceilings_from_then_on(&path, clock);
+}
+
+#[test]
+fn a_format_8_file_of_the_previous_release_serves_with_its_ceiling_and_adapted_permits() {
+    a_format_7_file_serves_as_before(&V8_CLEAN);
+}
+
+/// The previous release's notes (schema 5, a ceiling and adapted permits among them) are redone
+/// as they were.
+#[test]
+fn notes_of_schema_5_left_by_a_kill_of_the_previous_release_are_redone_with_their_ceiling() {
+    a_format_7_file_serves_as_before(&V8_KILLED);
 }

@@ -40,6 +40,8 @@
 //! `v8-limiter.redb` (then SIGTERM) and `v8-killed-limiter.redb` with its `-journal` (then
 //! `kill -9`) by `tests/fixtures/write-v8.sh`: what a format-7 fixture holds, plus a ceiling cut
 //! once and two live permits of its bucket, granted before and after the cut (see [`V8_CLEAN`]).
+//! Format version 9 orders a grant and a cut within one millisecond: a ceiling counts its cuts
+//! and a permit keeps the count its grant saw (version 8's read as none).
 
 use redb_limiter::UndoRequest;
 
@@ -416,7 +418,7 @@ fn a_format_5_file_serves_as_before(fixture: &V5) {
     drop(limiter);
 
     let store = Store::open(&path, &file_opener()).unwrap();
-    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (8, 8));
+    assert_eq!((store.format_version().unwrap(), FORMAT_VERSION), (9, 9));
     drop(store);
     let options = LimiterOptions { clock: Some(clock), id_seed: Some(4), ..LimiterOptions::default() };
     let limiter = Limiter::open_with(&path, options).unwrap();

@@ -12,10 +12,16 @@
 //!   the ceiling was in play at the grant and whether an outcome was counted there. An outcome
 //!   counts once per permit per bucket.
 //! - **Cut**: `limited` sets `C` to `max(min, floor(C × keepPct / 100))`, only for a grant made
-//!   at or after the latest cut (a burst of 429s of one overload cuts once).
+//!   after the latest cut (a burst of 429s of one overload cuts once).
 //! - **Growth**: `clean` raises `C` by `increase` up to `max`, only when the ceiling was in play
-//!   at the grant, the grant was made at or after the latest cut, and `C` has not grown within
-//!   the last `perMs`.
+//!   at the grant, the grant was made after the latest cut, and `C` has not grown within the
+//!   last `perMs`.
+//! - **After the latest cut** is decided by the order of events, not by the millisecond: a
+//!   ceiling counts its cuts, and a share keeps the count it saw at the grant. A grant is after
+//!   the latest cut when none is kept, when it was made in a later millisecond, or when, in the
+//!   cut's own millisecond, it saw that cut counted (a grant made in the same millisecond just
+//!   before the cut belongs to the overload it cut for). A ceiling forgotten and kept anew counts
+//!   from zero, but its first cut is then later than any grant of a permit still live.
 //! - **Kept**: every change is an [`Effect::CeilingSet`] the store commits before the reply; a
 //!   ceiling below `max` is kept at least [`KEPT_MS`] after its latest signal, one at `max` is
 //!   forgotten with its bucket.
@@ -44,6 +50,9 @@ pub struct Ceiling {
     pub max: u64,
     /// The latest cut.
     pub cut_at: Option<Millis>,
+    /// How many cuts it has counted since it was kept: a share keeps the count it saw at its
+    /// grant, which orders the grant and a cut within one millisecond.
+    pub cuts: u64,
     /// The latest growth.
     pub grown_at: Option<Millis>,
     /// The latest signal (an outcome that counted).
@@ -89,13 +98,16 @@ pub struct AdaptedShare {
     pub in_play: bool,
     /// An outcome was counted here already.
     pub signalled: bool,
+    /// The ceiling's count of cuts at the grant (0 when none was kept).
+    pub cuts_seen: u64,
 }
 
 impl AdaptedShare {
     /// The share a permit keeps of `limit` (as judged) when it adapts; `own` is the limit as the
     /// request named it (its `calls` or `refill` is where a ceiling never kept starts). Whether
-    /// the ceiling is in play is set once the grant is counted.
-    pub(super) fn at_grant(limit: &Limit, own: &Limit) -> Option<AdaptedShare> {
+    /// the ceiling is in play is set once the grant is counted; `kept` is the bucket's ceiling
+    /// at the grant.
+    pub(super) fn at_grant(limit: &Limit, own: &Limit, kept: Option<&Ceiling>) -> Option<AdaptedShare> {
         let per_ms = limit.window.map(|w| w.per_ms).or(limit.bucket.map(|b| b.per_ms))?;
         Some(AdaptedShare {
             bucket: Arc::from(limit.key.as_str()),
@@ -104,7 +116,16 @@ impl AdaptedShare {
             per_ms,
             in_play: false,
             signalled: false,
+            cuts_seen: kept.map_or(0, |k| k.cuts),
         })
+    }
+
+    /// Whether its grant was made after the latest cut of `kept` (see the module docs).
+    fn after_cut(&self, granted_at: Millis, kept: Option<&Ceiling>) -> bool {
+        match kept.and_then(|k| Some((k.cut_at?, k.cuts))) {
+            None => true,
+            Some((cut_at, cuts)) => granted_at > cut_at || (granted_at == cut_at && self.cuts_seen == cuts),
+        }
     }
 }
 
@@ -155,13 +176,21 @@ fn apply(
     let c = judged_c(adapt, share.start, kept);
     let cut_at = kept.and_then(|k| k.cut_at);
     let grown_at = kept.and_then(|k| k.grown_at);
-    let after_cut = cut_at.is_none_or(|cut| granted_at >= cut);
-    let mut next = Ceiling { c: kept.map_or(share.start, |k| k.c), max: adapt.max, cut_at, grown_at, signal_at: now };
+    let after_cut = share.after_cut(granted_at, kept);
+    let mut next = Ceiling {
+        c: kept.map_or(share.start, |k| k.c),
+        max: adapt.max,
+        cut_at,
+        cuts: kept.map_or(0, |k| k.cuts),
+        grown_at,
+        signal_at: now,
+    };
     let change = match signal {
         Signal::Limited if after_cut => {
             let kept_part = u128::from(c) * u128::from(adapt.keep_pct) / 100;
             next.c = u64::try_from(kept_part).unwrap_or(u64::MAX).max(adapt.min);
             next.cut_at = Some(now);
+            next.cuts = next.cuts.saturating_add(1);
             Some(CeilingChange::Cut)
         }
         Signal::Clean
@@ -384,6 +413,7 @@ mod tests {
             per_ms: 1000,
             in_play,
             signalled: false,
+            cuts_seen: 0,
         }
     }
 
@@ -395,8 +425,13 @@ mod tests {
         let (same, change) = apply(Some(&c), &share(false), Millis(4), Signal::Limited, Millis(6)).unwrap();
         assert_eq!((same.c, same.cut_at, change), (5, Some(Millis(5)), None));
         assert_eq!(same.signal_at, Millis(6), "a signal is still a signal");
-        let (again, _) = apply(Some(&c), &share(false), Millis(5), Signal::Limited, Millis(7)).unwrap();
-        assert_eq!(again.c, 2);
+        // A grant in the cut's own millisecond: before the cut when it saw none counted, after it
+        // when it saw it.
+        let (same_ms, change) = apply(Some(&c), &share(false), Millis(5), Signal::Limited, Millis(7)).unwrap();
+        assert_eq!((same_ms.c, change), (5, None));
+        let seen = AdaptedShare { cuts_seen: 1, ..share(false) };
+        let (again, _) = apply(Some(&c), &seen, Millis(5), Signal::Limited, Millis(7)).unwrap();
+        assert_eq!((again.c, again.cuts), (2, 2));
         let (floor, _) = apply(Some(&again), &share(false), Millis(7), Signal::Limited, Millis(8)).unwrap();
         assert_eq!(floor.c, 2, "never below min");
     }
@@ -425,7 +460,7 @@ mod tests {
         let small = BucketLimit { refill: 10, per_ms: 1000, burst: 3, initial: 0 };
         assert_eq!(scaled_bucket(&small, 1).burst, 1, "at least 1");
         let limit = Limit::bucket("b", 10, 1000).with_burst(40).with_adapt(Adapt::defaults(10));
-        let kept = Ceiling { c: 4, max: 10, cut_at: None, grown_at: None, signal_at: Millis(0) };
+        let kept = Ceiling { c: 4, max: 10, cut_at: None, cuts: 0, grown_at: None, signal_at: Millis(0) };
         let judged = judge_limit(&limit, Some(&kept)).unwrap();
         assert_eq!(judged.bucket.map(|b| (b.refill, b.burst)), Some((4, 16)));
         let window = Limit::window("w", 10, 1000).with_adapt(Adapt { min: 5, ..Adapt::defaults(10) });

@@ -64,6 +64,26 @@ fn a_limited_outcome_cuts_once_per_overload_and_the_request_is_judged_with_the_c
     assert_eq!(ceiling(&e, &r, T0.plus(2002)), Some(2), "min");
 }
 
+/// "After the latest cut" is the order of events, not the millisecond: within the cut's own
+/// millisecond, a grant made before it belongs to its overload and one made after it is new.
+#[test]
+fn a_grant_in_the_cuts_own_millisecond_is_ordered_by_when_it_was_made() {
+    let mut e = engine();
+    let r = adapted(20);
+    let mut effects = Vec::new();
+    let a = grant(&mut e, &r, T0, &mut effects);
+    let at = T0.plus(5);
+    let before = grant(&mut e, &r, at, &mut effects);
+    assert!(e.signal(&a, Signal::Limited, at, &mut effects));
+    let after = grant(&mut e, &r, at, &mut effects);
+    assert_eq!(ceiling(&e, &r, at), Some(10));
+    assert!(e.signal(&before, Signal::Limited, at, &mut effects));
+    assert_eq!(ceiling(&e, &r, at), Some(10), "granted before the cut, in its millisecond: one overload");
+    assert!(e.signal(&after, Signal::Limited, at, &mut effects));
+    assert_eq!(ceiling(&e, &r, at), Some(5), "granted after the cut, in its millisecond: a new overload");
+    assert_eq!(e.ceiling("w").map(|c| (c.cut_at, c.cuts)), Some((Some(at), 2)));
+}
+
 #[test]
 fn a_clean_outcome_grows_only_in_play_and_at_most_once_per_per_ms() {
     let mut e = engine();

@@ -984,7 +984,7 @@ impl Engine {
         let mut adapted = Vec::new();
         for (limit, own) in req.limits.iter().zip(&asked.limits) {
             if permit.is_some() {
-                adapted.extend(AdaptedShare::at_grant(limit, own));
+                adapted.extend(AdaptedShare::at_grant(limit, own, self.ceilings.get(limit.key.as_str())));
             }
             if let Some(b) = limit.bucket {
                 // Rule B: the grant takes min(cost, burst) from the level at its instant.

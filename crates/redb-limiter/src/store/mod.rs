@@ -37,12 +37,12 @@
 //! | `meta` | `"format_version"`, `"clock_floor"`; behind a journal `"journal_id"`, `"journal_seq"`, `"journal_open"` ([`FileClaim`]) | `u64` |
 //! | `buckets` | bucket key | record: [`BucketMeta`] |
 //! | `grants_by_time` | (instant ms, bucket key) | total cost counted (as granted, then settled) in that bucket at that millisecond |
-//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the shares as (bucket key, cost, calls or burst at the grant, a token bucket's (refill, perMs)), and the adapted buckets (bucket key, its `adapt`, the request's own `calls` or `refill`, `perMs`, whether the ceiling was in play at the grant, whether an outcome counted) |
+//! | `permits` | permit id (`u128`) | record: the grant's instant, the expiry, the places as (bucket key, lapse ms), the shares as (bucket key, cost, calls or burst at the grant, a token bucket's (refill, perMs)), and the adapted buckets (bucket key, its `adapt`, the request's own `calls` or `refill`, `perMs`, whether the ceiling was in play at the grant, whether an outcome counted, the count of cuts the ceiling had at the grant) |
 //! | `throttles` | caller key | `until` ms |
 //! | `tickets` | ticket id (`u128`) | record: filed at, the `retryAt` last given, the lapse, the grace, the caller key, the limits it binds (defaults resolved, sorted by bucket key), and the instant its horizon ends |
 //! | `requests` | (first kept at ms, request id) (section 16) | record: the digest of its params, until when it is kept, and what its acquire got (a grant's instant, permit and, without a permit, its shares; a filing's ticket and refusal; or released) |
 //! | `levels` | bucket key (section 13) | record: a token bucket's level (units of `1/perMs` token), at an instant, with the `refill`, `perMs` and `burst` that wrote it |
-//! | `ceilings` | bucket key (section 14) | record: the adaptive ceiling `C`, the `max` last named, and the instants of its latest cut, growth and signal |
+//! | `ceilings` | bucket key (section 14) | record: the adaptive ceiling `C`, the `max` last named, the instants of its latest cut, growth and signal, and its count of cuts |
 //!
 //! Version 3 (wire version 2: settle, place-less permits) changed only the permit record: its
 //! schema byte is 2. A version-2 file opens unchanged: its permit records (schema byte 1, the
@@ -108,6 +108,13 @@
 //! `ceilings` table empty. Notes of schemas 1 to 4 left by a crash of an older release are redone
 //! as they were. An older build refuses a version-8 file, and a note of schema 5, rather than
 //! forget a ceiling.
+//!
+//! Version 9 orders a grant and a cut within one millisecond (section 14's "after the latest
+//! cut"): a ceiling's record (schema byte 2) counts its cuts, a permit's (schema byte 5) keeps,
+//! for each adapted bucket, the count it saw at the grant, and journal notes have schema 6.
+//! Version 8's records read as counting no cut and seeing none, which is how version 8 judged
+//! them (by the millisecond); the marking changes no table. Notes of schemas 1 to 5 are redone
+//! as they were. An older build refuses a version-9 file, and a note of schema 6.
 //!
 //! Grants are keyed by time first, so the grants of one commit (all at one `now`) sit together
 //! in one leaf of the tree, whatever buckets they belong to: a commit writes a few pages, not one
@@ -222,7 +229,7 @@ pub const COMPACT_ABOVE_BYTES: u64 = 1 << 20;
 
 /// The file's layout version; a file of a version outside [`OLDEST_FORMAT_VERSION`] to this one
 /// is refused.
-pub const FORMAT_VERSION: u64 = 8;
+pub const FORMAT_VERSION: u64 = 9;
 /// The oldest version read: files of the versions before [`FORMAT_VERSION`] open unchanged and
 /// are marked current (see the module docs).
 pub const OLDEST_FORMAT_VERSION: u64 = 2;
@@ -232,8 +239,14 @@ const RECORD_SCHEMA: u8 = 1;
 const PERMIT_SCHEMA_V3: u8 = 2;
 /// The first byte of a permit record of format version 7 (shares may be token buckets').
 const PERMIT_SCHEMA_V7: u8 = 3;
-/// The first byte of a permit record since format version 8 (with its adapted buckets).
-const PERMIT_SCHEMA: u8 = 4;
+/// The first byte of a permit record of format version 8 (with its adapted buckets).
+const PERMIT_SCHEMA_V8: u8 = 4;
+/// The first byte of a permit record since format version 9 (each adapted bucket with the
+/// count of cuts its grant saw).
+const PERMIT_SCHEMA: u8 = 5;
+/// The first byte of a ceiling's record since format version 9 (with its count of cuts);
+/// version 8's has [`RECORD_SCHEMA`].
+const CEILING_SCHEMA: u8 = 2;
 /// The first byte of a ticket's and a request id's record since format version 7 (a ticket's
 /// limits may be token buckets, and it keeps its horizon; an id's shares may be token buckets').
 const RECORD_SCHEMA_V7: u8 = 2;
@@ -251,10 +264,14 @@ const NOTE_SCHEMA_V6: u8 = 3;
 /// Schema byte of a journal note as format version 7 wrote it: its effects may be a token
 /// bucket's, never a ceiling's. Still read (a crash of the previous release can leave such notes).
 const NOTE_SCHEMA_V7: u8 = 4;
-/// Schema byte of a journal note since format version 8: its effects may be an adaptive
-/// ceiling's, and its permits and tickets are written in their version-8 records, which an older
-/// build, reading schemas 1 to 4 only, refuses rather than misreads.
-const NOTE_SCHEMA: u8 = 5;
+/// Schema byte of a journal note as format version 8 wrote it: its effects may be an adaptive
+/// ceiling's, and its permits and tickets are written in their version-8 records. Still read (a
+/// crash of the previous release can leave such notes).
+const NOTE_SCHEMA_V8: u8 = 5;
+/// Schema byte of a journal note since format version 9: its ceilings and permits are written in
+/// their version-9 records (counting cuts), which an older build, reading schemas 1 to 5 only,
+/// refuses rather than misreads.
+const NOTE_SCHEMA: u8 = 6;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -488,6 +505,32 @@ fn adapt_state((min, max, increase, keep_pct): (u64, u64, u64, u64)) -> Adapt {
     Adapt { min, max, increase, keep_pct }
 }
 
+impl AdaptedRecord {
+    fn from_state(a: &AdaptedShare) -> Self {
+        AdaptedRecord {
+            bucket: a.bucket.to_string(),
+            adapt: adapt_record(&a.adapt),
+            start: a.start,
+            per_ms: a.per_ms,
+            in_play: a.in_play,
+            signalled: a.signalled,
+        }
+    }
+
+    /// The share, its grant having seen `cuts_seen` cuts (version 8's saw none).
+    fn into_state(self, cuts_seen: u64) -> AdaptedShare {
+        AdaptedShare {
+            bucket: Arc::from(self.bucket),
+            adapt: adapt_state(self.adapt),
+            start: self.start,
+            per_ms: self.per_ms,
+            in_play: self.in_play,
+            signalled: self.signalled,
+            cuts_seen,
+        }
+    }
+}
+
 /// A permit (schema byte 4, format version 8): version 7's, and its adapted buckets.
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 struct PermitRecordV8 {
@@ -496,35 +539,28 @@ struct PermitRecordV8 {
 }
 
 impl PermitRecordV8 {
+    fn into_state(self) -> PermitState {
+        let adapted = self.adapted.into_iter().map(|a| a.into_state(0)).collect();
+        PermitState { adapted, ..self.permit.into_state() }
+    }
+}
+
+/// A permit (schema byte 5, format version 9): version 8's, each adapted bucket with the count
+/// of cuts its grant saw.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct PermitRecordV9 {
+    permit: PermitRecord,
+    adapted: Vec<(AdaptedRecord, u64)>,
+}
+
+impl PermitRecordV9 {
     fn from_state(p: &PermitState) -> Self {
-        let adapted = p
-            .adapted
-            .iter()
-            .map(|a| AdaptedRecord {
-                bucket: a.bucket.to_string(),
-                adapt: adapt_record(&a.adapt),
-                start: a.start,
-                per_ms: a.per_ms,
-                in_play: a.in_play,
-                signalled: a.signalled,
-            })
-            .collect();
-        PermitRecordV8 { permit: PermitRecord::from_state(p), adapted }
+        let adapted = p.adapted.iter().map(|a| (AdaptedRecord::from_state(a), a.cuts_seen)).collect();
+        PermitRecordV9 { permit: PermitRecord::from_state(p), adapted }
     }
 
     fn into_state(self) -> PermitState {
-        let adapted = self
-            .adapted
-            .into_iter()
-            .map(|a| AdaptedShare {
-                bucket: Arc::from(a.bucket),
-                adapt: adapt_state(a.adapt),
-                start: a.start,
-                per_ms: a.per_ms,
-                in_play: a.in_play,
-                signalled: a.signalled,
-            })
-            .collect();
+        let adapted = self.adapted.into_iter().map(|(a, cuts_seen)| a.into_state(cuts_seen)).collect();
         PermitState { adapted, ..self.permit.into_state() }
     }
 }
@@ -539,25 +575,51 @@ struct CeilingRecord {
     signal_at: u64,
 }
 
-impl CeilingRecord {
+/// An adaptive ceiling (schema byte [`CEILING_SCHEMA`], format version 9): version 8's, and its
+/// count of cuts.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct CeilingRecordV9 {
+    ceiling: CeilingRecord,
+    cuts: u64,
+}
+
+impl CeilingRecordV9 {
     fn from_state(c: &Ceiling) -> Self {
-        CeilingRecord {
+        let ceiling = CeilingRecord {
             c: c.c,
             max: c.max,
             cut_at: c.cut_at.map(|m| m.0),
             grown_at: c.grown_at.map(|m| m.0),
             signal_at: c.signal_at.0,
-        }
+        };
+        CeilingRecordV9 { ceiling, cuts: c.cuts }
     }
 
     fn into_state(self) -> Ceiling {
+        let CeilingRecordV9 { ceiling, cuts } = self;
         Ceiling {
-            c: self.c,
-            max: self.max,
-            cut_at: self.cut_at.map(Millis),
-            grown_at: self.grown_at.map(Millis),
-            signal_at: Millis(self.signal_at),
+            c: ceiling.c,
+            max: ceiling.max,
+            cut_at: ceiling.cut_at.map(Millis),
+            cuts,
+            grown_at: ceiling.grown_at.map(Millis),
+            signal_at: Millis(ceiling.signal_at),
         }
+    }
+}
+
+impl From<CeilingRecord> for CeilingRecordV9 {
+    /// Version 8's ceiling counted no cut.
+    fn from(ceiling: CeilingRecord) -> Self {
+        CeilingRecordV9 { ceiling, cuts: 0 }
+    }
+}
+
+/// Reads a ceiling's record of either schema.
+fn decode_ceiling(bytes: &[u8]) -> Result<Ceiling, String> {
+    match bytes.first() {
+        Some(&RECORD_SCHEMA) => decode::<CeilingRecord>(bytes).map(|r| CeilingRecordV9::from(r).into_state()),
+        _ => decode_schema::<CeilingRecordV9>(CEILING_SCHEMA, bytes).map(CeilingRecordV9::into_state),
     }
 }
 
@@ -987,6 +1049,17 @@ enum NoteEffect<'a> {
         id: u128,
         ticket: TicketRecordV8,
     },
+    // Format version 9's (schema 6 only; appended, so older notes read as they were written):
+    // ceilings and permits that count cuts.
+    CeilingSetV9 {
+        #[serde(borrow)]
+        bucket: Cow<'a, str>,
+        ceiling: CeilingRecordV9,
+    },
+    PermitSetV9 {
+        id: u128,
+        permit: PermitRecordV9,
+    },
 }
 
 impl NoteEffect<'_> {
@@ -1017,7 +1090,12 @@ impl NoteEffect<'_> {
                 | NoteEffect::CeilingForgotten { .. }
                 | NoteEffect::PermitSetV8 { .. }
                 | NoteEffect::TicketFiledV8 { .. }
-        )
+        ) || self.is_v9()
+    }
+
+    /// Whether only a note of schema 6 (format version 9) may hold it.
+    fn is_v9(&self) -> bool {
+        matches!(self, NoteEffect::CeilingSetV9 { .. } | NoteEffect::PermitSetV9 { .. })
     }
 }
 
@@ -1042,7 +1120,7 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
                 NoteEffect::BucketForgotten { bucket: Cow::Borrowed(bucket), grants: millis(grants) }
             }
             Effect::PermitSet { id, permit } => {
-                NoteEffect::PermitSetV8 { id: id.0, permit: PermitRecordV8::from_state(permit) }
+                NoteEffect::PermitSetV9 { id: id.0, permit: PermitRecordV9::from_state(permit) }
             }
             Effect::PermitEnded { id } => NoteEffect::PermitEnded { id: id.0 },
             Effect::ThrottleSet { key, until } => NoteEffect::ThrottleSet { key: Cow::Borrowed(key), until: until.0 },
@@ -1066,9 +1144,10 @@ fn encode_note(floor: Millis, effects: &[Effect]) -> Vec<u8> {
             Effect::RequestForgotten { id, since } => {
                 NoteEffect::RequestForgotten { id: Cow::Borrowed(id), since: since.0 }
             }
-            Effect::CeilingSet { bucket, ceiling, .. } => {
-                NoteEffect::CeilingSet { bucket: Cow::Borrowed(bucket), ceiling: CeilingRecord::from_state(ceiling) }
-            }
+            Effect::CeilingSet { bucket, ceiling, .. } => NoteEffect::CeilingSetV9 {
+                bucket: Cow::Borrowed(bucket),
+                ceiling: CeilingRecordV9::from_state(ceiling),
+            },
             Effect::CeilingForgotten { bucket } => NoteEffect::CeilingForgotten { bucket: Cow::Borrowed(bucket) },
         })
         .collect();
@@ -1105,14 +1184,19 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
         }
         Some(&NOTE_SCHEMA_V6) => decode_schema(NOTE_SCHEMA_V6, bytes)?,
         Some(&NOTE_SCHEMA_V7) => decode_schema(NOTE_SCHEMA_V7, bytes)?,
+        Some(&NOTE_SCHEMA_V8) => decode_schema(NOTE_SCHEMA_V8, bytes)?,
         _ => decode_schema(NOTE_SCHEMA, bytes)?,
     };
     let schema = bytes.first().copied().unwrap_or(NOTE_SCHEMA);
+    // The newest format a record needs is named.
+    if schema < NOTE_SCHEMA && note.effects.iter().any(NoteEffect::is_v9) {
+        return Err(format!("a note of schema {schema} names a record of format version 9"));
+    }
+    if schema < NOTE_SCHEMA_V8 && note.effects.iter().any(NoteEffect::is_v8) {
+        return Err(format!("a note of schema {schema} names a record of format version 8"));
+    }
     if schema < NOTE_SCHEMA_V7 && note.effects.iter().any(NoteEffect::is_v7) {
         return Err(format!("a note of schema {schema} names a record of format version 7"));
-    }
-    if schema < NOTE_SCHEMA && note.effects.iter().any(NoteEffect::is_v8) {
-        return Err(format!("a note of schema {schema} names a record of format version 8"));
     }
     let arc = |s: Cow<'_, str>| Arc::<str>::from(s.as_ref());
     let ats = |v: Vec<u64>| v.into_iter().map(Millis).collect();
@@ -1168,8 +1252,16 @@ fn decode_note(bytes: &[u8]) -> Result<(Millis, Vec<Effect>), String> {
                 NoteEffect::RequestForgotten { id, since } => {
                     Effect::RequestForgotten { id: arc(id), since: Millis(since) }
                 }
-                NoteEffect::CeilingSet { bucket, ceiling } => {
+                NoteEffect::CeilingSet { bucket, ceiling } => Effect::CeilingSet {
+                    bucket: arc(bucket),
+                    ceiling: CeilingRecordV9::from(ceiling).into_state(),
+                    change: None,
+                },
+                NoteEffect::CeilingSetV9 { bucket, ceiling } => {
                     Effect::CeilingSet { bucket: arc(bucket), ceiling: ceiling.into_state(), change: None }
+                }
+                NoteEffect::PermitSetV9 { id, permit } => {
+                    Effect::PermitSet { id: PermitId(id), permit: permit.into_state() }
                 }
                 NoteEffect::CeilingForgotten { bucket } => Effect::CeilingForgotten { bucket: arc(bucket) },
                 NoteEffect::PermitSetV8 { id, permit } => {
@@ -1198,7 +1290,10 @@ fn decode_permit(bytes: &[u8]) -> Result<PermitState, String> {
             decode_schema::<PermitRecordV3>(PERMIT_SCHEMA_V3, bytes).map(|r| PermitRecord::from(r).into_state())
         }
         Some(&PERMIT_SCHEMA_V7) => decode_schema::<PermitRecord>(PERMIT_SCHEMA_V7, bytes).map(PermitRecord::into_state),
-        _ => decode_schema::<PermitRecordV8>(PERMIT_SCHEMA, bytes).map(PermitRecordV8::into_state),
+        Some(&PERMIT_SCHEMA_V8) => {
+            decode_schema::<PermitRecordV8>(PERMIT_SCHEMA_V8, bytes).map(PermitRecordV8::into_state)
+        }
+        _ => decode_schema::<PermitRecordV9>(PERMIT_SCHEMA, bytes).map(PermitRecordV9::into_state),
     }
 }
 
@@ -1870,7 +1965,7 @@ impl Store {
         };
         for row in rows.into_iter().flatten() {
             let (k, v) = row.map_err(|e| self.corrupt(e))?;
-            let ceiling = decode::<CeilingRecord>(v.value()).map_err(|e| bad("ceilings", e))?.into_state();
+            let ceiling = decode_ceiling(v.value()).map_err(|e| bad("ceilings", e))?;
             let at_most_floor = |at: Option<Millis>| at.is_none_or(|at| at <= floor);
             if !key_ok(k.value())
                 || !(1..=MAX_CALLS).contains(&ceiling.c)
@@ -2022,7 +2117,7 @@ impl Store {
                         }
                     }
                     Effect::PermitSet { id, permit } => {
-                        let record = encode_schema(PERMIT_SCHEMA, &PermitRecordV8::from_state(permit));
+                        let record = encode_schema(PERMIT_SCHEMA, &PermitRecordV9::from_state(permit));
                         opened(&mut permits, txn, PERMITS)?.insert(id.0, record.as_slice())?;
                     }
                     Effect::PermitEnded { id } => {
@@ -2067,7 +2162,7 @@ impl Store {
                         opened(&mut levels, txn, LEVELS)?.remove(&**bucket)?;
                     }
                     Effect::CeilingSet { bucket, ceiling, .. } => {
-                        let record = encode(&CeilingRecord::from_state(ceiling));
+                        let record = encode_schema(CEILING_SCHEMA, &CeilingRecordV9::from_state(ceiling));
                         opened(&mut ceilings, txn, CEILINGS)?.insert(&**bucket, record.as_slice())?;
                     }
                     Effect::CeilingForgotten { bucket } => {
@@ -2161,7 +2256,7 @@ mod tests {
             decode_permit(&encode_schema(PERMIT_SCHEMA_V7, &PermitRecord::from_state(&buckets))),
             Ok(buckets.clone())
         );
-        // Format 8's: with the adapted buckets of its grant (section 14).
+        // Format 9's: with the adapted buckets of its grant (section 14) and the cuts each saw.
         let adapted = PermitState {
             adapted: vec![AdaptedShare {
                 bucket: Arc::from("w"),
@@ -2170,14 +2265,28 @@ mod tests {
                 per_ms: 1000,
                 in_play: true,
                 signalled: false,
+                cuts_seen: 3,
             }],
             ..buckets
         };
-        assert_eq!(decode_permit(&encode_schema(PERMIT_SCHEMA, &PermitRecordV8::from_state(&adapted))), Ok(adapted));
-        assert!(decode_permit(&[5, 0]).unwrap_err().contains("schema 5"));
-        let ceiling = Ceiling { c: 7, max: 20, cut_at: Some(Millis(3)), grown_at: None, signal_at: Millis(4) };
-        let bytes = encode(&CeilingRecord::from_state(&ceiling));
-        assert_eq!(decode::<CeilingRecord>(&bytes).map(CeilingRecord::into_state), Ok(ceiling));
+        assert_eq!(
+            decode_permit(&encode_schema(PERMIT_SCHEMA, &PermitRecordV9::from_state(&adapted))),
+            Ok(adapted.clone())
+        );
+        // Format 8's: the same, its grants having seen no cut.
+        let v8 = PermitRecordV8 {
+            permit: PermitRecord::from_state(&adapted),
+            adapted: adapted.adapted.iter().map(AdaptedRecord::from_state).collect(),
+        };
+        let read = decode_permit(&encode_schema(PERMIT_SCHEMA_V8, &v8)).unwrap();
+        assert_eq!(read.adapted[0], AdaptedShare { cuts_seen: 0, ..adapted.adapted[0].clone() });
+        assert!(decode_permit(&[6, 0]).unwrap_err().contains("schema 6"));
+        let ceiling = Ceiling { c: 7, max: 20, cut_at: Some(Millis(3)), cuts: 4, grown_at: None, signal_at: Millis(4) };
+        let bytes = encode_schema(CEILING_SCHEMA, &CeilingRecordV9::from_state(&ceiling));
+        assert_eq!(decode_ceiling(&bytes), Ok(ceiling));
+        let v8 = encode(&CeilingRecordV9::from_state(&ceiling).ceiling);
+        assert_eq!(decode_ceiling(&v8), Ok(Ceiling { cuts: 0, ..ceiling }), "format 8's counted no cut");
+        assert!(decode_ceiling(&[3, 0]).unwrap_err().contains("schema 3"));
         let level = BucketLevel { units: -7, unit_ms: 1000, refill: 3, burst: 9, at: Millis(12) };
         let bytes = encode(&LevelRecord::from_state(&level));
         assert_eq!(decode::<LevelRecord>(&bytes).map(LevelRecord::into_state), Ok(level));
@@ -2308,7 +2417,8 @@ mod tests {
     fn ceilings_and_adapted_tickets_are_kept_as_records_and_as_notes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limiter.redb");
-        let ceiling = |c, at| Ceiling { c, max: 20, cut_at: Some(Millis(at)), grown_at: None, signal_at: Millis(at) };
+        let ceiling =
+            |c, at| Ceiling { c, max: 20, cut_at: Some(Millis(at)), cuts: 1, grown_at: None, signal_at: Millis(at) };
         let set = |key: &str, c| Effect::CeilingSet { bucket: Arc::from(key), ceiling: ceiling(c, 900), change: None };
         let adapt = Adapt { min: 2, max: 20, increase: 1, keep_pct: 50 };
         let mut ticket = ticket_state(3_000);
@@ -2334,10 +2444,12 @@ mod tests {
         let mut engine = Engine::new(crate::engine::EngineConfig::with(1000, 1));
         store.load(&mut engine).unwrap();
         assert_eq!(engine.ceilings(""), vec![("c".to_owned(), ceiling(3, 900))]);
-        // A note of the previous release that names a ceiling is no note it wrote.
-        let mut forged = encode_note(Millis(9), &[set("a", 5)]);
-        forged[0] = NOTE_SCHEMA_V7;
-        assert!(decode_note(&forged).unwrap_err().contains("format version 8"));
+        // A note of an older release that names a ceiling counting cuts is no note it wrote.
+        for older in [NOTE_SCHEMA_V7, NOTE_SCHEMA_V8] {
+            let mut forged = encode_note(Millis(9), &[set("a", 5)]);
+            forged[0] = older;
+            assert!(decode_note(&forged).unwrap_err().contains("format version 9"));
+        }
     }
 
     #[test]
@@ -2379,8 +2491,8 @@ mod tests {
         let note = encode_note(Millis(9), &[filed(one, 3_000), Effect::TicketLapsed { id: two }]);
         assert_eq!(note[0], NOTE_SCHEMA);
         // What the previous release reads a note with: the schema byte refuses it.
-        for older in [NOTE_SCHEMA_V4, NOTE_SCHEMA_V5, NOTE_SCHEMA_V6, NOTE_SCHEMA_V7] {
-            assert!(decode_schema::<Note<'_>>(older, &note).err().unwrap().contains("schema 5"));
+        for older in [NOTE_SCHEMA_V4, NOTE_SCHEMA_V5, NOTE_SCHEMA_V6, NOTE_SCHEMA_V7, NOTE_SCHEMA_V8] {
+            assert!(decode_schema::<Note<'_>>(older, &note).err().unwrap().contains("schema 6"));
         }
         let (floor, effects) = decode_note(&note).unwrap();
         assert_eq!(floor, Millis(9));
@@ -2398,7 +2510,7 @@ mod tests {
         // A ticket of the previous release's notes (schema 3) reads with no token bucket and no
         // horizon of its own; this build's record under that schema is no note it wrote.
         forged[0] = NOTE_SCHEMA_V6;
-        assert!(decode_note(&forged).unwrap_err().contains("format version 7"));
+        assert!(decode_note(&forged).unwrap_err().contains("format version 8"));
         let mut previous = ticket_state(3_000);
         previous.limits.retain(|l| l.bucket.is_none());
         let v5 = TicketRecordV5 {

@@ -18,6 +18,9 @@
 // how many acquires and waits each call took, and the CPU time of the server and the clients per
 // call (on a shared machine the wall time follows it).
 //
+// With `--own-transport` the clients send through their own default transport instead of the
+// bench's timing `fetch` (so a change of transport shows; the counts and gaps are then not read).
+//
 // The server: $REDB_LIMITER_BIN, else the repository's release build (see test/server.mjs).
 import { fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -35,6 +38,7 @@ const { values: opts } = parseArgs({
     places: { type: 'string', default: '4' },
     processes: { type: 'string', default: '2' },
     child: { type: 'boolean', default: false },
+    'own-transport': { type: 'boolean', default: false },
   },
 });
 
@@ -62,7 +66,7 @@ async function child() {
     }
     return res;
   };
-  const client = new LimiterClient({ url, fetch: counting });
+  const client = new LimiterClient(opts['own-transport'] ? { url } : { url, fetch: counting });
   // Opens the connection first, so that the run measures hand-offs, not the first connect.
   await client.health();
   const request = { key, limits: [{ key: bucket, concurrent: places }] };
@@ -109,7 +113,8 @@ async function parent() {
       const job = { url: server.url, key: `${bucket}/p${i}`, bucket, calls: share(calls, i, processes), callMs, places };
       if (floor) job.workers = share(places, i, processes);
       const env = { ...process.env, HANDOFF: JSON.stringify(job) };
-      return fork(fileURLToPath(import.meta.url), ['--child', '--client', client], { env });
+      const own = opts['own-transport'] ? ['--own-transport'] : [];
+      return fork(fileURLToPath(import.meta.url), ['--child', '--client', client, ...own], { env });
     });
     const message = (c) =>
       new Promise((r, reject) => {

@@ -1,6 +1,6 @@
 // redb-limiter's host side in TypeScript: the client of the limiter slot's wire, its waiting
 // acquire and permits, providers' signals, token estimates, and the adapters (VernLLM, node
-// limiter's shape). Zero runtime dependencies: the global `fetch` (or one passed in).
+// limiter's shape). Zero runtime dependencies: `node:http` (or a `fetch` passed in).
 
 export {
   LimiterClient,

@@ -1,6 +1,6 @@
 -- redb-limiter, PostgreSQL mode: the schema and the functions that decide.
 --
--- Format version 6. Every object lives in one schema, written __SCHEMA__ below; the server
+-- Format version 7. Every object lives in one schema, written __SCHEMA__ below; the server
 -- replaces that placeholder with the quoted schema identifier (default "redb_limiter") before
 -- running this script, which it does on first use and on `check`. The script is idempotent:
 -- it creates what is missing, replaces the functions, and refuses (SQLSTATE RL001, naming the
@@ -8,7 +8,8 @@
 -- A schema of an earlier version is first brought to this one by the steps in migrate/
 -- (version 1 to 2: migrate/1-2.sql; 2 to 3, the line: migrate/2-3.sql; 3 to 4, the line's
 -- bounds of section 12.9: migrate/3-4.sql; 4 to 5, request ids of section 16: migrate/4-5.sql;
--- 5 to 6, token buckets of section 13: migrate/5-6.sql).
+-- 5 to 6, token buckets of section 13: migrate/5-6.sql; 6 to 7, adaptive ceilings of section 14:
+-- migrate/6-7.sql).
 --
 -- Keys and permit strings are stored escaped (the server's src/keys.rs): U+0000 as U+0001
 -- U+0001 and U+0001 as U+0001 U+0002, so that every UTF-8 string a key may be is stored
@@ -112,8 +113,8 @@ BEGIN
     RETURN;
   END IF;
   EXECUTE 'SELECT max(version) FROM __SCHEMA__.meta' INTO v_version;
-  IF v_version IS DISTINCT FROM 6 THEN
-    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 6',
+  IF v_version IS DISTINCT FROM 7 THEN
+    RAISE EXCEPTION 'schema __SCHEMA__ carries redb-limiter format version %, this server knows version 7',
       coalesce(v_version::text, 'none')
       USING ERRCODE = 'RL001';
   END IF;
@@ -133,7 +134,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
   -- sweep()'s place in the token levels' keys (format 6; migrate/5-6.sql adds it)
   level_cursor text COLLATE "C" NOT NULL DEFAULT ''
 );
-INSERT INTO __SCHEMA__.meta (version) VALUES (6) ON CONFLICT DO NOTHING;
+INSERT INTO __SCHEMA__.meta (version) VALUES (7) ON CONFLICT DO NOTHING;
 COMMENT ON TABLE __SCHEMA__.meta IS 'redb-limiter format version (one row), the sweep cursor and the latest instant seen';
 
 -- A bucket: the row every grant into it locks, its retention and its running totals.
@@ -203,8 +204,12 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.permits (
                                    -- at + holdMs when the request asked for a permit
   place_buckets bigint[] NOT NULL, -- the places held: buckets.id ...
   place_lapses bigint[] NOT NULL,  -- ... and their lapses, pairwise
-  windows jsonb NOT NULL           -- window limits of the grant, for settle:
+  windows jsonb NOT NULL,          -- window limits of the grant, for settle:
                                    -- [{"k": key, "b": buckets.id, "calls", "per", "cost"}]
+  adapted jsonb                    -- its adapted buckets (section 14; NULL: none), for an
+                                   -- outcome: [{"k": key, "min", "max", "inc", "keep", "start",
+                                   -- "per", "inPlay", "cuts": the ceiling's cuts at the grant,
+                                   -- "sig": an outcome counted}] (format 7)
 );
 CREATE INDEX IF NOT EXISTS permits_lapse ON __SCHEMA__.permits (lapse);
 COMMENT ON TABLE __SCHEMA__.permits IS 'live permits: places to free and window grants to settle';
@@ -253,6 +258,12 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.line (
   refill bigint NOT NULL DEFAULT 0,  -- its refill (0: no bucket), burst and initial
   burst bigint NOT NULL DEFAULT 0,
   initial bigint NOT NULL DEFAULT 0,
+  -- a ticket whose limit here adapts (section 14; format 7): its [min, max] (NULL: it does
+  -- not adapt) and its cost as asked; calls, cost, refill, burst and initial are then its own
+  -- figures, and the walk judges them with the bucket's ceiling as it stands
+  adapt_min bigint,
+  adapt_max bigint,
+  asked_cost bigint,
   PRIMARY KEY (bucket, num)
 );
 CREATE INDEX IF NOT EXISTS line_lapse ON __SCHEMA__.line (bucket, lapse_at);
@@ -309,6 +320,26 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.levels (
 )
 WITH (fillfactor = 50);
 COMMENT ON TABLE __SCHEMA__.levels IS 'token bucket levels (section 13), exact, in units of 1/perMs token';
+
+-- Adaptive ceilings (wire section 14; format 7): a bucket's ceiling C, shared by every host and
+-- server that names the bucket with `adapt`, as the engine's engine/ceiling.rs keeps it. A
+-- request is judged with C in place of its window's calls (a token bucket's refill, its burst
+-- scaled) by _judged(); an outcome on a permit cuts or grows it in _signal(), under a
+-- transaction lock on the key (in a key space of this schema's own, taken after the permit's
+-- row lock), so two outcomes at once count one after the other. A row exists once an outcome
+-- changed C; it is forgotten by sweep() once its bucket is, when C is at its max or an hour
+-- has passed since its latest signal.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.ceilings (
+  key text COLLATE "C" PRIMARY KEY,  -- the bucket key
+  c bigint NOT NULL,                 -- C
+  max bigint NOT NULL,               -- the max of the latest request that signalled it
+  cut_at bigint,                     -- the latest cut (NULL: none)
+  cuts bigint NOT NULL,              -- cuts counted since it was kept (orders a grant and a cut
+                                     -- in one millisecond: a permit keeps the count it saw)
+  grown_at bigint,                   -- the latest growth (NULL: none)
+  signal_at bigint NOT NULL          -- the latest outcome that counted
+);
+COMMENT ON TABLE __SCHEMA__.ceilings IS 'adaptive ceilings (section 14), one per bucket, shared by every server';
 
 ---------------------------------------------------------------------------------------------
 -- Helpers.
@@ -645,6 +676,57 @@ BEGIN
 END
 $$;
 
+-- Section 14: req as it is judged. Each limit with "adapt" gets its bucket's ceiling C (table
+-- ceilings; none kept: its own calls, or refill) clamped to its own [min, max] in place of its
+-- window's calls, or of its token bucket's refill, with burst scaled to floor(burst x C /
+-- refill) (at least 1) and initial at most that; its own figures are kept beside them in
+-- "adaptOwn" (so _bound() binds a ticket to what the host asked, and judging again starts from
+-- them) and the ceiling's count of cuts in "ceilingCuts" (what a permit keeps of the grant).
+-- Every other request comes back as it is, after one containment test. The engine's
+-- Engine::judged.
+CREATE OR REPLACE FUNCTION __SCHEMA__._judged(req jsonb) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+  e jsonb;
+  v_own jsonb;
+  v_limits jsonb := '[]';
+  v_start bigint;
+  v_kc bigint;
+  v_cuts bigint;
+  v_c bigint;
+  v_burst bigint;
+BEGIN
+  IF NOT coalesce(req->'limits' @> '[{"adapt": {}}]', false) THEN
+    RETURN req;
+  END IF;
+  FOR e IN SELECT x.v FROM jsonb_array_elements(req->'limits') WITH ORDINALITY AS x(v, ord) ORDER BY x.ord LOOP
+    IF e ? 'adapt' THEN
+      v_own := coalesce(e->'adaptOwn', jsonb_strip_nulls(jsonb_build_object(
+        'calls', e->'calls', 'refill', e->'refill', 'burst', e->'burst', 'initial', e->'initial')));
+      e := e - 'adaptOwn' - 'ceilingCuts' || v_own;
+      v_start := coalesce((v_own->>'calls')::bigint, (v_own->>'refill')::bigint);
+      v_kc := NULL;
+      v_cuts := NULL;
+      SELECT ce.c, ce.cuts INTO v_kc, v_cuts FROM __SCHEMA__.ceilings ce WHERE ce.key = e->>'key';
+      v_c := least(greatest(coalesce(v_kc, v_start), (e->'adapt'->>'min')::bigint), (e->'adapt'->>'max')::bigint);
+      e := e || jsonb_build_object('adaptOwn', v_own, 'ceilingCuts', coalesce(v_cuts, 0));
+      IF e ? 'calls' THEN
+        e := e || jsonb_build_object('calls', v_c);
+      ELSIF e ? 'refill' THEN
+        v_burst := greatest(1, div(coalesce((v_own->>'burst')::numeric, v_start) * v_c, v_start))::bigint;
+        e := e || jsonb_build_object('refill', v_c, 'burst', v_burst,
+                                     'initial', least(coalesce((v_own->>'initial')::bigint, v_burst), v_burst));
+      END IF;
+    END IF;
+    v_limits := v_limits || jsonb_build_array(e);
+  END LOOP;
+  RETURN jsonb_set(req, '{limits}', v_limits);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._judged(jsonb) IS
+  'a request as section 14 judges it: each adapted limit with its bucket''s ceiling';
+
 -- One limit's figures as in spec 9.1: used/remaining for a window, held/free for places.
 CREATE OR REPLACE FUNCTION __SCHEMA__._figure(p_key text, p_calls bigint, p_conc bigint,
                                               p_used bigint, p_held bigint)
@@ -757,6 +839,10 @@ DECLARE
   -- its cost capped at burst, and its level as read (text of the level's array; NULL: none)
   lref bigint[]; lbper bigint[]; lburst bigint[]; linit bigint[]; ltok bigint[]; llv text[];
   v_lv bigint[];
+  -- the limit adapts (section 14: judged already, see _judged), and the permit's shares
+  lad boolean[];
+  v_adapted jsonb := '[]';
+  v_in_play boolean;
   v_name boolean;
   -- the bucket rows read, per limit (bid NULL: no such bucket)
   b record;
@@ -806,6 +892,7 @@ BEGIN
                      ELSE least(coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1), lcalls[i]) END;
     lhold[i] := coalesce((e->>'holdMs')::bigint, (req->>'holdMs')::bigint, 600000);
     v_any_conc := v_any_conc OR lconc[i] IS NOT NULL;
+    lad[i] := e ? 'adapt';
     lref[i] := (e->>'refill')::bigint;
     ltok[i] := 0;
     IF lref[i] IS NOT NULL THEN
@@ -864,7 +951,7 @@ BEGIN
         v_name := v_name OR (llv[i] IS NULL AND linit[i] < lburst[i]);
       END IF;
       CONTINUE WHEN bid[i] IS NULL;  -- a bucket that does not exist has room
-      IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_figures) THEN
+      IF lcalls[i] IS NOT NULL AND (lcost[i] > 0 OR v_figures OR lad[i]) THEN
         -- The cost counting under this request's window (one probe, + the Fenwick tree if
         -- the bucket was ever settled) and, when it does not fit, the rate retryAt: when the
         -- first row whose running total reaches total + cost - calls leaves.
@@ -927,6 +1014,11 @@ BEGIN
             'level', __SCHEMA__._floor_div(__SCHEMA__._lv_units(v_lv, lref[i], lbper[i], lburst[i], linit[i], v_now),
                                            lbper[i])::bigint,
             'burst', lburst[i]));
+        END IF;
+        IF lad[i] THEN
+          -- the ceiling it is judged with (section 14)
+          v_fig := jsonb_set(v_fig, ARRAY[(i - 1)::text], (v_fig->(i - 1))
+                             || jsonb_build_object('ceiling', coalesce(lcalls[i], lref[i])));
         END IF;
       END LOOP;
     END IF;
@@ -1100,6 +1192,27 @@ BEGIN
           'k', lk[i], 'b', bid[i], 'calls', lcalls[i], 'per', lper[i], 'cost', lcost[i]));
       END IF;
     END IF;
+    IF lad[i] AND v_permit IS NOT NULL THEN
+      -- What an outcome on the permit needs (section 14): whether the ceiling is in play just
+      -- after the grant (the window holds at least half of C, this cost counted; a token
+      -- bucket's level, after the take, is at most half its burst) and the cuts it saw.
+      IF lref[i] IS NOT NULL THEN
+        v_lv := CASE WHEN ltok[i] > 0
+                     THEN __SCHEMA__._lv_take(llv[i]::bigint[], lref[i], lbper[i], lburst[i], linit[i], ltok[i], v_now)
+                     ELSE llv[i]::bigint[] END;
+        v_in_play := __SCHEMA__._lv_units(v_lv, lref[i], lbper[i], lburst[i], linit[i], v_now) * 2
+                     <= lburst[i]::numeric * lbper[i];
+      ELSE
+        v_in_play := (used[i] + lcost[i]) * 2 >= lcalls[i];
+      END IF;
+      e := v_limits->(i - 1);
+      v_adapted := v_adapted || jsonb_build_array(jsonb_build_object(
+        'k', lk[i], 'min', (e->'adapt'->>'min')::bigint, 'max', (e->'adapt'->>'max')::bigint,
+        'inc', (e->'adapt'->>'increase')::bigint, 'keep', (e->'adapt'->>'keepPct')::bigint,
+        'start', coalesce((e->'adaptOwn'->>'calls')::bigint, (e->'adaptOwn'->>'refill')::bigint),
+        'per', coalesce(lper[i], lbper[i]), 'inPlay', v_in_play,
+        'cuts', coalesce((e->>'ceilingCuts')::bigint, 0), 'sig', false));
+    END IF;
     IF lconc[i] IS NOT NULL AND v_permit IS NOT NULL THEN
       INSERT INTO __SCHEMA__.places (bucket, lapse, permit) VALUES (bid[i], v_now + lhold[i], v_permit);
       p_bid := p_bid || bid[i];
@@ -1111,8 +1224,9 @@ BEGIN
     IF coalesce((req->>'permit')::boolean, false) THEN
       v_lapse := greatest(v_lapse, v_now + coalesce((req->>'holdMs')::bigint, 600000));
     END IF;
-    INSERT INTO __SCHEMA__.permits (id, at, lapse, place_buckets, place_lapses, windows)
-    VALUES (v_permit, v_now, v_lapse, coalesce(p_bid, '{}'), coalesce(p_lapse, '{}'), v_windows);
+    INSERT INTO __SCHEMA__.permits (id, at, lapse, place_buckets, place_lapses, windows, adapted)
+    VALUES (v_permit, v_now, v_lapse, coalesce(p_bid, '{}'), coalesce(p_lapse, '{}'), v_windows,
+            nullif(v_adapted, '[]'::jsonb));
   END IF;
 
   v_reply := jsonb_build_object('granted', true, 'at', v_now, 'permit', v_permit, 'now', v_now);
@@ -1156,8 +1270,10 @@ DECLARE
   v_try integer;
   v_clock bigint;
 BEGIN
-  IF mode <> 'acquire' OR jsonb_array_length(v_l) <> 1 OR (req->>'permit')::boolean OR (v_l->0) ? 'refill' THEN
-    -- (a token bucket, section 13, is decided by the general path)
+  IF mode <> 'acquire' OR jsonb_array_length(v_l) <> 1 OR (req->>'permit')::boolean OR (v_l->0) ? 'refill'
+     OR (v_l->0) ? 'adapt' THEN
+    -- (a token bucket, section 13, and an adapted limit, section 14, are decided by the general
+    -- path)
     RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
   END IF;
   v_l := v_l->0;
@@ -1334,7 +1450,9 @@ COMMENT ON FUNCTION __SCHEMA__._acquire_plain(jsonb, text, bigint, text, bigint)
 CREATE OR REPLACE FUNCTION __SCHEMA__._bound(req jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS
 $$
-  SELECT coalesce(jsonb_agg(x ORDER BY (x->>'key') COLLATE "C"), '[]'::jsonb)
+  SELECT coalesce(jsonb_agg(CASE WHEN x ? 'adaptOwn'
+                                  THEN x - 'adaptOwn' - 'ceilingCuts' || (x->'adaptOwn')
+                                  ELSE x END ORDER BY (x->>'key') COLLATE "C"), '[]'::jsonb)
     FROM jsonb_array_elements(req->'limits') AS x
 $$;
 
@@ -1445,6 +1563,7 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE AS
 $$
 BEGIN
+  req := __SCHEMA__._judged(req);  -- (section 14; the request itself when nothing adapts)
   IF req ? 'queue' OR req ? 'ticket' THEN
     RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
   END IF;
@@ -1511,6 +1630,7 @@ DECLARE
   i integer; j integer;
   v_at bigint;
   v_held bigint; v_need bigint; v_retry bigint; v_x bigint; v_recheck bigint;
+  v_ceiling bigint;  -- the bucket's ceiling (section 14), for the tickets that adapt here
 BEGIN
   SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.fen, bk.queued INTO b
     FROM __SCHEMA__.buckets bk WHERE bk.key = p_key;
@@ -1520,13 +1640,29 @@ BEGIN
   IF v_backfills AND v_cost = 0 AND v_tok = 0 THEN
     RETURN NULL;  -- no place and no cost: it delays no one
   END IF;
+  SELECT ce.c INTO v_ceiling FROM __SCHEMA__.ceilings ce WHERE ce.key = p_key;
   -- The tickets that hold, in order, then (me) the request itself: its own reserved instant
   -- behind them is found by the same steps.
   FOR q IN
     SELECT * FROM (
       SELECT * FROM (
-        SELECT false AS me, l.num, l.calls, l.per_ms, l.cost, l.conc, l.refill, l.burst, l.initial
+        SELECT false AS me, l.num,
+               CASE WHEN a.c IS NULL OR l.calls = 0 THEN l.calls ELSE a.c END AS calls, l.per_ms,
+               CASE WHEN a.c IS NULL THEN l.cost WHEN l.calls > 0 THEN least(l.asked_cost, a.c)
+                    ELSE least(l.asked_cost, a.burst) END AS cost,
+               l.conc,
+               CASE WHEN a.c IS NULL OR l.refill = 0 THEN l.refill ELSE a.c END AS refill,
+               CASE WHEN a.c IS NULL OR l.refill = 0 THEN l.burst ELSE a.burst END AS burst,
+               CASE WHEN a.c IS NULL OR l.refill = 0 THEN l.initial ELSE least(l.initial, a.burst) END AS initial
           FROM __SCHEMA__.line l
+          -- a ticket that adapts here: its own figures judged with the bucket's ceiling (14)
+          LEFT JOIN LATERAL (
+               SELECT j.c, CASE WHEN l.refill > 0 THEN greatest(1, div(l.burst::numeric * j.c, l.refill))::bigint
+                           END AS burst
+                 FROM (SELECT least(greatest(coalesce(v_ceiling,
+                                                      CASE WHEN l.calls > 0 THEN l.calls ELSE l.refill END),
+                                             l.adapt_min), l.adapt_max) AS c) j
+                WHERE l.adapt_min IS NOT NULL) a ON true
          WHERE l.bucket = p_key AND l.num < coalesce(p_mine, 9223372036854775807)
            AND l.lapse_at + 0 > p_now  -- (read in number order: on the primary key, not line_lapse)
            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.throttles th WHERE th.key = l.caller AND th.until > p_now)
@@ -1885,11 +2021,25 @@ BEGIN
           VALUES (v_num, v_ticket, req->>'key', __SCHEMA__._bound(req), lk, v_retry, v_lapse, v_grace,
                   v_now, v_now + v_horizon);
           FOR i IN 1 .. n LOOP
-            INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc, refill,
-                                         burst, initial)
-            VALUES (lk[i], v_num, v_lapse, req->>'key', coalesce(lcalls[i], 0), coalesce(lper[i], 0),
-                    lcost[i], coalesce(lconc[i], 0), coalesce(lref[i], 0), coalesce(lburst[i], 0),
-                    coalesce(linit[i], 0));
+            e := v_limits->(i - 1);
+            IF e ? 'adapt' THEN
+              -- its own figures, judged with the ceiling at each walk (section 14)
+              e := e - 'adaptOwn' || (e->'adaptOwn');
+              INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc, refill,
+                                           burst, initial, adapt_min, adapt_max, asked_cost)
+              VALUES (lk[i], v_num, v_lapse, req->>'key', coalesce((e->>'calls')::bigint, 0), coalesce(lper[i], 0),
+                      lcost[i], coalesce(lconc[i], 0), coalesce((e->>'refill')::bigint, 0),
+                      coalesce((e->>'burst')::bigint, (e->>'refill')::bigint, 0),
+                      coalesce((e->>'initial')::bigint, (e->>'burst')::bigint, (e->>'refill')::bigint, 0),
+                      (e->'adapt'->>'min')::bigint, (e->'adapt'->>'max')::bigint,
+                      coalesce((e->>'cost')::bigint, (req->>'cost')::bigint, 1));
+            ELSE
+              INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc, refill,
+                                           burst, initial)
+              VALUES (lk[i], v_num, v_lapse, req->>'key', coalesce(lcalls[i], 0), coalesce(lper[i], 0),
+                      lcost[i], coalesce(lconc[i], 0), coalesce(lref[i], 0), coalesce(lburst[i], 0),
+                      coalesce(linit[i], 0));
+            END IF;
           END LOOP;
           UPDATE __SCHEMA__.buckets SET queued = queued + 1, floor_ms = greatest(floor_ms, v_now)
            WHERE key = ANY (lk);
@@ -2003,8 +2153,8 @@ BEGIN
       v_over := true;
       CONTINUE;
     END IF;
-    v_peek := __SCHEMA__._acquire_line(
-      jsonb_build_object('key', t.caller, 'limits', t.bound, 'ticket', v_ticket), 'peek', recheck_ms, '', at_ms);
+    v_peek := __SCHEMA__._acquire_line(__SCHEMA__._judged(
+      jsonb_build_object('key', t.caller, 'limits', t.bound, 'ticket', v_ticket)), 'peek', recheck_ms, '', at_ms);
     IF (v_peek->>'fits')::boolean THEN
       v_out := v_out || jsonb_build_array(jsonb_build_object('s', 'r'));
       v_over := true;
@@ -2313,6 +2463,129 @@ COMMENT ON FUNCTION __SCHEMA__.release(text, jsonb, bigint) IS
   'release a permit (section 4), settling first when costs are given (9.3)';
 
 ---------------------------------------------------------------------------------------------
+-- Outcomes (wire section 14; table ceilings). The engine's engine/ceiling.rs, rule for rule:
+--   An outcome counts on a live permit, once per adapted bucket of its grant (the permit keeps
+--   which were signalled); a later one, or one for an unknown, released or lapsed permit,
+--   changes nothing. `limited` cuts C to max(min, floor(C x keepPct / 100)), and `clean` grows
+--   it by increase up to max when the ceiling was in play at the grant and has not grown within
+--   the last perMs; both only for a grant after the latest cut: made in a later millisecond,
+--   or in the cut's own millisecond having seen that cut counted (cuts). A ceiling none kept
+--   starts at the request's own calls (refill) and is written only when an outcome changed it.
+--   The permit's row is locked first, then each bucket's ceiling (a transaction lock on its
+--   key, in key order), and C is read after the lock.
+-- Answers {"cuts": n, "growths": n} (for the server's metrics); p_outcome is 'clean' or
+-- 'limited'; p_now the instant (the database's clock when NULL).
+CREATE OR REPLACE FUNCTION __SCHEMA__._signal(p_permit text, p_outcome text, at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  p record;
+  a jsonb;
+  v_now bigint;
+  v_out jsonb := '[]';
+  k record;
+  v_found boolean;
+  v_c bigint;
+  v_next bigint;
+  v_cut_at bigint;
+  v_cuts bigint;
+  v_grown bigint;
+  v_after boolean;
+  v_change text;
+  v_ncut integer := 0;
+  v_ngrow integer := 0;
+BEGIN
+  SELECT * INTO p FROM __SCHEMA__.permits WHERE id = p_permit FOR UPDATE;
+  v_now := greatest(coalesce(at_ms, __SCHEMA__._clock_ms()), p.at);
+  IF NOT FOUND OR p.adapted IS NULL OR p.lapse <= v_now THEN
+    RETURN jsonb_build_object('cuts', 0, 'growths', 0);
+  END IF;
+  FOR a IN SELECT x.v FROM jsonb_array_elements(p.adapted) AS x(v) ORDER BY x.v->>'k' COLLATE "C" LOOP
+    IF (a->>'sig')::boolean THEN
+      v_out := v_out || jsonb_build_array(a);
+      CONTINUE;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('redb-limiter ceilings __SCHEMA__'), hashtext(a->>'k'));
+    SELECT ce.c, ce.cut_at, ce.cuts, ce.grown_at INTO k FROM __SCHEMA__.ceilings ce WHERE ce.key = a->>'k';
+    v_found := FOUND;
+    v_c := least(greatest(CASE WHEN v_found THEN k.c ELSE (a->>'start')::bigint END, (a->>'min')::bigint),
+                 (a->>'max')::bigint);
+    v_next := CASE WHEN v_found THEN k.c ELSE (a->>'start')::bigint END;
+    v_cut_at := CASE WHEN v_found THEN k.cut_at END;
+    v_cuts := CASE WHEN v_found THEN k.cuts ELSE 0 END;
+    v_grown := CASE WHEN v_found THEN k.grown_at END;
+    v_after := v_cut_at IS NULL OR p.at > v_cut_at OR (p.at = v_cut_at AND (a->>'cuts')::bigint = v_cuts);
+    v_change := NULL;
+    IF p_outcome = 'limited' AND v_after THEN
+      v_next := greatest(div(v_c::numeric * (a->>'keep')::bigint, 100)::bigint, (a->>'min')::bigint);
+      v_cut_at := v_now;
+      v_cuts := v_cuts + 1;
+      v_change := 'cut';
+      v_ncut := v_ncut + 1;
+    ELSIF p_outcome = 'clean' AND v_after AND (a->>'inPlay')::boolean AND v_c < (a->>'max')::bigint
+          AND (a->>'inc')::bigint > 0 AND (v_grown IS NULL OR v_now - v_grown >= (a->>'per')::bigint) THEN
+      v_next := least(v_c + (a->>'inc')::bigint, (a->>'max')::bigint);
+      v_grown := v_now;
+      v_change := 'growth';
+      v_ngrow := v_ngrow + 1;
+    END IF;
+    IF v_found OR v_change IS NOT NULL THEN
+      INSERT INTO __SCHEMA__.ceilings AS ce (key, c, max, cut_at, cuts, grown_at, signal_at)
+      VALUES (a->>'k', v_next, (a->>'max')::bigint, v_cut_at, v_cuts, v_grown, v_now)
+      ON CONFLICT (key) DO UPDATE
+         SET c = excluded.c, max = excluded.max, cut_at = excluded.cut_at, cuts = excluded.cuts,
+             grown_at = excluded.grown_at, signal_at = excluded.signal_at;
+    END IF;
+    v_out := v_out || jsonb_build_array(a || '{"sig": true}'::jsonb);
+  END LOOP;
+  UPDATE __SCHEMA__.permits SET adapted = v_out WHERE id = p_permit;
+  RETURN jsonb_build_object('cuts', v_ncut, 'growths', v_ngrow);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._signal(text, text, bigint) IS
+  'count an outcome (section 14) on a live permit''s adapted buckets: cut or grow their ceilings';
+
+-- release with an outcome (section 14): settles first when costs are given, counts the
+-- outcome, then releases, in one transaction. {"released": as release(), "cuts", "growths"}.
+CREATE OR REPLACE FUNCTION __SCHEMA__.release_outcome(permit text, costs jsonb, outcome text,
+                                                      at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_signal jsonb;
+BEGIN
+  IF costs IS NOT NULL THEN
+    PERFORM __SCHEMA__.settle(permit, costs, at_ms);
+  END IF;
+  v_signal := __SCHEMA__._signal(permit, outcome, at_ms);
+  RETURN v_signal || jsonb_build_object('released', __SCHEMA__.release(permit, NULL, at_ms));
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.release_outcome(text, jsonb, text, bigint) IS
+  'release a permit (section 4) counting its outcome (section 14), settling first when costs are given';
+
+-- settle with an outcome (section 14): the outcome counts when the permit was live.
+-- settle()'s reply with "cuts" and "growths".
+CREATE OR REPLACE FUNCTION __SCHEMA__.settle_outcome(permit text, costs jsonb, outcome text,
+                                                     at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_reply jsonb := __SCHEMA__.settle(permit, costs, at_ms);
+BEGIN
+  IF (v_reply->>'settled')::boolean THEN
+    RETURN v_reply || __SCHEMA__._signal(permit, outcome, at_ms);
+  END IF;
+  RETURN v_reply || jsonb_build_object('cuts', 0, 'growths', 0);
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.settle_outcome(text, jsonb, text, bigint) IS
+  'settle a live permit (9.3) counting its outcome (section 14)';
+
+---------------------------------------------------------------------------------------------
 -- Request ids (wire section 16; table requests). An acquire or peek naming an id comes to
 -- acquire_id() instead of acquire(), and release {id} to undo(): the server sends every other
 -- request as before, so that one never reads the table. The engine's engine/requests.rs, rule
@@ -2539,6 +2812,22 @@ $$;
 COMMENT ON FUNCTION __SCHEMA__.throttle(text, bigint, bigint) IS
   'throttle a caller key (section 5): only extends; returns the until in force';
 
+-- throttle carrying a permit (section 14): the throttle as throttle(), and the permit's
+-- outcome counted as limited. {"until": the until in force, "cuts", "growths"}.
+CREATE OR REPLACE FUNCTION __SCHEMA__.throttle_permit(key text, until_ms bigint, permit text,
+                                                      at_ms bigint DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE AS
+$$
+DECLARE
+  v_signal jsonb := __SCHEMA__._signal(permit, 'limited', at_ms);
+BEGIN
+  RETURN v_signal || jsonb_build_object('until', __SCHEMA__.throttle(key, until_ms, at_ms));
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__.throttle_permit(text, bigint, text, bigint) IS
+  'throttle a caller key (section 5), counting the permit''s outcome as limited (section 14)';
+
 -- lift: ends a throttle in force (and wakes the caller's waits); true when there was one.
 CREATE OR REPLACE FUNCTION __SCHEMA__.lift(key text, at_ms bigint DEFAULT NULL)
 RETURNS boolean
@@ -2704,10 +2993,20 @@ BEGIN
      AND starts_with(th.key, v_prefix)
    ORDER BY th.key
    LIMIT lim + 1;
+
+  -- The adaptive ceilings kept (section 14): C (in window_used), max (in calls), the latest
+  -- signal (in oldest), cuts (in held), the latest growth (in next_lapse) and cut (in lapse).
+  RETURN QUERY
+  SELECT 'c'::text, ce.key, v_now, ce.c, ce.max, NULL::bigint, NULL::bigint, ce.signal_at, ce.cuts,
+         ce.grown_at, ce.cut_at, NULL::text[], NULL::bigint[]
+    FROM __SCHEMA__.ceilings ce
+   WHERE ce.key > v_after AND ce.key >= v_prefix AND ce.key < v_end AND starts_with(ce.key, v_prefix)
+   ORDER BY ce.key
+   LIMIT lim + 1;
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.state_rows(text, text, integer, bigint) IS
-  'live buckets (with their lines), permits and throttles (GET /state), paged by key, as rows, read-only';
+  'live buckets (with their lines), permits, throttles and ceilings (GET /state), paged by key, as rows, read-only';
 
 -- Counts for metrics: rows in each table (lapsed rows not yet swept included).
 CREATE OR REPLACE FUNCTION __SCHEMA__.totals() RETURNS jsonb
@@ -2790,6 +3089,16 @@ BEGIN
      WHERE q.id = d.id AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = d.id)
     RETURNING 1)
   SELECT count(*) INTO v_k FROM gone;
+  v_done := v_done + v_k;
+
+  -- Adaptive ceilings forgotten (section 14): their bucket gone, at their max or an hour past
+  -- their latest signal.
+  DELETE FROM __SCHEMA__.ceilings ce
+   WHERE ce.key IN (SELECT x.key FROM __SCHEMA__.ceilings x
+                     WHERE (x.c >= x.max OR x.signal_at + 3600000 <= v_now)
+                       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.buckets bk WHERE bk.key = x.key)
+                     LIMIT batch FOR UPDATE SKIP LOCKED);
+  GET DIAGNOSTICS v_k = ROW_COUNT;
   v_done := v_done + v_k;
 
   -- Token levels forgotten (section 13): full for their keeping time, their bucket holding no
@@ -2885,7 +3194,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION __SCHEMA__.sweep(integer, bigint, bigint) IS
-  'delete lapsed permits, passed throttles, request ids past their time, forgotten token levels, grants past retention and idle buckets, in batches';
+  'delete lapsed permits, passed throttles, request ids past their time, forgotten ceilings and token levels, grants past retention and idle buckets, in batches';
 
 -- Tickets lapsed by at_ms (less margin_ms) leave their lines, at most batch of them: counted
 -- out of each line under its bucket row's lock, the buckets taken in key order once for the

@@ -43,6 +43,14 @@
 //! engine does, under the same bucket row lock as a window; a request naming a bucket never takes
 //! the one-statement paths or the batch.
 //!
+//! Adaptive ceilings (wire section 14) live in the database too (table `ceilings`: one per
+//! bucket, shared by every server): `acquire()` judges a request naming `adapt` with its
+//! bucket's ceiling before anything else reads it (and never on the one-statement paths or the
+//! batch), a grant's permit keeps what an outcome needs of each adapted bucket, and an outcome
+//! (`release_outcome()`, `settle_outcome()`, `throttle_permit()`) cuts or grows the ceiling in
+//! the transaction that counts it. Each answers the cuts and growths it made, which this server
+//! counts in its metrics.
+//!
 //! Wake-ups (wire section 15) are `wakes.rs`: `/wait` asks the database's `wait_check()` how its
 //! tickets stand (one round trip for all of them), and every change that can make a ticket ready
 //! notifies (`pg_notify`, delivered at commit) the keys it freed to every server, each of which
@@ -84,7 +92,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use redb_limiter::backend::Backend;
 use redb_limiter::engine::{BucketMeta, BucketView, PermitId, PermitView, StateView, ThrottleView, Totals};
-use redb_limiter::engine::{Figures, NoTicket, Refusal, TicketId, TicketNote};
+use redb_limiter::engine::{Ceiling, Figures, NoTicket, Refusal, TicketId, TicketNote};
 use redb_limiter::limiter::{Acquired, Peeked, Report, Snapshot, StatePage, WaitAnswer};
 use redb_limiter::request::{
     AcquireRequest, Cost, LeaveRequest, LiftRequest, Limit, ReleaseRequest, SettleRequest, ThrottleRequest,
@@ -107,7 +115,7 @@ const ACQUIRE_WINDOWS_SQL: &str = include_str!("../sql/acquire_windows.sql");
 /// [`batch`]); `__SCHEMA__` as above.
 const ACQUIRE_WINDOW_BATCH_SQL: &str = include_str!("../sql/acquire_window_batch.sql");
 /// The format version `sql/schema.sql` writes into its `meta` table.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 /// The steps from each earlier format version to the next: `MIGRATIONS[i]` takes a schema of
 /// version `i + 1` to version `i + 2` (`sql/migrate/N-M.sql`; `__SCHEMA__` as above). Each
 /// runs in its own transaction under the schema's advisory lock and does nothing unless the
@@ -118,6 +126,7 @@ const MIGRATIONS: [&str; (SCHEMA_VERSION - 1) as usize] = [
     include_str!("../sql/migrate/3-4.sql"),
     include_str!("../sql/migrate/4-5.sql"),
     include_str!("../sql/migrate/5-6.sql"),
+    include_str!("../sql/migrate/6-7.sql"),
 ];
 /// The schema used when none is named.
 pub const DEFAULT_SCHEMA: &str = "redb_limiter";
@@ -267,8 +276,11 @@ struct Statements {
     acquire_window: String,
     acquire_windows: String,
     release: String,
+    release_outcome: String,
     settle: String,
+    settle_outcome: String,
     throttle: String,
+    throttle_permit: String,
     lift: String,
     leave: String,
     state: String,
@@ -302,8 +314,11 @@ impl Statements {
             acquire_window: file(ACQUIRE_WINDOW_SQL),
             acquire_windows: file(ACQUIRE_WINDOWS_SQL),
             release: call("SELECT S.release($1, $2::jsonb, $3)"),
+            release_outcome: call("SELECT S.release_outcome($1, $2::jsonb, $3, $4)"),
             settle: call("SELECT S.settle($1, $2::jsonb, $3)"),
+            settle_outcome: call("SELECT S.settle_outcome($1, $2::jsonb, $3, $4)"),
             throttle: call("SELECT S.throttle($1, $2, $3)"),
+            throttle_permit: call("SELECT S.throttle_permit($1, $2, $3, $4)"),
             lift: call("SELECT S.lift($1, $2)"),
             leave: call("SELECT S.leave($1, $2)"),
             state: call("SELECT * FROM S.state_rows($1, $2, $3, $4)"),
@@ -542,7 +557,6 @@ impl PgLimiter {
     /// Decides an acquire (with the figures after it when the request asked for a report); a
     /// grant is answered only once the database committed it.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Acquired, LimiterError> {
-        no_ceilings(&req)?;
         let result = match windows_only(&req) {
             Some([limit]) => self.acquire_window_grouped(&req, limit).await,
             Some(_) => self.acquire_windows(&req).await,
@@ -728,6 +742,15 @@ impl PgLimiter {
         }
     }
 
+    /// Counts in the metrics the cuts and growths an outcome made (section 14).
+    fn count_ceilings(&self, reply: &Value) {
+        for (field, change) in [("cuts", "cut"), ("growths", "growth")] {
+            for _ in 0..reply.get(field).and_then(Value::as_u64).unwrap_or(0) {
+                self.metrics.ceiling_changed(change);
+            }
+        }
+    }
+
     fn count(&self, decision: &Decision) {
         match decision {
             Decision::Granted { .. } => self.metrics.decided("acquire", "granted", ""),
@@ -738,7 +761,6 @@ impl PgLimiter {
     /// Decides as an acquire would at the same instant and changes nothing (a request named by
     /// an id answered before: as it would be answered again).
     pub async fn peek(&self, req: AcquireRequest) -> Result<Peeked, LimiterError> {
-        no_ceilings(&req)?;
         let body = request_json(&req, self.options.line_horizon_ms);
         let recheck_ms = to_i64(self.options.recheck_ms);
         let reply: Value = match req.id.as_deref() {
@@ -759,27 +781,39 @@ impl PgLimiter {
 
     /// Releases a permit (settling `costs` first, in the same transaction): `true` when it was
     /// live.
+    /// With an outcome (section 14), counted on the permit's adapted buckets before it goes.
     pub async fn release(&self, req: ReleaseRequest) -> Result<bool, LimiterError> {
-        if req.outcome.is_some() {
-            return Err(no_ceilings_field("outcome"));
-        }
         let costs = (!req.costs.is_empty()).then(|| costs_json(&req.costs));
         let permit = escape(&req.permit);
         let permit: &str = &permit;
-        let released: bool = self.call(&self.sql.release, &[&permit, &costs, &self.at()]).await?;
+        let released = match req.outcome {
+            None => self.call(&self.sql.release, &[&permit, &costs, &self.at()]).await?,
+            Some(outcome) => {
+                let reply: Value =
+                    self.call(&self.sql.release_outcome, &[&permit, &costs, &outcome.as_str(), &self.at()]).await?;
+                self.count_ceilings(&reply);
+                reply.get("released").and_then(Value::as_bool).ok_or_else(|| protocol(&reply))?
+            }
+        };
         self.metrics.decided("release", if released { "released" } else { "unknown" }, "");
         Ok(released)
     }
 
-    /// Settles a permit's grant to its real costs: `true` when the permit was live.
+    /// Settles a permit's grant to its real costs: `true` when the permit was live. An outcome
+    /// (section 14) then counts on its adapted buckets.
     pub async fn settle(&self, req: SettleRequest) -> Result<bool, LimiterError> {
-        if req.outcome.is_some() {
-            return Err(no_ceilings_field("outcome"));
-        }
         let permit = escape(&req.permit);
         let permit: &str = &permit;
-        let result: Result<Value, LimiterError> =
-            self.call(&self.sql.settle, &[&permit, &costs_json(&req.costs), &self.at()]).await;
+        let costs = costs_json(&req.costs);
+        let result: Result<Value, LimiterError> = match req.outcome {
+            None => self.call(&self.sql.settle, &[&permit, &costs, &self.at()]).await,
+            Some(outcome) => {
+                self.call(&self.sql.settle_outcome, &[&permit, &costs, &outcome.as_str(), &self.at()]).await
+            }
+        };
+        if let Ok(reply) = &result {
+            self.count_ceilings(reply);
+        }
         let reply = match result {
             Err(e @ LimiterError::BadRequest(_)) => {
                 self.metrics.decided("settle", "bad_request", "");
@@ -793,13 +827,22 @@ impl PgLimiter {
     }
 
     /// Throttles a caller (only ever extends); the throttle in force afterwards.
+    /// A `permit` counts as a `limited` outcome on its adapted buckets (section 14).
     pub async fn throttle(&self, req: ThrottleRequest) -> Result<Option<Millis>, LimiterError> {
-        if req.permit.is_some() {
-            return Err(no_ceilings_field("permit"));
-        }
         let key = escape(&req.key);
         let key: &str = &key;
-        let until: Option<i64> = self.call(&self.sql.throttle, &[&key, &millis_to_sql(req.until), &self.at()]).await?;
+        let until: Option<i64> = match &req.permit {
+            None => self.call(&self.sql.throttle, &[&key, &millis_to_sql(req.until), &self.at()]).await?,
+            Some(permit) => {
+                let permit = escape(permit);
+                let permit: &str = &permit;
+                let reply: Value = self
+                    .call(&self.sql.throttle_permit, &[&key, &millis_to_sql(req.until), &permit, &self.at()])
+                    .await?;
+                self.count_ceilings(&reply);
+                reply.get("until").and_then(Value::as_i64)
+            }
+        };
         let until = until.map(millis_from_sql);
         self.metrics.decided("throttle", if until.is_some() { "in_force" } else { "none" }, "");
         Ok(until)
@@ -1063,26 +1106,12 @@ impl Backend for PgLimiter {
 /// The limits of a request that `sql/acquire_window.sql` (one) or `sql/acquire_windows.sql`
 /// (more) decides: an acquire (no report, no permit, no `queue`, `ticket` or `id`) of window
 /// limits only, each with a cost above 0. Those statements leave a bucket with a line to
-/// `acquire()`; a token bucket (section 13) never reaches them: `acquire()` decides it.
-/// Adaptive ceilings (section 14) are not kept in the database yet: `adapt` is refused naming
-/// it, never ignored.
-fn no_ceilings(req: &AcquireRequest) -> Result<(), LimiterError> {
-    match req.limits.iter().position(|l| l.adapt.is_some()) {
-        Some(i) => Err(no_ceilings_field(&format!("limits[{i}].adapt"))),
-        None => Ok(()),
-    }
-}
-
-/// A field of section 14 (adaptive ceilings), which PostgreSQL mode does not serve yet: a
-/// `bad_request` naming it, so a host never believes it adapts when nothing does.
-fn no_ceilings_field(field: &str) -> LimiterError {
-    LimiterError::BadRequest(redb_limiter::BadRequest(format!(
-        "{field}: adaptive ceilings (section 14) are not served in PostgreSQL mode yet"
-    )))
-}
-
+/// `acquire()`; a token bucket (section 13) and an adapted limit (section 14) never reach them:
+/// `acquire()` decides them.
 fn windows_only(req: &AcquireRequest) -> Option<&[Limit]> {
-    let plain = |l: &Limit| l.window.is_some() && l.bucket.is_none() && l.concurrent.is_none() && l.cost > 0;
+    let plain = |l: &Limit| {
+        l.window.is_some() && l.bucket.is_none() && l.concurrent.is_none() && l.adapt.is_none() && l.cost > 0
+    };
     (!req.report
         && !req.permit
         && !req.in_line()
@@ -1153,7 +1182,7 @@ fn figures_from(reply: &Value) -> Option<Vec<Figures>> {
             places: pair("held", "free"),
             bucket: f.get("level").and_then(Value::as_i64).zip(f.get("burst").and_then(Value::as_u64)),
             queued: f.get("queued").and_then(Value::as_u64),
-            ceiling: None,
+            ceiling: f.get("ceiling").and_then(Value::as_u64),
         });
     }
     Some(out)
@@ -1265,6 +1294,7 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
         let taken = match kind {
             "p" => view.permits.len(),
             "t" => view.throttles.len(),
+            "c" => view.ceilings.len(),
             _ => 0,
         };
         if taken == limit && kind != "n" {
@@ -1307,6 +1337,17 @@ fn page_from(rows: &[tokio_postgres::Row], limit: usize) -> Result<StatePage, Li
                 lines.push((key()?, count(3)?, instant(7)?, first));
             }
             "l" => levels.push((key()?, number(3)?.unwrap_or(0), count(4)?)),
+            "c" => view.ceilings.push((
+                key()?,
+                Ceiling {
+                    c: count(3)?,
+                    max: count(4)?,
+                    cut_at: instant(10)?,
+                    cuts: count(8)?,
+                    grown_at: instant(9)?,
+                    signal_at: instant(7)?.unwrap_or(Millis(0)),
+                },
+            )),
             other => return Err(bad(&format!("kind {other:?}"))),
         }
     }

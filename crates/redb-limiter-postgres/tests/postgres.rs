@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use proptest::prelude::*;
 use redb_limiter::engine::{Engine, EngineConfig};
-use redb_limiter::request::{AcquireRequest, Limit, ReleaseRequest, ThrottleRequest};
+use redb_limiter::request::{
+    AcquireRequest, Adapt, Cost, Limit, ReleaseRequest, SettleRequest, Signal, ThrottleRequest,
+};
 use redb_limiter::time::{Clock, FakeClock};
 use redb_limiter::{Decision, LimiterError, Millis, Reason};
 use redb_limiter_postgres::{PgError, PgLimiter, PgOptions};
@@ -981,6 +983,9 @@ enum Op {
     /// A wait's look at the n-th ticket held (section 15): ready, gone, or not yet and until
     /// when; one not yet is held as a wait of that many ms holds it.
     Ready(usize, u64),
+    /// An outcome (section 14) on the n-th permit granted: `limited` when flagged, carried by a
+    /// release (0), a settle of no cost change (1) or a throttle of its caller key (2).
+    Outcome(usize, u8, bool),
 }
 
 /// A limit of a generated request: (window, cost, concurrent).
@@ -1043,6 +1048,14 @@ fn line_op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::PeekLine),
         1 => any::<usize>().prop_map(Op::Misbound),
         2 => (any::<usize>(), prop::sample::select(vec![1_000u64, 25_000])).prop_map(|(n, ms)| Op::Ready(n, ms)),
+    ]
+}
+
+/// Outcomes (section 14) beside the line's operations and every other one.
+fn ceiling_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => line_op(),
+        3 => (any::<usize>(), 0u8..3, prop::bool::weighted(0.4)).prop_map(|(n, how, limited)| Op::Outcome(n, how, limited)),
     ]
 }
 
@@ -1129,6 +1142,9 @@ fn compare_line(
 struct Names {
     buckets: Vec<String>,
     callers: Vec<String>,
+    /// Section 14: the odd buckets and the token buckets adapt (every request then asks for a
+    /// permit, so that outcomes have one to count on).
+    adapt: bool,
 }
 
 impl Names {
@@ -1137,7 +1153,14 @@ impl Names {
         Names {
             buckets: (0..18).map(|b| format!("b{b}")).collect(),
             callers: (0..3).map(|c| format!("caller{c}")).collect(),
+            adapt: false,
         }
+    }
+
+    /// [`Names::plain`] with adaptive ceilings (section 14) on the odd buckets and the token
+    /// buckets.
+    fn adapting() -> Names {
+        Names { adapt: true, ..Names::plain() }
     }
 
     /// Keys as hostile as the wire allows: U+0000 (alone, doubled, inside), U+0001 and U+0002
@@ -1170,6 +1193,7 @@ impl Names {
         Names {
             buckets: buckets.to_vec(),
             callers: vec!["\0".to_owned(), "caller\u{1}".to_owned(), "'\\\"".to_owned()],
+            adapt: false,
         }
     }
 }
@@ -1194,10 +1218,17 @@ fn request(names: &Names, caller: u8, limits: &[LimitSpec]) -> AcquireRequest {
             if let (true, Some(c)) = (w.is_some() || bucket >= TOKEN_BUCKETS, conc) {
                 limit = limit.with_concurrent(c);
             }
+            if let (true, Some(start)) =
+                (names.adapt && (bucket % 2 == 1 || bucket >= TOKEN_BUCKETS), limit.nominal_calls())
+            {
+                // A ceiling between 1 and two above the request's own figure, halved on a cut.
+                limit = limit.with_adapt(Adapt { min: 1, max: start + 2, increase: 1, keep_pct: 50 });
+            }
             limit.with_cost(cost).with_hold_ms(700)
         })
         .collect();
-    AcquireRequest::new(names.callers[usize::from(caller)].clone(), limits).unwrap()
+    let req = AcquireRequest::new(names.callers[usize::from(caller)].clone(), limits).unwrap();
+    if names.adapt { req.with_permit() } else { req }
 }
 
 /// A round of acquires naming disjoint buckets: request `j` names buckets `2j` (and `2j + 1`
@@ -1246,6 +1277,9 @@ async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
 struct Seen {
     window: (u64, u64),
     batches: (u64, u64, u64),
+    /// Outcomes after which a ceiling was kept, and those after which one had been cut and one
+    /// had grown (section 14).
+    ceilings: (u64, u64, u64),
 }
 
 /// The engine's and the database's answers to one acquire, compared.
@@ -1323,6 +1357,62 @@ async fn differential(
                 prop_assert_eq!(want, got, "op {}: release", i);
             }
             Op::Release(_) => {}
+            Op::Outcome(n, how, limited) if !permits.is_empty() => {
+                let (e, p) = &permits[n % permits.len()];
+                let signal = if *limited { Signal::Limited } else { Signal::Clean };
+                let fail = |e: LimiterError| TestCaseError::fail(e.to_string());
+                match how {
+                    0 => {
+                        let want = engine.release_with_outcome(e, &[], Some(signal), now, &mut effects).unwrap();
+                        let got = pg.release(ReleaseRequest::new(p.clone()).unwrap().with_outcome(signal)).await;
+                        prop_assert_eq!(want, got.map_err(fail)?, "op {}: release with an outcome", i);
+                    }
+                    1 => {
+                        // A cost of 1 on bucket 1 (adapting): a bad request on both sides, and
+                        // nothing counted, when the grant has no window there.
+                        let costs = vec![Cost { key: names.buckets[1].clone(), cost: 1 }];
+                        let want = engine.settle_with_outcome(e, &costs, Some(signal), now, &mut effects);
+                        let got = pg.settle(SettleRequest::new(p.clone(), costs).unwrap().with_outcome(signal)).await;
+                        prop_assert_eq!(
+                            want.as_ref().map(|s| s.is_settled()).map_err(|e| e.to_string()).is_ok(),
+                            got.is_ok(),
+                            "op {}: settle with an outcome: {:?} / {:?}",
+                            i,
+                            want,
+                            got
+                        );
+                        if let (Ok(want), Ok(got)) = (want, got) {
+                            prop_assert_eq!(want.is_settled(), got, "op {}: settle with an outcome", i);
+                        }
+                    }
+                    _ => {
+                        let key = names.callers[0].clone();
+                        let until = now.plus(50);
+                        engine.signal(e, Signal::Limited, now, &mut effects);
+                        let want = engine.throttle(&key, until, now, &mut effects);
+                        let got = pg
+                            .throttle(ThrottleRequest::new(key, until, now).unwrap().with_permit(p.clone()).unwrap())
+                            .await
+                            .map_err(fail)?;
+                        prop_assert_eq!(want, got, "op {}: throttle with a permit", i);
+                    }
+                }
+                // The ceilings kept are the engine's (the database may still keep one at its max
+                // that the engine forgot with its bucket: sweep() forgets it there).
+                let kept = pg.state("", 100).await.map_err(fail)?.view.ceilings;
+                for (key, c) in engine.ceilings("") {
+                    let got = kept.iter().find(|(k, _)| *k == key).map(|(_, c)| *c);
+                    prop_assert_eq!(Some(c), got, "op {}: the ceiling of {:?}", i, key);
+                }
+                for (key, c) in &kept {
+                    prop_assert!(engine.ceiling(key).is_some() || c.c >= c.max, "op {}: {:?} kept", i, key);
+                }
+                let mut seen = seen.lock().unwrap();
+                seen.ceilings.0 += u64::from(!kept.is_empty());
+                seen.ceilings.1 += u64::from(kept.iter().any(|(_, c)| c.cuts > 0));
+                seen.ceilings.2 += u64::from(kept.iter().any(|(_, c)| c.grown_at.is_some()));
+            }
+            Op::Outcome(..) => {}
             Op::Queue(caller, limits, report, max_wait) => {
                 let mut req = request(names, *caller, limits).with_queue();
                 if *report {
@@ -1593,6 +1683,18 @@ fn the_database_decides_as_the_engine_does() {
     // halves are compared with the engine.
     let (decided, left) = seen.window;
     assert!(decided > 0 && left > 0, "decided by the statement {decided}, left to acquire() {left}");
+}
+
+/// Adaptive ceilings (section 14) on the database and on the engine at the same instants: odd
+/// buckets and token buckets adapt, outcomes carried by releases, settles and throttles cut and
+/// grow them, and every decision (judged with the ceiling, in the line too), figure (`ceiling`)
+/// and ceiling kept must be the engine's.
+#[test]
+fn the_database_keeps_ceilings_as_the_engine_does() {
+    let Some(url) = database_url() else { return };
+    let seen = run_differential(&url, &Names::adapting(), 150, prop::collection::vec(ceiling_op(), 1..70));
+    let (kept, cut, grown) = seen.ceilings;
+    assert!(kept > 0 && cut > 0 && grown > 0, "ceilings kept {kept}, cut {cut}, grown {grown}");
 }
 
 /// The line (section 12) on the database and on the engine at the same instants: tickets filed
@@ -2281,6 +2383,132 @@ fn a_schema_of_version_5_holding_state_is_migrated_and_keeps_it_then_keeps_bucke
             pg.acquire(b).await.unwrap().decision,
             Decision::Refused { retry_at: T0.plus(60_500), reason: Reason::Rate, limit: "b".into() }
         );
+    });
+}
+
+/// The schema script of the release before this one (format version 6), as it was released.
+const SCHEMA_V6: &str = include_str!("fixtures/schema-v6.sql");
+
+/// A request adapting window `a` (10 calls a second, section 14) with a permit.
+fn adapting(caller: &str) -> AcquireRequest {
+    let limit = window("a", 10, 1000).with_adapt(Adapt { min: 2, max: 20, increase: 1, keep_pct: 50 });
+    AcquireRequest::new(caller, vec![limit]).unwrap().with_permit()
+}
+
+/// A schema of format version 6 whose own functions wrote a window grant, a place, a ticket and
+/// a token level is migrated once to this version: what it held is served as before, and it
+/// then keeps adaptive ceilings.
+#[test]
+fn a_schema_of_version_6_holding_state_is_migrated_and_keeps_it_then_keeps_ceilings() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let schema = format!("t_{}_v6", std::process::id());
+        let client = plain_client(&url).await;
+        let s = released_schema(&client, SCHEMA_V6, "v6").await;
+        let permit = "p-00000000000000000000000000000006";
+        let ticket = released_window_place_ticket(&client, &s, permit).await;
+        let level = AcquireRequest::new("c", vec![Limit::bucket("tb", 2, 1000)]).unwrap();
+        let reply = released_acquire(&client, &s, &level.to_json().to_string(), "", 3).await;
+        assert_eq!(reply["granted"], serde_json::json!(true), "{reply}");
+        assert_eq!(schema_version(&client, &s).await, 6);
+
+        let clock = Arc::new(FakeClock::new(T0.plus(10)));
+        let pg = open_existing(&url, &schema, &clock).await.expect("a version 6 schema opens");
+        assert_eq!(schema_version(&client, &s).await, redb_limiter_postgres::SCHEMA_VERSION);
+        drop(open_existing(&url, &schema, &clock).await.expect("and opens again, already migrated"));
+
+        // What it held is served as before.
+        let state = pg.state("", 100).await.unwrap();
+        assert_eq!(
+            bucket_rows(&state.view),
+            [("p", 0, 1, 0, None), ("tb", 0, 0, 0, None), ("w", 2, 0, 1, Some(ticket.clone()))]
+        );
+        assert_eq!(state.view.buckets[1].level, Some((1, 2)), "the level written by version 6");
+        assert!(matches!(
+            pg.acquire(released_place()).await.unwrap().decision,
+            Decision::Refused { reason: Reason::Concurrency, .. }
+        ));
+        assert!(pg.release(ReleaseRequest::new(permit).unwrap()).await.unwrap());
+        clock.set(T0.plus(60_000));
+        let granted = pg.acquire(released_window("q").with_ticket(ticket).unwrap()).await.unwrap();
+        assert_eq!(granted.decision, Decision::Granted { at: T0.plus(60_000), permit: None });
+
+        // And it keeps ceilings: a limited outcome cuts 10 to 5.
+        let Decision::Granted { permit: Some(p), .. } = pg.acquire(adapting("c")).await.unwrap().decision else {
+            panic!("granted with a permit")
+        };
+        assert!(pg.release(ReleaseRequest::new(p.to_string()).unwrap().with_outcome(Signal::Limited)).await.unwrap());
+        assert_eq!(figures(&pg, &adapting("c")).await[0].ceiling, Some(5));
+        let kept = pg.state("", 100).await.unwrap().view.ceilings;
+        assert_eq!(
+            kept.iter().map(|(k, c)| (k.as_str(), c.c, c.cut_at)).collect::<Vec<_>>(),
+            [("a", 5, Some(T0.plus(60_000)))]
+        );
+    });
+}
+
+/// Two servers on one schema adapt one ceiling (section 14): a cut through one judges the
+/// other's requests, a growth through the other is seen by the first, a burst of limited
+/// outcomes of one overload cuts once, and every server started again keeps the ceiling.
+#[test]
+fn two_servers_adapt_one_ceiling_kept_through_a_restart() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let (a, b) = two_servers(&url, "ceil2", &clock).await;
+        let grant = |pg: Arc<PgLimiter>| async move {
+            match pg.acquire(adapting("c")).await.unwrap().decision {
+                Decision::Granted { permit: Some(p), .. } => Some(p.to_string()),
+                _ => None,
+            }
+        };
+        // Three calls granted before the overload, through both servers: their 429s cut once.
+        let early = [grant(a.clone()).await, grant(b.clone()).await, grant(a.clone()).await];
+        clock.advance(1);
+        for (i, p) in early.iter().enumerate() {
+            let pg = if i % 2 == 0 { &b } else { &a };
+            let release = ReleaseRequest::new(p.clone().unwrap()).unwrap().with_outcome(Signal::Limited);
+            assert!(pg.release(release).await.unwrap());
+        }
+        assert_eq!(figures(&a, &adapting("c")).await[0].ceiling, Some(5), "cut once, to half");
+        assert_eq!(figures(&b, &adapting("c")).await[0].ceiling, Some(5));
+        // Server b's requests are judged with it: 3 granted already count, 2 more fit.
+        let mut granted = Vec::new();
+        for _ in 0..4 {
+            granted.extend(grant(b.clone()).await);
+        }
+        assert_eq!(granted.len(), 2, "5 a second now, 3 of them used");
+        // A clean outcome while the ceiling is in play grows it, seen through the other server.
+        clock.advance(1000);
+        let more: Vec<String> = [grant(a.clone()).await, grant(a.clone()).await].into_iter().flatten().collect();
+        assert_eq!(more.len(), 2);
+        // (the third of the window: the ceiling is in play at its grant, 3 of 5)
+        let p = grant(a.clone()).await.unwrap();
+        assert!(b.release(ReleaseRequest::new(p).unwrap().with_outcome(Signal::Clean)).await.unwrap());
+        assert_eq!(figures(&a, &adapting("c")).await[0].ceiling, Some(6));
+        // A throttle carrying a permit granted after the cut cuts again (6 to 3).
+        assert_eq!(
+            a.throttle(
+                ThrottleRequest::new("c", clock.now().plus(100), clock.now())
+                    .unwrap()
+                    .with_permit(more[0].clone())
+                    .unwrap()
+            )
+            .await
+            .unwrap(),
+            Some(clock.now().plus(100))
+        );
+        assert_eq!(figures(&b, &adapting("c")).await[0].ceiling, Some(3));
+        let text = a.metrics().encode();
+        assert!(text.contains("redb_limiter_ceiling_changes_total{change=\"cut\"} 1"), "{text}");
+        assert!(text.contains("redb_limiter_ceiling_changes_total{change=\"growth\"} 0"), "{text}");
+        // Every server started again keeps it.
+        let schema = a.schema().to_owned();
+        drop((a, b));
+        let c = open_existing(&url, &schema, &clock).await.unwrap();
+        let kept = c.state("", 100).await.unwrap().view.ceilings;
+        assert_eq!(kept.iter().map(|(k, c)| (k.as_str(), c.c, c.cuts)).collect::<Vec<_>>(), [("a", 3, 2)]);
+        assert_eq!(figures(&c, &adapting("c")).await[0].ceiling, Some(3));
     });
 }
 

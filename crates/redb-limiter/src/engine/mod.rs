@@ -46,7 +46,9 @@
 //! assert!(engine.acquire(&req, Millis(6_000), &mut effects).is_granted());
 //! ```
 
+mod bucket;
 mod ceiling;
+mod effect;
 mod line;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
@@ -58,21 +60,22 @@ pub mod token_bucket;
 mod wait;
 mod window;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+pub use bucket::BucketMeta;
+use bucket::{Bucket, bucket_entry};
 pub use ceiling::{AdaptedShare, Ceiling, CeilingChange, KEPT_MS as CEILING_KEPT_MS};
+pub use effect::Effect;
 pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketId, TicketNote, TicketState};
 use line::{Waiting, bound_limits, random_ticket_key, ticket_id, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
-use place::Places;
 use requests::RequestChecks;
 pub use requests::{Outcome, REMEMBER_MS, RequestRecord, params_digest};
 use timers::{Due, Timers};
 pub use token_bucket::BucketLevel;
 pub use wait::Readiness;
-use window::Window;
 
 use crate::policy::PRUNE_BATCH;
 use crate::request::{AcquireRequest, BadRequest, BucketLimit, Cost, Limit};
@@ -263,245 +266,6 @@ pub struct PermitState {
     pub adapted: Vec<AdaptedShare>,
 }
 
-/// One change to the state, for the store to persist.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Effect {
-    /// The bucket's kept settings changed (or it was created).
-    BucketMeta { bucket: Arc<str>, meta: BucketMeta },
-    /// The total cost recorded in `bucket` at `at` is now `cost`.
-    WindowGrant { bucket: Arc<str>, at: Millis, cost: u64 },
-    /// These grants of `bucket` are gone (no request can count them any more).
-    WindowPruned { bucket: Arc<str>, grants: Vec<Millis> },
-    /// The bucket is idle (empty window, no places, no token level) and forgotten; `grants` are
-    /// those of its grants still in the file.
-    BucketForgotten { bucket: Arc<str>, grants: Vec<Millis> },
-    /// A token bucket's level (section 13) is now `level`: created, granted from or settled.
-    LevelSet { bucket: Arc<str>, level: BucketLevel },
-    /// A token bucket stood full long enough and holds no places: its level is forgotten. May
-    /// be lost in a crash (the level kept refills to full by the restart).
-    LevelForgotten { bucket: Arc<str> },
-    /// A permit was granted or settled: its record is now `permit`.
-    PermitSet { id: PermitId, permit: PermitState },
-    /// A permit is gone: released, or every one of its places lapsed.
-    PermitEnded { id: PermitId },
-    /// The caller is throttled until `until`.
-    ThrottleSet { key: Arc<str>, until: Millis },
-    /// The caller's throttle has passed.
-    ThrottleEnded { key: Arc<str> },
-    /// A ticket was filed (section 12.1); committed before the refusal that names it.
-    TicketFiled { id: TicketId, ticket: TicketState },
-    /// A ticket was asked again and refused (section 12.3), or its lapse moved after a restart:
-    /// its new `retryAt`, lapse and grace. May be lost in a crash.
-    TicketRenewed { id: TicketId, retry_at: Millis, lapse_at: Millis, grace_ms: u64 },
-    /// A ticket ended: its request was granted, or its host left the line.
-    TicketEnded { id: TicketId, end: TicketEnd },
-    /// A ticket lapsed (section 12.4). May be lost in a crash.
-    TicketLapsed { id: TicketId },
-    /// A request id's record (section 16) is now `record`; committed before the answer it names.
-    RequestKept { id: Arc<str>, record: RequestRecord },
-    /// A request id's record (first kept at `since`) has lived its time. May be lost in a crash.
-    RequestForgotten { id: Arc<str>, since: Millis },
-    /// A bucket's adaptive ceiling (section 14) is now `ceiling`: an outcome counted (`change`
-    /// says whether it cut or grew it; not persisted).
-    CeilingSet { bucket: Arc<str>, ceiling: Ceiling, change: Option<CeilingChange> },
-    /// A ceiling was forgotten with its bucket. May be lost in a crash (a restart forgets it
-    /// again).
-    CeilingForgotten { bucket: Arc<str> },
-}
-
-impl Effect {
-    /// Whether the answer that made this effect waits for its commit. A renewal or a lapse may
-    /// be lost in a crash (section 12.6): it rides with the next commit instead.
-    #[must_use]
-    pub fn needs_commit(&self) -> bool {
-        !matches!(
-            self,
-            Effect::TicketRenewed { .. }
-                | Effect::TicketLapsed { .. }
-                | Effect::RequestForgotten { .. }
-                | Effect::LevelForgotten { .. }
-                | Effect::CeilingForgotten { .. }
-        )
-    }
-
-    /// Whether this is a change of the line (a ticket's).
-    #[must_use]
-    pub fn is_line(&self) -> bool {
-        matches!(
-            self,
-            Effect::TicketFiled { .. }
-                | Effect::TicketRenewed { .. }
-                | Effect::TicketEnded { .. }
-                | Effect::TicketLapsed { .. }
-        )
-    }
-}
-
-/// What a bucket keeps besides its grants and places.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct BucketMeta {
-    /// Grants are kept this long: the longest `perMs` any acquire named while the bucket was
-    /// not idle (rule 3).
-    pub retain_ms: u64,
-    /// The `calls` of the latest granted request with a window (for display only).
-    pub last_calls: u64,
-    /// The `concurrent` of the latest granted request with one (for display only).
-    pub last_concurrent: u64,
-}
-
-#[derive(Debug)]
-struct Bucket {
-    key: Arc<str>,
-    window: Window,
-    /// Held places (rule 4).
-    places: Places,
-    /// The token bucket's level (section 13), until it has stood full for its keeping time
-    /// (`token_bucket::KEPT_FULL_MS`) with no place held.
-    level: Option<BucketLevel>,
-    /// The level was forgotten (full) since the file last heard of this bucket.
-    level_dropped: bool,
-    meta: BucketMeta,
-    /// The instant of this bucket's one live timer.
-    timer_at: Millis,
-    /// Grants pruned from memory but not yet reported to the file, oldest first.
-    unpersisted_prune: Vec<Millis>,
-    /// The line (section 12): the numbers of the tickets waiting here, oldest first, each with
-    /// its lapse instant. Lapsed tickets leave it at their timers; until then they are skipped.
-    line: BTreeMap<u64, Waiting>,
-    /// The instants of places released while its line waited and not yet taken again, oldest
-    /// first: each is idle until the next grant of a place here (the hand-off, measured by
-    /// [`Engine::take_handoffs`]) or until the line empties ([`Engine::take_idle_place_ms`]).
-    handoff_from: VecDeque<Millis>,
-}
-
-impl Bucket {
-    /// How the bucket stands at `now`, for `/state`; `None` when nothing in it counts.
-    fn view(&self, key: &str, now: Millis, tickets: &Map<u64, Ticket>) -> Option<BucketView> {
-        let first = self.head(now, u64::MAX).and_then(|(n, _)| tickets.get(&n));
-        let live = self.places.live(now);
-        let view = BucketView {
-            key: key.to_string(),
-            meta: self.meta,
-            window_used: self.window.used(now, self.meta.retain_ms),
-            oldest_grant: self.window.iter().find(|(at, _)| at.plus(self.meta.retain_ms) > now).map(|(at, _)| at),
-            grant_entries: self.window.len(),
-            places_held: live.clone().count(),
-            next_lapse: live.clone().next(),
-            level: self.live_level(now).map(|l| (l.tokens_at(now), l.burst)),
-            queued: self.queued(now) as usize,
-            first_ticket_at: first.map(|t| t.state.filed_at),
-            first_ticket: first.map(|t| t.id),
-        };
-        (view.window_used > 0 || view.places_held > 0 || view.queued > 0 || view.level.is_some()).then_some(view)
-    }
-
-    /// The live tickets in the line at `now`.
-    fn queued(&self, now: Millis) -> u64 {
-        if self.line.is_empty() {
-            return 0;
-        }
-        self.line.values().filter(|w| w.lapse > now).count() as u64
-    }
-
-    /// The first live ticket of the line at `now` (its number and lapse), when it is older than
-    /// the ticket numbered `before`.
-    fn head(&self, now: Millis, before: u64) -> Option<(u64, Millis)> {
-        self.line.range(..before).find(|(_, w)| w.lapse > now).map(|(n, w)| (*n, w.lapse))
-    }
-
-    fn new(key: Arc<str>) -> Self {
-        Bucket {
-            key,
-            window: Window::default(),
-            places: Places::default(),
-            level: None,
-            level_dropped: false,
-            meta: BucketMeta::default(),
-            timer_at: Millis(u64::MAX),
-            unpersisted_prune: Vec::new(),
-            line: BTreeMap::new(),
-            handoff_from: VecDeque::new(),
-        }
-    }
-
-    /// Drops lapsed places, grants no request can count any more, and a token level that is
-    /// that stood full long enough with nothing else kept (section 13); returns how many places lapsed.
-    fn prune(&mut self, now: Millis) -> usize {
-        self.window.prune(now, self.meta.retain_ms, &mut self.unpersisted_prune);
-        let lapsed = self.places.prune(now);
-        if self.window.is_empty() && self.places.is_empty() && self.level.is_some_and(|l| l.is_forgotten(now)) {
-            self.level = None;
-            self.level_dropped = true;
-        }
-        lapsed
-    }
-
-    /// The token level as a request reads it at `now`, whether or not the bucket was pruned:
-    /// none once it stood full long enough with nothing else kept (forgotten, so an acquire finds
-    /// `initial`).
-    fn live_level(&self, now: Millis) -> Option<&BucketLevel> {
-        let level = self.level.as_ref()?;
-        let window_empty = self.window.newest().is_none_or(|t| t.plus(self.meta.retain_ms) <= now);
-        let forgotten = level.is_forgotten(now) && window_empty && self.places.held(now) == 0;
-        (!forgotten).then_some(level)
-    }
-
-    /// Nothing counts in it: an empty window, no places and no token level (rule 3's idle; a
-    /// line may wait).
-    fn is_idle(&self) -> bool {
-        self.window.is_empty() && self.places.is_empty() && self.level.is_none()
-    }
-
-    /// Sets the token level (a grant, a settle, a creation), pushing its effect.
-    fn set_level(&mut self, level: BucketLevel, effects: &mut Vec<Effect>) {
-        self.level = Some(level);
-        self.level_dropped = false;
-        effects.push(Effect::LevelSet { bucket: self.key.clone(), level });
-    }
-
-    /// Idle with no line either: it can be forgotten.
-    fn is_forgettable(&self) -> bool {
-        self.is_idle() && self.line.is_empty()
-    }
-
-    /// The effects that delete the grants pruned so far, and a level forgotten, from the file.
-    fn take_pruned(&mut self, effects: &mut Vec<Effect>) {
-        if !self.unpersisted_prune.is_empty() {
-            let grants = std::mem::take(&mut self.unpersisted_prune);
-            effects.push(Effect::WindowPruned { bucket: self.key.clone(), grants });
-        }
-        if std::mem::take(&mut self.level_dropped) {
-            effects.push(Effect::LevelForgotten { bucket: self.key.clone() });
-        }
-    }
-
-    /// The effects that forget this (idle) bucket and whatever of it is left in the file.
-    fn forget(self, effects: &mut Vec<Effect>) {
-        if self.level_dropped {
-            effects.push(Effect::LevelForgotten { bucket: self.key.clone() });
-        }
-        effects.push(Effect::BucketForgotten { bucket: self.key, grants: self.unpersisted_prune });
-    }
-
-    /// The number of places unlapsed at `now`.
-    fn held(&self, now: Millis) -> u64 {
-        self.places.held(now)
-    }
-
-    /// The grants of a window of `per_ms` that count at `now`: only those the bucket still keeps.
-    fn count_ms(&self, per_ms: u64) -> u64 {
-        per_ms.min(self.meta.retain_ms)
-    }
-
-    /// When the bucket becomes idle if nothing else happens.
-    fn idle_at(&self) -> Millis {
-        let window_end = self.window.newest().map_or(Millis::ZERO, |t| t.plus(self.meta.retain_ms));
-        let last_lapse = self.places.last_lapse().unwrap_or(Millis::ZERO);
-        let forget_at = self.level.map_or(Millis::ZERO, |l| l.forget_at());
-        window_end.max(last_lapse).max(forget_at)
-    }
-}
-
 /// The limiter's state and rules. See the module docs.
 #[derive(Debug)]
 pub struct Engine {
@@ -633,6 +397,28 @@ pub struct Totals {
     pub buckets: usize,
     pub permits: usize,
     pub throttles: usize,
+}
+
+impl Bucket {
+    /// How the bucket stands at `now`, for `/state`; `None` when nothing in it counts.
+    fn view(&self, key: &str, now: Millis, tickets: &Map<u64, Ticket>) -> Option<BucketView> {
+        let first = self.head(now, u64::MAX).and_then(|(n, _)| tickets.get(&n));
+        let live = self.places.live(now);
+        let view = BucketView {
+            key: key.to_string(),
+            meta: self.meta,
+            window_used: self.window.used(now, self.meta.retain_ms),
+            oldest_grant: self.window.iter().find(|(at, _)| at.plus(self.meta.retain_ms) > now).map(|(at, _)| at),
+            grant_entries: self.window.len(),
+            places_held: live.clone().count(),
+            next_lapse: live.clone().next(),
+            level: self.live_level(now).map(|l| (l.tokens_at(now), l.burst)),
+            queued: self.queued(now) as usize,
+            first_ticket_at: first.map(|t| t.state.filed_at),
+            first_ticket: first.map(|t| t.id),
+        };
+        (view.window_used > 0 || view.places_held > 0 || view.queued > 0 || view.level.is_some()).then_some(view)
+    }
 }
 
 impl Engine {
@@ -793,15 +579,6 @@ impl Engine {
         let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key);
         bucket.set_level(BucketLevel::initial(&b, now), effects);
         Self::arm(&mut self.timers, bucket);
-    }
-
-    /// Brings the bucket's timer forward to when it becomes idle, if that is sooner.
-    fn arm(timers: &mut Timers, bucket: &mut Bucket) {
-        let idle_at = bucket.idle_at();
-        if idle_at < bucket.timer_at {
-            bucket.timer_at = idle_at;
-            timers.push(idle_at, Due::Bucket(bucket.key.clone()));
-        }
     }
 
     /// The id `req.ticket` names, when it is a ticket this engine holds (live or lapsed).
@@ -1134,13 +911,6 @@ impl Engine {
             .collect()
     }
 
-    /// Prunes the bucket `key` at `now`, if it exists.
-    fn prune_bucket(&mut self, key: &str, now: Millis) {
-        if let Some(bucket) = self.buckets.get_mut(key) {
-            self.held_places -= bucket.prune(now);
-        }
-    }
-
     /// The hand-offs since the last call: for each place released while its bucket's line
     /// waited, the ms until the next grant of a place there (the `/metrics` histogram).
     pub fn take_handoffs(&mut self) -> Vec<u64> {
@@ -1366,27 +1136,6 @@ impl Engine {
         }
         effects.push(Effect::PermitEnded { id });
         live
-    }
-
-    /// After a bucket lost places or tickets early: forget it if idle with no line, or bring
-    /// its timer forward. A bucket that is idle but for its line is forgotten when its last
-    /// ticket leaves (each ticket's end or lapse settles its buckets).
-    fn settle_bucket(&mut self, key: &str, now: Millis, effects: &mut Vec<Effect>) {
-        let Some(bucket) = self.buckets.get_mut(key) else { return };
-        self.held_places -= bucket.prune(now);
-        if bucket.is_idle() {
-            if bucket.line.is_empty() {
-                self.bucket_keys.remove(key);
-                if let Some(bucket) = self.buckets.remove(key) {
-                    bucket.forget(effects);
-                }
-                self.forget_ceiling(key, now, effects);
-            } else {
-                bucket.take_pruned(effects);
-            }
-            return;
-        }
-        Self::arm(&mut self.timers, bucket);
     }
 
     /// Throttles `key` until `until` (only ever extends; a past `until` changes nothing).
@@ -1791,20 +1540,6 @@ impl Engine {
         }
         facts
     }
-}
-
-/// The bucket named `key`, created empty when missing.
-fn bucket_entry<'a>(
-    buckets: &'a mut Map<Arc<str>, Bucket>,
-    keys: &mut BTreeSet<Arc<str>>,
-    key: &str,
-) -> &'a mut Bucket {
-    if !buckets.contains_key(key) {
-        let key: Arc<str> = Arc::from(key);
-        keys.insert(key.clone());
-        buckets.insert(key.clone(), Bucket::new(key));
-    }
-    buckets.get_mut(key).expect("inserted above")
 }
 
 /// See [`Engine::facts`].

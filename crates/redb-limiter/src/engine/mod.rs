@@ -55,6 +55,8 @@ pub mod model;
 mod permit;
 mod place;
 mod requests;
+mod throttle;
+mod ticket;
 mod timers;
 pub mod token_bucket;
 mod wait;
@@ -68,11 +70,12 @@ use bucket::{Bucket, bucket_entry};
 pub use ceiling::{AdaptedShare, Ceiling, CeilingChange, KEPT_MS as CEILING_KEPT_MS};
 pub use effect::Effect;
 pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketId, TicketNote, TicketState};
-use line::{Waiting, bound_limits, random_ticket_key, ticket_id, ticket_key};
+use line::{Waiting, random_ticket_key, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
 use requests::RequestChecks;
 pub use requests::{Outcome, REMEMBER_MS, RequestRecord, params_digest};
+use ticket::{Ticket, unbound_ticket};
 use timers::{Due, Timers};
 pub use token_bucket::BucketLevel;
 pub use wait::Readiness;
@@ -303,19 +306,6 @@ pub struct Engine {
 
 /// The most hand-offs kept for the limiter to read ([`Engine::take_handoffs`]).
 const MAX_HANDOFFS: usize = 1024;
-
-/// A ticket in the engine: its id and state.
-#[derive(Debug, Clone)]
-struct Ticket {
-    id: TicketId,
-    state: TicketState,
-    /// It never lapses later than this (section 12.9): its filing plus the horizon it was filed
-    /// under (kept in its state); after a restart, or its resumed lapse if later.
-    deadline: Millis,
-    /// The instant of its one live timer (never after its lapse): a renewal that moves the lapse
-    /// later arms no timer; the one armed re-arms itself when it fires early.
-    timer_at: Millis,
-}
 
 /// A read-only view of one bucket, for `/state` and `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -579,169 +569,6 @@ impl Engine {
         let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key);
         bucket.set_level(BucketLevel::initial(&b, now), effects);
         Self::arm(&mut self.timers, bucket);
-    }
-
-    /// The id `req.ticket` names, when it is a ticket this engine holds (live or lapsed).
-    fn known_ticket(&self, req: &AcquireRequest) -> Option<u64> {
-        let id: TicketId = req.ticket.as_deref()?.parse().ok()?;
-        self.tickets.get(&id.number()).is_some_and(|t| t.id == id).then_some(id.number())
-    }
-
-    /// The number of the live ticket `req` presents, checked against what it binds (section
-    /// 12.3). A lapsed ticket still held leaves its lines now: it is then unknown, like an
-    /// ended one.
-    fn presented(
-        &mut self,
-        req: &AcquireRequest,
-        now: Millis,
-        effects: &mut Vec<Effect>,
-    ) -> Result<Option<u64>, BadRequest> {
-        let Some(number) = self.known_ticket(req) else { return Ok(None) };
-        let ticket = &self.tickets[&number];
-        if ticket.state.lapse_at <= now {
-            self.end_ticket(number, Effect::TicketLapsed { id: ticket.id }, now, effects);
-            return Ok(None);
-        }
-        if !ticket.state.binds(&req.key, &req.limits) {
-            return Err(unbound_ticket());
-        }
-        Ok(Some(number))
-    }
-
-    /// The horizon a ticket of `req` is filed under (section 12.9): the server's, or the host's
-    /// `maxWaitMs` when shorter.
-    fn horizon_of(&self, req: &AcquireRequest) -> u64 {
-        req.max_wait_ms.map_or(self.config.line_horizon_ms, |m| m.min(self.config.line_horizon_ms))
-    }
-
-    /// Files a ticket for `req`, refused until `retry_at`, at the back of every line it names,
-    /// never to lapse after `deadline`; `None` when one of them holds [`MAX_LINE`] live tickets
-    /// already (section 12.1).
-    fn file(
-        &mut self,
-        req: &AcquireRequest,
-        retry_at: Millis,
-        deadline: Millis,
-        now: Millis,
-        effects: &mut Vec<Effect>,
-    ) -> Option<TicketNote> {
-        let full = |b: &Bucket| b.line.len() >= MAX_LINE && b.queued(now) >= MAX_LINE as u64;
-        if req.limits.iter().any(|l| self.buckets.get(l.key.as_str()).is_some_and(full)) {
-            return None;
-        }
-        let number = self.next_ticket;
-        self.next_ticket += 1;
-        let id = ticket_id(self.ticket_key, number);
-        let lapse_at = retry_at.plus(req.grace_ms).min(deadline);
-        let state = TicketState {
-            filed_at: now,
-            retry_at,
-            lapse_at,
-            grace_ms: req.grace_ms,
-            key: Arc::from(req.key.as_str()),
-            limits: bound_limits(&req.limits),
-            deadline: Some(deadline),
-        };
-        for limit in &req.limits {
-            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key)
-                .line
-                .insert(number, Waiting::new(limit, lapse_at));
-        }
-        self.timers.push(lapse_at, Due::Ticket(number));
-        effects.push(Effect::TicketFiled { id, ticket: state.clone() });
-        self.tickets.insert(number, Ticket { id, state, deadline, timer_at: lapse_at });
-        Some(TicketNote { id, lapse_at, ahead: self.ahead(number, now), now })
-    }
-
-    /// A live ticket asked again and refused until `retry_at`: it keeps its place and lapses
-    /// `grace_ms` after that.
-    fn renew(
-        &mut self,
-        number: u64,
-        retry_at: Millis,
-        grace_ms: u64,
-        now: Millis,
-        effects: &mut Vec<Effect>,
-    ) -> TicketNote {
-        let ticket = self.tickets.get_mut(&number).expect("a live ticket");
-        // Never past its horizon (12.9), and never before now: it was live when presented.
-        let lapse_at = retry_at.plus(grace_ms).min(ticket.deadline).max(now.plus(1));
-        ticket.state.retry_at = retry_at;
-        ticket.state.grace_ms = grace_ms;
-        let id = ticket.id;
-        self.set_lapse(number, lapse_at);
-        effects.push(Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms });
-        TicketNote { id, lapse_at, ahead: self.ahead(number, now), now }
-    }
-
-    /// Moves ticket `number`'s lapse to `lapse_at`, in the table and in each of its lines; a
-    /// sooner lapse arms a timer (a later one is found when the armed one fires).
-    fn set_lapse(&mut self, number: u64, lapse_at: Millis) {
-        let ticket = self.tickets.get_mut(&number).expect("a live ticket");
-        ticket.state.lapse_at = lapse_at;
-        for limit in &ticket.state.limits {
-            if let Some(waiting) = self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number)) {
-                waiting.lapse = lapse_at;
-            }
-        }
-        if lapse_at < ticket.timer_at {
-            ticket.timer_at = lapse_at;
-            self.timers.push(lapse_at, Due::Ticket(number));
-        }
-    }
-
-    /// The most live tickets ahead of ticket `number` in any one of its lines.
-    fn ahead(&self, number: u64, now: Millis) -> u64 {
-        let ticket = &self.tickets[&number];
-        ticket
-            .state
-            .limits
-            .iter()
-            .filter_map(|l| self.buckets.get(l.key.as_str()))
-            .map(|b| b.line.range(..number).filter(|(_, w)| w.lapse > now).count() as u64)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Removes ticket `number` from the table and its lines, pushing `why` (its end or lapse);
-    /// a bucket left with nothing is forgotten.
-    fn end_ticket(&mut self, number: u64, why: Effect, now: Millis, effects: &mut Vec<Effect>) {
-        let Some(ticket) = self.tickets.remove(&number) else { return };
-        effects.push(why);
-        for limit in &ticket.state.limits {
-            if let Some(bucket) = self.buckets.get_mut(limit.key.as_str()) {
-                bucket.line.remove(&number);
-                if bucket.line.is_empty() {
-                    // No one waits any more: the places freed for the line stop counting as idle.
-                    for from in bucket.handoff_from.drain(..) {
-                        self.idle_place_ms = self.idle_place_ms.saturating_add(now.since(from));
-                    }
-                }
-                if self.watching {
-                    let key = bucket.key.clone();
-                    self.freed(&key);
-                }
-            }
-            self.settle_bucket(&limit.key, now, effects);
-        }
-    }
-
-    /// Leaves the line (`release {ticket}`, section 12.4): true when a live ticket left its
-    /// lines; false for a string that is not one of our tickets, or one ended or lapsed.
-    pub fn leave(&mut self, ticket: &str, now: Millis, effects: &mut Vec<Effect>) -> bool {
-        let Ok(id) = ticket.parse::<TicketId>() else { return false };
-        let number = id.number();
-        match self.tickets.get(&number) {
-            Some(t) if t.id == id && t.state.lapse_at > now => {
-                self.end_ticket(number, Effect::TicketEnded { id, end: TicketEnd::Left }, now, effects);
-                true
-            }
-            Some(t) if t.id == id => {
-                self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
-                false
-            }
-            _ => false,
-        }
     }
 
     /// Grants `req` at `now` (every rule was checked): counts it in every window, holds its
@@ -1090,17 +917,6 @@ impl Engine {
         self.permits.get(&id).is_some_and(|p| p.expires > now).then_some(id)
     }
 
-    /// Ends the throttle of `key` now (section 9.4): true when one was in force.
-    pub fn lift(&mut self, key: &str, now: Millis, effects: &mut Vec<Effect>) -> bool {
-        if self.throttled_until(key, now).is_none() {
-            return false;
-        }
-        let (key, _) = self.throttles.remove_entry(key).expect("in force");
-        self.freed(&key);
-        effects.push(Effect::ThrottleEnded { key });
-        true
-    }
-
     /// Settles `costs` (when any) and releases the permit, in one step: true when the permit
     /// was live. A bad key is a `BadRequest` and nothing changes.
     pub fn release_with(
@@ -1136,29 +952,6 @@ impl Engine {
         }
         effects.push(Effect::PermitEnded { id });
         live
-    }
-
-    /// Throttles `key` until `until` (only ever extends; a past `until` changes nothing).
-    /// Returns the throttle in force afterwards.
-    pub fn throttle(&mut self, key: &str, until: Millis, now: Millis, effects: &mut Vec<Effect>) -> Option<Millis> {
-        let current = self.throttles.get(key).copied().filter(|&u| u > now);
-        if until <= now || current.is_some_and(|u| u >= until) {
-            return current;
-        }
-        let key: Arc<str> = match self.throttles.get_key_value(key) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(key),
-        };
-        self.throttles.insert(key.clone(), until);
-        self.timers.push(until, Due::Throttle(key.clone()));
-        effects.push(Effect::ThrottleSet { key, until });
-        Some(until)
-    }
-
-    /// The throttle in force for `key` at `now`, if any.
-    #[must_use]
-    pub fn throttled_until(&self, key: &str, now: Millis) -> Option<Millis> {
-        self.throttles.get(key).copied().filter(|&u| u > now)
     }
 
     /// The soonest instant at which [`Engine::sweep`] has work (it may find none then).
@@ -1559,10 +1352,6 @@ pub struct Facts {
     /// Each token bucket not full: its level in whole tokens (section 13; a full one reads as a
     /// bucket never named with its burst as `initial`).
     pub levels: std::collections::BTreeMap<String, i64>,
-}
-
-fn unbound_ticket() -> BadRequest {
-    BadRequest("ticket was filed for another request: the caller key and the limits (key, calls, refill, perMs, burst, initial, cost, concurrent, holdMs) must be the ones it was filed with".into())
 }
 
 #[cfg(test)]

@@ -55,6 +55,9 @@ pub mod model;
 mod permit;
 mod place;
 mod requests;
+mod restore;
+mod settle;
+mod sweep;
 mod throttle;
 mod ticket;
 mod timers;
@@ -70,18 +73,19 @@ use bucket::{Bucket, bucket_entry};
 pub use ceiling::{AdaptedShare, Ceiling, CeilingChange, KEPT_MS as CEILING_KEPT_MS};
 pub use effect::Effect;
 pub use line::{LATE_AFTER_MS, LineAnswer, MAX_LINE, NoTicket, TicketEnd, TicketId, TicketNote, TicketState};
-use line::{Waiting, random_ticket_key, ticket_key};
+use line::{random_ticket_key, ticket_key};
 pub use permit::PermitId;
 use permit::PermitIds;
 use requests::RequestChecks;
 pub use requests::{Outcome, REMEMBER_MS, RequestRecord, params_digest};
+pub use settle::Settled;
 use ticket::{Ticket, unbound_ticket};
 use timers::{Due, Timers};
 pub use token_bucket::BucketLevel;
 pub use wait::Readiness;
 
 use crate::policy::PRUNE_BATCH;
-use crate::request::{AcquireRequest, BadRequest, BucketLimit, Cost, Limit};
+use crate::request::{AcquireRequest, BadRequest, BucketLimit, Limit};
 use crate::time::Millis;
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -193,46 +197,6 @@ pub struct Figures {
     /// The ceiling the limit is judged with (section 14), when it has `adapt`: clamped to its
     /// own `[min, max]`.
     pub ceiling: Option<u64>,
-}
-
-/// What a settle did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settled {
-    /// Not a live permit: nothing changed (`settled: false`).
-    Unknown,
-    /// Settled; no window counts differently (the same figures, or grants that left).
-    Unchanged,
-    /// Settled; at least one window counts less, none more.
-    Down,
-    /// Settled; at least one window counts more.
-    Up,
-}
-
-impl Settled {
-    /// `Up` over `Down` over `Unchanged`.
-    fn max_with(self, other: Settled) -> Settled {
-        match (self, other) {
-            (Settled::Up, _) | (_, Settled::Up) => Settled::Up,
-            (Settled::Down, _) | (_, Settled::Down) => Settled::Down,
-            _ => self,
-        }
-    }
-
-    /// Whether the permit was live (`settled: true` on the wire).
-    #[must_use]
-    pub fn is_settled(self) -> bool {
-        self != Settled::Unknown
-    }
-
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Settled::Unknown => "unknown",
-            Settled::Unchanged => "unchanged",
-            Settled::Down => "down",
-            Settled::Up => "up",
-        }
-    }
 }
 
 /// One window or token bucket a permit's grant counts in: what it counts there now (capped at
@@ -828,329 +792,6 @@ impl Engine {
                 None => req.key.clone(),
             },
         })
-    }
-
-    /// Settles a permit's grant (section 9.3): in each named window bucket its cost becomes the
-    /// given one (capped at the bucket's `calls` at the grant), at the grant's own instant.
-    /// [`Settled::Unknown`] for a string that is not a live permit (nothing changes); a key
-    /// that was not a window of the grant is a `BadRequest` and nothing changes. A grant that
-    /// already left a bucket's window changes nothing there.
-    pub fn settle(
-        &mut self,
-        permit: &str,
-        costs: &[Cost],
-        now: Millis,
-        effects: &mut Vec<Effect>,
-    ) -> Result<Settled, BadRequest> {
-        let Some(id) = self.live_permit(permit, now) else { return Ok(Settled::Unknown) };
-        let state = self.permits.get_mut(&id).expect("live");
-        let (at, mut shares) = (state.at, std::mem::take(&mut state.windows));
-        let outcome = self.settle_shares(at, &mut shares, costs, "the permit's grant", now, effects);
-        self.permits.get_mut(&id).expect("live").windows = shares;
-        if outcome.as_ref().is_ok_and(|o| *o != Settled::Unchanged) {
-            effects.push(Effect::PermitSet { id, permit: self.permits[&id].clone() });
-        }
-        outcome
-    }
-
-    /// Settles the window `shares` of a grant made at `at` to `costs` (each capped at its
-    /// share's `calls`), at the grant's own instant, updating each share's cost: what a settle
-    /// of a permit and a `release {id}` of a grant without one both do. All or nothing: a key
-    /// not among the shares is a `BadRequest` naming it (`of` names the grant). A share whose
-    /// grant already left its window changes nothing there; a window settled down notes its
-    /// bucket for the waits.
-    pub(super) fn settle_shares(
-        &mut self,
-        at: Millis,
-        shares: &mut [WindowShare],
-        costs: &[Cost],
-        of: &str,
-        now: Millis,
-        effects: &mut Vec<Effect>,
-    ) -> Result<Settled, BadRequest> {
-        for (i, c) in costs.iter().enumerate() {
-            if !shares.iter().any(|w| *w.bucket == *c.key) {
-                return Err(BadRequest(format!("costs[{i}].key is not a window limit of {of}")));
-            }
-        }
-        let mut outcome = Settled::Unchanged;
-        for c in costs {
-            self.prune_bucket(&c.key, now);
-            let share = shares.iter_mut().find(|w| *w.bucket == *c.key).expect("checked above");
-            let new = c.cost.min(share.cap);
-            if new == share.cost {
-                continue;
-            }
-            if let Some(b) = share.bucket_limit() {
-                // Section 13: the difference goes back into the bucket or is taken from it.
-                let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, &share.bucket);
-                let level = token_bucket::settle(bucket.level.as_ref(), &b, share.cost, new, now);
-                bucket.set_level(level, effects);
-                Self::arm(&mut self.timers, bucket);
-                let down = new < share.cost;
-                outcome = outcome.max_with(if down { Settled::Down } else { Settled::Up });
-                share.cost = new;
-                let key = bucket.key.clone();
-                if down && self.watching {
-                    self.freed(&key);
-                }
-                self.settle_bucket(&key, now, effects);
-                continue;
-            }
-            let Some(bucket) = self.buckets.get_mut(&*share.bucket) else { continue };
-            let Some(total) = bucket.window.settle(at, share.cost, new) else { continue };
-            outcome = outcome.max_with(if new > share.cost { Settled::Up } else { Settled::Down });
-            let down = new < share.cost;
-            share.cost = new;
-            effects.push(Effect::WindowGrant { bucket: bucket.key.clone(), at, cost: total });
-            if down && self.watching {
-                let key = bucket.key.clone();
-                self.freed(&key);
-            }
-        }
-        Ok(outcome)
-    }
-
-    /// The id of `permit` when it is a permit that lives at `now`.
-    fn live_permit(&self, permit: &str, now: Millis) -> Option<PermitId> {
-        let id = permit.parse::<PermitId>().ok()?;
-        self.permits.get(&id).is_some_and(|p| p.expires > now).then_some(id)
-    }
-
-    /// Settles `costs` (when any) and releases the permit, in one step: true when the permit
-    /// was live. A bad key is a `BadRequest` and nothing changes.
-    pub fn release_with(
-        &mut self,
-        permit: &str,
-        costs: &[Cost],
-        now: Millis,
-        effects: &mut Vec<Effect>,
-    ) -> Result<bool, BadRequest> {
-        self.release_with_outcome(permit, costs, None, now, effects)
-    }
-
-    /// Releases a permit. True when it was live (its places, if any, are freed); false for a
-    /// string that is not a permit we hold, or one already released or lapsed.
-    pub fn release(&mut self, permit: &str, now: Millis, effects: &mut Vec<Effect>) -> bool {
-        let Ok(id) = permit.parse::<PermitId>() else {
-            return false;
-        };
-        let Some(permit) = self.permits.remove(&id) else {
-            return false;
-        };
-        let live = permit.expires > now;
-        for (key, lapse) in &permit.places {
-            let Some(bucket) = self.buckets.get_mut(key) else { continue };
-            if bucket.places.remove(*lapse, id) {
-                self.held_places -= 1;
-                if !bucket.line.is_empty() && bucket.handoff_from.len() < MAX_HANDOFFS {
-                    bucket.handoff_from.push_back(now);
-                }
-                self.freed(key);
-            }
-            self.settle_bucket(key, now, effects);
-        }
-        effects.push(Effect::PermitEnded { id });
-        live
-    }
-
-    /// The soonest instant at which [`Engine::sweep`] has work (it may find none then).
-    #[must_use]
-    pub fn next_deadline(&self) -> Option<Millis> {
-        match (self.timers.next_at(), self.request_checks.next_at()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// Forgets what has lapsed by `now`: idle buckets, permits whose places all lapsed, passed
-    /// throttles. Returns the next deadline.
-    pub fn sweep(&mut self, now: Millis, effects: &mut Vec<Effect>) -> Option<Millis> {
-        while let Some((at, due)) = self.timers.pop_due(now) {
-            match due {
-                Due::Bucket(key) => {
-                    let Some(bucket) = self.buckets.get_mut(&key) else { continue };
-                    if bucket.timer_at != at {
-                        continue; // a stale timer: the bucket was rescheduled
-                    }
-                    bucket.timer_at = Millis(u64::MAX);
-                    if !bucket.is_idle() {
-                        bucket.take_pruned(effects);
-                    }
-                    self.settle_bucket(&key, now, effects);
-                    if let Some(bucket) = self.buckets.get_mut(&key)
-                        && bucket.timer_at == Millis(u64::MAX)
-                        && !bucket.is_idle()
-                    {
-                        // Not idle yet and no earlier timer: wake when it will be.
-                        bucket.timer_at = bucket.idle_at();
-                        self.timers.push(bucket.timer_at, Due::Bucket(key));
-                    }
-                }
-                Due::Permit(id) => {
-                    if self.permits.get(&id).is_some_and(|p| p.expires <= now) {
-                        self.permits.remove(&id);
-                        effects.push(Effect::PermitEnded { id });
-                    }
-                }
-                Due::Throttle(key) => {
-                    if self.throttles.get(&key).is_some_and(|&u| u <= now) {
-                        self.throttles.remove(&key);
-                        effects.push(Effect::ThrottleEnded { key });
-                    }
-                }
-                Due::Ceiling(key) => self.ceiling_due(&key, now, effects),
-                Due::Ticket(number) => {
-                    let Some(t) = self.tickets.get_mut(&number).filter(|t| t.timer_at == at) else { continue };
-                    if t.state.lapse_at <= now {
-                        let id = t.id;
-                        self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
-                    } else {
-                        // Renewed since it was armed: wake at its lapse instead.
-                        t.timer_at = t.state.lapse_at;
-                        self.timers.push(t.timer_at, Due::Ticket(number));
-                    }
-                }
-            }
-        }
-        self.check_requests(now, effects);
-        self.next_deadline()
-    }
-
-    /// Restores a bucket's settings from the file (before its grants).
-    pub fn restore_bucket(&mut self, key: &str, meta: BucketMeta) {
-        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).meta = meta;
-    }
-
-    /// Restores a token bucket's persisted level (section 13): it refills from there by the time
-    /// that passed.
-    pub fn restore_level(&mut self, key: &str, level: BucketLevel) {
-        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).level = Some(level);
-    }
-
-    /// Restores one persisted grant. Grants of one bucket must come in time order.
-    pub fn restore_grant(&mut self, key: &str, at: Millis, cost: u64) {
-        bucket_entry(&mut self.buckets, &mut self.bucket_keys, key).window.restore(at, cost);
-    }
-
-    /// Restores a persisted permit with its places and window shares.
-    pub fn restore_permit(&mut self, id: PermitId, mut permit: PermitState) {
-        for (key, lapse) in &mut permit.places {
-            let bucket = bucket_entry(&mut self.buckets, &mut self.bucket_keys, key);
-            bucket.places.insert(*lapse, id);
-            self.held_places += 1;
-            *key = bucket.key.clone();
-        }
-        self.permits.insert(id, permit);
-    }
-
-    /// Restores a persisted throttle.
-    pub fn restore_throttle(&mut self, key: &str, until: Millis) {
-        self.throttles.insert(Arc::from(key), until);
-    }
-
-    /// Restores a persisted ticket into the table and the lines of the buckets it names. New
-    /// tickets are numbered above it.
-    pub fn restore_ticket(&mut self, id: TicketId, state: TicketState) {
-        let number = id.number();
-        for limit in &state.limits {
-            bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key)
-                .line
-                .insert(number, Waiting::new(limit, state.lapse_at));
-        }
-        self.next_ticket = self.next_ticket.max(number.saturating_add(1));
-        let timer_at = state.lapse_at;
-        // Its own horizon when the file kept it, else the server's (a file of format 6 or older).
-        let horizon_end = state.deadline.unwrap_or_else(|| state.filed_at.plus(self.config.line_horizon_ms));
-        let deadline = horizon_end.max(state.lapse_at);
-        self.tickets.insert(number, Ticket { id, state, deadline, timer_at });
-    }
-
-    /// After the `restore_*` calls and before [`Engine::finish_restore`], when the engine starts
-    /// again from a file whose latest instant is `floor` (section 12.6): a ticket that had
-    /// lapsed by `floor` lapses; every other keeps its place and lapses no sooner than `now`
-    /// plus its grace, so its host can reach the limiter again before it does. (Renewals after
-    /// the file's latest commit may have been lost; a ticket live then was live at `floor`.)
-    pub fn resume_line(&mut self, floor: Millis, now: Millis, effects: &mut Vec<Effect>) {
-        let mut numbers: Vec<u64> = self.tickets.keys().copied().collect();
-        numbers.sort_unstable();
-        for number in numbers {
-            let ticket = &self.tickets[&number];
-            let (id, state) = (ticket.id, &ticket.state);
-            if state.lapse_at <= floor {
-                self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
-                continue;
-            }
-            let earliest = now.plus(state.grace_ms);
-            if state.lapse_at < earliest {
-                let (retry_at, grace_ms) = (state.retry_at, state.grace_ms);
-                let ticket = self.tickets.get_mut(&number).expect("listed");
-                ticket.state.lapse_at = earliest;
-                ticket.deadline = ticket.deadline.max(earliest);
-                for limit in &ticket.state.limits {
-                    if let Some(waiting) =
-                        self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number))
-                    {
-                        waiting.lapse = earliest;
-                    }
-                }
-                effects.push(Effect::TicketRenewed { id, retry_at, lapse_at: earliest, grace_ms });
-            }
-        }
-    }
-
-    /// After the `restore_*` calls: prunes what lapsed while the file was closed (pushing the
-    /// effects that delete it from the file) and arms every timer.
-    pub fn finish_restore(&mut self, now: Millis, effects: &mut Vec<Effect>) {
-        self.timers.clear();
-        self.restore_request_checks(now);
-        let keys: Vec<Arc<str>> = self.buckets.keys().cloned().collect();
-        for key in keys {
-            let bucket = self.buckets.get_mut(&key).expect("listed");
-            bucket.timer_at = Millis(u64::MAX);
-            bucket.prune(now);
-            if bucket.is_forgettable() {
-                self.bucket_keys.remove(&key);
-                if let Some(bucket) = self.buckets.remove(&key) {
-                    bucket.forget(effects);
-                }
-            } else if bucket.is_idle() {
-                // Only a line keeps it: forgotten when its last ticket leaves.
-                bucket.take_pruned(effects);
-            } else {
-                bucket.take_pruned(effects);
-                bucket.timer_at = bucket.idle_at();
-                self.timers.push(bucket.timer_at, Due::Bucket(key));
-            }
-        }
-        self.held_places = self.buckets.values().map(|b| b.places.len()).sum();
-        self.finish_restore_ceilings(now, effects);
-        let lapsed: Vec<PermitId> = self.permits.iter().filter(|(_, p)| p.expires <= now).map(|(id, _)| *id).collect();
-        for id in lapsed {
-            self.permits.remove(&id);
-            effects.push(Effect::PermitEnded { id });
-        }
-        for (id, p) in &self.permits {
-            self.timers.push(p.expires, Due::Permit(*id));
-        }
-        let passed: Vec<Arc<str>> = self.throttles.iter().filter(|(_, u)| **u <= now).map(|(k, _)| k.clone()).collect();
-        for key in passed {
-            self.throttles.remove(&key);
-            effects.push(Effect::ThrottleEnded { key });
-        }
-        for (key, until) in &self.throttles {
-            self.timers.push(*until, Due::Throttle(key.clone()));
-        }
-        let mut lapsed: Vec<(u64, TicketId)> =
-            self.tickets.iter().filter(|(_, t)| t.state.lapse_at <= now).map(|(n, t)| (*n, t.id)).collect();
-        lapsed.sort_unstable();
-        for (number, id) in lapsed {
-            self.end_ticket(number, Effect::TicketLapsed { id }, now, effects);
-        }
-        for (number, t) in &mut self.tickets {
-            t.timer_at = t.state.lapse_at;
-            self.timers.push(t.timer_at, Due::Ticket(*number));
-        }
     }
 
     /// Counts of live buckets, permits and throttles.

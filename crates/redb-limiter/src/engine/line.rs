@@ -5,7 +5,7 @@
 //! live tickets in that order. The engine keeps one table of tickets keyed by number (what the
 //! store persists) and, per bucket, the numbers waiting there with their lapse instants (derived
 //! from the table, so a restore rebuilds it). Filing, renewal and lapse are the engine's, in
-//! `mod.rs`; what one bucket's line says of a request is here ([`Engine::line_refusal`]):
+//! `ticket.rs`; what one bucket's line says of a request is here ([`Engine::line_refusal`]):
 //!
 //! - A ticket *holds* in a bucket while it is live and its caller is not throttled (a throttled
 //!   ticket yields: it keeps its number and holds back no one).

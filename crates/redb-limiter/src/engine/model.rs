@@ -21,6 +21,16 @@
 //! (granted or refused, whatever its cost; never a peek) named for it while it was not idle; a
 //! bucket with no kept grant and no unlapsed place is idle and keeps nothing, not even that
 //! length. It is slow on purpose and never used in serving.
+//!
+//! Adaptive ceilings in the reference (section 14), written from the spec rather than from
+//! `ceiling.rs`: each adapted limit is judged with its bucket's `C` (clamped to the limit's own
+//! `[min, max]`; a token bucket's burst scaled with it), and a permit keeps, per adapted limit of
+//! its grant, whether the ceiling was in play just after it. "Granted at or after the latest cut"
+//! is the order of events itself: every grant and every cut takes the next number of one counter
+//! ([`Reference::seq`]), so a grant and a cut in one millisecond are ordered as they were made
+//! (the engine orders them by counting cuts). A ceiling that may go (its bucket keeps nothing,
+//! and it is at `max` or an hour past its latest signal) goes when the engine forgets it, which
+//! must be by the next sweep ([`Reference::sync_ceilings`]).
 
 use std::collections::BTreeMap;
 
@@ -29,7 +39,7 @@ use super::{
     BucketLevel, BucketMeta, Ceiling, Effect, Engine, EngineConfig, Facts, Figures, LATE_AFTER_MS, PermitId,
     PermitState, Reason, RequestRecord, TicketId, TicketState,
 };
-use crate::request::{AcquireRequest, BucketLimit, Cost, Limit};
+use crate::request::{AcquireRequest, Adapt, BucketLimit, Cost, Limit, Signal};
 use crate::time::Millis;
 
 /// A live ticket in the reference: what it binds, and its instants.
@@ -49,7 +59,41 @@ pub struct RefPermit {
     pub places: Vec<(String, Millis)>,
     /// (bucket, what the grant counts there now, the bucket's calls at the grant)
     pub windows: Vec<(String, u64, u64)>,
+    /// Where an outcome on it counts (section 14): one entry per adapted limit of its grant.
+    pub adapted: Vec<RefShare>,
+    /// Its grant's place in the order of events (see [`Reference::seq`]).
+    pub seq: u64,
 }
+
+/// An adapted limit of a permit's grant in the reference (section 14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefShare {
+    pub bucket: String,
+    pub adapt: Adapt,
+    /// The limit's own `calls` (a bucket's `refill`).
+    pub start: u64,
+    pub per_ms: u64,
+    /// The ceiling was in play at the grant.
+    pub in_play: bool,
+    /// An outcome counted here already.
+    pub signalled: bool,
+}
+
+/// A bucket's adaptive ceiling in the reference (section 14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefCeiling {
+    pub c: u64,
+    /// The `max` of the latest outcome that counted.
+    pub max: u64,
+    pub cut_at: Option<Millis>,
+    /// The latest cut's place in the order of events.
+    pub cut_seq: u64,
+    pub grown_at: Option<Millis>,
+    pub signal_at: Millis,
+}
+
+/// Section 14: a ceiling below its `max` is kept at least an hour after its latest signal.
+const CEILING_KEPT_MS: u64 = 3_600_000;
 
 /// The brute-force reference limiter.
 #[derive(Debug, Default, Clone)]
@@ -83,6 +127,12 @@ pub struct Reference {
     pub token_figures: BTreeMap<String, BucketLimit>,
     /// The reference's last instant (levels stand at it).
     pub at: Millis,
+    /// Adaptive ceilings kept (section 14), by bucket.
+    pub ceilings: BTreeMap<String, RefCeiling>,
+    /// The order of events: every grant and every cut takes the next number, so "granted at or
+    /// after the latest cut" is read as the order they were made in, whatever their
+    /// milliseconds.
+    pub seq: u64,
 }
 
 /// One millisecond of refill: `refill` units, up to `burst` tokens (a level above is kept).
@@ -197,7 +247,7 @@ impl Reference {
         let (mut at, mut units) = (now, units);
         let mut out = Vec::new();
         for t in self.holding(key, now, mine) {
-            let bound = t.state.limits.iter().find(|b| b.key == key).expect("in its line");
+            let bound = self.bound(t, key);
             let Some(b) = bound.bucket else { continue };
             if bound.cost.min(b.burst) == 0 {
                 continue;
@@ -237,6 +287,8 @@ impl Reference {
         recheck_ms: u64,
         mine: Option<Option<u64>>,
     ) -> Option<(Millis, Reason, String)> {
+        let judged = self.judge(r);
+        let r = &judged;
         let mut worst: Option<(Millis, Reason, String)> = None;
         let mut consider = |at: Millis, reason: Reason, key: &str| {
             if worst.as_ref().is_none_or(|(w, _, _)| at > *w) {
@@ -337,7 +389,7 @@ impl Reference {
         let mut reserved: Vec<(Millis, u64)> = Vec::new();
         let mut out = Vec::new();
         for t in self.holding(bucket, now, mine) {
-            let bound = t.state.limits.iter().find(|b| b.key == bucket).expect("in its line");
+            let bound = self.bound(t, bucket);
             let Some(w) = bound.window else { continue };
             let c = bound.cost.min(w.calls);
             if c == 0 {
@@ -369,7 +421,7 @@ impl Reference {
         let backfills = l.concurrent.is_none()
             && token_backfills
             && reservations.iter().all(|(n, at, used)| {
-                let bound = self.tickets[n].state.limits.iter().find(|b| b.key == l.key).expect("in its line");
+                let bound = self.bound(&self.tickets[n], &l.key);
                 let w = bound.window.expect("reserved");
                 now.plus(w.per_ms) <= *at || used + bound.cost.min(w.calls) + cost <= w.calls
             });
@@ -383,7 +435,7 @@ impl Reference {
             let reserved: Vec<(Millis, u64)> = reservations
                 .iter()
                 .map(|(n, at, _)| {
-                    let bound = self.tickets[n].state.limits.iter().find(|b| b.key == l.key).expect("in its line");
+                    let bound = self.bound(&self.tickets[n], &l.key);
                     (*at, bound.cost.min(bound.window.expect("reserved").calls))
                 })
                 .collect();
@@ -396,7 +448,7 @@ impl Reference {
             // Behind every reservation: the level after their takes, from the last instant.
             let (mut from, mut left) = (now, units);
             for t in self.holding(&l.key, now, mine) {
-                let bound = t.state.limits.iter().find(|x| x.key == l.key).expect("in its line");
+                let bound = self.bound(t, &l.key);
                 let Some(tb) = bound.bucket.filter(|tb| bound.cost.min(tb.burst) > 0) else { continue };
                 (from, left) = Self::tokens_room(left, &tb, bound.cost, from);
                 left -= need_units(&tb, bound.cost);
@@ -428,10 +480,12 @@ impl Reference {
 
     /// The figures of section 9.1 for `r` at `now`.
     #[must_use]
-    pub fn figures(&self, r: &AcquireRequest, now: Millis) -> Vec<Figures> {
+    pub fn figures(&self, own: &AcquireRequest, now: Millis) -> Vec<Figures> {
+        let r = self.judge(own);
         r.limits
             .iter()
-            .map(|l| Figures {
+            .zip(&own.limits)
+            .map(|(l, own)| Figures {
                 key: l.key.clone(),
                 window: l.window.map(|w| {
                     let used: u64 = self.live(&l.key, w.per_ms, now).iter().map(|(_, c)| c).sum();
@@ -446,8 +500,7 @@ impl Reference {
                     let queued = self.line(&l.key).count() as u64;
                     (r.in_line() || queued > 0).then_some(queued)
                 },
-                // The model knows no outcomes: a ceiling stays at `calls`.
-                ceiling: l.adapt.and_then(|_| l.nominal_calls()),
+                ceiling: own.adapt.map(|a| self.c_of(&own.key, &a, own.nominal_calls().expect("adapts"))),
             })
             .collect()
     }
@@ -530,6 +583,7 @@ impl Reference {
     /// A refused acquire of `r` at `now`: it lengthens the retention of the buckets it names,
     /// and a token bucket named for the first time starts at `initial`.
     pub fn refuse(&mut self, r: &AcquireRequest, now: Millis) {
+        let r = &self.judge(r);
         for l in &r.limits {
             if let Some(w) = l.window {
                 self.note_per_ms(&l.key, w.per_ms);
@@ -553,10 +607,18 @@ impl Reference {
     }
 
     /// Records a grant of `r` at `now` holding `permit`.
-    pub fn grant(&mut self, r: &AcquireRequest, now: Millis, permit: Option<PermitId>) {
+    pub fn grant(&mut self, own: &AcquireRequest, now: Millis, permit: Option<PermitId>) {
+        let r = &self.judge(own);
+        self.seq += 1;
         let mut places = Vec::new();
         let mut windows = Vec::new();
-        for l in &r.limits {
+        for (l, own) in r.limits.iter().zip(&own.limits) {
+            if let (Some(w), Some(calls)) = (l.window, own.window.map(|w| w.calls))
+                && w.calls > calls
+            {
+                // Judged above its own `calls`: its window may hold more.
+                self.unbounded.insert(l.key.clone());
+            }
             if let Some(b) = l.bucket {
                 self.token_figures.insert(l.key.clone(), b);
                 let cost = l.cost.min(b.burst);
@@ -591,7 +653,8 @@ impl Reference {
         if let Some(id) = permit {
             let last = places.iter().map(|(_, l)| *l).max().unwrap_or(Millis::ZERO);
             let expires = if r.permit { last.max(now.plus(r.hold_ms)) } else { last };
-            self.permits.insert(id, RefPermit { at: now, expires, places, windows });
+            let adapted = r.limits.iter().zip(&own.limits).filter_map(|(l, own)| self.share(l, own, now)).collect();
+            self.permits.insert(id, RefPermit { at: now, expires, places, windows, adapted, seq: self.seq });
         }
     }
 
@@ -753,9 +816,187 @@ impl Reference {
     }
 }
 
+/// Adaptive ceilings (section 14), written from the spec alone.
+impl Reference {
+    /// `C` as a limit with `adapt` and its own `start` (`calls` or `refill`) is judged in `key`:
+    /// the ceiling kept there, or `start` when none is, within the limit's `[min, max]`.
+    fn c_of(&self, key: &str, adapt: &Adapt, start: u64) -> u64 {
+        let kept = self.ceilings.get(key).map_or(start, |k| k.c);
+        kept.max(adapt.min).min(adapt.max)
+    }
+
+    /// `l` as it is judged: with `adapt`, its window's `calls` is `C`; a token bucket's `refill`
+    /// is `C` and its `burst` scales with it (`floor(burst × C / refill)`, at least 1; its
+    /// `initial` never above that).
+    #[must_use]
+    pub fn judge_limit(&self, l: &Limit) -> Limit {
+        let mut judged = l.clone();
+        let Some(adapt) = l.adapt else { return judged };
+        if let Some(w) = &mut judged.window {
+            w.calls = self.c_of(&l.key, &adapt, w.calls);
+        }
+        if let Some(b) = &mut judged.bucket {
+            let c = self.c_of(&l.key, &adapt, b.refill);
+            let burst = ((u128::from(b.burst) * u128::from(c)) / u128::from(b.refill)).max(1);
+            let burst = u64::try_from(burst).expect("at most 10^9 x 10^9 / 1");
+            *b = BucketLimit { refill: c, per_ms: b.per_ms, burst, initial: b.initial.min(burst) };
+        }
+        judged
+    }
+
+    /// `r` with every limit judged (see [`Reference::judge_limit`]).
+    #[must_use]
+    pub fn judge(&self, r: &AcquireRequest) -> AcquireRequest {
+        let mut judged = r.clone();
+        judged.limits = r.limits.iter().map(|l| self.judge_limit(l)).collect();
+        judged
+    }
+
+    /// What ticket `t` binds in `key`, judged as it is now.
+    fn bound(&self, t: &RefTicket, key: &str) -> Limit {
+        self.judge_limit(t.state.limits.iter().find(|b| b.key == key).expect("in its line"))
+    }
+
+    /// The share a permit granted at `now` keeps of the limit `l` (judged; `own` as named), just
+    /// after the grant was counted: whether the ceiling was in play then (the window holds at
+    /// least half of `C`, the grant's own cost counted; a bucket's level is at most half of its
+    /// burst).
+    fn share(&self, l: &Limit, own: &Limit, now: Millis) -> Option<RefShare> {
+        let adapt = own.adapt?;
+        let (per_ms, in_play) = if let Some(w) = l.window {
+            let used: u64 = self.live(&l.key, w.per_ms, now).iter().map(|(_, c)| c).sum();
+            (w.per_ms, 2 * used >= w.calls)
+        } else {
+            let b = l.bucket?;
+            (b.per_ms, 2 * self.level(&l.key, &b) <= i128::from(b.burst) * i128::from(b.per_ms))
+        };
+        let start = own.window.map_or_else(|| own.bucket.map(|b| b.refill), |w| Some(w.calls))?;
+        Some(RefShare { bucket: l.key.clone(), adapt, start, per_ms, in_play, signalled: false })
+    }
+
+    /// An outcome on permit `id` at `now` (a `release` or `settle` with `outcome`, or a
+    /// `throttle` with `permit` as `limited`): counted once per adapted bucket of its grant.
+    /// False when the permit is not live, and then nothing changes.
+    pub fn signal(&mut self, id: Option<PermitId>, signal: Signal, now: Millis) -> bool {
+        let Some(id) = id.filter(|id| self.permits.get(id).is_some_and(|p| p.expires > now)) else {
+            return false;
+        };
+        let granted = self.permits[&id].seq;
+        for i in 0..self.permits[&id].adapted.len() {
+            let share = self.permits[&id].adapted[i].clone();
+            if share.signalled {
+                continue;
+            }
+            self.permits.get_mut(&id).expect("live").adapted[i].signalled = true;
+            let kept = self.ceilings.get(&share.bucket).copied();
+            let adapt = share.adapt;
+            let c = self.c_of(&share.bucket, &adapt, share.start);
+            // Granted at or after the latest cut, in the order things happened.
+            let after_cut = kept.is_none_or(|k| k.cut_at.is_none() || granted > k.cut_seq);
+            let mut next = kept.unwrap_or(RefCeiling {
+                c: share.start,
+                max: adapt.max,
+                cut_at: None,
+                cut_seq: 0,
+                grown_at: None,
+                signal_at: now,
+            });
+            let mut changed = false;
+            match signal {
+                Signal::Limited if after_cut => {
+                    next.c = (c * adapt.keep_pct / 100).max(adapt.min);
+                    self.seq += 1;
+                    (next.cut_at, next.cut_seq) = (Some(now), self.seq);
+                    changed = true;
+                }
+                Signal::Clean => {
+                    let window_since = next.grown_at.is_none_or(|g| now.0 - g.0 >= share.per_ms);
+                    if after_cut && share.in_play && adapt.increase > 0 && c < adapt.max && window_since {
+                        next.c = (c + adapt.increase).min(adapt.max);
+                        next.grown_at = Some(now);
+                        changed = true;
+                    }
+                }
+                Signal::Limited => {}
+            }
+            if kept.is_some() || changed {
+                next.max = adapt.max;
+                next.signal_at = now;
+                self.ceilings.insert(share.bucket.clone(), next);
+            }
+        }
+        true
+    }
+
+    /// Whether the ceiling of `key` may be forgotten at `now`: its bucket keeps nothing (no
+    /// grant, place, level or live ticket), and it is at its `max` or an hour has passed since
+    /// its latest signal. The engine forgets it then or later (at a sweep, a release, a
+    /// restart), never sooner.
+    #[must_use]
+    pub fn ceiling_may_go(&self, key: &str, now: Millis) -> bool {
+        let Some(k) = self.ceilings.get(key) else { return false };
+        let idle = self.is_idle(key, now) && !self.levels.contains_key(key) && self.line(key).next().is_none();
+        idle && (k.c >= k.max || k.signal_at.plus(CEILING_KEPT_MS) <= now)
+    }
+
+    /// Forgets the ceilings of `keys` that the engine no longer keeps (`kept` says) when they
+    /// were free to go.
+    pub fn follow_forgotten<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a str>,
+        kept: impl Fn(&str) -> bool,
+        now: Millis,
+    ) {
+        for key in keys {
+            if self.ceiling_may_go(key, now) && !kept(key) {
+                self.ceilings.remove(key);
+            }
+        }
+    }
+
+    /// Compares the ceilings the engine keeps at `now` with the reference's, and forgets in the
+    /// reference those the engine forgot (each must have been free to go). After a sweep
+    /// (`swept`), none that may go is still kept.
+    pub fn sync_ceilings(&mut self, engine: &[(String, Ceiling)], now: Millis, swept: bool) -> Result<(), String> {
+        let engine: BTreeMap<&str, &Ceiling> = engine.iter().map(|(k, c)| (k.as_str(), c)).collect();
+        if let Some(extra) = engine.keys().find(|k| !self.ceilings.contains_key(**k)) {
+            return Err(format!("the engine keeps a ceiling for {extra} that the reference has not"));
+        }
+        let keys: Vec<String> = self.ceilings.keys().cloned().collect();
+        for key in keys {
+            let may_go = self.ceiling_may_go(&key, now);
+            let k = self.ceilings[&key];
+            match engine.get(key.as_str()) {
+                None if may_go => {
+                    self.ceilings.remove(&key);
+                }
+                None => return Err(format!("the ceiling of {key} was forgotten too soon: {k:?}")),
+                Some(_) if swept && may_go => return Err(format!("a sweep kept the ceiling of {key}: {k:?}")),
+                Some(got) => {
+                    // (Its count of cuts is how the engine orders a grant and a cut; the
+                    // reference orders them by `seq`, so that count is not compared.)
+                    let want = Ceiling {
+                        c: k.c,
+                        max: k.max,
+                        cut_at: k.cut_at,
+                        cuts: got.cuts,
+                        grown_at: k.grown_at,
+                        signal_at: k.signal_at,
+                    };
+                    if **got != want {
+                        return Err(format!("ceiling of {key}: engine {got:?}, reference {want:?}"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Whether a refusal may push `effect`: the line's changes, rule 3's retention (and what a
-/// prune or a forget reports on the way), and a token bucket created at its `initial` by the
-/// refusal that first names it (section 13). Anything else is a change a refusal must not make.
+/// prune or a forget reports on the way, a ceiling forgotten with its bucket too), and a token
+/// bucket created at its `initial` by the refusal that first names it (section 13). Anything
+/// else is a change a refusal must not make.
 #[must_use]
 pub fn refusal_may_push(effect: &Effect) -> bool {
     effect.is_line()
@@ -766,6 +1007,7 @@ pub fn refusal_may_push(effect: &Effect) -> bool {
                 | Effect::BucketForgotten { .. }
                 | Effect::LevelSet { .. }
                 | Effect::LevelForgotten { .. }
+                | Effect::CeilingForgotten { .. }
         )
 }
 

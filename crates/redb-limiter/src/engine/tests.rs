@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::model::{EffectLog, Reference};
 use super::*;
-use crate::request::{AcquireRequest, Cost, Limit};
+use crate::request::{AcquireRequest, Adapt, Cost, Limit, Signal};
 
 pub(super) const T0: Millis = Millis(1_000_000);
 
@@ -879,6 +879,18 @@ struct LimitSpec {
     concurrent: Option<u64>,
     cost: u64,
     hold_ms: u64,
+    /// `adapt` (section 14), one of [`adapt_of`]'s variants, on a window or a token bucket.
+    adapt: Option<usize>,
+}
+
+/// The `adapt` variants a bucket of `calls` (a token bucket's `refill`) is named with: hosts
+/// naming one bucket with different bounds see its ceiling clamped to their own.
+fn adapt_of(calls: u64, variant: usize) -> Adapt {
+    match variant {
+        0 => Adapt { min: 1, max: calls * 2, increase: 1, keep_pct: 50 },
+        1 => Adapt { min: calls.div_ceil(2), max: calls + 1, increase: 2, keep_pct: 67 },
+        _ => Adapt { min: 1, max: calls, increase: 3, keep_pct: 99 },
+    }
 }
 
 /// How an acquire takes part in the line.
@@ -921,6 +933,7 @@ enum Op {
         nth: usize,
         bogus: bool,
         costs: Vec<(usize, bool, u64)>,
+        outcome: Option<Signal>,
     },
     Leave {
         nth: usize,
@@ -930,10 +943,13 @@ enum Op {
         nth: usize,
         bogus: bool,
         costs: Vec<(usize, bool, u64)>,
+        outcome: Option<Signal>,
     },
+    /// With `permit` (the nth issued, or a bogus one): `limited` for its adapted buckets.
     Throttle {
         caller: usize,
         offset: i64,
+        permit: Option<(usize, bool)>,
     },
     Lift {
         caller: usize,
@@ -965,10 +981,11 @@ fn limit_spec() -> impl Strategy<Value = LimitSpec> {
         prop_oneof![Just(0u64), 1u64..=3, 5u64..=20],
         1u64..=600,
         prop::bool::weighted(0.3),
+        prop::option::weighted(0.5, 0usize..3),
     )
-        .prop_map(|(bucket, long, window, concurrent, cost, hold_ms, tokens)| {
+        .prop_map(|(bucket, long, window, concurrent, cost, hold_ms, tokens, adapt)| {
             let window = window || concurrent.is_none();
-            LimitSpec { bucket, long, window, tokens, concurrent, cost, hold_ms }
+            LimitSpec { bucket, long, window, tokens, concurrent, cost, hold_ms, adapt }
         })
 }
 
@@ -999,6 +1016,10 @@ fn line_op() -> impl Strategy<Value = LineOp> {
     ]
 }
 
+fn outcome() -> impl Strategy<Value = Option<Signal>> {
+    prop_oneof![2 => Just(None), 2 => Just(Some(Signal::Clean)), 1 => Just(Some(Signal::Limited))]
+}
+
 fn grace() -> impl Strategy<Value = u64> {
     prop_oneof![Just(100u64), 100u64..=3000]
 }
@@ -1011,12 +1032,13 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (any::<usize>(), grace()).prop_map(|(nth, grace)| Op::AskAgain { nth, grace }),
         1 => any::<usize>().prop_map(|nth| Op::PeekAgain { nth }),
         2 => (0..CALLERS.len(), limits()).prop_map(|(caller, limits)| Op::Peek { caller, limits }),
-        2 => (any::<usize>(), prop::bool::weighted(0.2), costs())
-            .prop_map(|(nth, bogus, costs)| Op::Release { nth, bogus, costs }),
+        3 => (any::<usize>(), prop::bool::weighted(0.2), costs(), outcome())
+            .prop_map(|(nth, bogus, costs, outcome)| Op::Release { nth, bogus, costs, outcome }),
         1 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(nth, bogus)| Op::Leave { nth, bogus }),
-        3 => (any::<usize>(), prop::bool::weighted(0.1), costs())
-            .prop_map(|(nth, bogus, costs)| Op::Settle { nth, bogus, costs }),
-        1 => (0..CALLERS.len(), -100i64..400).prop_map(|(caller, offset)| Op::Throttle { caller, offset }),
+        3 => (any::<usize>(), prop::bool::weighted(0.1), costs(), outcome())
+            .prop_map(|(nth, bogus, costs, outcome)| Op::Settle { nth, bogus, costs, outcome }),
+        1 => (0..CALLERS.len(), -100i64..400, prop::option::of((any::<usize>(), prop::bool::weighted(0.1))))
+            .prop_map(|(caller, offset, permit)| Op::Throttle { caller, offset, permit }),
         1 => (0..CALLERS.len()).prop_map(|caller| Op::Lift { caller }),
         5 => any::<Step>().prop_map(Op::Advance),
         1 => Just(Op::Sweep),
@@ -1064,7 +1086,7 @@ fn to_request(caller: usize, limits: &[LimitSpec]) -> AcquireRequest {
                 concurrent: l.concurrent,
                 cost: l.cost,
                 hold_ms: l.hold_ms,
-                adapt: None,
+                adapt: l.adapt.filter(|_| l.window).map(|v| adapt_of(calls, v)),
             }
         })
         .collect();
@@ -1134,6 +1156,10 @@ impl Model {
         };
         let peeked = peeked.expect("bound");
         prop_assert_eq!(self.e.figures(r, now), self.reference.figures(r, now));
+        let got = self.e.acquire_in_line(r, now, &mut self.effects).expect("bound");
+        // A ceiling free to go may go with its bucket on the way (a lapsed ticket's end forgets
+        // a bucket that kept only it): the reference follows (section 7 forgets within a second).
+        self.reference.follow_forgotten(r.limits.iter().map(|l| l.key.as_str()), |k| self.e.ceiling(k).is_some(), now);
         let expected = self.reference.decide_as(r, now, recheck_ms, Some(mine));
         // Progress: the oldest live ticket waits for nothing but its request alone (rules 1
         // to 6): its retryAt is rule 6's, and it is granted once its request fits.
@@ -1145,7 +1171,6 @@ impl Model {
         // What the tickets older than the request's own are reserved in its buckets (12.9).
         let reserved_before: Vec<_> =
             r.limits.iter().map(|l| self.reference.reservations(&l.key, now, Some(mine.unwrap_or(u64::MAX)))).collect();
-        let got = self.e.acquire_in_line(r, now, &mut self.effects).expect("bound");
         prop_assert_eq!(peeked.map(Decision::from), (!got.decision.is_granted()).then(|| got.decision.clone()));
         match (&got.decision, expected) {
             (Decision::Granted { at, permit }, None) => {
@@ -1301,19 +1326,18 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
                 prop_assert_eq!(peeked, m.reference.decide(&r, now, recheck_ms));
                 prop_assert_eq!(m.e.figures(&r, now), m.reference.figures(&r, now));
             }
-            Op::Release { nth, bogus, costs } => {
+            Op::Release { nth, bogus, costs, outcome } => {
                 let (permit, id) = pick(&m.issued, *nth, *bogus);
                 let costs = to_costs(costs);
-                let expected = if costs.is_empty() {
-                    Ok(m.reference.release(id, now))
-                } else {
-                    match m.reference.settle(id, &costs, now) {
-                        Err(()) => Err(()),
-                        Ok(_) => Ok(m.reference.release(id, now)),
+                let settled = if costs.is_empty() { Ok(true) } else { m.reference.settle(id, &costs, now) };
+                let expected = settled.map(|_| {
+                    if let Some(outcome) = outcome {
+                        m.reference.signal(id, *outcome, now);
                     }
-                };
+                    m.reference.release(id, now)
+                });
                 let before = format!("{:?}", m.e);
-                let got = m.e.release_with(&permit, &costs, now, &mut m.effects);
+                let got = m.e.release_with_outcome(&permit, &costs, *outcome, now, &mut m.effects);
                 let failed = got.is_err();
                 prop_assert_eq!(got.map_err(|_| ()), expected);
                 if failed {
@@ -1331,24 +1355,33 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
                     m.reference.tickets.remove(&id.number());
                 }
             }
-            Op::Settle { nth, bogus, costs } => {
+            Op::Settle { nth, bogus, costs, outcome } => {
                 let (permit, id) = pick(&m.issued, *nth, *bogus);
                 let costs = to_costs(costs);
                 if costs.is_empty() {
                     continue;
                 }
                 let expected = m.reference.settle(id, &costs, now);
+                if let (Ok(true), Some(outcome)) = (expected, outcome) {
+                    prop_assert!(m.reference.signal(id, *outcome, now));
+                }
                 let before = format!("{:?}", m.e);
-                let got = m.e.settle(&permit, &costs, now, &mut m.effects);
+                let got = m.e.settle_with_outcome(&permit, &costs, *outcome, now, &mut m.effects);
                 prop_assert_eq!(got.as_ref().map(|s| s.is_settled()).map_err(|_| ()), expected);
                 if got.is_err() || got == Ok(Settled::Unknown) {
                     prop_assert_eq!(format!("{:?}", m.e), before, "a settle that changed nothing changed the engine");
                     prop_assert!(m.effects.is_empty());
                 }
             }
-            Op::Throttle { caller, offset } => {
+            Op::Throttle { caller, offset, permit } => {
                 let until = Millis(now.0.saturating_add_signed(*offset));
                 let key = CALLERS[*caller];
+                if let Some((nth, bogus)) = permit {
+                    // Section 14: the permit's call was limited.
+                    let (permit, id) = pick(&m.issued, *nth, *bogus);
+                    let live = m.reference.signal(id, Signal::Limited, now);
+                    prop_assert_eq!(m.e.signal(&permit, Signal::Limited, now, &mut m.effects), live);
+                }
                 let expected = m.reference.throttle(key, until, now);
                 prop_assert_eq!(m.e.throttle(key, until, now, &mut m.effects), expected);
             }
@@ -1410,6 +1443,8 @@ fn run_model(ops: &[Op]) -> Result<(), TestCaseError> {
         m.log.apply(&m.effects);
         let now = m.now;
         prop_assert_eq!(m.e.facts(now), m.reference.facts(now));
+        let swept = matches!(op, Op::Sweep);
+        m.reference.sync_ceilings(&m.e.ceilings(""), now, swept).map_err(TestCaseError::fail)?;
         // No window of a bucket named with one perMs and never settled up holds more than calls.
         for (i, (calls, _)) in SHAPES.iter().enumerate() {
             let key = format!("b{i}");

@@ -327,8 +327,9 @@ COMMENT ON TABLE __SCHEMA__.levels IS 'token bucket levels (section 13), exact, 
 -- scaled) by _judged(); an outcome on a permit cuts or grows it in _signal(), under a
 -- transaction lock on the key (in a key space of this schema's own, taken after the permit's
 -- row lock), so two outcomes at once count one after the other. A row exists once an outcome
--- changed C; it is forgotten by sweep() once its bucket is, when C is at its max or an hour
--- has passed since its latest signal.
+-- changed C. One at its max, or an hour past its latest signal, is forgotten with its bucket
+-- (_kept_ceiling() reads it as none from then on; an adapted grant or filing that brings the
+-- bucket back deletes it first, and sweep() deletes the others).
 CREATE TABLE IF NOT EXISTS __SCHEMA__.ceilings (
   key text COLLATE "C" PRIMARY KEY,  -- the bucket key
   c bigint NOT NULL,                 -- C
@@ -676,6 +677,39 @@ BEGIN
 END
 $$;
 
+-- The ceiling kept for bucket p_key at p_now (section 14), NULL when none is: a ceiling at its
+-- max, or an hour past its latest signal, is forgotten with its bucket (no grant kept, no place
+-- held, no line and no token level live), as the engine forgets it, whether or not sweep() has
+-- deleted its row yet.
+CREATE OR REPLACE FUNCTION __SCHEMA__._kept_ceiling(p_key text, p_now bigint)
+RETURNS __SCHEMA__.ceilings
+LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+  ce __SCHEMA__.ceilings;
+  b record;
+BEGIN
+  SELECT * INTO ce FROM __SCHEMA__.ceilings x WHERE x.key = p_key;
+  IF NOT FOUND THEN
+    RETURN NULL;
+  END IF;
+  IF ce.c < ce.max AND ce.signal_at + 3600000 > p_now THEN
+    RETURN ce;
+  END IF;
+  SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.dtotal, bk.fen, bk.queued INTO b
+    FROM __SCHEMA__.buckets bk WHERE bk.key = p_key;
+  IF FOUND AND (b.queued > 0 OR NOT __SCHEMA__._idle(b.id, p_now, b.retain_ms, b.pruned_to, b.total, b.dtotal, b.fen)) THEN
+    RETURN ce;
+  END IF;
+  IF __SCHEMA__._lv_live(p_key, p_now) IS NOT NULL THEN
+    RETURN ce;
+  END IF;
+  RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION __SCHEMA__._kept_ceiling(text, bigint) IS
+  'the ceiling kept for a bucket (section 14), NULL once it is forgotten with its bucket';
+
 -- Section 14: req as it is judged. Each limit with "adapt" gets its bucket's ceiling C (table
 -- ceilings; none kept: its own calls, or refill) clamped to its own [min, max] in place of its
 -- window's calls, or of its token bucket's refill, with burst scaled to floor(burst x C /
@@ -684,7 +718,7 @@ $$;
 -- them) and the ceiling's count of cuts in "ceilingCuts" (what a permit keeps of the grant).
 -- Every other request comes back as it is, after one containment test. The engine's
 -- Engine::judged.
-CREATE OR REPLACE FUNCTION __SCHEMA__._judged(req jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION __SCHEMA__._judged(req jsonb, p_now bigint) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS
 $$
 DECLARE
@@ -708,7 +742,7 @@ BEGIN
       v_start := coalesce((v_own->>'calls')::bigint, (v_own->>'refill')::bigint);
       v_kc := NULL;
       v_cuts := NULL;
-      SELECT ce.c, ce.cuts INTO v_kc, v_cuts FROM __SCHEMA__.ceilings ce WHERE ce.key = e->>'key';
+      SELECT ce.c, ce.cuts INTO v_kc, v_cuts FROM __SCHEMA__._kept_ceiling(e->>'key', p_now) ce;
       v_c := least(greatest(coalesce(v_kc, v_start), (e->'adapt'->>'min')::bigint), (e->'adapt'->>'max')::bigint);
       e := e || jsonb_build_object('adaptOwn', v_own, 'ceilingCuts', coalesce(v_cuts, 0));
       IF e ? 'calls' THEN
@@ -724,7 +758,7 @@ BEGIN
   RETURN jsonb_set(req, '{limits}', v_limits);
 END
 $$;
-COMMENT ON FUNCTION __SCHEMA__._judged(jsonb) IS
+COMMENT ON FUNCTION __SCHEMA__._judged(jsonb, bigint) IS
   'a request as section 14 judges it: each adapted limit with its bucket''s ceiling';
 
 -- One limit's figures as in spec 9.1: used/remaining for a window, held/free for places.
@@ -1099,6 +1133,12 @@ BEGIN
   v_windows := '[]';
   FOR i IN 1 .. n LOOP
     CONTINUE WHEN NOT v_need[i];
+    IF lad[i] THEN
+      -- A ceiling forgotten with its idle bucket (section 14) stays forgotten once the bucket
+      -- lives again: its row goes before the grant brings the bucket back.
+      DELETE FROM __SCHEMA__.ceilings ce
+       WHERE ce.key = lk[i] AND (__SCHEMA__._kept_ceiling(lk[i], v_now)).key IS NULL;
+    END IF;
     -- Retention (rule 3): an idle bucket starts afresh (checked only where that could change
     -- something); a longer window lengthens retention, and what the old one let go stays gone.
     v_r := br[i];
@@ -1563,7 +1603,8 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE AS
 $$
 BEGIN
-  req := __SCHEMA__._judged(req);  -- (section 14; the request itself when nothing adapts)
+  -- (section 14; the request itself when nothing adapts)
+  req := __SCHEMA__._judged(req, coalesce(at_ms, __SCHEMA__._clock_ms()));
   IF req ? 'queue' OR req ? 'ticket' THEN
     RETURN __SCHEMA__._acquire_line(req, mode, recheck_ms, permit_id, at_ms);
   END IF;
@@ -1640,7 +1681,7 @@ BEGIN
   IF v_backfills AND v_cost = 0 AND v_tok = 0 THEN
     RETURN NULL;  -- no place and no cost: it delays no one
   END IF;
-  SELECT ce.c INTO v_ceiling FROM __SCHEMA__.ceilings ce WHERE ce.key = p_key;
+  SELECT ce.c INTO v_ceiling FROM __SCHEMA__._kept_ceiling(p_key, p_now) ce;
   -- The tickets that hold, in order, then (me) the request itself: its own reserved instant
   -- behind them is found by the same steps.
   FOR q IN
@@ -2023,7 +2064,10 @@ BEGIN
           FOR i IN 1 .. n LOOP
             e := v_limits->(i - 1);
             IF e ? 'adapt' THEN
-              -- its own figures, judged with the ceiling at each walk (section 14)
+              -- its own figures, judged with the ceiling at each walk (section 14); a ceiling
+              -- forgotten with its idle bucket stays forgotten once the line brings it back
+              DELETE FROM __SCHEMA__.ceilings ce
+               WHERE ce.key = lk[i] AND (__SCHEMA__._kept_ceiling(lk[i], v_now)).key IS NULL;
               e := e - 'adaptOwn' || (e->'adaptOwn');
               INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc, refill,
                                            burst, initial, adapt_min, adapt_max, asked_cost)
@@ -2154,7 +2198,7 @@ BEGIN
       CONTINUE;
     END IF;
     v_peek := __SCHEMA__._acquire_line(__SCHEMA__._judged(
-      jsonb_build_object('key', t.caller, 'limits', t.bound, 'ticket', v_ticket)), 'peek', recheck_ms, '', at_ms);
+      jsonb_build_object('key', t.caller, 'limits', t.bound, 'ticket', v_ticket), v_now), 'peek', recheck_ms, '', at_ms);
     IF (v_peek->>'fits')::boolean THEN
       v_out := v_out || jsonb_build_array(jsonb_build_object('s', 'r'));
       v_over := true;
@@ -2507,13 +2551,21 @@ BEGIN
       CONTINUE;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext('redb-limiter ceilings __SCHEMA__'), hashtext(a->>'k'));
-    SELECT ce.c, ce.cut_at, ce.cuts, ce.grown_at INTO k FROM __SCHEMA__.ceilings ce WHERE ce.key = a->>'k';
-    v_found := FOUND;
+    SELECT ce.c, ce.cut_at, ce.cuts, ce.grown_at INTO k FROM __SCHEMA__._kept_ceiling(a->>'k', v_now) ce;
+    v_found := k.c IS NOT NULL;
     v_c := least(greatest(CASE WHEN v_found THEN k.c ELSE (a->>'start')::bigint END, (a->>'min')::bigint),
                  (a->>'max')::bigint);
     v_next := CASE WHEN v_found THEN k.c ELSE (a->>'start')::bigint END;
     v_cut_at := CASE WHEN v_found THEN k.cut_at END;
-    v_cuts := CASE WHEN v_found THEN k.cuts ELSE 0 END;
+    IF v_found THEN
+      v_cuts := k.cuts;
+    ELSE
+      -- Kept anew: its count starts above what any live grant of this millisecond saw of the
+      -- ceiling forgotten before it, so that those grants stay before its cuts.
+      SELECT coalesce(max((x.v->>'cuts')::bigint), 0) INTO v_cuts
+        FROM __SCHEMA__.permits pm CROSS JOIN LATERAL jsonb_array_elements(pm.adapted) AS x(v)
+       WHERE pm.at = v_now AND pm.adapted IS NOT NULL AND pm.lapse > v_now AND x.v->>'k' = a->>'k';
+    END IF;
     v_grown := CASE WHEN v_found THEN k.grown_at END;
     v_after := v_cut_at IS NULL OR p.at > v_cut_at OR (p.at = v_cut_at AND (a->>'cuts')::bigint = v_cuts);
     v_change := NULL;
@@ -3001,6 +3053,7 @@ BEGIN
          ce.grown_at, ce.cut_at, NULL::text[], NULL::bigint[]
     FROM __SCHEMA__.ceilings ce
    WHERE ce.key > v_after AND ce.key >= v_prefix AND ce.key < v_end AND starts_with(ce.key, v_prefix)
+     AND (__SCHEMA__._kept_ceiling(ce.key, v_now)).key IS NOT NULL
    ORDER BY ce.key
    LIMIT lim + 1;
 END

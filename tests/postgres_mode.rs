@@ -140,6 +140,49 @@ async fn two_servers_share_one_set_of_limits() {
     assert_eq!(state["buckets"][0]["windowUsed"], 1);
 }
 
+/// Two servers adapt one ceiling (section 14): hosts granted through one and reporting their
+/// 429s through the other cut it once, both judge with it, `/state` and `/metrics` show it on
+/// each, and a server started again keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_adapt_one_ceiling() {
+    let Some(db) = database_url() else { return };
+    let schema = schema("ceiling");
+    let (a, b) = (start(&db, &schema), start(&db, &schema));
+    let ask = json!({"key": "c", "permit": true, "report": true,
+                     "limits": [{"key": "m", "calls": 10, "perMs": 60000, "adapt": {"min": 2, "keepPct": 50}}]});
+    let mut permits = Vec::new();
+    for url in [&a.url, &b.url, &a.url] {
+        let (_, granted) = post(url, "/acquire", ask.clone()).await;
+        assert_eq!(granted["granted"], true, "{granted}");
+        assert_eq!(granted["limits"][0]["ceiling"], 10, "it starts at calls: {granted}");
+        permits.push(granted["permit"].as_str().unwrap().to_owned());
+    }
+    // Their 429s, reported through the other server, belong to one overload: one cut.
+    for (permit, url) in permits.iter().zip([&b.url, &a.url, &b.url]) {
+        let (_, released) = post(url, "/release", json!({"permit": permit, "outcome": "limited"})).await;
+        assert_eq!(released, json!({"released": true}));
+    }
+    for url in [&a.url, &b.url] {
+        let (_, peek) = post(url, "/peek", ask.clone()).await;
+        assert_eq!(peek["limits"][0]["ceiling"], 5, "{peek}");
+        assert_eq!(peek["limits"][0]["remaining"], 2, "judged with 5, 3 used: {peek}");
+        let state: Value = reqwest::get(format!("{url}/state")).await.unwrap().json().await.unwrap();
+        assert_eq!(state["ceilings"][0]["key"], "m", "{state}");
+        assert_eq!(state["ceilings"][0]["ceiling"], 5, "{state}");
+    }
+    let metrics = |url: &str| {
+        let url = format!("{url}/metrics");
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let cut = "redb_limiter_ceiling_changes_total{change=\"cut\"} 1";
+    assert!(metrics(&b.url).await.contains(cut), "the cut counted where it was made");
+    // A server started again keeps it.
+    drop((a, b));
+    let c = start(&db, &schema);
+    let (_, peek) = post(&c.url, "/peek", ask).await;
+    assert_eq!(peek["limits"][0]["ceiling"], 5, "{peek}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_contract_suite_passes_against_postgres_mode() {
     let Some(db) = database_url() else { return };

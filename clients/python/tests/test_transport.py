@@ -272,3 +272,18 @@ async def test_a_closed_limiter_sends_nothing(relay: Relay, prefix: str) -> None
     with pytest.raises(Unreachable):
         await limiter.peek(me, [window])
     assert relay.requests == ["/peek"]
+
+
+async def test_an_idempotent_request_on_a_connection_closed_meanwhile_succeeds(relay: Relay) -> None:
+    from redb_limiter._transport import ConnectionPool
+
+    relay.rule = lambda path: "end"  # every connection closes after its answer, unannounced
+    host, port = relay.url.removeprefix("http://").split(":")
+    pool = ConnectionPool(host, int(port))
+    try:
+        for _ in range(5):  # back to back: a closed connection is dropped, or the GET sent afresh
+            answer = await pool.request("GET", "/health", {})
+            assert answer.status == 200 and answer.body
+    finally:
+        await pool.aclose()
+    assert relay.requests.count("/health") <= 10

@@ -198,7 +198,8 @@ class ConnectionPool:
         else:
             await slots.acquire()
         try:
-            for attempt in range(2):
+            retried = False
+            while True:
                 conn = self._checkout()
                 reused = conn is not None
                 if conn is None:
@@ -207,8 +208,9 @@ class ConnectionPool:
                     response, keep = await self._exchange(conn, method, head, body, timeouts)
                 except ConnectionLost as e:
                     self._discard(conn)
-                    if attempt == 0 and reused and not e.received and method in _IDEMPOTENT:
-                        continue  # closed by the server between requests: send it afresh
+                    if reused and not retried and not e.received and method in _IDEMPOTENT:
+                        retried = True  # closed by the server between requests: send it afresh
+                        continue
                     raise
                 except BaseException:
                     self._discard(conn)  # never pooled half-read: cancelled, timed out or failed
@@ -218,7 +220,6 @@ class ConnectionPool:
                 else:
                     self._discard(conn)
                 return response
-            raise AssertionError("unreachable")  # pragma: no cover
         finally:
             slots.release()
 

@@ -6,7 +6,7 @@ process of its own, and prints the wall time and the process's CPU time per requ
 side: ``--client DIR`` (repeatable) names a folder holding another build's ``redb_limiter``
 package; each round measures every build in turn against the same server.
 
-    python bench/requests.py --url http://127.0.0.1:7411 --rounds 3 --client /tmp/before --client src
+    python bench/requests.py --url http://127.0.0.1:7411 --rounds 3 --client EARLIER_SRC --client src
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 N calls of a fixed length through ``Limit.concurrent(key, places)``, split between two client
 instances (two ``AsyncLimiter``, or with ``--sync`` two ``Limiter`` each in threads), all asked
 at once; prints the wall time against the ideal (``calls * call_ms / places``), and where the
-time goes: the acquires and waits sent per call (counted by the HTTP client's event hooks).
+time goes: the acquires and waits sent per call (counted at the client's ``_post``, whatever
+its transport) and the host process's CPU per call.
 ``--wakes-off`` also measures each build with wakes off (a waiter sleeps to each ``retryAt``,
 as before wire 4).
 
@@ -30,16 +31,14 @@ from typing import Any
 
 
 def counting(limiter: Any, sent: dict[str, int], is_async: bool) -> None:
-    """Counts the limiter's requests by path, through its HTTP client's event hooks."""
+    """Counts the limiter's requests by method, at its ``_post`` (any build, any transport)."""
+    post = limiter._post
 
-    def count(request: Any) -> None:
-        path = request.url.path.rsplit("/", 1)[-1]
-        sent[path] = sent.get(path, 0) + 1
+    def count(method: str, *args: Any, **kwargs: Any) -> Any:
+        sent[method] = sent.get(method, 0) + 1
+        return post(method, *args, **kwargs)
 
-    async def acount(request: Any) -> None:
-        count(request)
-
-    limiter._http.event_hooks["request"].append(acount if is_async else count)
+    limiter._post = count
 
 
 async def run_async(url: str, calls: int, call_s: float, places: int, wakes: bool, sent: dict[str, int]) -> float:
@@ -95,8 +94,9 @@ def child(args: argparse.Namespace) -> None:
         sys.path.insert(0, args.client[0])
     sent: dict[str, int] = {}
     run = run_sync if args.sync else lambda *a: asyncio.run(run_async(*a))
+    cpu = time.process_time()
     wall = run(args.url, args.calls, args.call_ms / 1000, args.places, not args.off, sent)
-    print(json.dumps({"wall": wall, "sent": sent}))
+    print(json.dumps({"wall": wall, "sent": sent, "cpu": time.process_time() - cpu}))
 
 
 def main() -> None:
@@ -121,6 +121,7 @@ def main() -> None:
     builds = args.client or [""]
     modes = [False, True] if args.wakes_off else [False]
     walls: dict[tuple[str, bool], list[float]] = {}
+    cpus: dict[tuple[str, bool], list[float]] = {}
     for run in range(1, args.runs + 1):
         for build in builds:
             for off in modes:
@@ -131,17 +132,20 @@ def main() -> None:
                 figures = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
                 wall, sent = figures["wall"], figures["sent"]
                 walls.setdefault((build, off), []).append(wall)
+                cpus.setdefault((build, off), []).append(figures["cpu"] * 1000 / args.calls)
                 print(
                     f"  run {run}, {build or 'installed'}{' (wakes off)' if off else ''}: {wall:6.3f} s"
                     f" ({wall / ideal:4.2f}x ideal); {sent.get('acquire', 0) / args.calls:.2f} acquires"
-                    f" and {sent.get('wait', 0) / args.calls:.2f} waits per call",
+                    f" and {sent.get('wait', 0) / args.calls:.2f} waits per call;"
+                    f" CPU {figures['cpu'] * 1000 / args.calls:.2f} ms per call",
                     flush=True,
                 )
     for (build, off), ws in walls.items():
         median = statistics.median(ws)
         print(
             f"{build or 'installed'}{' (wakes off)' if off else ''}: median {median:.3f} s = {median / ideal:.2f}x"
-            f" the ideal (best {min(ws):.3f} s, worst {max(ws):.3f} s)"
+            f" the ideal (best {min(ws):.3f} s, worst {max(ws):.3f} s);"
+            f" CPU {statistics.median(cpus[(build, off)]):.2f} ms per call (median)"
         )
 
 

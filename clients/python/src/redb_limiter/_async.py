@@ -1,5 +1,6 @@
-"""The asyncio twin: :class:`AsyncLimiter` over ``httpx.AsyncClient``, and its
-:class:`AsyncPermit`. Same methods, names and errors as :mod:`redb_limiter._sync`.
+"""The asyncio twin: :class:`AsyncLimiter` and its :class:`AsyncPermit`. Same methods, names
+and errors as :mod:`redb_limiter._sync`. Its requests go through kept-alive connections of its
+own (:mod:`redb_limiter._transport`), or through the ``httpx.AsyncClient`` the host passes.
 
 Cancellation is a way out like any other, and takes effect at once, an ask in flight included:
 a cancelled wait leaves the in-process line and the limiter's, and an ask it abandons is undone
@@ -14,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
+import ssl
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from datetime import datetime
@@ -42,6 +45,7 @@ from ._errors import LimiterError, ProtocolError, QueueTimeout, Unreachable
 from ._lines import AsyncLines, _Line, _Ready
 from ._request import AcquireRequest, Costs, Limits, check_key, check_outcome
 from ._time import ms_to_datetime
+from ._transport import ConnectionPool, Timeouts, TransportError
 from ._wire import Grant, LimitFigures, Outcome, Peek, decode, parse_acquire, parse_bool, parse_peek, parse_throttle, parse_wait
 
 __all__ = ["AsyncLimiter", "AsyncPermit", "AcquireContext"]
@@ -146,7 +150,12 @@ class AcquireContext:
 
 class AsyncLimiter(LimiterBase):
     """An asyncio client of a redb-limiter server; the twin of :class:`Limiter` (same
-    arguments, methods and errors). Use one per event loop; ``await aclose()`` when done."""
+    arguments, methods and errors). Use one per event loop; ``await aclose()`` when done.
+
+    Requests go through a pool of kept-alive HTTP/1.1 connections of the limiter's own (TLS for
+    an ``https://`` URL, with the system's certificates). An ``http_client`` passed in is used
+    instead, exactly as given (its hooks, transport, proxies and certificates); ``aclose()``
+    closes it too."""
 
     def __init__(
         self,
@@ -161,7 +170,21 @@ class AsyncLimiter(LimiterBase):
         wakes: bool = True,
     ) -> None:
         super().__init__(url, token, timeout, max_waiters, clock, on_wait, wakes)
-        self._http = http_client if http_client is not None else httpx.AsyncClient(timeout=self.timeout)
+        self._http = http_client
+        self._pool: ConnectionPool | None = None
+        #: The default bound on each request's phases (the passed client's own, if any).
+        self._timeout = http_client.timeout if http_client is not None else httpx.Timeout(self.timeout)
+        self._phases = _phases(self._timeout)
+        if http_client is None:
+            secure = self._base.scheme == "https"
+            host = self._base.raw_host.decode("ascii")
+            self._pool = ConnectionPool(
+                host,
+                self._base.port or (443 if secure else 80),
+                authority=self._base.netloc.decode("ascii"),
+                tls=ssl.create_default_context() if secure else None,
+            )
+        self._targets: dict[str, str] = {}
         self._lines = AsyncLines()
         self._pending: Set[asyncio.Task[Any]] = set()
 
@@ -169,7 +192,10 @@ class AsyncLimiter(LimiterBase):
         """Waits for the clean-ups that cancelled waits left running, then closes."""
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
-        await self._http.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
     async def __aenter__(self) -> AsyncLimiter:
         return self
@@ -202,20 +228,39 @@ class AsyncLimiter(LimiterBase):
         task.add_done_callback(self._pending.discard)
 
     async def _post(
-        self, method: str, body: dict[str, Any], timeout: Any = httpx.USE_CLIENT_DEFAULT
+        self, method: str, body: dict[str, Any], timeout: httpx.Timeout | None = None
     ) -> tuple[dict[str, Any], float]:
+        """POSTs ``body`` to ``/method`` (within ``timeout``, else the limiter's own): the
+        reply's JSON and the limiter's clock at receipt."""
         sent = self.clock.wall()
-        try:
-            response = await self._http.post(
-                self._method_url(method), json=body, headers=self._headers(), timeout=timeout
-            )
-        except httpx.TransportError as e:
-            raise Unreachable(f"{method}: {self.url}: {e!r}") from e
-        data = decode(method, response.status_code, response.content)
-        return data, self._observe(sent, response, data)
+        if self._pool is None:
+            assert self._http is not None
+            try:
+                response = await self._http.post(
+                    self._method_url(method),
+                    json=body,
+                    headers=self._headers(),
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+                )
+            except httpx.TransportError as e:
+                raise Unreachable(f"{method}: {self.url}: {e!r}") from e
+            status, content, date = response.status_code, response.content, response.headers.get("date")
+        else:
+            target = self._targets.get(method)
+            if target is None:
+                target = self._targets[method] = self._method_url(method).raw_path.decode("ascii")
+            payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            phases = self._phases if timeout is None else _phases(timeout)
+            try:
+                answer = await self._pool.request("POST", target, self._headers(), payload, phases)
+            except TransportError as e:
+                raise Unreachable(f"{method}: {self.url}: {e!r}") from e
+            status, content, date = answer.status, answer.body, answer.headers.get("date")
+        data = decode(method, status, content)
+        return data, self._observe(sent, date, data)
 
     def _cleanup_timeout(self) -> httpx.Timeout:
-        return capped_timeout(self._http.timeout, UNDO_SECONDS)[0]
+        return capped_timeout(self._timeout, UNDO_SECONDS)[0]
 
     async def _ask_once(self, body: dict[str, Any], wait: Wait | None) -> tuple[Outcome, float]:
         """Sends one ask; a connection dropped before any answer is asked again once, under
@@ -521,3 +566,8 @@ class AsyncLimiter(LimiterBase):
             return cast(F, limited)
 
         return decorate
+
+
+def _phases(timeout: httpx.Timeout) -> Timeouts:
+    """An ``httpx.Timeout`` as the limiter's own connections bound a request."""
+    return Timeouts(connect=timeout.connect, write=timeout.write, read=timeout.read, pool=timeout.pool)

@@ -1,7 +1,8 @@
 """What the twins share: the configuration, the clocks, the limiter's clock as seen from the
 host, the waiting rules of one ``acquire`` (a pure state machine) and the reading of a
 provider's response. :class:`~redb_limiter.Limiter` and :class:`~redb_limiter.AsyncLimiter`
-add only their transport (``httpx.Client`` or ``httpx.AsyncClient``) and how they sleep.
+add only their transport (``httpx.Client``; the limiter's own connections, or the
+``httpx.AsyncClient`` a host passes) and how they sleep.
 
 Nothing here does I/O; only the clock seam (:class:`Clock`) reads the host's clocks.
 """
@@ -22,6 +23,7 @@ import httpx
 from ._errors import BadRequest, QueueTimeout, Refused, Unauthorized, Unavailable, Unreachable
 from ._request import AcquireRequest, Costs, Limits, check_key, check_outcome, costs_body, new_ask_id, permit_id
 from ._time import datetime_to_ms, format_instant, ms_to_datetime, parse_instant
+from ._transport import ConnectionLost, TransportTimeout
 from ._wire import LimitFigures, Refusal, date_header_ms
 from .vendor import Headers, vendor_budget_ms, vendor_outcome, vendor_wait_ms
 
@@ -233,11 +235,11 @@ def wait_timeout(seconds: float) -> httpx.Timeout:
 def lost_answer(error: Unreachable) -> bool:
     """The connection dropped after the ask may have reached the limiter and before any answer
     came back (not a timeout): the one failure an ask is retried after, with its id."""
-    return isinstance(error.__cause__, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError))
+    return isinstance(error.__cause__, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, ConnectionLost))
 
 
 def timed_out(error: Unreachable) -> bool:
-    return isinstance(error.__cause__, httpx.TimeoutException)
+    return isinstance(error.__cause__, (httpx.TimeoutException, TransportTimeout))
 
 
 def answered(error: BaseException) -> bool:
@@ -381,8 +383,9 @@ class LimiterBase:
     def _headers(self) -> dict[str, str]:
         return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}
 
-    def _observe(self, sent_wall: float, response: httpx.Response, data: Mapping[str, Any]) -> float:
-        """Learns the limiter's clock from a reply; returns its ``now`` at receipt, in ms."""
+    def _observe(self, sent_wall: float, date: str | None, data: Mapping[str, Any]) -> float:
+        """Learns the limiter's clock from a reply (its ``now``, else its ``Date`` header);
+        returns its ``now`` at receipt, in ms."""
         now = data.get("now")
         now_ms: int | None = None
         if isinstance(now, str):
@@ -391,7 +394,7 @@ class LimiterBase:
             except ValueError:
                 now_ms = None
         return self._server.observe(
-            sent_wall * 1000, self.clock.wall() * 1000, now_ms, date_header_ms(response.headers.get("date"))
+            sent_wall * 1000, self.clock.wall() * 1000, now_ms, date_header_ms(date)
         )
 
     def server_now(self) -> datetime:

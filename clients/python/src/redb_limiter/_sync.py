@@ -176,7 +176,7 @@ class Limiter(LimiterBase):
         except httpx.TransportError as e:
             raise Unreachable(f"{method}: {self.url}: {e!r}") from e
         data = decode(method, response.status_code, response.content)
-        return data, self._observe(sent, response, data)
+        return data, self._observe(sent, response.headers.get("date"), data)
 
     def _ask(self, request: AcquireRequest, body: dict[str, Any], wait: Wait | None = None) -> tuple[Outcome, float]:
         """One ask, and what follows when its answer is lost. A connection dropped before any

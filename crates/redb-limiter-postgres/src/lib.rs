@@ -76,7 +76,9 @@
 //!
 //! Connections: `tokio-postgres` with a `deadpool-postgres` pool (small, async, no ORM, prepared
 //! statements cached per connection; the session used last is handed out first, and the
-//! sweeper closes sessions left unused for [`PgOptions::idle_session`]), TLS through `rustls`
+//! sweeper closes sessions left unused for [`PgOptions::idle_session`]; every session opened is
+//! first warmed by the schema's `warm()`, so no request pays a fresh backend's compiling and
+//! planning while it holds row locks), TLS through `rustls`
 //! with the Mozilla roots when the URL asks for it (`sslmode=require`), as managed databases do.
 
 pub mod batch;
@@ -335,6 +337,15 @@ impl std::fmt::Debug for PgLimiter {
     }
 }
 
+/// Warms a new session (`warm()` in sql/schema.sql). A failure only leaves it cold: it is
+/// logged and the session is handed out all the same.
+async fn warm_session(client: &tokio_postgres::Client, warm_sql: &str) {
+    match client.query_one(warm_sql, &[]).await {
+        Ok(row) => tracing::debug!(ms = row.get::<_, i64>(0), "PostgreSQL session warmed"),
+        Err(e) => tracing::warn!("PostgreSQL session not warmed: {e}"),
+    }
+}
+
 fn valid_schema(name: &str) -> bool {
     let mut bytes = name.bytes();
     (1..=63).contains(&name.len())
@@ -418,7 +429,23 @@ impl PgLimiter {
         // the load needs stay busy (and their backends' caches warm). First in, first out sent
         // each request to the session idle longest, cycling every backend of the pool even one
         // request at a time.
+        // Every session the pool opens once the schema is ready is warmed before it is handed out
+        // (`warm()` in sql/schema.sql): a fresh backend compiles and plans the hot paths on its
+        // first calls, which would otherwise stall a request holding its buckets' row locks.
+        let schema_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let warm_sql = format!("SELECT \"{}\".warm()", options.schema);
+        let ready = Arc::clone(&schema_ready);
+        let warm = deadpool_postgres::Hook::async_fn(move |client, _| {
+            let (ready, warm_sql) = (Arc::clone(&ready), warm_sql.clone());
+            Box::pin(async move {
+                if ready.load(Ordering::Acquire) {
+                    warm_session(client, &warm_sql).await;
+                }
+                Ok(())
+            })
+        });
         let pool = Pool::builder(manager)
+            .post_create(warm)
             .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .max_size(options.pool_size.max(1))
             .wait_timeout(Some(options.statement_timeout))
@@ -449,6 +476,8 @@ impl PgLimiter {
         let at = options.clock.as_ref().map(|c| millis_to_sql(c.now()));
         let resume = format!("SELECT \"{}\".resume_line($1)", options.schema);
         client.query_one(&resume, &[&at]).await?;
+        schema_ready.store(true, Ordering::Release);
+        warm_session(&client, &format!("SELECT \"{}\".warm()", options.schema)).await;
         drop(client);
         let batch_sql = Statements::file(ACQUIRE_WINDOW_BATCH_SQL, &options.schema);
         let faults = Arc::new(faults::Faults::new(options.clock.clone()));

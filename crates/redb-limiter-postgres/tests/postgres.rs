@@ -1690,6 +1690,27 @@ fn the_database_keeps_ceilings_as_the_engine_does() {
     assert!(kept > 0 && cut > 0 && grown > 0, "ceilings kept {kept}, cut {cut}, grown {grown}");
 }
 
+/// A case the differential found: a ceiling grown to its max whose bucket's only ticket lapsed
+/// (not yet swept from the database) is forgotten with the bucket, as the engine forgets it.
+#[test]
+fn a_ceiling_is_forgotten_with_a_bucket_whose_line_lapsed() {
+    let Some(url) = database_url() else { return };
+    let ops = [
+        Op::Backfill(0, 1, (2, 100), vec![(0, 0, false), (0, 0, false), (0, 1, true)]),
+        Op::Outcome(279_365_985_828_660_370, 0, false),
+        Op::Advance(100),
+        Op::Outcome(852_257_645_768_173_646, 0, false),
+        Op::Advance(2500),
+        Op::Outcome(0, 0, false),
+    ];
+    let seen = std::sync::Mutex::new(Seen::default());
+    let names = Names::adapting();
+    runtime()
+        .block_on(differential(&url, (&names, redb_limiter::engine::DEFAULT_LINE_HORIZON_MS), &ops, &seen))
+        .unwrap();
+    assert_eq!(seen.into_inner().unwrap().ceilings.0, 3, "a ceiling kept after each outcome");
+}
+
 /// The line (section 12) on the database and on the engine at the same instants: tickets filed
 /// by queueing refusals, asked again (granted when first in line and fitting, renewed when not),
 /// left, lapsed, peeked with, presented by another caller, beside plain acquires that rule Q
@@ -2539,6 +2560,34 @@ fn a_ceiling_at_its_max_is_forgotten_with_its_bucket() {
         assert!(pg.release(ReleaseRequest::new(p.to_string()).unwrap().with_outcome(Signal::Limited)).await.unwrap());
         clock.advance(60_000);
         assert_eq!(figures(&pg, &req(11)).await[0].ceiling, Some(5));
+    });
+}
+
+/// Warming a session (`warm()`, run on every session the pool opens) leaves no trace: what the
+/// schema holds, its lines and its tickets are as they were.
+#[test]
+fn warming_a_session_leaves_nothing_behind() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "warm", clock.clone()).await;
+        let s = format!("\"{}\"", pg.schema());
+        let held = AcquireRequest::new("c", vec![window("w", 1, 60_000)]).unwrap();
+        assert!(pg.acquire(held.clone()).await.unwrap().decision.is_granted());
+        let filed = pg.acquire(held.with_queue()).await.unwrap();
+        assert!(filed.ticket.is_some(), "a line to keep");
+        let before = (totals(&url, pg.schema()).await, pg.state("", 100).await.unwrap().view);
+        let client = plain_client(&url).await;
+        let ms: i64 = client.query_one(&format!("SELECT {s}.warm()"), &[]).await.unwrap().get(0);
+        assert!(ms >= 0);
+        let again: i64 = client.query_one(&format!("SELECT {s}.warm()"), &[]).await.unwrap().get(0);
+        assert!(again >= 0);
+        let after = (totals(&url, pg.schema()).await, pg.state("", 100).await.unwrap().view);
+        assert_eq!(before.0, after.0, "no row written");
+        assert_eq!(format!("{:?}", before.1), format!("{:?}", after.1), "the state as it was");
+        let tickets: i64 = client.query_one(&format!("SELECT count(*) FROM {s}.tickets"), &[]).await.unwrap().get(0);
+        let lines: i64 = client.query_one(&format!("SELECT count(*) FROM {s}.line"), &[]).await.unwrap().get(0);
+        assert_eq!((tickets, lines), (1, 1), "the one ticket filed, in its one line");
     });
 }
 

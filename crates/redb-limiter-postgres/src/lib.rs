@@ -433,10 +433,10 @@ impl PgLimiter {
         // (`warm()` in sql/schema.sql): a fresh backend compiles and plans the hot paths on its
         // first calls, which would otherwise stall a request holding its buckets' row locks.
         let schema_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let warm_sql = format!("SELECT \"{}\".warm()", options.schema);
-        let ready = Arc::clone(&schema_ready);
+        let warm_sql: Arc<str> = Arc::from(format!("SELECT \"{}\".warm()", options.schema));
+        let (ready, hook_sql) = (Arc::clone(&schema_ready), Arc::clone(&warm_sql));
         let warm = deadpool_postgres::Hook::async_fn(move |client, _| {
-            let (ready, warm_sql) = (Arc::clone(&ready), warm_sql.clone());
+            let (ready, warm_sql) = (Arc::clone(&ready), Arc::clone(&hook_sql));
             Box::pin(async move {
                 if ready.load(Ordering::Acquire) {
                     warm_session(client, &warm_sql).await;
@@ -477,7 +477,7 @@ impl PgLimiter {
         let resume = format!("SELECT \"{}\".resume_line($1)", options.schema);
         client.query_one(&resume, &[&at]).await?;
         schema_ready.store(true, Ordering::Release);
-        warm_session(&client, &format!("SELECT \"{}\".warm()", options.schema)).await;
+        warm_session(&client, &warm_sql).await;
         drop(client);
         let batch_sql = Statements::file(ACQUIRE_WINDOW_BATCH_SQL, &options.schema);
         let faults = Arc::new(faults::Faults::new(options.clock.clone()));

@@ -28,8 +28,10 @@
 //! the time that passed after every restart and crash.
 //!
 //! Adaptive ceilings (section 14) ride along: a window limit may carry `adapt` (three variants
-//! per key, so a ceiling is seen clamped to each host's own bounds), settles and releases carry
-//! `outcome`, and a throttle may name a permit (a `limited` outcome). The reference keeps its
+//! per key, so a ceiling is seen clamped to each host's own bounds), and the token buckets `t0`
+//! to `t2` always carry one each (`C` in place of `refill`, the burst scaled with it; one
+//! variant per key, so every request reads a bucket with the same figures at any one instant),
+//! settles and releases carry `outcome`, and a throttle may name a permit (a `limited` outcome). The reference keeps its
 //! own ceilings, ordering grants and cuts by when they were made; every ceiling the engine keeps
 //! is compared with it after every operation, through restarts and crashes (a ceiling free to go
 //! may go at any time until the next sweep, never sooner).
@@ -57,6 +59,9 @@ use redb_limiter::store::{Store, file_opener};
 const SHAPES: [(u64, [u64; 2]); 4] = [(3, [100, 100]), (5, [250, 900]), (2, [40, 400]), (8, [1000, 1000])];
 /// Every token bucket key `t{n}` has fixed figures: (refill, perMs, burst, initial) (see tests.rs).
 const TOKEN_SHAPES: [(u64, u64, u64, u64); 4] = [(3, 1000, 5, 5), (1, 700, 2, 0), (7, 300, 7, 3), (2, 50, 10, 10)];
+/// The `adapt_of` variant each token bucket key `t{n}` always carries (`None`: never adapted), so
+/// every request judges a bucket with the same figures at any one instant (see tests.rs).
+const TOKEN_ADAPT: [Option<u64>; 4] = [Some(0), Some(1), Some(2), None];
 const CALLERS: [&str; 2] = ["c0", "c1"];
 const RECHECK_MS: u64 = 250;
 /// The line's horizon here: short, so that requests beyond it are common.
@@ -105,7 +110,8 @@ struct LimitSpec {
     concurrent: Option<Between<1, 3>>,
     cost: Cost,
     hold_ms: Between<1, 2000>,
-    /// `adapt` (section 14), one of [`adapt_of`]'s variants, on a window.
+    /// `adapt` (section 14), one of [`adapt_of`]'s variants, on a window (a token bucket carries
+    /// its key's own, `TOKEN_ADAPT`).
     adapt: Option<Between<0, 2>>,
 }
 
@@ -290,7 +296,11 @@ fn to_request(op: &AcquireOp) -> AcquireRequest {
             concurrent,
             cost: cost_of(spec.cost),
             hold_ms: spec.hold_ms.0,
-            adapt: spec.adapt.filter(|_| window.is_some()).map(|v| adapt_of(calls, v.0)),
+            adapt: if spec.tokens {
+                TOKEN_ADAPT[spec.bucket.0 as usize].map(|v| adapt_of(refill, v))
+            } else {
+                spec.adapt.filter(|_| window.is_some()).map(|v| adapt_of(calls, v.0))
+            },
         });
     }
     let mut req = AcquireRequest::new(CALLERS[op.caller.0 as usize], limits)

@@ -11,11 +11,16 @@
 //! reserved instants are found by trying every instant at which something leaves a window, one
 //! after the other, from scratch for each ticket (the engine walks once).
 //!
-//! Token buckets in the reference (section 13): each key named as a bucket is named with one set
-//! of figures (the property test keeps it so); its level is kept in units of `1/perMs` of a
-//! token and refilled one millisecond at a time, `retryAt` found by stepping a millisecond at a
-//! time until it fits, and a line's reservations the same way; a backfill is checked by
-//! reserving again with the take counted and comparing every instant.
+//! Token buckets in the reference (section 13): a level is kept as written (in units of `1/perMs`
+//! of a token, at its instant, under the figures that wrote it) and each request reads it with
+//! its own figures as judged, refilling it one millisecond at a time since it was written;
+//! `retryAt` is found by stepping a millisecond at a time until it fits, and a line's
+//! reservations the same way; a backfill is checked by reserving again with the take counted and
+//! comparing every instant. A bucket's figures change when its ceiling moves (section 14); the
+//! property test names each key with one set of figures at any one instant (section 13 leaves
+//! figures that differ at once to a documented answer, which the reference does not model), and
+//! a level above the burst read (written before a cut) is taken from under the figures that
+//! wrote it, as `token_bucket.rs` documents.
 //!
 //! Rule 3 in the reference: a bucket keeps its grants for the longest `perMs` any acquire
 //! (granted or refused, whatever its cost; never a peek) named for it while it was not idle; a
@@ -23,9 +28,11 @@
 //! length. It is slow on purpose and never used in serving.
 //!
 //! Adaptive ceilings in the reference (section 14), written from the spec rather than from
-//! `ceiling.rs`: each adapted limit is judged with its bucket's `C` (clamped to the limit's own
-//! `[min, max]`; a token bucket's burst scaled with it), and a permit keeps, per adapted limit of
-//! its grant, whether the ceiling was in play just after it. "Granted at or after the latest cut"
+//! `ceiling.rs`, on windows and token buckets alike: each adapted limit is judged with its
+//! bucket's `C` (clamped to the limit's own `[min, max]`) in place of a window's `calls` or a
+//! token bucket's `refill`, its burst scaled with it, and a permit keeps, per adapted limit of
+//! its grant, whether the ceiling was in play just after it (a window holding at least half of
+//! `C`; a token bucket's level, after the take, at most half its scaled burst). "Granted at or after the latest cut"
 //! is the order of events itself: every grant and every cut takes the next number of one counter
 //! ([`Reference::seq`]), so a grant and a cut in one millisecond are ordered as they were made
 //! (the engine orders them by counting cuts). A ceiling that may go (its bucket keeps nothing,
@@ -59,6 +66,8 @@ pub struct RefPermit {
     pub places: Vec<(String, Millis)>,
     /// (bucket, what the grant counts there now, the bucket's calls at the grant)
     pub windows: Vec<(String, u64, u64)>,
+    /// The figures each token bucket of its grant was judged with (a settle reads them).
+    pub tokens: Vec<(String, BucketLimit)>,
     /// Where an outcome on it counts (section 14): one entry per adapted limit of its grant.
     pub adapted: Vec<RefShare>,
     /// Its grant's place in the order of events (see [`Reference::seq`]).
@@ -92,6 +101,43 @@ pub struct RefCeiling {
     pub signal_at: Millis,
 }
 
+/// A token bucket's level in the reference (section 13): `units` (in `1/perMs` of a token)
+/// written at `at` under the figures `b`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefLevel {
+    pub units: i128,
+    pub at: Millis,
+    pub b: BucketLimit,
+}
+
+impl RefLevel {
+    /// The level at `now` read with the figures `r` (a request's own, as judged): refilled a
+    /// millisecond at a time since it was written at `r`'s refill, up to `r`'s burst (a level
+    /// already above it is kept as it is). Figures other than the ones that wrote it arise when
+    /// hosts name a bucket differently (section 13) and when its ceiling moved since (section 14):
+    /// each request reads the level kept with its own.
+    #[must_use]
+    pub fn read(&self, r: &BucketLimit, now: Millis) -> i128 {
+        let (mut units, mut t) = (self.units, self.at);
+        while t < now && units < i128::from(r.burst) * i128::from(r.per_ms) {
+            units = refill_ms(units, r);
+            t = t.plus(1);
+        }
+        units
+    }
+
+    /// The first instant at which it stands full under the figures that wrote it.
+    #[must_use]
+    pub fn full_at(&self) -> Millis {
+        let (mut units, mut t) = (self.units, self.at);
+        while units < i128::from(self.b.burst) * i128::from(self.b.per_ms) {
+            units = refill_ms(units, &self.b);
+            t = t.plus(1);
+        }
+        t
+    }
+}
+
 /// Section 14: a ceiling below its `max` is kept at least an hour after its latest signal.
 const CEILING_KEPT_MS: u64 = 3_600_000;
 
@@ -116,15 +162,9 @@ pub struct Reference {
     pub first_per_ms: BTreeMap<String, u64>,
     /// Live tickets by number (lapsed ones leave at [`Reference::advance`]).
     pub tickets: BTreeMap<u64, RefTicket>,
-    /// Token buckets not forgotten: the level in units of `1/perMs` token at the reference's
-    /// last instant, and the figures they are named with.
-    pub levels: BTreeMap<String, (i128, BucketLimit)>,
-    /// Since when each level kept has stood full (set by [`Reference::advance`], cleared by
-    /// every write of the level): it is forgotten once full for `kept_full_ms` with no place.
-    pub full_since: BTreeMap<String, Millis>,
-    /// The figures each token bucket key is named with (the property test names each key as a
-    /// bucket with one set of figures, or never as one).
-    pub token_figures: BTreeMap<String, BucketLimit>,
+    /// Token buckets not forgotten: each level as last written. One full under the figures
+    /// that wrote it for `kept_full_ms` with no place held is forgotten.
+    pub levels: BTreeMap<String, RefLevel>,
     /// The reference's last instant (levels stand at it).
     pub at: Millis,
     /// Adaptive ceilings kept (section 14), by bucket.
@@ -141,6 +181,11 @@ fn refill_ms(units: i128, b: &BucketLimit) -> i128 {
     if units >= cap { units } else { (units + i128::from(b.refill)).min(cap) }
 }
 
+/// A token bucket's level `level` (`None`: not kept, so at `initial`) read with `b` at `now`.
+fn read_level(level: Option<&RefLevel>, b: &BucketLimit, now: Millis) -> i128 {
+    level.map_or(i128::from(b.initial) * i128::from(b.per_ms), |l| l.read(b, now))
+}
+
 /// The units a cost takes: `min(cost, burst)` tokens.
 fn need_units(b: &BucketLimit, cost: u64) -> i128 {
     i128::from(cost.min(b.burst)) * i128::from(b.per_ms)
@@ -150,27 +195,14 @@ impl Reference {
     /// Moves time to `now`: buckets forget the grants they no longer keep, and idle buckets
     /// forget their retention.
     pub fn advance(&mut self, now: Millis) {
-        // Levels refill a millisecond at a time; one that has stood full for its keeping time
-        // with no place held is forgotten (places only lapse meanwhile, so looking at `now` is
-        // looking at the first instant it could be).
+        // A level that has stood full for its keeping time with no place held is forgotten
+        // (places only lapse meanwhile, so looking at `now` is looking at the first instant it
+        // could be).
         let keys: Vec<String> = self.levels.keys().cloned().collect();
         for key in keys {
-            let mut t = self.at;
-            loop {
-                let (units, b) = self.levels[&key];
-                if units >= i128::from(b.burst) * i128::from(b.per_ms) {
-                    let since = *self.full_since.entry(key.clone()).or_insert(t);
-                    if now >= since.plus(kept_full_ms(b.per_ms)) && self.live_places(&key, now).next().is_none() {
-                        self.levels.remove(&key);
-                        self.full_since.remove(&key);
-                    }
-                    break;
-                }
-                if t >= now {
-                    break;
-                }
-                t = t.plus(1);
-                self.levels.get_mut(&key).expect("kept").0 = refill_ms(units, &b);
+            let l = self.levels[&key];
+            if now >= l.full_at().plus(kept_full_ms(l.b.per_ms)) && self.live_places(&key, now).next().is_none() {
+                self.levels.remove(&key);
             }
         }
         self.at = self.at.max(now);
@@ -225,10 +257,24 @@ impl Reference {
         Some(at)
     }
 
-    /// The level of token bucket `key` read with `b` (the reference's instant is `now`): its
-    /// `initial` when not kept.
+    /// The level of token bucket `key` read with `b` at the reference's instant: its `initial`
+    /// when not kept.
     fn level(&self, key: &str, b: &BucketLimit) -> i128 {
-        self.levels.get(key).map_or(i128::from(b.initial) * i128::from(b.per_ms), |l| l.0)
+        read_level(self.levels.get(key), b, self.at)
+    }
+
+    /// The level of token bucket `key` after a grant at the reference's instant that takes
+    /// `min(cost, burst)` with the figures `b` (rule B). A level above `b`'s burst (written under
+    /// a larger one) is taken from under the figures that wrote it, which go on refilling it.
+    fn taken(&self, key: &str, b: &BucketLimit, cost: u64) -> RefLevel {
+        let now = self.at;
+        match self.levels.get(key) {
+            Some(l) if l.read(b, now) > i128::from(b.burst) * i128::from(b.per_ms) => {
+                let units = l.read(&l.b, now) - i128::from(cost.min(b.burst)) * i128::from(l.b.per_ms);
+                RefLevel { units, at: now, b: l.b }
+            }
+            _ => RefLevel { units: self.level(key, b) - need_units(b, cost), at: now, b: *b },
+        }
     }
 
     /// The first instant from `at` on at which a level of `units` at `at`, refilling, reaches
@@ -242,9 +288,17 @@ impl Reference {
     }
 
     /// The reserved instants of the tickets that hold in token bucket `key`'s line, by number,
-    /// from a level of `units` at `now` (section 12.9 with 13).
-    fn token_reservations(&self, key: &str, now: Millis, mine: Option<u64>, units: i128) -> Vec<(u64, Millis)> {
-        let (mut at, mut units) = (now, units);
+    /// from the level `level` at `now` (`None`: not kept), each read with the ticket's own
+    /// figures and taken at its instant (section 12.9 with 13); and the level and instant after
+    /// the last of them.
+    fn token_reservations(
+        &self,
+        key: &str,
+        now: Millis,
+        mine: Option<u64>,
+        level: Option<RefLevel>,
+    ) -> (Vec<(u64, Millis)>, Option<RefLevel>, Millis) {
+        let (mut at, mut level) = (now, level);
         let mut out = Vec::new();
         for t in self.holding(key, now, mine) {
             let bound = self.bound(t, key);
@@ -252,11 +306,12 @@ impl Reference {
             if bound.cost.min(b.burst) == 0 {
                 continue;
             }
-            (at, units) = Self::tokens_room(units, &b, bound.cost, at);
-            units -= need_units(&b, bound.cost);
+            let units;
+            (at, units) = Self::tokens_room(read_level(level.as_ref(), &b, at), &b, bound.cost, at);
+            level = Some(RefLevel { units: units - need_units(&b, bound.cost), at, b });
             out.push((t.id.number(), at));
         }
-        out
+        (out, level, at)
     }
 
     /// The refusal that stands for `r` at `now` as (retryAt, reason, key), or `None` to grant,
@@ -410,11 +465,12 @@ impl Reference {
         let cost = l.window.map_or(0, |w| l.cost.min(w.calls));
         let reservations = self.reservations(&l.key, now, mine);
         // A token bucket: reserved again with this request's take counted, no instant moves.
-        let tokens = l.bucket.map(|b| (b, self.level(&l.key, &b)));
-        let token_reserved = tokens.map(|(_, units)| self.token_reservations(&l.key, now, mine, units));
-        let token_backfills = match (tokens, &token_reserved) {
-            (Some((b, units)), Some(reserved)) if l.cost.min(b.burst) > 0 => {
-                self.token_reservations(&l.key, now, mine, units - need_units(&b, l.cost)) == *reserved
+        let kept = self.levels.get(&l.key).copied();
+        let token_reserved = l.bucket.map(|_| self.token_reservations(&l.key, now, mine, kept));
+        let token_backfills = match (l.bucket, &token_reserved) {
+            (Some(b), Some((reserved, _, _))) if l.cost.min(b.burst) > 0 => {
+                let taken = self.taken(&l.key, &b, l.cost);
+                self.token_reservations(&l.key, now, mine, Some(taken)).0 == *reserved
             }
             _ => true,
         };
@@ -442,18 +498,12 @@ impl Reference {
             let from = reserved.last().map_or(now, |(at, _)| *at);
             at = at.max(self.first_room(&l.key, (w.calls, w.per_ms, cost), now, from, &reserved).0);
         }
-        if let Some((b, units)) = tokens
+        if let Some(b) = l.bucket
             && l.cost.min(b.burst) > 0
+            && let Some((_, left, from)) = token_reserved
         {
             // Behind every reservation: the level after their takes, from the last instant.
-            let (mut from, mut left) = (now, units);
-            for t in self.holding(&l.key, now, mine) {
-                let bound = self.bound(t, &l.key);
-                let Some(tb) = bound.bucket.filter(|tb| bound.cost.min(tb.burst) > 0) else { continue };
-                (from, left) = Self::tokens_room(left, &tb, bound.cost, from);
-                left -= need_units(&tb, bound.cost);
-            }
-            at = at.max(Self::tokens_room(left, &b, l.cost, from).0);
+            at = at.max(Self::tokens_room(read_level(left.as_ref(), &b, from), &b, l.cost, from).0);
         }
         if let Some(c) = l.concurrent {
             let mut lapses: Vec<Millis> = self.live_places(&l.key, now).collect();
@@ -596,13 +646,15 @@ impl Reference {
     /// A token bucket named by an acquire starts at `initial` when not kept (a full one is
     /// forgotten at once).
     fn name_bucket(&mut self, l: &Limit) {
-        if let Some(b) = l.bucket {
-            self.token_figures.insert(l.key.clone(), b);
-        }
         if let Some(b) = l.bucket
             && b.initial < b.burst
         {
-            self.levels.entry(l.key.clone()).or_insert((i128::from(b.initial) * i128::from(b.per_ms), b));
+            let at = self.at;
+            self.levels.entry(l.key.clone()).or_insert(RefLevel {
+                units: i128::from(b.initial) * i128::from(b.per_ms),
+                at,
+                b,
+            });
         }
     }
 
@@ -612,6 +664,7 @@ impl Reference {
         self.seq += 1;
         let mut places = Vec::new();
         let mut windows = Vec::new();
+        let mut tokens = Vec::new();
         for (l, own) in r.limits.iter().zip(&own.limits) {
             if let (Some(w), Some(calls)) = (l.window, own.window.map(|w| w.calls))
                 && w.calls > calls
@@ -620,17 +673,16 @@ impl Reference {
                 self.unbounded.insert(l.key.clone());
             }
             if let Some(b) = l.bucket {
-                self.token_figures.insert(l.key.clone(), b);
                 let cost = l.cost.min(b.burst);
                 if cost > 0 {
-                    let units = self.level(&l.key, &b) - need_units(&b, cost);
-                    self.levels.insert(l.key.clone(), (units, b));
-                    self.full_since.remove(&l.key);
+                    let level = self.taken(&l.key, &b, cost);
+                    self.levels.insert(l.key.clone(), level);
                 } else {
                     self.name_bucket(l);
                 }
                 if permit.is_some() {
                     windows.push((l.key.clone(), cost, b.burst));
+                    tokens.push((l.key.clone(), b));
                 }
             }
             if let Some(w) = l.window {
@@ -654,7 +706,7 @@ impl Reference {
             let last = places.iter().map(|(_, l)| *l).max().unwrap_or(Millis::ZERO);
             let expires = if r.permit { last.max(now.plus(r.hold_ms)) } else { last };
             let adapted = r.limits.iter().zip(&own.limits).filter_map(|(l, own)| self.share(l, own, now)).collect();
-            self.permits.insert(id, RefPermit { at: now, expires, places, windows, adapted, seq: self.seq });
+            self.permits.insert(id, RefPermit { at: now, expires, places, windows, tokens, adapted, seq: self.seq });
         }
     }
 
@@ -664,7 +716,6 @@ impl Reference {
         let Some(id) = id.filter(|id| self.permits.get(id).is_some_and(|p| p.expires > now)) else {
             return Ok(false);
         };
-        let token_figures = self.token_figures.clone();
         let permit = self.permits.get_mut(&id).expect("live");
         if costs.iter().any(|c| !permit.windows.iter().any(|(b, _, _)| *b == c.key)) {
             return Err(());
@@ -672,20 +723,33 @@ impl Reference {
         for c in costs {
             let share = permit.windows.iter_mut().find(|(b, _, _)| *b == c.key).expect("checked");
             let new = c.cost.min(share.2);
-            if let Some(b) = token_figures.get(&c.key) {
+            if let Some((_, b)) = permit.tokens.iter().find(|(k, _)| *k == c.key) {
                 if new == share.1 {
                     continue;
                 }
-                // Section 13: the difference goes back (never above burst) or is taken.
+                // Section 13: the difference goes back (never above burst) or is taken, read
+                // with the figures of the grant (a bucket forgotten meanwhile was full).
                 let per = i128::from(b.per_ms);
                 let cap = i128::from(b.burst) * per;
-                let units = self.levels.get(&c.key).map_or(cap, |l| l.0);
                 let (old, new) = (i128::from(share.1), i128::from(new));
-                let after =
-                    if new < old { units.max((units + (old - new) * per).min(cap)) } else { units - (new - old) * per };
                 share.1 = new as u64;
-                self.levels.insert(c.key.clone(), (after, *b));
-                self.full_since.remove(&c.key);
+                let level = match self.levels.get(&c.key) {
+                    Some(l) if l.read(b, now) > cap => {
+                        // Above the grant's burst: nothing goes back, and a debt is taken under
+                        // the figures that wrote it.
+                        RefLevel { units: l.read(&l.b, now) - (new - old).max(0) * per, at: now, b: l.b }
+                    }
+                    kept => {
+                        let units = kept.map_or(cap, |l| l.read(b, now));
+                        let after = if new < old {
+                            units.max((units + (old - new) * per).min(cap))
+                        } else {
+                            units - (new - old) * per
+                        };
+                        RefLevel { units: after, at: now, b: *b }
+                    }
+                };
+                self.levels.insert(c.key.clone(), level);
                 continue;
             }
             let kept = self.grants.get_mut(&c.key).and_then(|g| g.iter_mut().find(|(_, _, p)| *p == Some(id)));
@@ -759,9 +823,10 @@ impl Reference {
                 facts.permits.insert(*id, (p.at, p.expires, shares));
             }
         }
-        for (key, (units, b)) in &self.levels {
-            if *units < i128::from(b.burst) * i128::from(b.per_ms) {
-                facts.levels.insert(key.clone(), units.div_euclid(i128::from(b.per_ms)) as i64);
+        for (key, l) in &self.levels {
+            let units = l.read(&l.b, now);
+            if units < i128::from(l.b.burst) * i128::from(l.b.per_ms) {
+                facts.levels.insert(key.clone(), units.div_euclid(i128::from(l.b.per_ms)) as i64);
             }
         }
         for (number, t) in &self.tickets {

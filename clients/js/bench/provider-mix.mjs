@@ -17,6 +17,11 @@
 // 60000 / WINDOW_MS (requestsPerMinute, minCapacity, maxCapacity, increaseBy), so that its
 // ceiling and steps are the same share of the true limit as the adapter's per window.
 //
+// With `--headers` the provider also reports its budget on every 200 as OpenAI does
+// (`x-ratelimit-limit-requests`, `x-ratelimit-remaining-requests`, and
+// `x-ratelimit-reset-requests` as the time until its window has room again), which VernLLM's
+// `fromFetch` reads as its hint; `--floor N` then passes `proactiveFloor: N` in every `aimd`.
+//
 // Reported per mode, from the provider's own log, per phase after convergence (from CONVERGE
 // seconds after the start, and after the halving): goodput (calls answered 200 a second, as a
 // share of the true limit) and 429s (as a share of all calls the provider saw); and how long
@@ -24,6 +29,8 @@
 //
 //   node bench/provider-mix.mjs                                  # all three modes
 //   node bench/provider-mix.mjs --modes shared --seconds 30
+//   node bench/provider-mix.mjs --true 40 --workers 4             # a small limit
+//   node bench/provider-mix.mjs --headers --floor 1               # with the provider's budget
 //
 // The server: $REDB_LIMITER_BIN, else the repository's release build (see test/server.mjs).
 import { fork } from 'node:child_process';
@@ -37,15 +44,17 @@ const { values: opts } = parseArgs({
   options: {
     modes: { type: 'string', default: 'static,vern-aimd,shared' },
     seconds: { type: 'string', default: '40' },
-    true: { type: 'string', default: '40' },
+    true: { type: 'string', default: '300' },
     'window-ms': { type: 'string', default: '1000' },
     'halve-at': { type: 'string', default: '20' },
     converge: { type: 'string', default: '8' },
     processes: { type: 'string', default: '3' },
-    workers: { type: 'string', default: '4' },
+    workers: { type: 'string', default: '8' },
     'call-ms': { type: 'string', default: '20' },
     increase: { type: 'string', default: '1' },
     factor: { type: 'string', default: '0.9' },
+    floor: { type: 'string', default: '0' },
+    headers: { type: 'boolean', default: false },
     'wrap-shared': { type: 'boolean', default: false },
     child: { type: 'boolean', default: false },
   },
@@ -76,6 +85,7 @@ async function child() {
         decreaseFactor: job.factor,
         minCapacity: perMinute,
         maxCapacity: 2 * job.declared * perMinute,
+        ...(job.floor > 0 ? { proactiveFloor: job.floor } : {}),
       },
     };
     llm = new VernLLM({ client: llmClient, model: 'fake', maxRetries: 0, rateLimit, logger: 'silent' });
@@ -89,7 +99,15 @@ async function child() {
       windowMs: job.windowMs,
       maxQueueMs: 0,
       ...(job.mode === 'shared'
-        ? { aimd: { increaseBy: job.increase, decreaseFactor: job.factor, minCapacity: 1, maxCapacity: 2 * job.declared } }
+        ? {
+            aimd: {
+              increaseBy: job.increase,
+              decreaseFactor: job.factor,
+              minCapacity: 1,
+              maxCapacity: 2 * job.declared,
+              ...(job.floor > 0 ? { proactiveFloor: job.floor } : {}),
+            },
+          }
         : {}),
     });
     // Static limits need the provider's wait read off each 429 (wrapClient); with aimd the cut
@@ -119,7 +137,7 @@ async function child() {
 }
 
 /** The provider: TRUE calls in any WINDOW_MS (halved at `halveAt`), a 429 above, every answer logged. */
-async function startProvider(windowMs, callMs) {
+async function startProvider(windowMs, callMs, headers) {
   const log = [];
   const granted = []; // instants of the calls answered 200, oldest first
   let limit = 0;
@@ -137,8 +155,16 @@ async function startProvider(windowMs, callMs) {
       }
       granted.push(now);
       log.push({ at: now, ok: true });
+      // What OpenAI reports on every answer, which VernLLM's `fromFetch` reads as its hint.
+      const budget = headers
+        ? {
+            'x-ratelimit-limit-requests': String(limit),
+            'x-ratelimit-remaining-requests': String(limit - granted.length),
+            'x-ratelimit-reset-requests': `${granted[0] + windowMs - now}ms`,
+          }
+        : {};
       setTimeout(() => {
-        res.writeHead(200, { 'content-type': 'application/json' });
+        res.writeHead(200, { 'content-type': 'application/json', ...budget });
         res.end('{"choices":[{"message":{"content":"ok"}}]}');
       }, callMs);
     });
@@ -166,11 +192,13 @@ async function parent() {
   const modes = opts.modes.split(',');
   const declared = 2 * trueLimit;
   const server = await startServer();
-  const provider = await startProvider(windowMs, callMs);
+  const provider = await startProvider(windowMs, callMs, opts.headers);
   console.log(
     `provider mix: true limit ${trueLimit} calls per ${windowMs} ms (rolling), halved to ${Math.floor(trueLimit / 2)} at ${halveAt} s; ` +
       `${processes} processes × ${workers} workers, calls of ${callMs} ms, ${seconds} s per mode; each process declares ${declared}; ` +
-      `aimd increaseBy ${n('increase')}, decreaseFactor ${n('factor')}`,
+      `aimd increaseBy ${n('increase')}, decreaseFactor ${n('factor')}` +
+      (n('floor') > 0 ? `, proactiveFloor ${n('floor')}` : '') +
+      (opts.headers ? '; the provider reports its remaining requests as OpenAI does' : ''),
   );
   const rows = [];
   try {
@@ -180,7 +208,7 @@ async function parent() {
       const key = `mix/${process.pid}/${mode}`;
       const children = Array.from({ length: processes }, (_, index) => {
         const job = {
-          mode, index, key, workers, declared, windowMs, increase: n('increase'), factor: n('factor'),
+          mode, index, key, workers, declared, windowMs, increase: n('increase'), factor: n('factor'), floor: n('floor'),
           providerUrl: provider.url, limiterUrl: server.url, wrapShared: opts['wrap-shared'],
         };
         return fork(fileURLToPath(import.meta.url), ['--child'], { env: { ...process.env, PROVIDER_MIX: JSON.stringify(job) } });

@@ -581,16 +581,16 @@ END
 $$;
 
 -- The level after a grant of p_cost at p_now (rule B checked): min(cost, burst) taken at the
--- grant's instant. A level above the request's burst is taken from under the figures that
--- wrote it, which go on refilling it (take).
+-- grant's instant. A level above the request's burst (written under a larger one, or before a
+-- cut of its ceiling) is taken from as read, not refilled, and kept under the figures that
+-- wrote it (take).
 CREATE OR REPLACE FUNCTION __SCHEMA__._lv_take(l bigint[], p_refill bigint, p_per bigint, p_burst bigint,
                                                p_initial bigint, p_cost bigint, p_now bigint) RETURNS bigint[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS
 $$
 BEGIN
   IF __SCHEMA__._lv_above(l, p_per, p_burst) THEN
-    RETURN __SCHEMA__._lv_of(__SCHEMA__._lv_units(l, l[3], l[2], l[4], l[4], p_now)
-                             - least(p_cost, p_burst)::numeric * l[2], l[3], l[2], l[4], p_now);
+    RETURN __SCHEMA__._lv_of(l[1]::numeric - least(p_cost, p_burst)::numeric * l[2], l[3], l[2], l[4], p_now);
   END IF;
   RETURN __SCHEMA__._lv_of(__SCHEMA__._lv_units(l, p_refill, p_per, p_burst, p_initial, p_now)
                            - least(p_cost, p_burst)::numeric * p_per, p_refill, p_per, p_burst, p_now);
@@ -612,8 +612,7 @@ DECLARE
   v_units numeric;
 BEGIN
   IF __SCHEMA__._lv_above(l, p_per, p_burst) THEN
-    RETURN __SCHEMA__._lv_of(__SCHEMA__._lv_units(l, l[3], l[2], l[4], l[4], p_now)
-                             - greatest(v_new - v_old, 0) * l[2], l[3], l[2], l[4], p_now);
+    RETURN __SCHEMA__._lv_of(l[1]::numeric - greatest(v_new - v_old, 0) * l[2], l[3], l[2], l[4], p_now);
   END IF;
   v_units := CASE WHEN l IS NULL THEN v_cap ELSE __SCHEMA__._lv_units(l, p_refill, p_per, p_burst, p_burst, p_now) END;
   v_units := CASE WHEN v_new < v_old THEN greatest(v_units, least(v_units + (v_old - v_new) * p_per, v_cap))

@@ -19,8 +19,8 @@
 //! comparing every instant. A bucket's figures change when its ceiling moves (section 14); the
 //! property test names each key with one set of figures at any one instant (section 13 leaves
 //! figures that differ at once to a documented answer, which the reference does not model), and
-//! a level above the burst read (written before a cut) is taken from under the figures that
-//! wrote it, as `token_bucket.rs` documents.
+//! a level above the burst read (written before a cut) is taken from as read, not refilled, and
+//! kept under the figures that wrote it, as `token_bucket.rs` documents.
 //!
 //! Rule 3 in the reference: a bucket keeps its grants for the longest `perMs` any acquire
 //! (granted or refused, whatever its cost; never a peek) named for it while it was not idle; a
@@ -265,12 +265,13 @@ impl Reference {
 
     /// The level of token bucket `key` after a grant at the reference's instant that takes
     /// `min(cost, burst)` with the figures `b` (rule B). A level above `b`'s burst (written under
-    /// a larger one) is taken from under the figures that wrote it, which go on refilling it.
+    /// a larger one, or before a cut) is taken from as read, not refilled (so a bucket after a
+    /// cut grants at most its level plus `C` a `perMs`), and kept under the figures that wrote it.
     fn taken(&self, key: &str, b: &BucketLimit, cost: u64) -> RefLevel {
         let now = self.at;
         match self.levels.get(key) {
             Some(l) if l.read(b, now) > i128::from(b.burst) * i128::from(b.per_ms) => {
-                let units = l.read(&l.b, now) - i128::from(cost.min(b.burst)) * i128::from(l.b.per_ms);
+                let units = l.units - i128::from(cost.min(b.burst)) * i128::from(l.b.per_ms);
                 RefLevel { units, at: now, b: l.b }
             }
             _ => RefLevel { units: self.level(key, b) - need_units(b, cost), at: now, b: *b },
@@ -735,9 +736,9 @@ impl Reference {
                 share.1 = new as u64;
                 let level = match self.levels.get(&c.key) {
                     Some(l) if l.read(b, now) > cap => {
-                        // Above the grant's burst: nothing goes back, and a debt is taken under
-                        // the figures that wrote it.
-                        RefLevel { units: l.read(&l.b, now) - (new - old).max(0) * per, at: now, b: l.b }
+                        // Above the grant's burst: nothing goes back, and a debt is taken from
+                        // the level as read (not refilled), under the figures that wrote it.
+                        RefLevel { units: l.units - (new - old).max(0) * per, at: now, b: l.b }
                     }
                     kept => {
                         let units = kept.map_or(cap, |l| l.read(b, now));

@@ -13,12 +13,15 @@
 //! - the level kept is read in the request's units, rounded down when its `perMs` differs from
 //!   the one that wrote it (never fuller than it was), then refilled at the request's `refill`
 //!   since `at`, up to the request's `burst`;
-//! - a level already above the request's `burst` (written under a larger one) is neither refilled
-//!   nor cut by the reading, so the level is never above the largest `burst` named;
+//! - a level already above the request's `burst` (written under a larger one, or before a cut of
+//!   its ceiling shrank the burst, section 14) is neither refilled nor cut by the reading, so the
+//!   level is never above the largest `burst` named;
 //! - a grant or a settle writes the level in the units of its own figures, at its instant; but
-//!   one that finds the level above its `burst` takes from it (or gives back nothing) under the
-//!   figures that wrote it, which go on refilling it: a request with a smaller `burst` never
-//!   makes a larger bucket look full, and so forgotten.
+//!   one that finds the level above its `burst` takes from it as it reads it (not refilled), and
+//!   gives back nothing, keeping it under the figures that wrote it: a request with a smaller
+//!   `burst` never makes a larger bucket look full, and so forgotten, and never draws on a refill
+//!   at a larger `refill` than its own (after a cut, the bucket grants at most its level plus
+//!   `C` per `perMs`, as section 13's exactness asks of `refill`).
 //!
 //! This module never reads a clock, and knows nothing of lines, places or the file.
 
@@ -181,10 +184,10 @@ pub(crate) fn refused_until(level: Option<&BucketLevel>, b: &BucketLimit, cost: 
 pub(crate) fn take(level: Option<&BucketLevel>, b: &BucketLimit, cost: u64, now: Millis) -> BucketLevel {
     match level {
         Some(l) if l.above(b) => {
-            // Above this request's burst: taken under the figures that wrote it.
-            let own = l.figures();
+            // Above this request's burst: taken as read (not refilled), under the figures that
+            // wrote it.
             let taken = i128::from(cost.min(b.burst)) * i128::from(l.unit_ms);
-            BucketLevel::of(&own, l.units_at(&own, now) - taken, now)
+            BucketLevel::of(&l.figures(), i128::from(l.units) - taken, now)
         }
         _ => BucketLevel::of(b, level_units(level, b, now) - need(b, cost), now),
     }
@@ -197,11 +200,10 @@ pub(crate) fn take(level: Option<&BucketLevel>, b: &BucketLimit, cost: u64, now:
 pub(crate) fn settle(level: Option<&BucketLevel>, b: &BucketLimit, old: u64, new: u64, now: Millis) -> BucketLevel {
     let (old, new) = (i128::from(old.min(b.burst)), i128::from(new.min(b.burst)));
     if let Some(l) = level.filter(|l| l.above(b)) {
-        // Above the grant's burst: nothing goes back, and a debt is taken under the figures
-        // that wrote it.
-        let own = l.figures();
-        let units = l.units_at(&own, now) - (new - old).max(0) * i128::from(l.unit_ms);
-        return BucketLevel::of(&own, units, now);
+        // Above the grant's burst: nothing goes back, and a debt is taken from the level as
+        // read (not refilled), under the figures that wrote it.
+        let units = i128::from(l.units) - (new - old).max(0) * i128::from(l.unit_ms);
+        return BucketLevel::of(&l.figures(), units, now);
     }
     let per = i128::from(b.per_ms);
     let cap = i128::from(b.burst) * per;
@@ -321,15 +323,42 @@ mod tests {
         // 90 tokens kept, above the small burst: not cut, not refilled.
         assert_eq!(l.units_at(&small, Millis(10)), 270);
         let l2 = take(Some(&l), &small, 5, Millis(10));
-        // Taken under the figures that wrote it, which refilled it meanwhile (a token by 10 ms).
-        assert_eq!((l2.tokens_at(Millis(10)), l2.burst), (86, 100));
+        // Taken as read (the big figures' refill meanwhile not counted), kept under the figures
+        // that wrote it.
+        assert_eq!((l2.tokens_at(Millis(10)), l2.burst), (85, 100));
         assert!(!l2.is_full(Millis(10)), "a smaller burst never makes it look full");
-        // Read back with the big figures: 86 tokens, refilling to 100 at most.
-        assert_eq!(l2.units_at(&big, Millis(10)), 86_000);
+        // Read back with the big figures: 85 tokens, refilling to 100 at most.
+        assert_eq!(l2.units_at(&big, Millis(10)), 85_000);
         assert_eq!(l2.units_at(&big, Millis(10_000)), 100_000);
         // 1/3 of a token read in units of 1/2: rounded down.
         let third = BucketLevel { units: 1, unit_ms: 3, refill: 1, burst: 5, at: Millis(0) };
         assert_eq!(third.units_at(&b(1, 2, 5, 5), Millis(0)), 0);
+    }
+
+    #[test]
+    fn a_level_left_above_a_cut_burst_grants_no_more_than_it_holds_plus_the_new_refill() {
+        // 3 a second up to 5, holding 2 tokens when a cut of its ceiling (section 14) judges it
+        // at 1 a second up to 1: a host asking every 334 ms from 129 ms on, over 10 s, gets at
+        // most the 2 tokens held plus 10 refilled (it got 30 when a take above the burst counted
+        // the refill at 3 a second).
+        let before = b(3, 1000, 5, 5);
+        let cut = b(1, 1000, 1, 1);
+        let mut level = take(None, &before, 3, Millis(0));
+        assert_eq!(level.tokens_at(Millis(0)), 2);
+        let mut granted = 0;
+        let mut t = 129;
+        while t <= 10_000 {
+            if refused_until(Some(&level), &cut, 1, Millis(t)).is_none() {
+                level = take(Some(&level), &cut, 1, Millis(t));
+                granted += 1;
+            }
+            t += 334;
+        }
+        assert!((10..=12).contains(&granted), "granted {granted}");
+        // A settle up above the cut burst takes its debt from the level as read, too.
+        let held = take(None, &before, 2, Millis(0));
+        let settled = settle(Some(&held), &b(1, 1000, 2, 2), 1, 2, Millis(500));
+        assert_eq!(settled.units, 2_000);
     }
 
     #[test]

@@ -21,7 +21,8 @@
 --             decides again through acquire() and answers that reply;
 --   'f'       anything else (no such bucket, a bucket with a line (rule Q), a settled bucket, a retention this request would
 --             lengthen or may restart, a place figure to keep, a grant in the same
---             millisecond as the bucket's newest, a rate retryAt past the first row):
+--             millisecond as the bucket's newest, a rate retryAt past the first row, an empty
+--             window with a ceiling row, which acquire() forgets first when it may go):
 --             _acquire_window() answers with acquire()'s reply.
 -- It answers one row: a non-NULL reply is acquire()'s reply; otherwise v, until, rate_at and
 -- now are the decision.
@@ -40,7 +41,9 @@ SELECT x.v, x.until, x.rate_at, x.now,
                     WHEN th.until > greatest(c.clock, bk.floor_ms) THEN 't'
                     WHEN bk.retain_ms > $3::bigint OR bk.last_concurrent > 0
                          OR bk.last_at = greatest(c.clock, bk.floor_ms)
-                         OR least($4::bigint, $2::bigint) <= 0 THEN 'f'
+                         OR least($4::bigint, $2::bigint) <= 0
+                         OR (w.at IS NULL AND EXISTS (SELECT 1 FROM __SCHEMA__.ceilings ce WHERE ce.key = $1))
+                      THEN 'f'
                     ELSE 'g' END AS v,
                th.until, w.at + $3::bigint AS rate_at, greatest(c.clock, bk.floor_ms) AS now,
                bk.xmin AS xm, bk.total, bk.last_seq

@@ -57,7 +57,9 @@ d AS MATERIALIZED (
               WHEN th.until > greatest(l.clock, bk.floor_ms) THEN 't'
               WHEN bk.retain_ms > l.per OR bk.last_concurrent > 0
                    OR bk.last_at = greatest(l.clock, bk.floor_ms)
-                   OR l.cost <= 0 THEN 'f'
+                   OR l.cost <= 0
+                   OR (w.at IS NULL AND EXISTS (SELECT 1 FROM __SCHEMA__.ceilings ce WHERE ce.key = l.key))
+                THEN 'f'
               ELSE 'g' END AS v,
          th.until, w.at + l.per AS rate_at, greatest(l.clock, bk.floor_ms) AS now,
          bk.xmin AS xm, bk.total, bk.last_seq

@@ -18,8 +18,9 @@
 --        through acquire() and answers that reply;
 --   'f'  anything else (a bucket that does not exist, a bucket with a line (rule Q), a settled one, retention to lengthen or
 --        that may restart, a place figure to keep, a grant in a bucket's newest grant's
---        millisecond, a rate retryAt past a window's first row): _acquire_windows() answers
---        with acquire()'s reply.
+--        millisecond, a rate retryAt past a window's first row, an empty window with a ceiling
+--        row, which acquire() forgets first when it may go): _acquire_windows() answers with
+--        acquire()'s reply.
 -- It answers one row: a non-NULL reply is acquire()'s reply; otherwise v, retry, reason, lim
 -- and now are the decision.
 WITH b AS MATERIALIZED (
@@ -48,7 +49,9 @@ a AS (
                  OR EXISTS (SELECT 1 FROM __SCHEMA__.line q WHERE q.bucket = r.key)
                  OR (r.over AND r.first_cum < r.total + r.cost - r.calls)) AS left_over,
          bool_and(r.retain_ms = r.per AND r.last_concurrent = 0 AND r.last_at IS DISTINCT FROM r.now
-                  AND r.cost > 0) AS grantable,
+                  AND r.cost > 0
+                  AND NOT (r.first_at IS NULL
+                           AND EXISTS (SELECT 1 FROM __SCHEMA__.ceilings ce WHERE ce.key = r.key))) AS grantable,
          array_agg(r.id ORDER BY r.ord) AS ids, array_agg(r.xm ORDER BY r.ord) AS xms,
          array_agg(r.total ORDER BY r.ord) AS totals, array_agg(r.last_seq ORDER BY r.ord) AS seqs
     FROM r

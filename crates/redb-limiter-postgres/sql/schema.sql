@@ -328,7 +328,7 @@ COMMENT ON TABLE __SCHEMA__.levels IS 'token bucket levels (section 13), exact, 
 -- transaction lock on the key (in a key space of this schema's own, taken after the permit's
 -- row lock), so two outcomes at once count one after the other. A row exists once an outcome
 -- changed C. One at its max, or an hour past its latest signal, is forgotten with its bucket
--- (_kept_ceiling() reads it as none from then on; an adapted grant or filing that brings the
+-- (_kept_ceiling() reads it as none from then on; a grant or filing that brings the
 -- bucket back deletes it first, and sweep() deletes the others).
 CREATE TABLE IF NOT EXISTS __SCHEMA__.ceilings (
   key text COLLATE "C" PRIMARY KEY,  -- the bucket key
@@ -1133,12 +1133,11 @@ BEGIN
   v_windows := '[]';
   FOR i IN 1 .. n LOOP
     CONTINUE WHEN NOT v_need[i];
-    IF lad[i] THEN
-      -- A ceiling forgotten with its idle bucket (section 14) stays forgotten once the bucket
-      -- lives again: its row goes before the grant brings the bucket back.
-      DELETE FROM __SCHEMA__.ceilings ce
-       WHERE ce.key = lk[i] AND (__SCHEMA__._kept_ceiling(lk[i], v_now)).key IS NULL;
-    END IF;
+    -- A ceiling forgotten with its idle bucket (section 14) stays forgotten once the bucket
+    -- lives again, whether or not this request adapts: its row goes before the grant brings the
+    -- bucket back (the one-statement acquires leave such a bucket to this path).
+    DELETE FROM __SCHEMA__.ceilings ce
+     WHERE ce.key = lk[i] AND (__SCHEMA__._kept_ceiling(lk[i], v_now)).key IS NULL;
     -- Retention (rule 3): an idle bucket starts afresh (checked only where that could change
     -- something); a longer window lengthens retention, and what the old one let go stays gone.
     v_r := br[i];
@@ -1398,10 +1397,13 @@ BEGIN
       b.now := greatest(b.now, __SCHEMA__._clock_ms());
     END IF;
     -- A bucket that may be idle with a longer retention, or figures this grant
-    -- does not set, may start afresh (rule 3): the general path decides that.
+    -- does not set, may start afresh (rule 3): the general path decides that; and one whose
+    -- ceiling went with it (section 14), which the general path forgets before the grant.
     IF b.retain_ms > coalesce(v_per, 0)
        OR (b.last_calls > 0 AND NOT coalesce(v_cost, 0) > 0)
-       OR (b.last_concurrent > 0 AND v_conc IS NULL) THEN
+       OR (b.last_concurrent > 0 AND v_conc IS NULL)
+       OR EXISTS (SELECT 1 FROM __SCHEMA__.ceilings ce
+                   WHERE ce.key = v_k AND (__SCHEMA__._kept_ceiling(v_k, b.now)).key IS NULL) THEN
       RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
     END IF;
     v_seq := CASE WHEN v_rec AND b.last_at IS DISTINCT FROM b.now THEN b.last_seq + 1
@@ -2063,11 +2065,12 @@ BEGIN
                   v_now, v_now + v_horizon);
           FOR i IN 1 .. n LOOP
             e := v_limits->(i - 1);
+            -- a ceiling forgotten with its idle bucket stays forgotten once the line brings the
+            -- bucket back (section 14), whether or not this ticket adapts
+            DELETE FROM __SCHEMA__.ceilings ce
+             WHERE ce.key = lk[i] AND (__SCHEMA__._kept_ceiling(lk[i], v_now)).key IS NULL;
             IF e ? 'adapt' THEN
-              -- its own figures, judged with the ceiling at each walk (section 14); a ceiling
-              -- forgotten with its idle bucket stays forgotten once the line brings it back
-              DELETE FROM __SCHEMA__.ceilings ce
-               WHERE ce.key = lk[i] AND (__SCHEMA__._kept_ceiling(lk[i], v_now)).key IS NULL;
+              -- its own figures, judged with the ceiling at each walk (section 14)
               e := e - 'adaptOwn' || (e->'adaptOwn');
               INSERT INTO __SCHEMA__.line (bucket, num, lapse_at, caller, calls, per_ms, cost, conc, refill,
                                            burst, initial, adapt_min, adapt_max, asked_cost)

@@ -2563,6 +2563,73 @@ fn a_ceiling_at_its_max_is_forgotten_with_its_bucket() {
     });
 }
 
+/// A ceiling forgotten with its idle bucket stays forgotten when a request that does not adapt
+/// brings the bucket back (section 14), through every way such a request is decided: the
+/// one-statement acquires of one window, of two windows and of a batch, and the general path
+/// (a permit). A mutation that keeps the row (no `ceilings` probe in the statements, or the
+/// general path deleting only for adapted limits) judges the next adapted request with the
+/// ceiling at its max (11) instead of its own calls (10).
+#[test]
+fn a_ceiling_forgotten_stays_forgotten_when_a_plain_request_brings_its_bucket_back() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = fresh(&url, "ceilplain", clock.clone()).await;
+        let adapted = |key: &str| {
+            let limit = window(key, 10, 1000).with_adapt(Adapt { min: 2, max: 11, increase: 1, keep_pct: 50 });
+            AcquireRequest::new("c", vec![limit]).unwrap().with_permit()
+        };
+        let plain: [(&str, fn(&str) -> AcquireRequest); 3] = [
+            ("one window", |key| AcquireRequest::new("p", vec![window(key, 10, 1000)]).unwrap()),
+            ("two windows", |key| {
+                AcquireRequest::new("p", vec![window(key, 10, 1000), window("elsewhere", 1000, 1000)]).unwrap()
+            }),
+            ("a permit", |key| AcquireRequest::new("p", vec![window(key, 10, 1000)]).unwrap().with_permit()),
+        ];
+        // The other bucket of the two-window request exists, so that request is decided by its
+        // one statement.
+        assert!(
+            pg.acquire(AcquireRequest::new("p", vec![window("elsewhere", 1000, 1000)]).unwrap())
+                .await
+                .unwrap()
+                .decision
+                .is_granted()
+        );
+        for (i, (how, plain)) in plain.iter().enumerate() {
+            let key = format!("k{i}");
+            let mut last = None;
+            for _ in 0..5 {
+                if let Decision::Granted { permit, .. } = pg.acquire(adapted(&key)).await.unwrap().decision {
+                    last = permit;
+                }
+            }
+            let release = ReleaseRequest::new(last.unwrap().to_string()).unwrap().with_outcome(Signal::Clean);
+            assert!(pg.release(release).await.unwrap());
+            assert_eq!(figures(&pg, &adapted(&key)).await[0].ceiling, Some(11), "{how}: grown to its max");
+            clock.advance(1000);
+            assert!(pg.acquire(plain(&key)).await.unwrap().decision.is_granted(), "{how}");
+            assert_eq!(figures(&pg, &adapted(&key)).await[0].ceiling, Some(10), "{how}: stays forgotten");
+            clock.advance(1000);
+        }
+        // The batch: several one-window requests at once.
+        let key = "kb";
+        let mut last = None;
+        for _ in 0..5 {
+            if let Decision::Granted { permit, .. } = pg.acquire(adapted(key)).await.unwrap().decision {
+                last = permit;
+            }
+        }
+        let release = ReleaseRequest::new(last.unwrap().to_string()).unwrap().with_outcome(Signal::Clean);
+        assert!(pg.release(release).await.unwrap());
+        clock.advance(1000);
+        let many = (0..8).map(|_| pg.acquire(AcquireRequest::new("p", vec![window(key, 10, 1000)]).unwrap()));
+        let granted =
+            join_all(many.collect()).await.into_iter().filter(|r| r.as_ref().unwrap().decision.is_granted()).count();
+        assert_eq!(granted, 8);
+        assert_eq!(figures(&pg, &adapted(key)).await[0].ceiling, Some(10), "batch: stays forgotten");
+    });
+}
+
 /// Warming a session (`warm()`, run on every session the pool opens) leaves no trace: what the
 /// schema holds, its lines and its tickets are as they were.
 #[test]

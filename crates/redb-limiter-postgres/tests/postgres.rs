@@ -2579,54 +2579,42 @@ fn a_ceiling_forgotten_stays_forgotten_when_a_plain_request_brings_its_bucket_ba
             let limit = window(key, 10, 1000).with_adapt(Adapt { min: 2, max: 11, increase: 1, keep_pct: 50 });
             AcquireRequest::new("c", vec![limit]).unwrap().with_permit()
         };
-        let plain: [(&str, fn(&str) -> AcquireRequest); 3] = [
-            ("one window", |key| AcquireRequest::new("p", vec![window(key, 10, 1000)]).unwrap()),
-            ("two windows", |key| {
-                AcquireRequest::new("p", vec![window(key, 10, 1000), window("elsewhere", 1000, 1000)]).unwrap()
-            }),
-            ("a permit", |key| AcquireRequest::new("p", vec![window(key, 10, 1000)]).unwrap().with_permit()),
-        ];
+        let plain = |key: &str| AcquireRequest::new("p", vec![window(key, 10, 1000)]).unwrap();
+        // Grows `key`'s ceiling to its max (in play at a grant of 5 of 10), then lets its bucket
+        // go idle: the ceiling is forgotten with it.
+        let grown_then_idle = |key: String| {
+            let (pg, clock) = (&pg, &clock);
+            async move {
+                let mut last = None;
+                for _ in 0..5 {
+                    if let Decision::Granted { permit, .. } = pg.acquire(adapted(&key)).await.unwrap().decision {
+                        last = permit;
+                    }
+                }
+                let release = ReleaseRequest::new(last.unwrap().to_string()).unwrap().with_outcome(Signal::Clean);
+                assert!(pg.release(release).await.unwrap());
+                assert_eq!(figures(pg, &adapted(&key)).await[0].ceiling, Some(11), "{key}: grown to its max");
+                clock.advance(1000);
+            }
+        };
         // The other bucket of the two-window request exists, so that request is decided by its
         // one statement.
-        assert!(
-            pg.acquire(AcquireRequest::new("p", vec![window("elsewhere", 1000, 1000)]).unwrap())
-                .await
-                .unwrap()
-                .decision
-                .is_granted()
-        );
-        for (i, (how, plain)) in plain.iter().enumerate() {
-            let key = format!("k{i}");
-            let mut last = None;
-            for _ in 0..5 {
-                if let Decision::Granted { permit, .. } = pg.acquire(adapted(&key)).await.unwrap().decision {
-                    last = permit;
-                }
-            }
-            let release = ReleaseRequest::new(last.unwrap().to_string()).unwrap().with_outcome(Signal::Clean);
-            assert!(pg.release(release).await.unwrap());
-            assert_eq!(figures(&pg, &adapted(&key)).await[0].ceiling, Some(11), "{how}: grown to its max");
-            clock.advance(1000);
-            assert!(pg.acquire(plain(&key)).await.unwrap().decision.is_granted(), "{how}");
+        let elsewhere = AcquireRequest::new("p", vec![window("elsewhere", 1000, 1000)]).unwrap();
+        assert!(pg.acquire(elsewhere).await.unwrap().decision.is_granted());
+        let two = |key: &str| AcquireRequest::new("p", vec![window(key, 10, 1000), window("elsewhere", 1000, 1000)]);
+        let ways =
+            [("one window", plain("k0")), ("two windows", two("k1").unwrap()), ("a permit", plain("k2").with_permit())];
+        for (how, request) in ways {
+            let key = request.limits[0].key.clone();
+            grown_then_idle(key.clone()).await;
+            assert!(pg.acquire(request).await.unwrap().decision.is_granted(), "{how}");
             assert_eq!(figures(&pg, &adapted(&key)).await[0].ceiling, Some(10), "{how}: stays forgotten");
-            clock.advance(1000);
         }
         // The batch: several one-window requests at once.
-        let key = "kb";
-        let mut last = None;
-        for _ in 0..5 {
-            if let Decision::Granted { permit, .. } = pg.acquire(adapted(key)).await.unwrap().decision {
-                last = permit;
-            }
-        }
-        let release = ReleaseRequest::new(last.unwrap().to_string()).unwrap().with_outcome(Signal::Clean);
-        assert!(pg.release(release).await.unwrap());
-        clock.advance(1000);
-        let many = (0..8).map(|_| pg.acquire(AcquireRequest::new("p", vec![window(key, 10, 1000)]).unwrap()));
-        let granted =
-            join_all(many.collect()).await.into_iter().filter(|r| r.as_ref().unwrap().decision.is_granted()).count();
-        assert_eq!(granted, 8);
-        assert_eq!(figures(&pg, &adapted(key)).await[0].ceiling, Some(10), "batch: stays forgotten");
+        grown_then_idle("kb".to_string()).await;
+        let answers = join_all((0..8).map(|_| pg.acquire(plain("kb"))).collect()).await;
+        assert!(answers.iter().all(|r| r.as_ref().unwrap().decision.is_granted()));
+        assert_eq!(figures(&pg, &adapted("kb")).await[0].ceiling, Some(10), "batch: stays forgotten");
     });
 }
 

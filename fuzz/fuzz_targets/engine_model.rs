@@ -31,10 +31,10 @@
 //! per key, so a ceiling is seen clamped to each host's own bounds), and the token buckets `t0`
 //! to `t2` always carry one each (`C` in place of `refill`, the burst scaled with it; one
 //! variant per key, so every request reads a bucket with the same figures at any one instant),
-//! settles and releases carry `outcome`, and a throttle may name a permit (a `limited` outcome). The reference keeps its
-//! own ceilings, ordering grants and cuts by when they were made; every ceiling the engine keeps
-//! is compared with it after every operation, through restarts and crashes (a ceiling free to go
-//! may go at any time until the next sweep, never sooner).
+//! settles and releases carry `outcome`, and a throttle may name a permit (a `limited` outcome).
+//! The reference keeps its own ceilings, ordering grants and cuts by when they were made; every
+//! ceiling the engine keeps is compared with it after every operation, through restarts and
+//! crashes (a ceiling free to go may go at any time until the next sweep, never sooner).
 //!
 //! Checked after every operation: identical decisions and `retryAt`s, no window over its
 //! `calls` (for buckets named with one window and never settled up), no committed change lost

@@ -1327,13 +1327,14 @@ BEGIN
   v_rec := coalesce(v_cost > 0, false) OR (v_calls IS NOT NULL AND v_conc IS NOT NULL);
   FOR v_try IN 1 .. 3 LOOP
     -- The instant, then in one statement (one snapshot) the row, now (the clock floored by the
-    -- bucket), the caller's throttle and the first grant row of this request's window: three
-    -- index probes, and no second statement to start.
+    -- bucket), the caller's throttle, whether a ceiling row exists (section 14) and the first
+    -- grant row of this request's window: four index probes, and no second statement to start.
     v_clock := coalesce(at_ms, __SCHEMA__._clock_ms());
     SELECT bk.id, bk.retain_ms, bk.pruned_to, bk.total, bk.fen, bk.last_seq, bk.last_at,
            bk.last_calls, bk.last_concurrent, bk.queued, bk.xmin::text AS xm,
            greatest(v_clock, bk.floor_ms) AS now,
            (SELECT th.until FROM __SCHEMA__.throttles th WHERE th.key = req->>'key') AS until,
+           EXISTS (SELECT 1 FROM __SCHEMA__.ceilings ce WHERE ce.key = bk.key) AS ceiled,
            w.at AS first_at, w.cum AS first_cum, w.cost AS first_cost
       INTO b
       FROM __SCHEMA__.buckets bk
@@ -1402,8 +1403,7 @@ BEGIN
     IF b.retain_ms > coalesce(v_per, 0)
        OR (b.last_calls > 0 AND NOT coalesce(v_cost, 0) > 0)
        OR (b.last_concurrent > 0 AND v_conc IS NULL)
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.ceilings ce
-                   WHERE ce.key = v_k AND (__SCHEMA__._kept_ceiling(v_k, b.now)).key IS NULL) THEN
+       OR (b.ceiled AND (__SCHEMA__._kept_ceiling(v_k, b.now)).key IS NULL) THEN
       RETURN __SCHEMA__._acquire_any(req, mode, recheck_ms, permit_id, at_ms);
     END IF;
     v_seq := CASE WHEN v_rec AND b.last_at IS DISTINCT FROM b.now THEN b.last_seq + 1

@@ -32,10 +32,10 @@
 //! bucket's `C` (clamped to the limit's own `[min, max]`) in place of a window's `calls` or a
 //! token bucket's `refill`, its burst scaled with it, and a permit keeps, per adapted limit of
 //! its grant, whether the ceiling was in play just after it (a window holding at least half of
-//! `C`; a token bucket's level, after the take, at most half its scaled burst). "Granted at or after the latest cut"
-//! is the order of events itself: every grant and every cut takes the next number of one counter
-//! ([`Reference::seq`]), so a grant and a cut in one millisecond are ordered as they were made
-//! (the engine orders them by counting cuts). A ceiling that may go (its bucket keeps nothing,
+//! `C`; a token bucket's level, after the take, at most half its scaled burst). "Granted at or
+//! after the latest cut" is the order of events itself: every grant and every cut takes the next
+//! number of one counter ([`Reference::seq`]), so a grant and a cut in one millisecond are
+//! ordered as they were made (the engine orders them by counting cuts). A ceiling that may go (its bucket keeps nothing,
 //! and it is at `max` or an hour past its latest signal) goes when the engine forgets it, which
 //! must be by the next sweep ([`Reference::sync_ceilings`]).
 
@@ -124,6 +124,13 @@ impl RefLevel {
             t = t.plus(1);
         }
         units
+    }
+
+    /// Whether the figures `r` read it above their burst (written under a larger one, or before
+    /// a cut): then it is neither refilled nor cut by the reading.
+    #[must_use]
+    pub fn above(&self, r: &BucketLimit) -> bool {
+        self.units > i128::from(r.burst) * i128::from(r.per_ms)
     }
 
     /// The first instant at which it stands full under the figures that wrote it.
@@ -270,7 +277,7 @@ impl Reference {
     fn taken(&self, key: &str, b: &BucketLimit, cost: u64) -> RefLevel {
         let now = self.at;
         match self.levels.get(key) {
-            Some(l) if l.read(b, now) > i128::from(b.burst) * i128::from(b.per_ms) => {
+            Some(l) if l.above(b) => {
                 let units = l.units - i128::from(cost.min(b.burst)) * i128::from(l.b.per_ms);
                 RefLevel { units, at: now, b: l.b }
             }
@@ -735,7 +742,7 @@ impl Reference {
                 let (old, new) = (i128::from(share.1), i128::from(new));
                 share.1 = new as u64;
                 let level = match self.levels.get(&c.key) {
-                    Some(l) if l.read(b, now) > cap => {
+                    Some(l) if l.above(b) => {
                         // Above the grant's burst: nothing goes back, and a debt is taken from
                         // the level as read (not refilled), under the figures that wrote it.
                         RefLevel { units: l.units - (new - old).max(0) * per, at: now, b: l.b }

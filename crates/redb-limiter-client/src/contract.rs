@@ -78,6 +78,7 @@ pub const CASES: &[&str] = &[
     "ceiling: a throttle naming a permit cuts its buckets and closes the caller",
     "ceiling: a bucket's ceiling stands for refill and scales burst",
     "errors: bad adapt, outcome and throttle permit fields are a 400 naming them, and change nothing",
+    "line: a ticket held back by a bucket of its own holds no room in a shared one until a window before its retryAt",
 ];
 
 #[derive(Clone)]
@@ -1210,6 +1211,25 @@ async fn run_case(c: &Contract, case: usize) -> Check {
             // Nothing was counted.
             let peek = c.post("/peek", c.window("w", 10, 60_000)).await?;
             ensure!(peek["limits"][0]["used"] == 0, "a request that errs changes nothing: {peek}");
+            Ok(())
+        }
+        57 => {
+            // The large caller's own bucket is full for a minute; the shared one frees in 300 ms.
+            let large = |queue: bool| {
+                json!({"key": c.key("large"), "queue": queue, "limits": [
+                    {"key": c.key("q57"), "calls": 1, "perMs": 300},
+                    {"key": c.key("q57own"), "calls": 1, "perMs": 60_000}]})
+            };
+            let at = granted(&c.acquire(large(false)).await?)?;
+            let (ticket, retry, _, _) = ticketed(&c.acquire(large(true)).await?, "rate", &c.key("q57own"))?;
+            ensure!(retry == at.plus(60_000), "the ticket is told its own bucket's instant: {retry}");
+            // Once the shared window has room, another caller uses it: the ticket, a minute
+            // away, holds none of it yet (a grant now has left that window by its retryAt).
+            sleep_past(at.plus(300)).await;
+            let other = c.window("q57", 1, 300);
+            granted(&c.acquire(other.clone()).await?)?;
+            refused(&c.acquire(other).await?, "rate", &c.key("q57"))?;
+            ensure!(c.post("/release", json!({"ticket": ticket})).await? == json!({"released": true}), "leave");
             Ok(())
         }
         _ => Err(format!("no case {case}")),

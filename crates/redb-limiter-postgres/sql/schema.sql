@@ -1621,7 +1621,8 @@ COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
 -- (NULL: none, every ticket is older) at p_now: NULL when the line lets it through, else the
 -- instant it is told for this line. The engine's Engine::line_refusal, step for step:
 --   The tickets older than p_mine that hold (live, their caller not throttled: a throttled
---   ticket yields) are walked in number order. Each with a window here and a cost is reserved
+--   ticket yields; one that takes only a window here, no place and no token bucket, holds from
+--   a window before the retryAt it was last told on) are walked in number order. Each with a window here and a cost is reserved
 --   the earliest instant, no sooner than the one reserved before it (or now), at which its own
 --   window (calls per perMs) has room for its cost, counting the bucket's kept grants (those
 --   counting at now) and the reservations ahead of it at their instants. The request backfills
@@ -1709,6 +1710,11 @@ BEGIN
          WHERE l.bucket = p_key AND l.num < coalesce(p_mine, 9223372036854775807)
            AND l.lapse_at + 0 > p_now  -- (read in number order: on the primary key, not line_lapse)
            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.throttles th WHERE th.key = l.caller AND th.until > p_now)
+           -- one that takes only a window here holds from a window before its retryAt on
+           -- (Waiting::reserves; the ticket is read only for such a one)
+           AND NOT (l.calls > 0 AND l.conc = 0 AND l.refill = 0
+                    AND p_now + l.per_ms <= coalesce((SELECT t.retry_at FROM __SCHEMA__.tickets t
+                                                      WHERE t.num = l.num), 0))
          ORDER BY l.num) h
       UNION ALL
       SELECT true, NULL, coalesce(p_calls, 0), coalesce(p_per, 0), v_cost, coalesce(p_conc, 0), 0, 0, 0) x

@@ -1878,6 +1878,51 @@ fn the_line_is_counted_in_the_metrics() {
     });
 }
 
+/// A ticket held back by a bucket of its own (its own window full for ten of the shared one's)
+/// holds no room in the shared line until a window before the instant it was told (12.9),
+/// whichever server it was filed through: the other server grants the shared window in full
+/// meanwhile, and the ticket is still granted at its instant.
+#[test]
+fn a_ticket_waiting_on_a_bucket_of_its_own_holds_no_shared_line_across_servers() {
+    let Some(url) = database_url() else { return };
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let a = fresh(&url, "ownline", clock.clone()).await;
+        let mut options = PgOptions::new(&url);
+        options.schema = a.schema().to_owned();
+        options.pool_size = 2;
+        options.clock = Some(clock.clone());
+        let b = PgLimiter::connect(options).await.unwrap();
+        let refused = |at: u64, limit: &str| Decision::Refused {
+            retry_at: T0.plus(at),
+            reason: Reason::Rate,
+            limit: limit.into(),
+        };
+        let shared = AcquireRequest::new("b", vec![window("shared", 2, 1000)]).unwrap();
+        let large =
+            AcquireRequest::new("l", vec![window("shared", 2, 1000).with_cost(2), window("own", 1, 10_000)]).unwrap();
+        assert!(a.acquire(large.clone()).await.unwrap().decision.is_granted());
+        clock.set(T0.plus(100));
+        let filed = a.acquire(large.clone().with_queue()).await.unwrap();
+        assert_eq!(filed.decision, refused(10_000, "own"));
+        let again = large.with_ticket(filed.ticket.expect("filed").id.to_string()).unwrap();
+        // Every shared window meanwhile serves the others in full through the other server.
+        for s in 1..=9 {
+            clock.set(T0.plus(s * 1000));
+            for _ in 0..2 {
+                assert!(b.acquire(shared.clone()).await.unwrap().decision.is_granted(), "at {s} s");
+            }
+        }
+        assert_eq!(b.peek(shared.clone()).await.unwrap().report.limits[0].queued, Some(1));
+        // A window before its instant it holds its room there: the others wait behind it.
+        clock.set(T0.plus(9500));
+        assert_eq!(b.acquire(shared.clone()).await.unwrap().decision, refused(11_000, "shared"));
+        clock.set(T0.plus(10_000));
+        assert!(b.acquire(again).await.unwrap().decision.is_granted());
+        assert_eq!(a.acquire(shared).await.unwrap().decision, refused(11_000, "shared"));
+    });
+}
+
 /// Two servers on one schema keep one line per bucket: a ticket filed through one is first in
 /// line for the other, which holds back every request behind it that would delay it (one at a
 /// time, and sent at once so that its one-window ones go through the batch statement) until

@@ -8,7 +8,11 @@
 //! `ticket.rs`; what one bucket's line says of a request is here ([`Engine::line_refusal`]):
 //!
 //! - A ticket *holds* in a bucket while it is live and its caller is not throttled (a throttled
-//!   ticket yields: it keeps its number and holds back no one).
+//!   ticket yields: it keeps its number and holds back no one), except where it takes only a
+//!   window (no place, no token bucket) and the `retryAt` it was last told lies a whole window
+//!   or more ahead: a grant made now has left that window by then, so it holds there from a
+//!   window before its `retryAt` on ([`Waiting::reserves`]). A ticket held back by another of
+//!   its buckets (its own full window, say) thus idles no room in a shared one.
 //! - Each ticket that holds is *reserved* an instant in the bucket's window, in line order: the
 //!   earliest instant, no sooner than the one reserved before it, at which the window (its own
 //!   `calls` and `perMs` there) has room for its cost, counting the grants the bucket keeps and
@@ -25,9 +29,12 @@
 //!   behind them (not the first ticket's `retryAt`), and for a place until the places the
 //!   tickets ahead want have come back, at most a recheck on.
 //!
-//! A reservation is judged in its bucket alone: a ticket held back by another of its buckets is
-//! still reserved here at the first instant this bucket has room for it, and keeps that room
-//! until it is granted, lapses or leaves (at the latest at its horizon).
+//! A reservation is judged in its bucket alone: a ticket that holds here is reserved the first
+//! instant this bucket has room for it, and keeps that room until it is granted, lapses or
+//! leaves (at the latest at its horizon). A ticket told an instant that comes to be too late (a
+//! throttle lifted, a place freed early, a ticket ahead gone) may find the room it would have
+//! had meanwhile taken, and then waits up to that instant; the tickets behind it may be told
+//! sooner instants than it (never later ones), at the cost of one more ask.
 //!
 //! The walk is one pass over the tickets ahead, and over the bucket's grants once: reservations
 //! come in time order, so neither pointer ever moves back.
@@ -170,6 +177,8 @@ type Asked = (Option<(u64, u64, u64)>, Option<(BucketLimit, u64)>);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Waiting {
     pub(crate) lapse: Millis,
+    /// The `retryAt` its ticket was last told.
+    pub(crate) retry_at: Millis,
     /// `(calls, perMs, cost)` of its window here (cost capped at calls), if it names one.
     window: Option<(u64, u64, u64)>,
     /// Its token bucket here with its cost (capped at burst), if it names one (section 13).
@@ -182,14 +191,26 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
-    pub(crate) fn new(limit: &Limit, lapse: Millis) -> Self {
+    pub(crate) fn new(limit: &Limit, lapse: Millis, retry_at: Millis) -> Self {
         Waiting {
             lapse,
+            retry_at,
             window: limit.window.map(|w| (w.calls, w.per_ms, limit.cost.min(w.calls))),
             bucket: limit.bucket.map(|b| (b, limit.cost.min(b.burst))),
             wants_place: limit.concurrent.is_some(),
             adapt: limit.adapt.map(|a| (a, limit.cost)),
         }
+    }
+
+    /// Whether it reserves anything in this bucket's line at `now`. One that takes only a
+    /// window here (no place, no token bucket) reserves nothing while its `retryAt` lies a
+    /// whole window or more ahead: a grant made now has left the window by then, and the line
+    /// holds no room for it that no one could use meanwhile (a ticket held back by another of
+    /// its buckets, or a host told to come back later, keeps no one else waiting here). Its
+    /// room is reserved again from a window before its `retryAt` on.
+    pub(crate) fn reserves(&self, now: Millis) -> bool {
+        let window_only = self.bucket.is_none() && !self.wants_place;
+        !(window_only && self.window.is_some_and(|(_, per_ms, _)| now.plus(per_ms) <= self.retry_at))
     }
 
     /// Its window and token bucket here as judged with the ceiling `c` of its bucket, when it
@@ -293,7 +314,11 @@ impl Engine {
         let mut holding = bucket
             .line
             .range(..mine.unwrap_or(u64::MAX))
-            .filter(|(n, w)| w.lapse > now && !(throttles && self.tickets.get(n).is_some_and(|t| self.yields(t, now))))
+            .filter(|(n, w)| {
+                w.lapse > now
+                    && w.reserves(now)
+                    && !(throttles && self.tickets.get(n).is_some_and(|t| self.yields(t, now)))
+            })
             .peekable();
         let first = *holding.peek()?.0;
         let cost = limit.window.map_or(0, |w| limit.cost.min(w.calls));

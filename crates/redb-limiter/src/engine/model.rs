@@ -396,18 +396,28 @@ impl Reference {
         worst
     }
 
-    /// The tickets of `bucket`'s line that hold at `now` (live, their caller not throttled),
+    /// The tickets of `bucket`'s line that hold at `now` (live, their caller not throttled, and
+    /// not one that takes only a window there while its `retryAt` lies a window or more ahead),
     /// older than `mine` (`None`: every one), oldest first.
-    fn holding<'a>(
+    pub fn holding<'a>(
         &'a self,
         bucket: &'a str,
         now: Millis,
         mine: Option<u64>,
     ) -> impl Iterator<Item = &'a RefTicket> + 'a {
+        let far = move |t: &RefTicket| {
+            t.state.limits.iter().any(|l| {
+                l.key == bucket
+                    && l.bucket.is_none()
+                    && l.concurrent.is_none()
+                    && l.window.is_some_and(|w| now.plus(w.per_ms) <= t.state.retry_at)
+            })
+        };
         self.line(bucket)
             .filter(move |(n, _)| mine.is_none_or(|m| *n < m))
             .map(|(_, t)| t)
             .filter(move |t| self.throttles.get(&*t.state.key).is_none_or(|u| *u <= now))
+            .filter(move |t| !far(t))
     }
 
     /// The cost counting at `t` in a window of `per_ms` of `bucket`: the grants that count at

@@ -52,7 +52,7 @@ impl Engine {
         for limit in &state.limits {
             bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key)
                 .line
-                .insert(number, Waiting::new(limit, state.lapse_at));
+                .insert(number, Waiting::new(limit, state.lapse_at, state.retry_at));
         }
         self.next_ticket = self.next_ticket.max(number.saturating_add(1));
         let timer_at = state.lapse_at;

@@ -486,9 +486,44 @@ fn a_throttled_ticket_holds_back_no_one() {
     assert_eq!(again.decision, refused(T0.plus(60_000), Reason::Throttle, "a"));
     assert_eq!(ticket_of(&again).id, note.id);
     assert_eq!(e.figures(&shared("b"), T0.plus(1100))[0].queued, Some(1));
-    // Once the throttle is lifted it holds again.
+    // Once the throttle is lifted, it holds from a window before the instant it was last told
+    // (the throttle's end, far off): until its host asks again, others are served.
     e.lift("a", T0.plus(1200), &mut Vec::new());
-    assert_eq!(acquire(&mut e, &shared("b"), T0.plus(2000)), refused(T0.plus(3000), Reason::Rate, "shared"));
+    assert!(acquire(&mut e, &shared("b"), T0.plus(2000)).is_granted());
+    // Asked again, it is told its own instant, and holds again from then on.
+    let again = line(&mut e, &asking_again(&shared("a"), note), T0.plus(2100));
+    assert_eq!(again.decision, refused(T0.plus(3000), Reason::Rate, "shared"));
+    assert_eq!(ticket_of(&again).id, note.id);
+    assert_eq!(acquire(&mut e, &shared("b"), T0.plus(2200)), refused(T0.plus(4000), Reason::Rate, "shared"));
+    assert!(line(&mut e, &asking_again(&shared("a"), note), T0.plus(3000)).decision.is_granted());
+}
+
+/// A ticket held back by a bucket of its own (its own window full for ten of the shared one's)
+/// holds no room in the shared line until a window before the instant it was told (12.9): the
+/// others use the shared bucket meanwhile, and it is still granted at its instant.
+#[test]
+fn a_ticket_waiting_on_a_bucket_of_its_own_holds_no_shared_line_until_its_instant() {
+    let mut e = engine();
+    let shared = AcquireRequest::new("b", vec![Limit::window("shared", 2, 1000)]).unwrap();
+    let large =
+        AcquireRequest::new("l", vec![Limit::window("shared", 2, 1000).with_cost(2), Limit::window("own", 1, 10_000)])
+            .unwrap();
+    assert!(acquire(&mut e, &large, T0).is_granted());
+    let filed = line(&mut e, &large.clone().with_queue(), T0.plus(100));
+    assert_eq!(filed.decision, refused(T0.plus(10_000), Reason::Rate, "own"));
+    let again = asking_again(&large.clone().with_queue(), ticket_of(&filed));
+    // Every shared window meanwhile serves the others in full (the ticket once reserved the
+    // shared window from its first instant there on, and kept it: none of these was granted).
+    for s in 1..=9 {
+        for _ in 0..2 {
+            assert!(acquire(&mut e, &shared, T0.plus(s * 1000)).is_granted(), "at {s} s");
+        }
+    }
+    assert_eq!(e.figures(&shared, T0.plus(9000))[0].queued, Some(1));
+    // A window before its instant it holds its room there: the others wait behind it.
+    assert_eq!(acquire(&mut e, &shared, T0.plus(9500)), refused(T0.plus(11_000), Reason::Rate, "shared"));
+    assert!(line(&mut e, &again, T0.plus(10_000)).decision.is_granted());
+    assert_eq!(acquire(&mut e, &shared, T0.plus(10_000)), refused(T0.plus(11_000), Reason::Rate, "shared"));
 }
 
 /// The horizon (12.9): a request whose own instant lies beyond min(maxWaitMs, the server's
@@ -598,12 +633,17 @@ fn a_late_ticket_keeps_its_reservation_and_those_behind_are_told_their_own_insta
     let late = T0.plus(1001 + LATE_AFTER_MS);
     assert_eq!(acquire(&mut e, &one, late), refused(late.plus(2000), Reason::Rate, "w"), "behind A and B");
     assert_eq!(line(&mut e, &b_again, late).decision, refused(late.plus(1000), Reason::Rate, "w"));
+    // B, told a window on, holds no room before a window ahead of that: a ticket filed now is
+    // told the same instant (one more ask then, as B, older, comes first), not a window later.
     let filed = line(&mut e, &first, late);
-    assert_eq!(filed.decision, refused(late.plus(2000), Reason::Rate, "w"));
+    assert_eq!(filed.decision, refused(late.plus(1000), Reason::Rate, "w"));
     assert_eq!(ticket_of(&filed).ahead, 2);
+    let c_again = asking_again(&first, ticket_of(&filed));
     // The late ticket still claims its place when its host comes.
     assert!(line(&mut e, &asking_again(&first, a), late.plus(5)).decision.is_granted());
     assert_eq!(line(&mut e, &b_again, late.plus(6)).decision, refused(late.plus(1005), Reason::Rate, "w"));
+    assert_eq!(line(&mut e, &c_again, late.plus(1005)).decision, refused(late.plus(2005), Reason::Rate, "w"));
+    assert!(line(&mut e, &b_again, late.plus(1005)).decision.is_granted());
 }
 
 /// For a place, the first ticket is due, not late, until [`LATE_AFTER_MS`] past its `retryAt`:
@@ -1189,11 +1229,7 @@ impl Model {
                 // and no grant moves an older ticket's reserved instant.
                 for l in r.limits.iter().filter(|l| l.concurrent.is_some()) {
                     let older = self.reference.reservations(&l.key, now, mine).len();
-                    let holds = self
-                        .reference
-                        .line(&l.key)
-                        .filter(|(n, _)| mine.is_none_or(|m| *n < m))
-                        .any(|(_, t)| self.reference.throttles.get(&*t.state.key).is_none_or(|u| *u <= now));
+                    let holds = self.reference.holding(&l.key, now, mine).next().is_some();
                     prop_assert!(!holds, "a place was granted over a ticket in {} ({} reserved)", l.key, older);
                 }
                 if let Some(p) = permit {

@@ -89,7 +89,7 @@ impl Engine {
         for limit in &req.limits {
             bucket_entry(&mut self.buckets, &mut self.bucket_keys, &limit.key)
                 .line
-                .insert(number, Waiting::new(limit, lapse_at));
+                .insert(number, Waiting::new(limit, lapse_at, retry_at));
         }
         self.timers.push(lapse_at, Due::Ticket(number));
         effects.push(Effect::TicketFiled { id, ticket: state.clone() });
@@ -113,6 +113,11 @@ impl Engine {
         ticket.state.retry_at = retry_at;
         ticket.state.grace_ms = grace_ms;
         let id = ticket.id;
+        for limit in &ticket.state.limits {
+            if let Some(waiting) = self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number)) {
+                waiting.retry_at = retry_at;
+            }
+        }
         self.set_lapse(number, lapse_at);
         effects.push(Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms });
         TicketNote { id, lapse_at, ahead: self.ahead(number, now), now }

@@ -3553,6 +3553,87 @@ fn one_id_presented_at_once_through_two_servers_counts_once() {
     });
 }
 
+/// What a line of wide tickets costs requests on other buckets (section 12.9's cost rule;
+/// `cargo test --release -p redb-limiter-postgres --test postgres -- --ignored --nocapture
+/// wide_line`): `REDB_LIMITER_PG_WIDE_TICKETS` (default 200) live tickets of 64 limits each in
+/// the same 64 buckets, every one reserved in each line. Grants on a bucket of their own, one at
+/// a time (`REDB_LIMITER_PG_TIMING_N`, default 1000), are timed with no line, beside the line,
+/// and beside the line while one more connection asks a refused request naming the 64 buckets
+/// over and over (each walks every line); prints the medians, their ratios to the first, and
+/// what filing the tickets and one such refusal cost.
+#[test]
+#[ignore = "a measurement: prints figures, asserts nothing"]
+fn measure_a_wide_line_beside_another_bucket() {
+    let Some(url) = database_url() else { return };
+    let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (tickets, n) = (var("REDB_LIMITER_PG_WIDE_TICKETS", 200), var("REDB_LIMITER_PG_TIMING_N", 1000));
+    runtime().block_on(async {
+        let clock = Arc::new(FakeClock::new(T0));
+        let pg = Arc::new(fresh(&url, "wide_line", clock.clone()).await);
+        let wide = |cost: u64| {
+            let limits = (0..64).map(|i| window(&format!("w{i:02}"), 1000, 200_000).with_cost(cost)).collect();
+            AcquireRequest::new("wide", limits).unwrap()
+        };
+        let other = AcquireRequest::new("other", vec![window("other", 1_000_000_000, 60_000)]).unwrap();
+        let median_us = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let grants = |pg: Arc<PgLimiter>| {
+            let (clock, other) = (clock.clone(), other.clone());
+            async move {
+                let mut spent = Vec::with_capacity(n);
+                for i in 0..n + n / 10 {
+                    clock.advance(1);
+                    let started = std::time::Instant::now();
+                    assert!(pg.acquire(other.clone()).await.unwrap().decision.is_granted());
+                    // The first ones warm the sessions and the caches up: not counted.
+                    if i >= n / 10 {
+                        spent.push(started.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                median_us(spent)
+            }
+        };
+        let alone = grants(pg.clone()).await;
+        // Every wide bucket full until +200 s; each ticket (cost 1) is reserved there, in each line.
+        assert!(pg.acquire(wide(1000)).await.unwrap().decision.is_granted());
+        clock.advance(1);
+        let started = std::time::Instant::now();
+        for _ in 0..tickets {
+            assert!(pg.acquire(wide(1).with_queue()).await.unwrap().ticket.is_some(), "filed");
+        }
+        let filing_ms = started.elapsed().as_secs_f64() * 1e3 / tickets as f64;
+        let started = std::time::Instant::now();
+        assert!(!pg.acquire(wide(1)).await.unwrap().decision.is_granted());
+        let walk_ms = started.elapsed().as_secs_f64() * 1e3;
+        let beside = grants(pg.clone()).await;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let walker = {
+            let (pg, stop, wide) = (pg.clone(), stop.clone(), wide(1));
+            tokio::spawn(async move {
+                let mut walks = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    assert!(!pg.acquire(wide.clone()).await.unwrap().decision.is_granted());
+                    walks += 1;
+                }
+                walks
+            })
+        };
+        let loaded = grants(pg.clone()).await;
+        stop.store(true, Ordering::Relaxed);
+        let walks = walker.await.unwrap();
+        eprintln!(
+            "{tickets} tickets of 64 limits: filing one {filing_ms:.1} ms (mean), a refusal walking every line \
+             {walk_ms:.1} ms; a grant on another bucket, median of {n}: alone {alone:.0} us, beside the line \
+             {beside:.0} us = {:.2}x, beside the line and a connection walking it ({walks} walks) {loaded:.0} us \
+             = {:.2}x",
+            beside / alone,
+            loaded / alone
+        );
+    });
+}
+
 /// What an acquire named by an id costs beside one without (`cargo test -p redb-limiter-postgres
 /// --test postgres -- --ignored --nocapture acquire_costs`): `REDB_LIMITER_PG_TIMING_N` (default
 /// 2000) acquires one at a time of each kind and mode, the modes taking turns acquire by acquire

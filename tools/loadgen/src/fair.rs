@@ -8,8 +8,8 @@
 //! in-process FIFO) over one limiter: the server at `--url`, or with `--in-process` an embedded
 //! [`Limiter`] on a fresh file. Each of `--runs` runs lasts one window of warm-up and
 //! `--windows` measured windows, with the line (the client's default), without it (`no_queue`),
-//! and a third mode where the large call also waits on a limit of its own (its cost per two
-//! windows) and only it queues: its ticket then stands in the shared line while it waits for its
+//! and a third mode where the large call also waits on a limit of its own (its cost per
+//! `--own-windows` windows, 2 by default) and only it queues: its ticket then stands in the shared line while it waits for its
 //! own bucket, and section 12.9's backfill is what lets the small hosts use the shared window
 //! meanwhile. Per mode it reports:
 //!
@@ -76,6 +76,8 @@ pub struct FairReport {
     pub large_cost: u64,
     pub runs: usize,
     pub windows: u64,
+    /// The large call's own limit in the third mode: its cost per this many windows.
+    pub own_windows: u64,
     pub with_queue: ModeFigures,
     pub without_queue: ModeFigures,
     /// The large host also waits on a limit of its own, and only it queues.
@@ -103,8 +105,16 @@ impl fmt::Display for FairReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "fair mix on {}: {} small hosts (cost 1-100) + 1 large (cost {}), window {} per {} ms, {} runs of {} windows, {:.1} s",
-            self.target, self.hosts, self.large_cost, self.calls, self.per_ms, self.runs, self.windows, self.seconds
+            "fair mix on {}: {} small hosts (cost 1-100) + 1 large (cost {}; its own limit: that per {} windows), window {} per {} ms, {} runs of {} windows, {:.1} s",
+            self.target,
+            self.hosts,
+            self.large_cost,
+            self.own_windows,
+            self.calls,
+            self.per_ms,
+            self.runs,
+            self.windows,
+            self.seconds
         )?;
         writeln!(f, "{:<40} {:>14} {:>14} {:>14}", "", "with queue", "without queue", "large + own")?;
         let (q, n, l) = (&self.with_queue, &self.without_queue, &self.large_only_queues);
@@ -175,6 +185,8 @@ struct Shape {
     runs: usize,
     seed: u64,
     samples: u64,
+    /// The large call's own limit is its cost per this many windows (the third mode).
+    own_windows: u64,
 }
 
 impl Shape {
@@ -193,9 +205,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<FairReport> {
         runs: args.runs,
         seed: args.seed,
         samples: args.samples,
+        own_windows: args.own_windows,
     };
-    if shape.hosts < 2 || shape.runs == 0 || shape.windows == 0 || shape.samples == 0 {
-        bail!("--mix fair needs --hosts of at least 2, and --runs, --windows and --samples of at least 1");
+    if shape.hosts < 2 || shape.runs == 0 || shape.windows == 0 || shape.samples == 0 || shape.own_windows == 0 {
+        bail!(
+            "--mix fair needs --hosts of at least 2, and --runs, --windows, --samples and --own-windows of at least 1"
+        );
     }
     if shape.calls < 100 {
         bail!("--mix fair needs --calls of at least 100 (small calls cost up to 100)");
@@ -249,6 +264,7 @@ async fn measure<L: LimiterApi>(limiter: Arc<L>, shape: &Shape, target: String) 
         large_cost: shape.large_cost(),
         runs: shape.runs,
         windows: shape.windows,
+        own_windows: shape.own_windows,
         with_queue,
         without_queue,
         large_only_queues,
@@ -292,8 +308,10 @@ async fn one_run<L: LimiterApi>(
         }
     };
     // In the third mode the large call also needs room in a bucket of its own.
-    let own = (figures.queue && !figures.smalls_queue)
-        .then(|| Limit::window(format!("{bucket}/own"), shape.large_cost(), 2 * per).with_cost(shape.large_cost()));
+    let own = (figures.queue && !figures.smalls_queue).then(|| {
+        Limit::window(format!("{bucket}/own"), shape.large_cost(), shape.own_windows * per)
+            .with_cost(shape.large_cost())
+    });
     // Every wait is cut off at the run's end (dropped: it leaves the line).
     let small_options = AcquireOptions { no_queue: !figures.smalls_queue, ..AcquireOptions::default() };
     let options = AcquireOptions { no_queue: !figures.queue, ..AcquireOptions::default() };

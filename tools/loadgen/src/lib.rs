@@ -170,6 +170,10 @@ pub struct BenchArgs {
     /// `--mix fair`: measured windows per run (after one of warm-up).
     #[arg(long, default_value_t = 5)]
     pub windows: u64,
+    /// `--mix fair`: the third mode's large call also waits on a limit of its own, its cost per
+    /// this many windows.
+    #[arg(long, default_value_t = 2)]
+    pub own_windows: u64,
     /// `--mix fair`: answers of each kind timed one at a time for their cost.
     #[arg(long, default_value_t = 2000)]
     pub samples: u64,

@@ -1622,16 +1622,17 @@ COMMENT ON FUNCTION __SCHEMA__.acquire(jsonb, text, bigint, text, bigint) IS
 -- instant it is told for this line. The engine's Engine::line_refusal, step for step:
 --   The tickets older than p_mine that hold (live, their caller not throttled: a throttled
 --   ticket yields; one that takes only a window here, no place and no token bucket, holds from
---   a window before the retryAt it was last told on) are walked in number order. Each with a window here and a cost is reserved
---   the earliest instant, no sooner than the one reserved before it (or now), at which its own
---   window (calls per perMs) has room for its cost, counting the bucket's kept grants (those
---   counting at now) and the reservations ahead of it at their instants. The request backfills
---   (the line lets it through) when its limit has no concurrent and its cost, counted at now,
---   leaves every reserved ticket room at its reserved instant (where the ticket's window still
---   counts a grant made now). Otherwise it is told the latest of now + 1, its own reserved
---   instant behind them all (a window with a cost), and for a place the instant the places the
---   tickets ahead want come back (or as the first ticket that holds is told: its retryAt; a
---   millisecond on while it is due; a recheck on once it is late), at most a recheck on.
+--   a window before the retryAt it was last told on) are walked in number order. Each with a
+--   window here and a cost is reserved the earliest instant, no sooner than the one reserved
+--   before it (or now), at which its own window (calls per perMs) has room for its cost,
+--   counting the bucket's kept grants (those counting at now) and the reservations ahead of it
+--   at their instants. The request backfills (the line lets it through) when its limit has no
+--   concurrent and its cost, counted at now, leaves every reserved ticket room at its reserved
+--   instant (where the ticket's window still counts a grant made now). Otherwise it is told the
+--   latest of now + 1, its own reserved instant behind them all (a window with a cost), and for
+--   a place the instant the places the tickets ahead want come back (or as the first ticket
+--   that holds is told: its retryAt; a millisecond on while it is due; a recheck on once it is
+--   late), at most a recheck on.
 -- One pass over the tickets ahead (one index read in order) and over the bucket's grants.
 -- A token bucket (section 13; p_refill, p_per, p_burst, p_initial, NULL where the limit has
 -- none) is asked the same of its level: each ticket naming it as one is reserved the earliest

@@ -512,8 +512,9 @@ fn a_ticket_waiting_on_a_bucket_of_its_own_holds_no_shared_line_until_its_instan
     let filed = line(&mut e, &large.clone().with_queue(), T0.plus(100));
     assert_eq!(filed.decision, refused(T0.plus(10_000), Reason::Rate, "own"));
     let again = asking_again(&large.clone().with_queue(), ticket_of(&filed));
-    // Every shared window meanwhile serves the others in full (the ticket once reserved the
-    // shared window from its first instant there on, and kept it: none of these was granted).
+    // Every shared window meanwhile serves the others in full (when a ticket was reserved in
+    // each line from that bucket alone, it held its cost there from its filing on, and none of
+    // these was granted).
     for s in 1..=9 {
         for _ in 0..2 {
             assert!(acquire(&mut e, &shared, T0.plus(s * 1000)).is_granted(), "at {s} s");

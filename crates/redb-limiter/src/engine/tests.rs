@@ -1307,6 +1307,9 @@ impl Model {
             }
             (got, expected) => prop_assert!(false, "engine {got:?}, reference {expected:?}"),
         }
+        // A granted ticket's end may forget a bucket that kept only it, and a ceiling free to go
+        // with it: the reference follows once it has ended the ticket too.
+        self.reference.follow_forgotten(r.limits.iter().map(|l| l.key.as_str()), |k| self.e.ceiling(k).is_some(), now);
         // The report: the figures as they stand after the decision.
         prop_assert_eq!(self.e.figures(r, now), self.reference.figures(r, now));
         Ok(())
@@ -1548,6 +1551,48 @@ fn a_bucket_refills_at_the_ceiling_grown_since_its_level_was_written() {
         Op::AskAgain { nth: 0, grace: 100 },
         Op::Release { nth: 0, bogus: false, costs: vec![], outcome: Some(Signal::Clean) },
         Op::Restart(1),
+        Op::AskAgain { nth: 0, grace: 100 },
+    ];
+    run_model(&ops).unwrap();
+}
+
+/// A ceiling at its max goes with a bucket that kept only a ticket, when that ticket is granted
+/// (a cost of 0 there holds nothing): `b0`'s ceiling, grown to its max 4, is forgotten as the
+/// ticket's grant ends it, and the report after the grant judges `b0` with its own `calls` (3).
+/// The reference followed the engine's forgetting only before the decision, while the ticket
+/// still stood in its line. Found by the property test.
+#[test]
+fn a_ceiling_at_its_max_goes_with_the_bucket_a_granted_ticket_kept() {
+    let limit = |bucket: usize, tokens: bool, cost: u64, adapt: Option<usize>| LimitSpec {
+        bucket,
+        long: false,
+        window: !tokens,
+        tokens,
+        concurrent: None,
+        cost,
+        hold_ms: 1,
+        adapt,
+    };
+    let acquire = |limits: Vec<LimitSpec>, permit: bool, line: LineOp| Op::Acquire {
+        caller: 0,
+        limits,
+        permit,
+        report: false,
+        hold_ms: 3,
+        line,
+        grace: 100,
+        max_wait: None,
+    };
+    let ops = [
+        // 2 of b0's 3 (its ceiling starts there, in play), then a ticket waiting on t2 that takes
+        // nothing from b0.
+        acquire(vec![limit(0, false, 2, Some(1))], true, LineOp::None),
+        acquire(vec![limit(0, false, 0, Some(0)), limit(2, true, 5, None)], false, LineOp::Queue),
+        Op::Advance(Step::By(1)),
+        // A clean outcome grows the ceiling to its max (4).
+        Op::Release { nth: 0, bogus: false, costs: vec![], outcome: Some(Signal::Clean) },
+        // The grant has left b0; t2 has refilled: the ticket is granted.
+        Op::Advance(Step::By(99)),
         Op::AskAgain { nth: 0, grace: 100 },
     ];
     run_model(&ops).unwrap();

@@ -1887,12 +1887,7 @@ fn a_ticket_waiting_on_a_bucket_of_its_own_holds_no_shared_line_across_servers()
     let Some(url) = database_url() else { return };
     runtime().block_on(async {
         let clock = Arc::new(FakeClock::new(T0));
-        let a = fresh(&url, "ownline", clock.clone()).await;
-        let mut options = PgOptions::new(&url);
-        options.schema = a.schema().to_owned();
-        options.pool_size = 2;
-        options.clock = Some(clock.clone());
-        let b = PgLimiter::connect(options).await.unwrap();
+        let (a, b) = two_servers(&url, "ownline", &clock).await;
         let refused = |at: u64, limit: &str| Decision::Refused {
             retry_at: T0.plus(at),
             reason: Reason::Rate,

@@ -9,9 +9,9 @@
 //! [`Limiter`] on a fresh file. Each of `--runs` runs lasts one window of warm-up and
 //! `--windows` measured windows, with the line (the client's default), without it (`no_queue`),
 //! and a third mode where the large call also waits on a limit of its own (its cost per
-//! `--own-windows` windows, 2 by default) and only it queues: its ticket then stands in the shared line while it waits for its
-//! own bucket, and section 12.9's backfill is what lets the small hosts use the shared window
-//! meanwhile. Per mode it reports:
+//! `--own-windows` windows, 2 by default) and only it queues: its ticket then stands in the
+//! shared line while it waits for its own bucket, and section 12.9's backfill is what lets the
+//! small hosts use the shared window meanwhile. Per mode it reports:
 //!
 //! - the large call's wait (its first ask to its grant, on the limiter's clock), the longest
 //!   over every run, in windows, and how many large calls were never granted before their run
@@ -309,7 +309,7 @@ async fn one_run<L: LimiterApi>(
     };
     // In the third mode the large call also needs room in a bucket of its own.
     let own = (figures.queue && !figures.smalls_queue).then(|| {
-        Limit::window(format!("{bucket}/own"), shape.large_cost(), shape.own_windows * per)
+        Limit::window(format!("{bucket}/own"), shape.large_cost(), shape.own_windows.saturating_mul(per))
             .with_cost(shape.large_cost())
     });
     // Every wait is cut off at the run's end (dropped: it leaves the line).

@@ -113,11 +113,7 @@ impl Engine {
         ticket.state.retry_at = retry_at;
         ticket.state.grace_ms = grace_ms;
         let id = ticket.id;
-        for limit in &ticket.state.limits {
-            if let Some(waiting) = self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number)) {
-                waiting.retry_at = retry_at;
-            }
-        }
+        self.each_waiting(number, |waiting| waiting.retry_at = retry_at);
         self.set_lapse(number, lapse_at);
         effects.push(Effect::TicketRenewed { id, retry_at, lapse_at, grace_ms });
         TicketNote { id, lapse_at, ahead: self.ahead(number, now), now }
@@ -126,16 +122,22 @@ impl Engine {
     /// Moves ticket `number`'s lapse to `lapse_at`, in the table and in each of its lines; a
     /// sooner lapse arms a timer (a later one is found when the armed one fires).
     pub(super) fn set_lapse(&mut self, number: u64, lapse_at: Millis) {
+        self.each_waiting(number, |waiting| waiting.lapse = lapse_at);
         let ticket = self.tickets.get_mut(&number).expect("a live ticket");
         ticket.state.lapse_at = lapse_at;
-        for limit in &ticket.state.limits {
-            if let Some(waiting) = self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number)) {
-                waiting.lapse = lapse_at;
-            }
-        }
         if lapse_at < ticket.timer_at {
             ticket.timer_at = lapse_at;
             self.timers.push(lapse_at, Due::Ticket(number));
+        }
+    }
+
+    /// Applies `change` to ticket `number`'s place in each of its lines.
+    fn each_waiting(&mut self, number: u64, mut change: impl FnMut(&mut Waiting)) {
+        let Some(ticket) = self.tickets.get(&number) else { return };
+        for limit in &ticket.state.limits {
+            if let Some(waiting) = self.buckets.get_mut(limit.key.as_str()).and_then(|b| b.line.get_mut(&number)) {
+                change(waiting);
+            }
         }
     }
 
